@@ -1,0 +1,67 @@
+"""GroupNorm+SiLU at SD shapes: torch (GroupNorm then SiLU) vs rocm_sd, device time, GB/s, % of copy.
+
+    python bench/bench_group_norm.py [--out-dir bench/results] [--dtype float16]
+
+Bytes counted: one read of x and one write of y (the least any implementation must move).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench.harness import copy_ceiling_gbps, device_ms, rotating_inputs, write_results  # noqa: E402
+from rocm_sd.ops.group_norm import group_norm_kernel, supports  # noqa: E402
+from tests.shapes import GROUP_NORM_SD  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    ceiling = copy_ceiling_gbps()
+    rows = []
+    for shape in GROUP_NORM_SD:
+        c = shape[1]
+        w = torch.rand(c, device="cuda", dtype=dtype) + 0.5
+        b = torch.randn(c, device="cuda", dtype=dtype)
+        for layout in ("nchw", "nhwc"):
+            fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+            nbytes = torch.Size(shape).numel() * dtype.itemsize
+            inputs = rotating_inputs(lambda: torch.randn(shape, device="cuda", dtype=dtype).to(memory_format=fmt), nbytes)
+            why = supports(inputs[0], 32, w, b, 1e-6, True)
+            if why:
+                raise SystemExit(f"rocm_sd kernel cannot run {shape} {layout}: {why}")
+            times = {
+                "torch": device_ms(lambda x: F.silu(F.group_norm(x, 32, w, b, 1e-6)), inputs),
+                "rocm_sd": device_ms(lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True), inputs),
+            }
+            for backend, ms in times.items():
+                gbps = 2 * nbytes / ms / 1e6
+                rows.append({"op": "group_norm+silu", "shape": str(shape), "layout": layout, "dtype": args.dtype,
+                             "backend": backend, "ms": round(ms, 4), "gbps": round(gbps, 1),
+                             "pct_copy": round(100 * gbps / ceiling, 1)})
+            print(f"{shape} {layout}: torch {times['torch']:.4f} ms, rocm_sd {times['rocm_sd']:.4f} ms", flush=True)
+
+    lines = [f"Copy ceiling (read + write): {ceiling:.0f} GB/s. Device time from graph replays over rotating inputs.",
+             "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for i in range(0, len(rows), 2):
+        t, r = rows[i], rows[i + 1]
+        lines.append(f"| {t['shape']} | {t['layout']} | {t['ms']:.4f} | {r['ms']:.4f} | {t['ms'] / r['ms']:.1f}x | "
+                     f"{r['gbps']:.0f} | {r['pct_copy']:.1f} |")
+    table = "\n".join(lines)
+    rows.insert(0, {"op": "copy", "shape": "1Gi fp16", "gbps": round(ceiling, 1)})
+    stem = write_results(f"group_norm-{args.dtype}", rows, table, args.out_dir)
+    print(table)
+    print(f"written: {stem}.md/.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Timing and result files shared by the kernel benchmarks (protocol: ../shared/PERF.md).
+
+Device time is measured by replaying a CUDA/HIP graph that runs the op over a rotating set of
+input buffers (together larger than L2, so each call starts with cold inputs as in a real model
+whose activations do not fit), timed with device events; launch overhead is out of the numbers.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+ROTATE_BYTES = 256 << 20
+
+
+def rotating_inputs(make, bytes_per_input: int) -> list:
+    count = max(2, min(64, -(-ROTATE_BYTES // max(1, bytes_per_input))))
+    return [make() for _ in range(count)]
+
+
+def device_ms(fn, inputs: list, replays: int = 10, trials: int = 5) -> float:
+    """Median device milliseconds of one fn(input) call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for x in inputs:  # warm-up outside the graph: lazy init, allocator pools
+            fn(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = [fn(x) for x in inputs]
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / (replays * len(inputs)))
+    del outputs
+    return statistics.median(samples)
+
+
+def copy_ceiling_gbps() -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written (1 GiB fp16 copy)."""
+    n = 512 << 20
+    src = torch.randn(n, device="cuda", dtype=torch.float16)
+    dst = torch.empty_like(src)
+    ms = device_ms(lambda x: dst.copy_(x), [src], replays=5)
+    return 2 * n * 2 / ms / 1e6
+
+
+def git_commit() -> str:
+    if os.environ.get("ROCM_SD_COMMIT"):
+        return os.environ["ROCM_SD_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_slug() -> str:
+    name = torch.cuda.get_device_name().lower()
+    for key in ("h200", "h100", "a100", "mi300x", "mi250", "7900"):
+        if key in name:
+            return key
+    return name.replace(" ", "-")
+
+
+def write_results(what: str, rows: list[dict], table: str, out_dir: str) -> str:
+    date = datetime.date.today().isoformat()
+    meta = {"date": date, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": git_commit(),
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{date}-{what}-{device_slug()}")
+    with open(stem + ".json", "w") as f:
+        json.dump({**meta, "results": rows}, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(f"# {what}\n\n" + "\n".join(f"- {k}: `{v}`" for k, v in meta.items()) + "\n\n" + table + "\n")
+    return stem

@@ -1,0 +1,98 @@
+// PYBIND11_MODULE(_C): the Python face of the kernels. Pointers and streams travel as integers;
+// no torch and no GPU runtime headers here (see rocm_sd/api.h).
+#include <pybind11/pybind11.h>
+
+#include <stdexcept>
+
+#include "rocm_sd/api.h"
+
+namespace py = pybind11;
+
+namespace {
+
+const void* as_ptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
+void* as_mut_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype,
+                                   int param_dtype, int layout, int64_t n, int64_t c, int64_t hw, int groups,
+                                   double eps, bool silu, uintptr_t workspace, uintptr_t stream, int device) {
+  rsd::GroupNormArgs a;
+  a.x = as_ptr(x);
+  a.y = as_mut_ptr(y);
+  a.gamma = gamma ? as_ptr(gamma) : nullptr;
+  a.beta = beta ? as_ptr(beta) : nullptr;
+  a.dtype = static_cast<rsd::DType>(dtype);
+  a.param_dtype = static_cast<rsd::DType>(param_dtype);
+  a.layout = static_cast<rsd::Layout>(layout);
+  a.n = n;
+  a.c = c;
+  a.hw = hw;
+  a.groups = groups;
+  a.eps = static_cast<float>(eps);
+  a.silu = silu;
+  a.workspace = as_mut_ptr(workspace);
+  a.stream = as_mut_ptr(stream);
+  a.device = device;
+  return a;
+}
+
+void raise_if(const std::string& error) {
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "rocm_sd kernels (HIP sources; built for AMD with hipcc or for NVIDIA with nvcc)";
+
+  m.def("build_info", [] {
+    const rsd::BuildInfo b = rsd::build_info();
+    py::dict d;
+    d["platform"] = b.platform;
+    d["targets"] = b.targets;
+    d["runtime_version"] = b.runtime_version;
+    return d;
+  });
+
+  m.def(
+      "device_info",
+      [](int device) {
+        rsd::DeviceInfo info;
+        raise_if(rsd::device_info(device, &info));
+        py::dict d;
+        d["name"] = info.name;
+        d["arch"] = info.arch;
+        d["multiprocessors"] = info.multiprocessors;
+        d["wave_size"] = info.wave_size;
+        d["l2_bytes"] = info.l2_bytes;
+        d["driver_version"] = info.driver_version;
+        return d;
+      },
+      py::arg("device"));
+
+  m.def("check_kernel_image", &rsd::check_kernel_image, py::arg("device"),
+        "Empty string if this build has machine code for the device, else the runtime's reason.");
+
+  m.def(
+      "group_norm_check",
+      [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int layout, int64_t n,
+         int64_t c, int64_t hw, int groups, double eps, bool silu, int device) {
+        return rsd::group_norm_check(
+            group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps, silu, 0, 0, device));
+      },
+      "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "group_norm_workspace_bytes",
+      [](uintptr_t x, uintptr_t y, int dtype, int layout, int64_t n, int64_t c, int64_t hw, int groups, int device) {
+        return rsd::group_norm_workspace_bytes(group_norm_args(x, y, 0, 0, dtype, dtype, layout, n, c, hw, groups,
+                                                               1e-5, false, 0, 0, device));
+      });
+
+  m.def("group_norm_forward", [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype,
+                                 int layout, int64_t n, int64_t c, int64_t hw, int groups, double eps, bool silu,
+                                 uintptr_t workspace, uintptr_t stream, int device) {
+    raise_if(rsd::group_norm_forward(group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups,
+                                                     eps, silu, workspace, stream, device)));
+  });
+}

@@ -1,0 +1,63 @@
+// The host interface of rocm_sd._C: plain pointers, sizes and a stream handle. No GPU runtime
+// and no torch headers, so bindings.cpp compiles with the host compiler alone and one build of
+// _C serves every torch version (DESIGN.md, "Why _C has no torch headers").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rsd {
+
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+enum class Layout : int { nchw = 0, nhwc = 1 };
+
+// ---------------------------------------------------------------------------------------------
+// runtime.hip: build and device facts
+struct BuildInfo {
+  std::string platform;  // "hip" or "cuda"
+  std::string targets;   // GPU targets compiled in, ';'-separated (gfx90a;... or 80;90)
+  int runtime_version;   // hipRuntimeGetVersion / cudaRuntimeGetVersion of the headers built against
+};
+BuildInfo build_info();
+
+struct DeviceInfo {
+  std::string name;
+  std::string arch;  // gcnArchName on HIP ("gfx942:sramecc+:xnack-"), "sm_90" on CUDA
+  int multiprocessors;
+  int wave_size;
+  int l2_bytes;
+  int driver_version;
+};
+// Returns an empty string on success, else the runtime's error.
+std::string device_info(int device, DeviceInfo* out);
+
+// Whether this build holds machine code the device can run; empty string if yes, else why not.
+std::string check_kernel_image(int device);
+
+// ---------------------------------------------------------------------------------------------
+// group_norm.hip: GroupNorm with optional fused SiLU, y = act((x - mean_g) * rstd_g * gamma + beta)
+struct GroupNormArgs {
+  const void* x;      // (N, C, *spatial): NCHW contiguous, or NHWC (channels_last) when layout == nhwc
+  void* y;            // same shape, layout and dtype as x
+  const void* gamma;  // (C,) or nullptr
+  const void* beta;   // (C,) or nullptr
+  DType dtype;        // of x and y
+  DType param_dtype;  // of gamma and beta: dtype or f32
+  Layout layout;
+  int64_t n, c, hw;   // hw = product of the spatial sizes
+  int groups;
+  float eps;
+  bool silu;
+  void* workspace;    // group_norm_workspace_bytes(args) bytes, no initialisation needed
+  void* stream;       // hipStream_t / cudaStream_t
+  int device;
+};
+
+// Empty string if the kernel supports these arguments, else the first reason it does not.
+std::string group_norm_check(const GroupNormArgs& a);
+size_t group_norm_workspace_bytes(const GroupNormArgs& a);
+// Enqueues the kernels on a.stream; empty string on success, else the error.
+std::string group_norm_forward(const GroupNormArgs& a);
+
+}  // namespace rsd

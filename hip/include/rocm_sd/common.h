@@ -1,0 +1,135 @@
+// Shared device helpers: element types and conversions, aligned vectors, Welford statistics,
+// wave and block reductions. Everything here is wave-size agnostic.
+#pragma once
+
+#include "rocm_sd/compat.h"
+
+namespace rsd {
+
+// bf16 as raw bits: the bf16 headers differ across HIP 5.x, HIP 6+ and CUDA, while the
+// conversion is two integer operations, so rocm_sd owns it.
+struct bf16 {
+  uint16_t bits;
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(uint32_t(v.bits) << 16); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  // Round to nearest even; NaN stays NaN (quiet bit forced so truncation cannot make it Inf).
+  uint32_t u = __float_as_uint(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
+
+// VEC consecutive elements, loaded and stored as one access of VEC * sizeof(T) bytes.
+template <class T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+template <class T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v, bool streaming) {
+  if (streaming)
+    store_streaming(reinterpret_cast<Vec<T, VEC>*>(p), v);
+  else
+    *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+}
+
+// Count, mean and sum of squared deviations (M2) of a set of values, in fp32.
+// Merging uses Chan et al.'s parallel formula, which stays accurate when the mean is large
+// compared to the spread (the naive E[x^2] - E[x]^2 does not).
+struct WelfordStats {
+  float n;
+  float mean;
+  float m2;
+};
+
+__device__ __forceinline__ WelfordStats welford_merge(WelfordStats a, WelfordStats b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float delta = b.mean - a.mean;
+  const float wb = b.n / n;
+  WelfordStats r;
+  r.n = n;
+  r.mean = a.mean + delta * wb;
+  r.m2 = a.m2 + b.m2 + delta * delta * a.n * wb;
+  return r;
+}
+
+// Per-thread accumulator: sums of (x - shift) with the shift taken from the first value seen,
+// so that the short per-thread sums do not cancel catastrophically. Converted to WelfordStats
+// before values from different threads are combined.
+struct ShiftedSums {
+  float shift = 0.f;
+  float sum = 0.f;
+  float sumsq = 0.f;
+  float n = 0.f;
+
+  __device__ __forceinline__ void add(float x) {
+    if (n == 0.f) shift = x;
+    const float d = x - shift;
+    sum += d;
+    sumsq = fmaf(d, d, sumsq);
+    n += 1.f;
+  }
+
+  __device__ __forceinline__ WelfordStats stats() const {
+    WelfordStats s;
+    s.n = n;
+    if (n == 0.f) {
+      s.mean = 0.f;
+      s.m2 = 0.f;
+      return s;
+    }
+    const float mean_d = sum / n;
+    s.mean = shift + mean_d;
+    s.m2 = fmaxf(sumsq - sum * mean_d, 0.f);
+    return s;
+  }
+};
+
+__device__ __forceinline__ WelfordStats wave_reduce(WelfordStats s) {
+#pragma unroll
+  for (int offset = RSD_WAVE / 2; offset > 0; offset /= 2) {
+    WelfordStats o;
+    o.n = shfl_xor(s.n, offset);
+    o.mean = shfl_xor(s.mean, offset);
+    o.m2 = shfl_xor(s.m2, offset);
+    s = welford_merge(s, o);
+  }
+  return s;
+}
+
+// Reduce over the whole block; the result is valid in every thread.
+// `scratch` must hold RSD_MAX_WAVES_PER_BLOCK entries. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ WelfordStats block_reduce(WelfordStats s, WelfordStats* scratch) {
+  s = wave_reduce(s);
+  const int waves = (blockDim.x + RSD_WAVE - 1) / RSD_WAVE;
+  if (lane_id() == 0) scratch[wave_id()] = s;
+  __syncthreads();
+  WelfordStats r = scratch[0];
+  for (int w = 1; w < waves; ++w) r = welford_merge(r, scratch[w]);
+  __syncthreads();  // scratch may be reused by the caller
+  return r;
+}
+
+__device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
+// For 16-bit outputs the fast exponential's error is far below the output's rounding.
+__device__ __forceinline__ float silu_fast(float y) { return __fdividef(y, 1.f + __expf(-y)); }
+
+}  // namespace rsd

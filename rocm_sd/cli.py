@@ -1,0 +1,71 @@
+"""`python -m rocm_sd {info,demo}`."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+
+import torch
+
+from . import __version__, _ext, platform
+from .ops import ALL_OPS
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
+    """Why each op would fall back on `device`, for a typical SD input."""
+    from .ops.group_norm import supports as group_norm_supports
+
+    x = torch.randn(2, 320, 8, 8, device=device, dtype=torch.float16 if device.type == "cuda" else torch.float32)
+    w = torch.ones(320, device=device, dtype=x.dtype)
+    return {"group_norm": group_norm_supports(x, 32, w, torch.zeros_like(w), 1e-5, True)}
+
+
+def info() -> int:
+    rows = [("rocm_sd", __version__), ("torch", f"{torch.__version__} ({platform.runtime_version()})"),
+            ("diffusers", _version("diffusers")), ("transformers", _version("transformers"))]
+    if platform.gpu_available():
+        for i in range(torch.cuda.device_count()):
+            arch = platform.device_arch(i)
+            props = torch.cuda.get_device_properties(i)
+            rows.append((f"GPU {i}", f"{props.name}, {arch}, {props.multi_processor_count} CUs/SMs"))
+    else:
+        rows.append(("GPU", "none visible to torch"))
+    build = _ext.build_info()
+    if build:
+        rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
+                           f"(runtime {build['runtime_version']})"))
+    else:
+        rows.append(("_C", _ext.LOAD_ERROR))
+    device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
+    for op, reasons in _sample_call_reasons(device).items():
+        rows.append((f"op {op}", "rocm_sd kernel" if not reasons else "PyTorch fallback: " + "; ".join(reasons)))
+    rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in ALL_OPS)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rocm_sd", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="platform, GPU, kernel library and why any op would fall back")
+    demo = sub.add_parser("demo", help="generate one image with and without rocm_sd and compare")
+    demo.add_argument("--out", default="rocm_sd_demo", help="folder for the two PNGs")
+    demo.add_argument("--arch", choices=["sd15", "tiny"], help="default: sd15 on a GPU, tiny on a CPU")
+    demo.add_argument("--steps", type=int)
+    demo.add_argument("--size", type=int, help="image height and width in pixels")
+    demo.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        return info()
+    from . import demo as demo_module
+
+    demo_module.run(out_dir=args.out, arch=args.arch, steps=args.steps, size=args.size, repeats=args.repeats)
+    return 0

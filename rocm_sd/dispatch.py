@@ -1,0 +1,90 @@
+"""Chooses, per op call, between the rocm_sd kernel and the PyTorch reference, and counts.
+
+The rule (DESIGN.md, convention 3):
+  - the kernel runs when its op's `supports()` gives no reason against it;
+  - otherwise the call falls back to the reference, and each distinct reason is logged once;
+  - ROCM_SD_STRICT=1 turns a fallback into an error that lists the reasons;
+  - a backend asked for by name (ROCM_SD_BACKEND, or `force_backend`) raises when it cannot run.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+
+from . import config
+
+KERNEL = "rocm_sd"
+TORCH = "torch"
+BACKENDS = (KERNEL, TORCH)
+
+log = logging.getLogger("rocm_sd")
+
+_counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+_logged: set[tuple[str, str]] = set()
+_forced: dict[str, str] = {}
+
+
+class FallbackError(RuntimeError):
+    """Raised in strict mode, or for a forced backend, when the kernel cannot run a call."""
+
+
+def _forced_backend(op: str) -> str | None:
+    forced = _forced.get(op) or config.current.forced_backends.get(op) or config.current.forced_backends.get("*")
+    if forced is not None and forced not in BACKENDS:
+        raise ValueError(f"unknown backend {forced!r} for {op}; choose one of {BACKENDS}")
+    return forced
+
+
+def choose(op: str, reasons: list[str]) -> str:
+    """Backend for one call of `op`, given the reasons the kernel cannot run it (empty: it can)."""
+    forced = _forced_backend(op)
+    if forced == TORCH:
+        backend = TORCH
+    elif not reasons:
+        backend = KERNEL
+    elif forced == KERNEL:
+        raise FallbackError(f"rocm_sd::{op}: backend {KERNEL!r} was requested but cannot run: " + "; ".join(reasons))
+    elif config.current.strict:
+        raise FallbackError(f"rocm_sd::{op} would fall back to PyTorch (ROCM_SD_STRICT=1): " + "; ".join(reasons))
+    else:
+        backend = TORCH
+        for reason in reasons:
+            if (op, reason) not in _logged:
+                _logged.add((op, reason))
+                if config.current.log_fallbacks:
+                    log.warning("rocm_sd::%s uses PyTorch: %s", op, reason)
+    _counts[op][backend] += 1
+    return backend
+
+
+def fallback_reasons_seen() -> dict[str, list[str]]:
+    seen: dict[str, list[str]] = collections.defaultdict(list)
+    for op, reason in sorted(_logged):
+        seen[op].append(reason)
+    return dict(seen)
+
+
+def stats() -> dict[str, dict[str, int]]:
+    """Calls per op and backend since the last reset: {'group_norm': {'rocm_sd': 120, 'torch': 2}}."""
+    return {op: dict(counter) for op, counter in _counts.items()}
+
+
+def reset_stats() -> None:
+    _counts.clear()
+
+
+@contextlib.contextmanager
+def force_backend(op: str, backend: str):
+    """Run `op` on `backend` inside the block; the kernel backend raises if it cannot run a call."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    previous = _forced.get(op)
+    _forced[op] = backend
+    try:
+        yield
+    finally:
+        if previous is None:
+            _forced.pop(op, None)
+        else:
+            _forced[op] = previous

@@ -1,0 +1,1 @@
+from .group_norm import GroupNormAct  # noqa: F401

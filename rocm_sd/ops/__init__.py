@@ -1,0 +1,4 @@
+"""rocm_sd custom ops. Importing this package registers every `torch.ops.rocm_sd.*` op."""
+from .group_norm import group_norm, group_norm_ref  # noqa: F401
+
+ALL_OPS = {"group_norm": group_norm}

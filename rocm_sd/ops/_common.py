@@ -1,0 +1,47 @@
+"""Helpers shared by the op wrappers: dtype codes of _C, layouts, streams, tolerances."""
+from __future__ import annotations
+
+import torch
+
+# Codes of rsd::DType and rsd::Layout in hip/include/rocm_sd/api.h.
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+NCHW, NHWC = 0, 1
+
+# Accuracy rule shared by tests, benchmarks and the tuner (DESIGN.md convention 7, flash-attention's
+# criterion): a kernel's max error against a float64 truth may be at most ERROR_FACTOR times the error
+# of PyTorch's own op in the same precision, plus a rounding floor of the output dtype.
+ERROR_FACTOR = 2.0
+ROUNDING_FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def layout_of(x: torch.Tensor) -> int | None:
+    """NCHW for contiguous tensors, NHWC for 4-D channels_last ones, None for other strides."""
+    if x.is_contiguous():
+        return NCHW
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return NHWC
+    return None
+
+
+def output_like(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor in x's layout (channels_last stays channels_last)."""
+    if layout_of(x) == NHWC:
+        return torch.empty_like(x, memory_format=torch.channels_last)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def stream_handle(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def within_tolerance(out: torch.Tensor, truth: torch.Tensor, torch_same_dtype: torch.Tensor) -> tuple[bool, float, float]:
+    """(ok, error of out, allowed error): out may miss the truth by ERROR_FACTOR x torch's own error + floor.
+    NaN in out where the truth has none is never within tolerance."""
+    truth = truth.double()
+    if not torch.equal(torch.isnan(out), torch.isnan(truth)):
+        return False, float("nan"), 0.0
+    mask = ~torch.isnan(truth)
+    err = (out.double() - truth)[mask].abs().max().item() if mask.any() else 0.0
+    torch_err = (torch_same_dtype.double() - truth)[mask].abs().max().item() if mask.any() else 0.0
+    allowed = ERROR_FACTOR * torch_err + ROUNDING_FLOOR[out.dtype] * max(1.0, truth[mask].abs().max().item() if mask.any() else 1.0)
+    return err <= allowed, err, allowed

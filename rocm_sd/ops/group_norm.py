@@ -1,0 +1,109 @@
+"""rocm_sd::group_norm: GroupNorm with an optional fused SiLU (hip/group_norm.hip).
+
+    y = silu?((x - mean[n, g]) / sqrt(var[n, g] + eps) * weight[c] + bias[c])
+
+x is (N, C, *spatial), NCHW-contiguous or 4-D channels_last; the output keeps x's layout.
+Statistics are computed in fp32 whatever the input dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import _ext, dispatch
+from ._common import DTYPE_CODES, NHWC, layout_of, output_like, stream_handle
+
+OP = "group_norm"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def group_norm_ref(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   eps: float, silu: bool) -> torch.Tensor:
+    """PyTorch's GroupNorm (+ SiLU), exactly what an unpatched diffusers model computes; called on
+    float64 inputs it is the truth the kernel is tested against. Differentiable."""
+    y = F.group_norm(x, num_groups, weight, bias, eps)
+    if silu:
+        y = F.silu(y)
+    return y
+
+
+def input_reasons(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None) -> list[str]:
+    """Reasons in the arguments themselves that the kernel cannot take (no GPU needed to ask)."""
+    reasons = []
+    if x.dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    if x.dim() < 2:
+        reasons.append(f"input has {x.dim()} dims, needs (N, C, ...)")
+    elif num_groups <= 0 or x.shape[1] % num_groups:
+        reasons.append(f"{x.shape[1]} channels not divisible by {num_groups} groups")
+    if x.numel() == 0:
+        reasons.append("empty tensor")
+    if layout_of(x) is None:
+        reasons.append(f"strides {tuple(x.stride())} are neither contiguous nor channels_last")
+    channels = x.shape[1] if x.dim() > 1 else None
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if p.device != x.device:
+            reasons.append(f"{name} on {p.device}, input on {x.device}")
+        if p.dtype not in (x.dtype, torch.float32):
+            reasons.append(f"{name} dtype {p.dtype} is neither the input's ({x.dtype}) nor float32")
+        if p.dim() != 1 or p.shape[0] != channels or not p.is_contiguous():
+            reasons.append(f"{name} of shape {tuple(p.shape)} is not a contiguous ({channels},) vector")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        reasons.append(f"weight dtype {weight.dtype} differs from bias dtype {bias.dtype}")
+    return reasons
+
+
+def supports(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+             eps: float, silu: bool) -> list[str]:
+    """Reasons the kernel cannot run this call; empty when it can."""
+    reasons = input_reasons(x, num_groups, weight, bias)
+    unavailable = _ext.unavailable_reason(x.device)
+    if unavailable:
+        return [unavailable] + reasons
+    if reasons:
+        return reasons
+    why = _ext._C.group_norm_check(*_kernel_args(x, x, num_groups, weight, bias, eps, silu))
+    return [why] if why else []
+
+
+def _kernel_args(x, y, num_groups, weight, bias, eps, silu):
+    params = weight if weight is not None else bias
+    n, c = x.shape[0], x.shape[1]
+    return (x.data_ptr(), y.data_ptr(), weight.data_ptr() if weight is not None else 0,
+            bias.data_ptr() if bias is not None else 0, DTYPE_CODES[x.dtype],
+            DTYPE_CODES[params.dtype] if params is not None else DTYPE_CODES[x.dtype], layout_of(x), n, c,
+            x.numel() // (n * c), num_groups, float(eps), bool(silu), x.device.index)
+
+
+def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      eps: float, silu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The HIP kernel itself, no dispatch (tests call it with a poisoned `out`)."""
+    y = output_like(x) if out is None else out
+    C = _ext._C
+    n, c = x.shape[0], x.shape[1]
+    hw = x.numel() // (n * c)
+    layout = layout_of(x)
+    dtype = DTYPE_CODES[x.dtype]
+    ws_bytes = C.group_norm_workspace_bytes(x.data_ptr(), y.data_ptr(), dtype, layout, n, c, hw, num_groups,
+                                            x.device.index)
+    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)
+    args = _kernel_args(x, y, num_groups, weight, bias, eps, silu)
+    C.group_norm_forward(*args[:13], workspace.data_ptr(), stream_handle(x.device), x.device.index)
+    return y
+
+
+@torch.library.custom_op("rocm_sd::group_norm", mutates_args=())
+def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float, silu: bool) -> torch.Tensor:
+    if dispatch.choose(OP, supports(x, num_groups, weight, bias, eps, silu)) == dispatch.KERNEL:
+        return group_norm_kernel(x, num_groups, weight, bias, eps, silu)
+    y = group_norm_ref(x, num_groups, weight, bias, eps, silu)
+    # Same layout as the kernel's output, so the fake kernel below holds for both backends.
+    return y.contiguous(memory_format=torch.channels_last) if layout_of(x) == NHWC else y.contiguous()
+
+
+@group_norm.register_fake
+def _(x, num_groups, weight, bias, eps, silu):
+    return output_like(x)

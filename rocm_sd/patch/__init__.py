@@ -1,0 +1,1 @@
+from .pipeline import optimize, report, revert  # noqa: F401

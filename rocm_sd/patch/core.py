@@ -1,0 +1,29 @@
+"""Reversible edits of a model: every change records how to undo itself."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from torch import nn
+
+RECORD_ATTR = "_rocm_sd_record"
+
+
+@dataclass
+class PatchRecord:
+    """What optimize() did to one model: undo actions (run last-first) and counts for the report."""
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+
+    def replace_child(self, parent: nn.Module, name: str, new: nn.Module) -> None:
+        old = getattr(parent, name)
+        setattr(parent, name, new)
+        self.undo.append(lambda: setattr(parent, name, old))
+
+    def add_hook(self, handle) -> None:
+        self.undo.append(handle.remove)
+
+    def revert(self) -> None:
+        while self.undo:
+            self.undo.pop()()

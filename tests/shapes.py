@@ -1,0 +1,25 @@
+"""Tensor shapes of Stable Diffusion, and awkward ones, shared by tests and benchmarks."""
+
+# (N, C, H, W), 32 groups: SD1.5/SDXL UNet at 512/1024 px with CFG (batch 2), and the VAE decoder at batch 1.
+GROUP_NORM_SD = [
+    (2, 320, 64, 64),     # UNet down/up block 1
+    (2, 640, 32, 32),     # block 2
+    (2, 1280, 16, 16),    # block 3
+    (2, 1280, 8, 8),      # block 4 / mid
+    (2, 960, 64, 64),     # up block concat (skip connections)
+    (2, 2560, 8, 8),      # up block concat
+    (1, 512, 64, 64),     # VAE decoder mid, 512 px
+    (1, 512, 128, 128),   # VAE decoder up 1
+    (1, 256, 256, 256),   # VAE decoder up 2
+    (1, 128, 512, 512),   # VAE decoder up 3 (64 MB in fp16: larger than L2)
+]
+
+# (shape, groups) with a comment on what each one stresses.
+GROUP_NORM_AWKWARD = [
+    ((3, 96, 7, 9), 32),     # batch 3, 3 channels per group, odd spatial: vector width 1
+    ((2, 36, 5, 5), 4),      # 9 channels per group: C not a multiple of 8
+    ((2, 1280, 1, 1), 32),   # 1x1 spatial
+    ((1, 64, 3, 1), 32),     # 2 channels per group, tiny
+    ((2, 320, 10), 32),      # 3-D input (N, C, L)
+    ((1, 4096, 4, 4), 32),   # wide channels: NHWC with 512 threads a row
+]

@@ -1,0 +1,48 @@
+"""Every rocm_sd op passes torch.library.opcheck (schema, fake kernel, dispatch) and works under
+torch.compile(fullgraph=True)."""
+import pytest
+import torch
+
+from rocm_sd import config
+
+CASES = {
+    "group_norm": lambda device, dtype, cl: (
+        (torch.randn(2, 64, 8, 8, device=device, dtype=dtype).to(
+            memory_format=torch.channels_last if cl else torch.contiguous_format),
+         32, torch.rand(64, device=device, dtype=dtype), torch.randn(64, device=device, dtype=dtype), 1e-5, True)),
+}
+
+
+def run_opcheck(device, dtype):
+    for name, make in CASES.items():
+        op = getattr(torch.ops.rocm_sd, name).default
+        for cl in (False, True):
+            torch.library.opcheck(op, make(device, dtype, cl))
+
+
+def test_opcheck_cpu():
+    with config.override(log_fallbacks=False):
+        run_opcheck("cpu", torch.float32)
+
+
+def test_compile_fullgraph_cpu():
+    x, g, w, b, eps, silu = CASES["group_norm"]("cpu", torch.float32, True)
+    fn = torch.compile(lambda x: torch.ops.rocm_sd.group_norm(x, g, w, b, eps, silu) * 2, fullgraph=True,
+                       backend="eager")
+    with config.override(log_fallbacks=False):
+        assert torch.equal(fn(x), torch.ops.rocm_sd.group_norm(x, g, w, b, eps, silu) * 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_opcheck_gpu(dtype):
+    with config.override(strict=True):
+        run_opcheck("cuda", dtype)
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_gpu():
+    x, g, w, b, eps, silu = CASES["group_norm"]("cuda", torch.float16, True)
+    with config.override(strict=True):
+        fn = torch.compile(lambda x: torch.ops.rocm_sd.group_norm(x, g, w, b, eps, silu) * 2, fullgraph=True)
+        assert torch.equal(fn(x), torch.ops.rocm_sd.group_norm(x, g, w, b, eps, silu) * 2)

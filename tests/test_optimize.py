@@ -1,0 +1,99 @@
+"""optimize(pipe) / revert(pipe) on tiny random-weight SD pipelines built from configs (no download)."""
+import pytest
+import torch
+from torch import nn
+
+import rocm_sd
+from rocm_sd import config, models
+from rocm_sd.modules import GroupNormAct
+
+
+def run_pipe(pipe, steps=2, seed=0):
+    device = pipe.unet.device
+    embeds = models.encode_prompt(pipe, "a photo of a cat")
+    negative = models.encode_prompt(pipe, "")
+    with torch.no_grad():
+        return pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, num_inference_steps=steps,
+                    generator=torch.Generator(device).manual_seed(seed), height=64, width=64,
+                    output_type="latent").images
+
+
+def count(model, cls):
+    return sum(type(m) is cls for m in model.modules())
+
+
+@pytest.fixture(scope="module")
+def tiny_pipe():
+    return models.build_sd_pipeline("tiny", "cpu", torch.float32)
+
+
+def test_optimize_swaps_every_group_norm_and_revert_restores(tiny_pipe):
+    pipe = tiny_pipe
+    group_norms = {name: count(getattr(pipe, name), nn.GroupNorm) for name in ("unet", "vae")}
+    keys = {name: list(getattr(pipe, name).state_dict().keys()) for name in ("unet", "vae")}
+    assert rocm_sd.optimize(pipe) is pipe
+    for name in ("unet", "vae"):
+        model = getattr(pipe, name)
+        assert count(model, nn.GroupNorm) == 0, name
+        assert count(model, GroupNormAct) == group_norms[name]
+        assert list(model.state_dict().keys()) == keys[name]
+    report = rocm_sd.report(pipe)
+    assert report["unet"]["group_norm+silu"] > 0 and report["vae"]["group_norm+silu"] > 0
+    rocm_sd.revert(pipe)
+    for name in ("unet", "vae"):
+        assert count(getattr(pipe, name), nn.GroupNorm) == group_norms[name]
+        assert count(getattr(pipe, name), GroupNormAct) == 0
+    assert rocm_sd.report(pipe) == {"unet": {}, "vae": {}}
+
+
+def test_optimized_output_and_revert_are_exact_on_cpu(tiny_pipe):
+    # On the CPU every op falls back to PyTorch's own ops in the same order: the fused modules and the
+    # time-embedding hook must then reproduce the untouched pipeline bit for bit.
+    pipe = tiny_pipe
+    reference = run_pipe(pipe)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe)
+        optimized = run_pipe(pipe)
+    assert rocm_sd.stats()["group_norm"]["torch"] > 0
+    rocm_sd.revert(pipe)
+    reverted = run_pipe(pipe)
+    assert torch.equal(optimized, reference)
+    assert torch.equal(reverted, reference)
+
+
+def test_optimize_twice_is_a_no_op_and_flags_turn_off(tiny_pipe):
+    pipe = tiny_pipe
+    rocm_sd.optimize(pipe)
+    first = rocm_sd.report(pipe)
+    rocm_sd.optimize(pipe)
+    assert rocm_sd.report(pipe) == first
+    rocm_sd.revert(pipe)
+    rocm_sd.optimize(pipe, group_norm=False)
+    assert count(pipe.unet, GroupNormAct) == 0
+    rocm_sd.revert(pipe)
+
+
+def test_optimize_a_single_model_and_unknown_models():
+    unet = models.build_sd_pipeline("tiny").unet
+    rocm_sd.optimize(unet)
+    assert count(unet, GroupNormAct) > 0
+    rocm_sd.revert(unet)
+    other = nn.Sequential(nn.GroupNorm(2, 4))
+    rocm_sd.optimize(other)
+    assert type(other[0]) is nn.GroupNorm  # unknown model classes are left untouched ...
+    assert any(k.startswith("skipped") for k in rocm_sd.report(other)["Sequential"])  # ... and reported
+
+
+@pytest.mark.gpu
+def test_optimized_pipeline_on_gpu_matches_reference():
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    reference = run_pipe(pipe)
+    same_precision_again = run_pipe(pipe)
+    rocm_sd.optimize(pipe)
+    with config.override(strict=True):
+        optimized = run_pipe(pipe)
+    assert rocm_sd.stats()["group_norm"] == {"rocm_sd": rocm_sd.stats()["group_norm"]["rocm_sd"]}
+    rocm_sd.revert(pipe)
+    assert torch.equal(run_pipe(pipe), same_precision_again)
+    rel = (optimized.float() - reference.float()).norm() / reference.float().norm()
+    assert rel < 2e-2, rel
