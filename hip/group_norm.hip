@@ -32,6 +32,8 @@ constexpr int kThreads = 256;         // threads per block of the NCHW kernels
 constexpr int kUnroll = 4;            // independent vector loads in flight per thread
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
 constexpr int kMinBlocksPerSm = 2;    // split groups further until the grid covers the GPU twice
+constexpr int kMaxThreadsNhwc = 512;   // NHWC blocks: one row of C / vec threads at most
+constexpr int64_t kPlaneMin = 2048;   // NCHW planes at least this large are applied plane by plane
 
 struct Plan {
   int vec = 1;                // elements per access
@@ -41,6 +43,9 @@ struct Plan {
   int64_t chunk = 0;          // NCHW: elements of a group per block; NHWC: pixels per block
   int64_t splits = 0;         // blocks per (n, g) for NCHW, per n for NHWC
   int64_t partial_count = 0;  // n * groups * splits
+  bool planes = false;        // NCHW apply over (n, c) planes instead of group chunks
+  int64_t plane_chunk = 0;    // elements of a plane per apply block
+  int64_t plane_splits = 0;   // apply blocks per plane
   bool streaming = false;     // write y with streaming stores
 };
 
@@ -103,6 +108,12 @@ Plan make_plan(const GroupNormArgs& a) {
     splits = std::max<int64_t>(1, std::min(splits, max_splits));
     p.chunk = ceil_div(ceil_div(L, splits), p.vec) * p.vec;
     p.splits = ceil_div(L, p.chunk);
+    p.planes = a.hw >= kPlaneMin;
+    if (p.planes) {
+      p.plane_splits = ceil_div(a.hw, kChunkElems);
+      p.plane_chunk = ceil_div(ceil_div(a.hw, p.plane_splits), p.vec) * p.vec;
+      p.plane_splits = ceil_div(a.hw, p.plane_chunk);
+    }
   } else {
     p.threads_per_row = int(a.c / p.vec);
     p.rows_per_iter = std::max(1, kThreads / p.threads_per_row);
@@ -125,6 +136,11 @@ size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
 // ------------------------------------------------------------------------------------------------
 // kernels
 
+__device__ __forceinline__ float2 mean_rstd_of(const WelfordStats& s, float eps) {
+  const float var = s.n > 0.f ? s.m2 / s.n : 0.f;  // biased variance, as torch
+  return make_float2(s.mean, rsqrtf(var + eps));
+}
+
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 template <class T, int VEC>
@@ -136,7 +152,8 @@ __device__ __forceinline__ void accumulate(ShiftedSums& acc, const Vec<T, VEC>& 
 // Grid (splits, n * groups). x: (N, C, HW) contiguous, group (n, g) = L contiguous elements.
 template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __restrict__ x, int64_t L, int64_t chunk,
-                                                                  WelfordStats* __restrict__ partials) {
+                                                                  WelfordStats* __restrict__ partials,
+                                                                  float2* __restrict__ final_out, float eps) {
   __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
   const int64_t ng = blockIdx.y;
   const int64_t begin = int64_t(blockIdx.x) * chunk;
@@ -155,16 +172,21 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
   }
   for (; i < end; i += stride) accumulate(acc, load_vec<T, VEC>(base + i));
   const WelfordStats s = block_reduce(acc.stats(), scratch);
-  if (threadIdx.x == 0) partials[ng * gridDim.x + blockIdx.x] = s;
+  if (threadIdx.x == 0) {
+    if (final_out != nullptr)  // one block per group: no finalize launch needed
+      final_out[ng] = mean_rstd_of(s, eps);
+    else
+      partials[ng * gridDim.x + blockIdx.x] = s;
+  }
 }
 
 // Grid (splits, n). x: (N, HW, C). Thread (row r, column t) reads channels [t*VEC, t*VEC+VEC) of
 // pixels r, r + rows_per_iter, ...: its vectors all lie in one group (VEC divides C / groups).
 template <class T, int VEC>
-__global__ void __launch_bounds__(1024) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
+__global__ void __launch_bounds__(kMaxThreadsNhwc) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
                                                               int64_t chunk, int threads_per_row, int rows_per_iter,
                                                               WelfordStats* __restrict__ partials) {
-  __shared__ WelfordStats per_thread[1024];
+  __shared__ WelfordStats per_thread[kMaxThreadsNhwc];
   const int64_t n = blockIdx.y;
   const int col = threadIdx.x % threads_per_row;
   const int row = threadIdx.x / threads_per_row;
@@ -204,10 +226,7 @@ __global__ void group_norm_finalize(const WelfordStats* __restrict__ partials, i
   WelfordStats s = {0.f, 0.f, 0.f};
   for (int64_t i = lane_id(); i < splits; i += RSD_WAVE) s = welford_merge(s, partials[ng * splits + i]);
   s = wave_reduce(s);
-  if (lane_id() == 0) {
-    const float var = s.n > 0.f ? s.m2 / s.n : 0.f;  // biased variance, as torch
-    mean_rstd[ng] = make_float2(s.mean, rsqrtf(var + eps));
-  }
+  if (lane_id() == 0) mean_rstd[ng] = mean_rstd_of(s, eps);
 }
 
 template <class P>
@@ -257,8 +276,49 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_nchw(const T* __res
   }
 }
 
+// Grid (segments, n * c) over (n, c) planes of hw elements: scale and shift are per block, and
+// kUnroll vectors are in flight per thread. Used when planes are large (hw >= kPlaneMin).
 template <class T, class P, int VEC, bool SILU>
-__global__ void __launch_bounds__(1024) group_norm_apply_nhwc(const T* __restrict__ x, T* __restrict__ y,
+__global__ void __launch_bounds__(kThreads) group_norm_apply_planes(const T* __restrict__ x, T* __restrict__ y,
+                                                                    const P* __restrict__ gamma, const P* __restrict__ beta,
+                                                                    const float2* __restrict__ mean_rstd, int64_t hw,
+                                                                    int c, int cg, int64_t chunk, bool streaming) {
+  const int64_t block = reversed_block();
+  const int64_t segment = block % gridDim.x;
+  const int64_t plane = block / gridDim.x;  // n * c + channel
+  const int ch = int(plane % c);
+  const float2 mr = mean_rstd[(plane / c) * (c / cg) + ch / cg];
+  float a, b;
+  scale_shift(gamma, beta, ch, mr, a, b);
+  const int64_t begin = segment * chunk;
+  const int64_t end = min64(begin + chunk, hw);
+  const T* xb = x + plane * hw;
+  T* yb = y + plane * hw;
+  const int64_t stride = int64_t(blockDim.x) * VEC;
+  int64_t i = begin + int64_t(threadIdx.x) * VEC;
+  for (; i + (kUnroll - 1) * stride < end; i += kUnroll * stride) {
+    Vec<T, VEC> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(xb + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v[u].v[k]), a, b));
+      store_vec(yb + i + u * stride, out, streaming);
+    }
+  }
+  for (; i < end; i += stride) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(xb + i);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a, b));
+    store_vec(yb + i, out, streaming);
+  }
+}
+
+template <class T, class P, int VEC, bool SILU>
+__global__ void __launch_bounds__(kMaxThreadsNhwc) group_norm_apply_nhwc(const T* __restrict__ x, T* __restrict__ y,
                                                               const P* __restrict__ gamma, const P* __restrict__ beta,
                                                               const float2* __restrict__ mean_rstd, int64_t hw, int c,
                                                               int groups, int64_t chunk, int threads_per_row,
@@ -276,7 +336,21 @@ __global__ void __launch_bounds__(1024) group_norm_apply_nhwc(const T* __restric
   const int64_t begin = split * chunk;
   const int64_t end = min64(begin + chunk, hw);
   const int64_t offset = n * hw * c + c0;
-  for (int64_t r = begin + row; r < end; r += rows_per_iter) {
+  const int64_t step = rows_per_iter;
+  int64_t r = begin + row;
+  for (; r + (kUnroll - 1) * step < end; r += kUnroll * step) {
+    Vec<T, VEC> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(x + offset + (r + u * step) * c);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v[u].v[k]), a[k], b[k]));
+      store_vec(y + offset + (r + u * step) * c, out, streaming);
+    }
+  }
+  for (; r < end; r += step) {
     const Vec<T, VEC> v = load_vec<T, VEC>(x + offset + r * c);
     Vec<T, VEC> out;
 #pragma unroll
@@ -334,18 +408,18 @@ std::string group_norm_check(const GroupNormArgs& a) {
   if (a.hw >= (int64_t(1) << 31)) return "spatial size of 2^31 or more";
   if (a.layout == Layout::nchw) {
     if (a.n * a.groups > 65535) return "batch * groups exceeds 65535";
+    if (a.hw >= kPlaneMin && a.n * a.c > 65535) return "batch * channels exceeds 65535";
   } else {
     if (a.n > 65535) return "batch exceeds 65535";
-    // vec divides C/groups, so C / vec threads in a row; at most 1024 threads in a block.
-    if (a.c / pick_vec(a) > 1024) return "channels_last with C / vector width > 1024";
+    // vec divides C/groups, so C / vec threads in a row, all in one block.
+    if (a.c / pick_vec(a) > kMaxThreadsNhwc) return "channels_last with C / vector width > 512";
   }
   return std::string();
 }
 
 size_t group_norm_workspace_bytes(const GroupNormArgs& a) {
   const Plan p = make_plan(a);
-  return round_up(size_t(p.partial_count) * sizeof(WelfordStats), 256) +
-         size_t(a.n * a.groups) * sizeof(float2);
+  return round_up(size_t(p.partial_count) * sizeof(WelfordStats), 256) + size_t(a.n * a.groups) * sizeof(float2);
 }
 
 std::string group_norm_forward(const GroupNormArgs& a) {
@@ -370,24 +444,31 @@ std::string group_norm_forward(const GroupNormArgs& a) {
     with_vec(p.vec, [&](auto vtag) {
       constexpr int VEC = decltype(vtag)::value;
       if constexpr (VEC * sizeof(T) <= 16) {
+        const bool single_block_groups = a.layout == Layout::nchw && p.splits == 1;
         if (a.layout == Layout::nchw) {
           group_norm_stats_nchw<T, VEC><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
-              x, cg * a.hw, p.chunk, partials);
+              x, cg * a.hw, p.chunk, partials, single_block_groups ? mean_rstd : nullptr, a.eps);
         } else {
           group_norm_stats_nhwc<T, VEC><<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
               x, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter, partials);
         }
-        const int finalize_threads = 256;
-        const int64_t waves_per_block = finalize_threads / wave_size(a.device);
-        group_norm_finalize<<<unsigned(ceil_div(ng, waves_per_block)), finalize_threads, 0, stream>>>(
-            partials, p.splits, ng, a.eps, mean_rstd);
+        if (!single_block_groups) {
+          const int finalize_threads = 256;
+          const int64_t waves_per_block = finalize_threads / wave_size(a.device);
+          group_norm_finalize<<<unsigned(ceil_div(ng, waves_per_block)), finalize_threads, 0, stream>>>(
+              partials, p.splits, ng, a.eps, mean_rstd);
+        }
         with_bool(a.silu, [&](auto silu_tag) {
           constexpr bool SILU = decltype(silu_tag)::value;
           auto launch_apply = [&](auto ptag) {
             using P = typename decltype(ptag)::type;
             const P* gamma = static_cast<const P*>(a.gamma);
             const P* beta = static_cast<const P*>(a.beta);
-            if (a.layout == Layout::nchw) {
+            if (a.layout == Layout::nchw && p.planes) {
+              group_norm_apply_planes<T, P, VEC, SILU>
+                  <<<dim3(unsigned(p.plane_splits), unsigned(a.n * a.c)), kThreads, 0, stream>>>(
+                      x, y, gamma, beta, mean_rstd, a.hw, int(a.c), cg, p.plane_chunk, p.streaming);
+            } else if (a.layout == Layout::nchw) {
               group_norm_apply_nchw<T, P, VEC, SILU><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
                   x, y, gamma, beta, mean_rstd, cg * a.hw, int(a.hw), cg, a.groups, p.chunk, p.streaming);
             } else {

@@ -99,7 +99,12 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bi
                eps: float, silu: bool) -> torch.Tensor:
     if dispatch.choose(OP, supports(x, num_groups, weight, bias, eps, silu)) == dispatch.KERNEL:
         return group_norm_kernel(x, num_groups, weight, bias, eps, silu)
-    y = group_norm_ref(x, num_groups, weight, bias, eps, silu)
+    params = weight if weight is not None else bias
+    if params is not None and params.dtype != x.dtype:
+        # fp32 parameters with a 16-bit input (mixed precision): compute in fp32, as autocast would.
+        y = group_norm_ref(x.float(), num_groups, weight, bias, eps, silu).to(x.dtype)
+    else:
+        y = group_norm_ref(x, num_groups, weight, bias, eps, silu)
     # Same layout as the kernel's output, so the fake kernel below holds for both backends.
     return y.contiguous(memory_format=torch.channels_last) if layout_of(x) == NHWC else y.contiguous()
 

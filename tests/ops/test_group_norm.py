@@ -95,6 +95,14 @@ def test_unsupported_arguments_are_named(case, expected):
     assert any(expected in r for r in supports(x, g, w, b, 1e-5, True))
 
 
+def test_fallback_with_fp32_params_and_half_input():
+    x, g, w, b = make_inputs((2, 64, 8, 8), 32, torch.bfloat16, "cpu", param_dtype=torch.float32)
+    with config.override(log_fallbacks=False):
+        y = torch.ops.rocm_sd.group_norm(x, g, w, b, 1e-5, True)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, group_norm_ref(x.float(), g, w, b, 1e-5, True).bfloat16())
+
+
 def test_fallback_handles_what_the_kernel_refuses():
     # Non-dense strides and float64 still compute, through PyTorch, and match it.
     x = torch.randn(2, 64, 8, 8, dtype=torch.float64).transpose(2, 3)
@@ -129,7 +137,7 @@ def check_kernel(shape, groups, dtype, channels_last, silu, param_dtype=None, af
     out = torch.full_like(x, float("nan"))  # poisoned: every element must be written
     y = group_norm_kernel(x, g, w, b, eps, silu, out=out)
     ref = truth(x, g, w, b, eps, silu)
-    torch_same = group_norm_ref(x, g, w, b, eps, silu)
+    torch_same = group_norm_ref(x, g, None if w is None else w.to(dtype), None if b is None else b.to(dtype), eps, silu)
     ok, err, allowed = within_tolerance(y, ref, torch_same)
     assert ok, f"{shape} {dtype} cl={channels_last} silu={silu}: max err {err:.3g} > allowed {allowed:.3g}"
 
