@@ -32,7 +32,10 @@ constexpr int kThreads = 256;         // threads per block of the NCHW kernels
 constexpr int kUnroll = 4;            // independent vector loads in flight per thread
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
 constexpr int kMinBlocksPerSm = 2;    // split groups further until the grid covers the GPU twice
-constexpr int kMaxThreadsNhwc = 512;   // NHWC blocks: one row of C / vec threads at most
+// NHWC blocks hold one pixel row of C / vec threads at least. Rows up to 512 threads use kernels
+// compiled for 512-thread blocks (128 registers a thread, no spills); wider rows, up to 1024
+// threads, use a second instantiation under the 64-register cap of 1024-thread blocks.
+constexpr int kMaxThreadsNhwc = 1024;
 constexpr int64_t kPlaneMin = 2048;   // NCHW planes at least this large are applied plane by plane
 
 struct Plan {
@@ -182,11 +185,11 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
 
 // Grid (splits, n). x: (N, HW, C). Thread (row r, column t) reads channels [t*VEC, t*VEC+VEC) of
 // pixels r, r + rows_per_iter, ...: its vectors all lie in one group (VEC divides C / groups).
-template <class T, int VEC>
-__global__ void __launch_bounds__(kMaxThreadsNhwc) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
+template <class T, int VEC, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
                                                               int64_t chunk, int threads_per_row, int rows_per_iter,
                                                               WelfordStats* __restrict__ partials) {
-  __shared__ WelfordStats per_thread[kMaxThreadsNhwc];
+  __shared__ WelfordStats per_thread[MAX_THREADS];
   const int64_t n = blockIdx.y;
   const int col = threadIdx.x % threads_per_row;
   const int row = threadIdx.x / threads_per_row;
@@ -317,8 +320,8 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_planes(const T* __r
   }
 }
 
-template <class T, class P, int VEC, bool SILU>
-__global__ void __launch_bounds__(kMaxThreadsNhwc) group_norm_apply_nhwc(const T* __restrict__ x, T* __restrict__ y,
+template <class T, class P, int VEC, bool SILU, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __restrict__ x, T* __restrict__ y,
                                                               const P* __restrict__ gamma, const P* __restrict__ beta,
                                                               const float2* __restrict__ mean_rstd, int64_t hw, int c,
                                                               int groups, int64_t chunk, int threads_per_row,
@@ -412,7 +415,7 @@ std::string group_norm_check(const GroupNormArgs& a) {
   } else {
     if (a.n > 65535) return "batch exceeds 65535";
     // vec divides C/groups, so C / vec threads in a row, all in one block.
-    if (a.c / pick_vec(a) > kMaxThreadsNhwc) return "channels_last with C / vector width > 512";
+    if (a.c / pick_vec(a) > kMaxThreadsNhwc) return "channels_last with C / vector width > 1024";
   }
   return std::string();
 }
@@ -449,7 +452,8 @@ std::string group_norm_forward(const GroupNormArgs& a) {
           group_norm_stats_nchw<T, VEC><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
               x, cg * a.hw, p.chunk, partials, single_block_groups ? mean_rstd : nullptr, a.eps);
         } else {
-          group_norm_stats_nhwc<T, VEC><<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
+          auto stats = p.threads <= 512 ? group_norm_stats_nhwc<T, VEC, 512> : group_norm_stats_nhwc<T, VEC, 1024>;
+          stats<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
               x, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter, partials);
         }
         if (!single_block_groups) {
@@ -472,7 +476,9 @@ std::string group_norm_forward(const GroupNormArgs& a) {
               group_norm_apply_nchw<T, P, VEC, SILU><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
                   x, y, gamma, beta, mean_rstd, cg * a.hw, int(a.hw), cg, a.groups, p.chunk, p.streaming);
             } else {
-              group_norm_apply_nhwc<T, P, VEC, SILU><<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
+              auto apply = p.threads <= 512 ? group_norm_apply_nhwc<T, P, VEC, SILU, 512>
+                                            : group_norm_apply_nhwc<T, P, VEC, SILU, 1024>;
+              apply<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
                   x, y, gamma, beta, mean_rstd, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter,
                   p.streaming);
             }
