@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench.harness import copy_ceiling_gbps, device_ms, rotating_inputs, write_results  # noqa: E402
 from rocm_sd.ops.group_norm import group_norm_kernel, supports  # noqa: E402
 from tests.shapes import GROUP_NORM_SD  # noqa: E402
+
+
+def eager_call_us(fn, x, calls: int = 2000) -> float:
+    """Wall microseconds per eager call, launch included: what an un-captured pipeline pays."""
+    for _ in range(50):
+        fn(x)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> None:
@@ -56,6 +69,18 @@ def main() -> None:
         t, r = rows[i], rows[i + 1]
         lines.append(f"| {t['shape']} | {t['layout']} | {t['ms']:.4f} | {r['ms']:.4f} | {t['ms'] / r['ms']:.1f}x | "
                      f"{r['gbps']:.0f} | {r['pct_copy']:.1f} |")
+    # Host cost of one eager call at a small UNet shape, where the GPU work is a few microseconds.
+    x = torch.randn(2, 1280, 8, 8, device="cuda", dtype=dtype)
+    w = torch.rand(1280, device="cuda", dtype=dtype)
+    b = torch.randn(1280, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        torch_us = eager_call_us(lambda x: F.silu(F.group_norm(x, 32, w, b, 1e-6)), x)
+        op_us = eager_call_us(lambda x: torch.ops.rocm_sd.group_norm(x, 32, w, b, 1e-6, True), x)
+    lines += ["", "Eager wall time per call at (2, 1280, 8, 8), launch and Python included (what a pipeline without "
+              "graph capture pays):", "", "| torch GroupNorm+SiLU us | torch.ops.rocm_sd.group_norm us |", "|---:|---:|",
+              f"| {torch_us:.1f} | {op_us:.1f} |"]
+    rows.append({"op": "group_norm+silu eager call", "shape": "(2, 1280, 8, 8)", "dtype": args.dtype,
+                 "torch_us": round(torch_us, 1), "rocm_sd_us": round(op_us, 1)})
     table = "\n".join(lines)
     rows.insert(0, {"op": "copy", "shape": "1Gi fp16", "gbps": round(ceiling, 1)})
     stem = write_results(f"group_norm-{args.dtype}", rows, table, args.out_dir)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, NHWC, layout_of, output_like, stream_handle
+from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, stream_handle, tensor_key
 
 OP = "group_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -77,28 +77,45 @@ def _kernel_args(x, y, num_groups, weight, bias, eps, silu):
             x.numel() // (n * c), num_groups, float(eps), bool(silu), x.device.index)
 
 
+def _workspace_bytes(x, y, num_groups) -> int:
+    n, c = x.shape[0], x.shape[1]
+    return _ext._C.group_norm_workspace_bytes(x.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype], layout_of(x), n, c,
+                                              x.numel() // (n * c), num_groups, x.device.index)
+
+
 def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                      eps: float, silu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+                      eps: float, silu: bool, out: torch.Tensor | None = None,
+                      workspace_bytes: int | None = None) -> torch.Tensor:
     """The HIP kernel itself, no dispatch (tests call it with a poisoned `out`)."""
     y = output_like(x) if out is None else out
-    C = _ext._C
-    n, c = x.shape[0], x.shape[1]
-    hw = x.numel() // (n * c)
-    layout = layout_of(x)
-    dtype = DTYPE_CODES[x.dtype]
-    ws_bytes = C.group_norm_workspace_bytes(x.data_ptr(), y.data_ptr(), dtype, layout, n, c, hw, num_groups,
-                                            x.device.index)
-    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)
+    if workspace_bytes is None or out is not None:
+        workspace_bytes = _workspace_bytes(x, y, num_groups)
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
     args = _kernel_args(x, y, num_groups, weight, bias, eps, silu)
-    C.group_norm_forward(*args[:13], workspace.data_ptr(), stream_handle(x.device), x.device.index)
+    _ext._C.group_norm_forward(*args[:13], workspace.data_ptr(), stream_handle(x.device), x.device.index)
     return y
+
+
+# (reasons, workspace bytes) per argument key. Outputs come from the caching allocator, whose blocks
+# are at least 16-byte aligned, so the output's alignment is not part of the key.
+_plans = PlanCache()
+
+
+def _plan(x, num_groups, weight, bias, eps, silu):
+    key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias))
+    plan = _plans.get(key)
+    if plan is None:
+        reasons = supports(x, num_groups, weight, bias, eps, silu)
+        plan = _plans.put(key, (reasons, None if reasons else _workspace_bytes(x, x, num_groups)))
+    return plan
 
 
 @torch.library.custom_op("rocm_sd::group_norm", mutates_args=())
 def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float, silu: bool) -> torch.Tensor:
-    if dispatch.choose(OP, supports(x, num_groups, weight, bias, eps, silu)) == dispatch.KERNEL:
-        return group_norm_kernel(x, num_groups, weight, bias, eps, silu)
+    reasons, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu)
+    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
+        return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes)
     params = weight if weight is not None else bias
     if params is not None and params.dtype != x.dtype:
         # fp32 parameters with a 16-bit input (mixed precision): compute in fp32, as autocast would.
