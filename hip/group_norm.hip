@@ -82,6 +82,20 @@ int wave_size(int device) {
   return cached[device];
 }
 
+int64_t l2_bytes(int device) {
+  static int64_t cached[64] = {0};
+  if (device < 0 || device >= 64) return int64_t(32) << 20;
+  if (cached[device] == 0) {
+    int v = 0;
+    if (hipDeviceGetAttribute(&v, hipDeviceAttributeL2CacheSize, device) != hipSuccess || v <= 0) {
+      (void)hipGetLastError();
+      v = 32 << 20;
+    }
+    cached[device] = v;
+  }
+  return cached[device];
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
@@ -111,7 +125,9 @@ Plan make_plan(const GroupNormArgs& a) {
     splits = std::max<int64_t>(1, std::min(splits, max_splits));
     p.chunk = ceil_div(ceil_div(L, splits), p.vec) * p.vec;
     p.splits = ceil_div(L, p.chunk);
-    p.planes = a.hw >= kPlaneMin;
+    // Plane-wise apply only for tensors larger than L2: below that, applying in the same chunks as
+    // the stats pass (in reverse) re-reads x from L2, which measured faster (bench/notes/group_norm.md).
+    p.planes = a.hw >= kPlaneMin && a.n * a.c * a.hw * elem_bytes(a.dtype) > l2_bytes(a.device);
     if (p.planes) {
       p.plane_splits = ceil_div(a.hw, kChunkElems);
       p.plane_chunk = ceil_div(ceil_div(a.hw, p.plane_splits), p.vec) * p.vec;
