@@ -54,46 +54,30 @@ struct Plan {
 
 int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
 
-int sm_count(int device) {
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 80;
-  if (cached[device] == 0) {
-    int v = 0;
-    if (hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess || v <= 0) {
-      (void)hipGetLastError();
-      v = 80;
-    }
-    cached[device] = v;
-  }
-  return cached[device];
-}
+// Device attributes are fixed for the life of the process: ask the runtime once per device. The
+// fallbacks are safe choices when it cannot answer (64 is the larger wave: the finalize launch then
+// has more blocks than needed, never too few).
+enum class Attr : int { multiprocessors = 0, wave_size, l2_bytes, count };
 
-int wave_size(int device) {
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 64;
-  if (cached[device] == 0) {
+int device_attribute(int device, Attr which, int fallback) {
+  static int cached[64][int(Attr::count)] = {};
+  if (device < 0 || device >= 64) return fallback;
+  int& slot = cached[device][int(which)];
+  if (slot == 0) {
     int v = 0;
-    if (hipDeviceGetAttribute(&v, hipDeviceAttributeWarpSize, device) != hipSuccess || v <= 0) {
-      (void)hipGetLastError();
-      v = 64;  // the larger wave: launches more blocks than needed, never too few
+    hipError_t err = hipSuccess;
+    switch (which) {
+      case Attr::multiprocessors: err = hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, device); break;
+      case Attr::wave_size: err = hipDeviceGetAttribute(&v, hipDeviceAttributeWarpSize, device); break;
+      default: err = hipDeviceGetAttribute(&v, hipDeviceAttributeL2CacheSize, device); break;
     }
-    cached[device] = v;
-  }
-  return cached[device];
-}
-
-int64_t l2_bytes(int device) {
-  static int64_t cached[64] = {0};
-  if (device < 0 || device >= 64) return int64_t(32) << 20;
-  if (cached[device] == 0) {
-    int v = 0;
-    if (hipDeviceGetAttribute(&v, hipDeviceAttributeL2CacheSize, device) != hipSuccess || v <= 0) {
+    if (err != hipSuccess || v <= 0) {
       (void)hipGetLastError();
-      v = 32 << 20;
+      v = fallback;
     }
-    cached[device] = v;
+    slot = v;
   }
-  return cached[device];
+  return slot;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -116,7 +100,7 @@ Plan make_plan(const GroupNormArgs& a) {
   Plan p;
   p.vec = pick_vec(a);
   const int64_t ng = a.n * a.groups;
-  const int64_t want_blocks = int64_t(kMinBlocksPerSm) * sm_count(a.device);
+  const int64_t want_blocks = int64_t(kMinBlocksPerSm) * device_attribute(a.device, Attr::multiprocessors, 80);
   if (a.layout == Layout::nchw) {
     const int64_t L = (a.c / a.groups) * a.hw;
     const int64_t max_splits = std::max<int64_t>(1, L / (int64_t(p.vec) * kThreads));
@@ -127,7 +111,9 @@ Plan make_plan(const GroupNormArgs& a) {
     p.splits = ceil_div(L, p.chunk);
     // Plane-wise apply only for tensors larger than L2: below that, applying in the same chunks as
     // the stats pass (in reverse) re-reads x from L2, which measured faster (bench/notes/group_norm.md).
-    p.planes = a.hw >= kPlaneMin && a.n * a.c * a.hw * elem_bytes(a.dtype) > l2_bytes(a.device);
+    // The plane grid has n * c rows in its y dimension, at most 65535.
+    p.planes = a.hw >= kPlaneMin && a.n * a.c <= 65535 &&
+               a.n * a.c * a.hw * elem_bytes(a.dtype) > device_attribute(a.device, Attr::l2_bytes, 32 << 20);
     if (p.planes) {
       p.plane_splits = ceil_div(a.hw, kChunkElems);
       p.plane_chunk = ceil_div(ceil_div(a.hw, p.plane_splits), p.vec) * p.vec;
@@ -262,6 +248,20 @@ __device__ __forceinline__ T activate(float y) {
   return from_float<T>(y);
 }
 
+// y = act(x * a + b) for one vector; A and B are scalars (one channel) or per-element arrays.
+template <class T, int VEC, bool SILU, class A, class B>
+__device__ __forceinline__ Vec<T, VEC> normalize(const Vec<T, VEC>& v, const A& a, const B& b) {
+  Vec<T, VEC> out;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    if constexpr (std::is_array<A>::value)
+      out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a[k], b[k]));
+    else
+      out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a, b));
+  }
+  return out;
+}
+
 // Reversed block order (see the header comment): block 0 takes the last chunk of the stats pass.
 __device__ __forceinline__ int64_t reversed_block() {
   const int64_t count = int64_t(gridDim.x) * gridDim.y;
@@ -288,10 +288,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_nchw(const T* __res
     const int ch = g * cg + int(i) / hw;  // VEC divides hw: one channel per vector; L < 2^31
     float a, b;
     scale_shift(gamma, beta, ch, mr, a, b);
-    Vec<T, VEC> out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a, b));
-    store_vec(yb + i, out, streaming);
+    store_vec(yb + i, normalize<T, VEC, SILU>(v, a, b), streaming);
   }
 }
 
@@ -320,19 +317,10 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_planes(const T* __r
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(xb + i + u * stride);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      Vec<T, VEC> out;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v[u].v[k]), a, b));
-      store_vec(yb + i + u * stride, out, streaming);
-    }
+    for (int u = 0; u < kUnroll; ++u) store_vec(yb + i + u * stride, normalize<T, VEC, SILU>(v[u], a, b), streaming);
   }
   for (; i < end; i += stride) {
-    const Vec<T, VEC> v = load_vec<T, VEC>(xb + i);
-    Vec<T, VEC> out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a, b));
-    store_vec(yb + i, out, streaming);
+    store_vec(yb + i, normalize<T, VEC, SILU>(load_vec<T, VEC>(xb + i), a, b), streaming);
   }
 }
 
@@ -362,19 +350,11 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(x + offset + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      Vec<T, VEC> out;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v[u].v[k]), a[k], b[k]));
-      store_vec(y + offset + (r + u * step) * c, out, streaming);
-    }
+    for (int u = 0; u < kUnroll; ++u)
+      store_vec(y + offset + (r + u * step) * c, normalize<T, VEC, SILU>(v[u], a, b), streaming);
   }
   for (; r < end; r += step) {
-    const Vec<T, VEC> v = load_vec<T, VEC>(x + offset + r * c);
-    Vec<T, VEC> out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a[k], b[k]));
-    store_vec(y + offset + r * c, out, streaming);
+    store_vec(y + offset + r * c, normalize<T, VEC, SILU>(load_vec<T, VEC>(x + offset + r * c), a, b), streaming);
   }
 }
 
@@ -427,7 +407,6 @@ std::string group_norm_check(const GroupNormArgs& a) {
   if (a.hw >= (int64_t(1) << 31)) return "spatial size of 2^31 or more";
   if (a.layout == Layout::nchw) {
     if (a.n * a.groups > 65535) return "batch * groups exceeds 65535";
-    if (a.hw >= kPlaneMin && a.n * a.c > 65535) return "batch * channels exceeds 65535";
   } else {
     if (a.n > 65535) return "batch exceeds 65535";
     // vec divides C/groups, so C / vec threads in a row, all in one block.
@@ -474,7 +453,7 @@ std::string group_norm_forward(const GroupNormArgs& a) {
         }
         if (!single_block_groups) {
           const int finalize_threads = 256;
-          const int64_t waves_per_block = finalize_threads / wave_size(a.device);
+          const int64_t waves_per_block = finalize_threads / device_attribute(a.device, Attr::wave_size, 64);
           group_norm_finalize<<<unsigned(ceil_div(ng, waves_per_block)), finalize_threads, 0, stream>>>(
               partials, p.splits, ng, a.eps, mean_rstd);
         }

@@ -56,16 +56,16 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
         _sync(device)
         return time.perf_counter() - start, images[0]
 
-    def timed(label: str) -> tuple[float, float, np.ndarray]:
+    def timed() -> tuple[float, float, np.ndarray]:
         first, image = generate()
         times = [generate()[0] for _ in range(repeats)]
         return first, statistics.median(times), image
 
-    ref_first, ref_s, ref_image = timed("reference")
+    ref_first, ref_s, ref_image = timed()
     patch.optimize(pipe)
     replaced = patch.report(pipe)
     dispatch.reset_stats()
-    opt_first, opt_s, opt_image = timed("rocm_sd")
+    opt_first, opt_s, opt_image = timed()
     backend_calls = dispatch.stats()
     patch.revert(pipe)
 

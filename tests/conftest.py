@@ -1,5 +1,3 @@
-import os
-
 import pytest
 import torch
 
@@ -24,7 +22,3 @@ def _seed_and_stats():
     yield
     if HAVE_GPU:
         torch.cuda.synchronize()
-
-
-def strict_gpu_run() -> bool:
-    return os.environ.get("ROCM_SD_STRICT", "") not in ("", "0")

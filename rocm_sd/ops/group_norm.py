@@ -88,7 +88,7 @@ def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | N
                       workspace_bytes: int | None = None) -> torch.Tensor:
     """The HIP kernel itself, no dispatch (tests call it with a poisoned `out`)."""
     y = output_like(x) if out is None else out
-    if workspace_bytes is None or out is not None:
+    if workspace_bytes is None or out is not None:  # a caller's `out` may be less aligned than a fresh block
         workspace_bytes = _workspace_bytes(x, y, num_groups)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
     args = _kernel_args(x, y, num_groups, weight, bias, eps, silu)
