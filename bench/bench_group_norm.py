@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import copy_ceiling_gbps, device_ms, rotating_inputs, write_results  # noqa: E402
-from rocm_sd.ops.group_norm import group_norm_kernel, supports  # noqa: E402
+from rocm_sd.ops.group_norm import describe, group_norm_kernel, supports  # noqa: E402
 from tests.shapes import GROUP_NORM_SD  # noqa: E402
 
 
@@ -55,20 +55,30 @@ def main() -> None:
                 "torch": device_ms(lambda x: F.silu(F.group_norm(x, 32, w, b, 1e-6)), inputs),
                 "rocm_sd": device_ms(lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True), inputs),
             }
+            path = describe(inputs[0], 32)
+            if not path.startswith("split"):  # the three-launch path, for comparison
+                times["rocm_sd-split"] = device_ms(lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True, path="split"),
+                                                   inputs)
             for backend, ms in times.items():
                 gbps = 2 * nbytes / ms / 1e6
                 rows.append({"op": "group_norm+silu", "shape": str(shape), "layout": layout, "dtype": args.dtype,
                              "backend": backend, "ms": round(ms, 4), "gbps": round(gbps, 1),
-                             "pct_copy": round(100 * gbps / ceiling, 1)})
-            print(f"{shape} {layout}: torch {times['torch']:.4f} ms, rocm_sd {times['rocm_sd']:.4f} ms", flush=True)
+                             "pct_copy": round(100 * gbps / ceiling, 1),
+                             **({"path": path} if backend == "rocm_sd" else {})})
+            print(f"{shape} {layout}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items()), flush=True)
 
     lines = [f"Copy ceiling (read + write): {ceiling:.0f} GB/s. Device time from graph replays over rotating inputs.",
-             "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for i in range(0, len(rows), 2):
-        t, r = rows[i], rows[i + 1]
-        lines.append(f"| {t['shape']} | {t['layout']} | {t['ms']:.4f} | {r['ms']:.4f} | {t['ms'] / r['ms']:.1f}x | "
-                     f"{r['gbps']:.0f} | {r['pct_copy']:.1f} |")
+             "GB/s counts one read of x and one write of y. `split ms`: the three-launch path forced, for comparison.",
+             "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy | path | split ms |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    by_case = {}
+    for row in rows:
+        by_case.setdefault((row["shape"], row["layout"]), {})[row["backend"]] = row
+    for (shape, layout), r in by_case.items():
+        t, k = r["torch"], r["rocm_sd"]
+        split = f"{r['rocm_sd-split']['ms']:.4f}" if "rocm_sd-split" in r else "-"
+        lines.append(f"| {shape} | {layout} | {t['ms']:.4f} | {k['ms']:.4f} | {t['ms'] / k['ms']:.1f}x | "
+                     f"{k['gbps']:.0f} | {k['pct_copy']:.1f} | {k['path']} | {split} |")
     # Host cost of one eager call at a small UNet shape, where the GPU work is a few microseconds.
     x = torch.randn(2, 1280, 8, 8, device="cuda", dtype=dtype)
     w = torch.rand(1280, device="cuda", dtype=dtype)

@@ -15,7 +15,8 @@ void* as_mut_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
 rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype,
                                    int param_dtype, int layout, int64_t n, int64_t c, int64_t hw, int groups,
-                                   double eps, bool silu, uintptr_t workspace, uintptr_t stream, int device) {
+                                   double eps, bool silu, uintptr_t workspace, uintptr_t stream, int device,
+                                   int path = 0) {
   rsd::GroupNormArgs a;
   a.x = as_ptr(x);
   a.y = as_mut_ptr(y);
@@ -33,6 +34,7 @@ rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, ui
   a.workspace = as_mut_ptr(workspace);
   a.stream = as_mut_ptr(stream);
   a.device = device;
+  a.path = static_cast<rsd::GroupNormPath>(path);
   return a;
 }
 
@@ -82,17 +84,37 @@ PYBIND11_MODULE(_C, m) {
       },
       "Empty string if the kernel takes these arguments, else why not.");
 
+  // path: 0 automatic, 1 resident (single pass), 2 split (three launches); see rsd::GroupNormPath.
   m.def(
       "group_norm_workspace_bytes",
-      [](uintptr_t x, uintptr_t y, int dtype, int layout, int64_t n, int64_t c, int64_t hw, int groups, int device) {
+      [](uintptr_t x, uintptr_t y, int dtype, int layout, int64_t n, int64_t c, int64_t hw, int groups, int device,
+         int path) {
         return rsd::group_norm_workspace_bytes(group_norm_args(x, y, 0, 0, dtype, dtype, layout, n, c, hw, groups,
-                                                               1e-5, false, 0, 0, device));
-      });
+                                                               1e-5, false, 0, 0, device, path));
+      },
+      py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"),
+      py::arg("groups"), py::arg("device"), py::arg("path") = 0);
 
-  m.def("group_norm_forward", [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype,
-                                 int layout, int64_t n, int64_t c, int64_t hw, int groups, double eps, bool silu,
-                                 uintptr_t workspace, uintptr_t stream, int device) {
-    raise_if(rsd::group_norm_forward(group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups,
-                                                     eps, silu, workspace, stream, device)));
-  });
+  m.def(
+      "group_norm_describe",
+      [](uintptr_t x, uintptr_t y, int dtype, int layout, int64_t n, int64_t c, int64_t hw, int groups, int device,
+         int path) {
+        return rsd::group_norm_describe(group_norm_args(x, y, 0, 0, dtype, dtype, layout, n, c, hw, groups, 1e-5,
+                                                        false, 0, 0, device, path));
+      },
+      py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"),
+      py::arg("groups"), py::arg("device"), py::arg("path") = 0,
+      "The kernels these arguments get, e.g. 'resident vec=8 blocks_per_group=128'.");
+
+  m.def(
+      "group_norm_forward",
+      [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int layout, int64_t n,
+         int64_t c, int64_t hw, int groups, double eps, bool silu, uintptr_t workspace, uintptr_t stream, int device,
+         int path) {
+        raise_if(rsd::group_norm_forward(group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw,
+                                                         groups, eps, silu, workspace, stream, device, path)));
+      },
+      py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
+      py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("groups"), py::arg("eps"), py::arg("silu"),
+      py::arg("workspace"), py::arg("stream"), py::arg("device"), py::arg("path") = 0);
 }

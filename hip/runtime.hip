@@ -3,6 +3,7 @@
 
 #include "rocm_sd/api.h"
 #include "rocm_sd/compat.h"
+#include "rocm_sd/device.h"
 
 #ifndef ROCM_SD_TARGETS
 #define ROCM_SD_TARGETS "unknown"
@@ -20,6 +21,40 @@ std::string last_error(hipError_t err) {
 }
 
 }  // namespace
+
+int device_attribute(int device, Attr which, int fallback) {
+  static int cached[64][int(Attr::count)] = {};  // 0: not asked yet (no attribute is 0 on a real device)
+  if (device < 0 || device >= 64) return fallback;
+  int& slot = cached[device][int(which)];
+  if (slot == 0) {
+    int v = 0;
+    hipError_t err = hipSuccess;
+    switch (which) {
+      case Attr::multiprocessors: err = hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, device); break;
+      case Attr::wave_size: err = hipDeviceGetAttribute(&v, hipDeviceAttributeWarpSize, device); break;
+      default: err = hipDeviceGetAttribute(&v, hipDeviceAttributeL2CacheSize, device); break;
+    }
+    if (err != hipSuccess || v <= 0) {
+      (void)hipGetLastError();
+      v = fallback;
+    }
+    slot = v;
+  }
+  return slot;
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  hipError_t err = hipGetDevice(&previous_);
+  if (err == hipSuccess && previous_ != device) {
+    err = hipSetDevice(device);
+    switched_ = err == hipSuccess;
+  }
+  if (err != hipSuccess) error_ = last_error(err);
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (switched_) (void)hipSetDevice(previous_);
+}
 
 BuildInfo build_info() {
   BuildInfo b;
@@ -53,15 +88,11 @@ std::string device_info(int device, DeviceInfo* out) {
 }
 
 std::string check_kernel_image(int device) {
-  int previous = -1;
-  hipError_t err = hipGetDevice(&previous);
-  if (err != hipSuccess) return last_error(err);
-  if (previous != device && (err = hipSetDevice(device)) != hipSuccess) return last_error(err);
+  DeviceGuard guard(device);
+  if (!guard.error().empty()) return guard.error();
   hipFuncAttributes attr;
-  err = hipFuncGetAttributes(&attr, reinterpret_cast<const void*>(&probe_kernel));
-  std::string why = err == hipSuccess ? std::string() : last_error(err);
-  if (previous != device) (void)hipSetDevice(previous);
-  return why;
+  const hipError_t err = hipFuncGetAttributes(&attr, reinterpret_cast<const void*>(&probe_kernel));
+  return err == hipSuccess ? std::string() : last_error(err);
 }
 
 }  // namespace rsd

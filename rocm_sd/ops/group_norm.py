@@ -15,6 +15,9 @@ from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, strea
 
 OP = "group_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and
+# benchmarks that must exercise or compare one path.
+PATHS = {"auto": 0, "resident": 1, "split": 2}
 
 
 def group_norm_ref(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -77,22 +80,31 @@ def _kernel_args(x, y, num_groups, weight, bias, eps, silu):
             x.numel() // (n * c), num_groups, float(eps), bool(silu), x.device.index)
 
 
-def _workspace_bytes(x, y, num_groups) -> int:
+def _shape_args(x, y, num_groups, path):
     n, c = x.shape[0], x.shape[1]
-    return _ext._C.group_norm_workspace_bytes(x.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype], layout_of(x), n, c,
-                                              x.numel() // (n * c), num_groups, x.device.index)
+    return (x.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype], layout_of(x), n, c, x.numel() // (n * c), num_groups,
+            x.device.index, PATHS[path])
+
+
+def _workspace_bytes(x, y, num_groups, path="auto") -> int:
+    return _ext._C.group_norm_workspace_bytes(*_shape_args(x, y, num_groups, path))
+
+
+def describe(x: torch.Tensor, num_groups: int, path: str = "auto") -> str:
+    """Which kernels run for x, e.g. 'resident vec=8 blocks_per_group=128' (GPU build only)."""
+    return _ext._C.group_norm_describe(*_shape_args(x, x, num_groups, path))
 
 
 def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
                       eps: float, silu: bool, out: torch.Tensor | None = None,
-                      workspace_bytes: int | None = None) -> torch.Tensor:
-    """The HIP kernel itself, no dispatch (tests call it with a poisoned `out`)."""
+                      workspace_bytes: int | None = None, path: str = "auto") -> torch.Tensor:
+    """The HIP kernel itself, no dispatch (tests call it with a poisoned `out` and a forced `path`)."""
     y = output_like(x) if out is None else out
-    if workspace_bytes is None or out is not None:  # a caller's `out` may be less aligned than a fresh block
-        workspace_bytes = _workspace_bytes(x, y, num_groups)
+    if workspace_bytes is None or out is not None or path != "auto":  # `out` may be less aligned than a fresh block
+        workspace_bytes = _workspace_bytes(x, y, num_groups, path)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
     args = _kernel_args(x, y, num_groups, weight, bias, eps, silu)
-    _ext._C.group_norm_forward(*args[:13], workspace.data_ptr(), stream_handle(x.device), x.device.index)
+    _ext._C.group_norm_forward(*args[:13], workspace.data_ptr(), stream_handle(x.device), x.device.index, PATHS[path])
     return y
 
 

@@ -5,7 +5,7 @@ from torch import nn
 from rocm_sd import config, dispatch
 from rocm_sd.modules import GroupNormAct
 from rocm_sd.ops._common import within_tolerance
-from rocm_sd.ops.group_norm import group_norm_kernel, group_norm_ref, input_reasons, supports
+from rocm_sd.ops.group_norm import describe, group_norm_kernel, group_norm_ref, input_reasons, supports
 from tests.shapes import GROUP_NORM_AWKWARD, GROUP_NORM_SD
 
 
@@ -131,11 +131,11 @@ def test_module_is_differentiable():
 
 # ------------------------------------------------------------------------------------------- GPU
 
-def check_kernel(shape, groups, dtype, channels_last, silu, param_dtype=None, affine=True, eps=1e-6):
+def check_kernel(shape, groups, dtype, channels_last, silu, param_dtype=None, affine=True, eps=1e-6, path="auto"):
     x, g, w, b = make_inputs(shape, groups, dtype, "cuda", channels_last, param_dtype, affine)
     assert not supports(x, g, w, b, eps, silu), supports(x, g, w, b, eps, silu)
     out = torch.full_like(x, float("nan"))  # poisoned: every element must be written
-    y = group_norm_kernel(x, g, w, b, eps, silu, out=out)
+    y = group_norm_kernel(x, g, w, b, eps, silu, out=out, path=path)
     ref = truth(x, g, w, b, eps, silu)
     torch_same = group_norm_ref(x, g, None if w is None else w.to(dtype), None if b is None else b.to(dtype), eps, silu)
     ok, err, allowed = within_tolerance(y, ref, torch_same)
@@ -148,6 +148,44 @@ def check_kernel(shape, groups, dtype, channels_last, silu, param_dtype=None, af
 @pytest.mark.parametrize("shape", GROUP_NORM_SD, ids=str)
 def test_kernel_matches_truth_at_sd_shapes(shape, dtype, channels_last):
     check_kernel(shape, 32, dtype, channels_last, silu=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", GROUP_NORM_SD, ids=str)
+def test_split_path_matches_truth_at_sd_shapes(shape, dtype):
+    # NCHW SD shapes take the single-pass path by default; the three-launch path serves larger groups.
+    check_kernel(shape, 32, dtype, False, silu=True, path="split")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GROUP_NORM_SD, ids=str)
+def test_sd_shapes_in_nchw_take_the_single_pass_path(shape):
+    x = torch.empty(shape, device="cuda", dtype=torch.float16)
+    assert describe(x, 32).startswith("resident"), describe(x, 32)
+    assert describe(x.to(memory_format=torch.channels_last), 32).startswith("split")
+
+
+@pytest.mark.gpu
+def test_group_too_large_to_be_resident_takes_the_split_path():
+    # One group of 16 M fp32 elements needs thousands of blocks at once: more than the device holds.
+    x, g, w, b = make_inputs((1, 64, 512, 512), 1, torch.float32, "cuda")
+    assert describe(x, g).startswith("split"), describe(x, g)
+    with pytest.raises(RuntimeError, match="resident GroupNorm path cannot hold"):
+        group_norm_kernel(x, g, w, b, 1e-5, True, path="resident")
+    ok, err, allowed = within_tolerance(group_norm_kernel(x, g, w, b, 1e-5, True), truth(x, g, w, b, 1e-5, True),
+                                        group_norm_ref(x, g, w, b, 1e-5, True))
+    assert ok, (err, allowed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["resident", "split"])
+def test_kernel_is_deterministic(path):
+    # Every block of a group merges the partials in the same order: repeated runs agree bit for bit.
+    x, g, w, b = make_inputs((1, 256, 128, 128), 32, torch.float16, "cuda")
+    first = group_norm_kernel(x, g, w, b, 1e-6, True, path=path)
+    for _ in range(3):
+        assert torch.equal(group_norm_kernel(x, g, w, b, 1e-6, True, path=path), first)
 
 
 @pytest.mark.gpu
@@ -221,9 +259,10 @@ def test_kernel_on_side_stream_and_in_cuda_graph():
     static_x = x.clone()
     with torch.cuda.graph(graph):
         static_y = torch.ops.rocm_sd.group_norm(static_x, g, w, b, 1e-5, True)
-    static_x.copy_(x * 2)
-    graph.replay()
-    assert torch.equal(static_y, group_norm_kernel(x * 2, g, w, b, 1e-5, True))
+    for scale in (2, 3):  # replays must re-arm the single-pass kernel's counters
+        static_x.copy_(x * scale)
+        graph.replay()
+        assert torch.equal(static_y, group_norm_kernel(x * scale, g, w, b, 1e-5, True))
 
 
 @pytest.mark.gpu

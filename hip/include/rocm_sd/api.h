@@ -11,6 +11,8 @@ namespace rsd {
 
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Layout : int { nchw = 0, nhwc = 1 };
+// Which GroupNorm kernels run (group_norm.hip): automatic picks; the others are for tests and benchmarks.
+enum class GroupNormPath : int { automatic = 0, resident = 1, split = 2 };
 
 // ---------------------------------------------------------------------------------------------
 // runtime.hip: build and device facts
@@ -52,11 +54,15 @@ struct GroupNormArgs {
   void* workspace;    // group_norm_workspace_bytes(args) bytes, no initialisation needed
   void* stream;       // hipStream_t / cudaStream_t
   int device;
+  GroupNormPath path = GroupNormPath::automatic;
 };
 
 // Empty string if the kernel supports these arguments, else the first reason it does not.
 std::string group_norm_check(const GroupNormArgs& a);
 size_t group_norm_workspace_bytes(const GroupNormArgs& a);
+// The path and launch shape these arguments get, e.g. "resident vec=8 blocks_per_group=128", or why
+// a forced path cannot run ("error: ...").
+std::string group_norm_describe(const GroupNormArgs& a);
 // Enqueues the kernels on a.stream; empty string on success, else the error.
 std::string group_norm_forward(const GroupNormArgs& a);
 

@@ -36,6 +36,8 @@
 #define hipFuncGetAttributes(attr, fn) cudaFuncGetAttributes(attr, (const void*)(fn))
 #define hipRuntimeGetVersion cudaRuntimeGetVersion
 #define hipDriverGetVersion cudaDriverGetVersion
+#define hipMemsetAsync cudaMemsetAsync
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif
 
 #include <stdint.h>
@@ -109,6 +111,63 @@ __device__ __forceinline__ void store_streaming(V* ptr, const V& v) {
   } else {
     *ptr = v;
   }
+#endif
+}
+
+// ---- exchange between blocks of one grid, through global memory ----
+// Used by kernels whose blocks must see each other's partial results within one launch. Their
+// callers guarantee co-residency (see group_norm_resident.hip); these helpers give the ordering.
+// Plain loads may hit a stale per-CU / per-SM L1 line, so reads of another block's data go through
+// device-coherent loads.
+
+// Adds 1 to *counter after everything this thread wrote before is visible to the device.
+__device__ __forceinline__ void arrive_release(unsigned* counter) {
+#if defined(RSD_PLATFORM_CUDA)
+  __threadfence();
+  atomicAdd(counter, 1u);
+#else
+  __hip_atomic_fetch_add(counter, 1u, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+#endif
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+#if defined(RSD_PLATFORM_CUDA)
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+#endif
+}
+
+// A float another block wrote (after an acquire that synchronised with its release).
+__device__ __forceinline__ float load_coherent(const float* p) {
+#if defined(RSD_PLATFORM_CUDA)
+  return __ldcg(p);
+#else
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#endif
+}
+
+// Spins until *counter >= target. Returns false after a bound of several seconds instead of hanging
+// forever: the caller then traps, which the host sees as a launch failure rather than a frozen GPU.
+__device__ __forceinline__ bool wait_at_least(const unsigned* counter, unsigned target) {
+  for (uint32_t spins = 0; spins < (1u << 26); ++spins) {
+    if (load_acquire(counter) >= target) return true;
+#if defined(RSD_PLATFORM_CUDA)
+    __nanosleep(64);
+#else
+    __builtin_amdgcn_s_sleep(1);
+#endif
+  }
+  return false;
+}
+
+__device__ __forceinline__ void trap() {
+#if defined(RSD_PLATFORM_CUDA)
+  __trap();
+#else
+  __builtin_trap();
 #endif
 }
 

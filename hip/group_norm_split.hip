@@ -1,0 +1,330 @@
+// GroupNorm(+SiLU) in three launches, for what the single-pass path cannot take: NCHW groups too
+// large for all their blocks to be resident at once, and channels_last inputs.
+//   1. stats:    each block reduces one chunk of one group (NCHW) or one pixel range of one image
+//                (NHWC, all groups at once) to Welford partials (count, mean, M2);
+//   2. finalize: one wave per (n, g) merges the partials into mean and 1/sqrt(var + eps);
+//   3. apply:    normalises, scales, shifts, activates and writes y.
+// Traffic: x is read twice and y written once. The apply pass walks the chunks in the reverse
+// order of the stats pass, so it starts with the chunks that pass read last, which are still in
+// L2; for tensors that fit in L2 the second read costs no DRAM traffic at all. Outputs larger than
+// L2 are written with streaming stores so that they do not evict the input lines still to come.
+//
+// References: Chan, Golub, LeVeque, "Algorithms for computing the sample variance" (1983);
+// torch's GroupNorm (aten/src/ATen/native/cuda/group_norm_kernel.cu) for the semantics.
+#include "rocm_sd/device.h"
+#include "rocm_sd/group_norm_impl.h"
+
+namespace rsd {
+namespace gn {
+namespace {
+
+constexpr int kThreads = 256;         // threads per block of the NCHW kernels
+constexpr int kUnroll = 4;            // independent vector loads in flight per thread
+constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
+constexpr int kMinBlocksPerSm = 2;    // split groups further until the grid covers the GPU twice
+// NHWC blocks hold one pixel row of C / vec threads at least (kMaxThreadsNhwc in group_norm_impl.h).
+// Rows up to 512 threads use kernels compiled for 512-thread blocks (128 registers a thread, no
+// spills); wider rows use a second instantiation under the 64-register cap of 1024-thread blocks.
+constexpr int64_t kPlaneMin = 2048;   // NCHW planes at least this large are applied plane by plane
+
+struct Plan {
+  int vec = 1;                // elements per access
+  int threads = kThreads;     // threads per block
+  int threads_per_row = 0;    // NHWC: C / vec
+  int rows_per_iter = 0;      // NHWC: pixel rows a block covers per iteration
+  int64_t chunk = 0;          // NCHW: elements of a group per block; NHWC: pixels per block
+  int64_t splits = 0;         // blocks per (n, g) for NCHW, per n for NHWC
+  int64_t partial_count = 0;  // n * groups * splits
+  bool planes = false;        // NCHW apply over (n, c) planes instead of group chunks
+  int64_t plane_chunk = 0;    // elements of a plane per apply block
+  int64_t plane_splits = 0;   // apply blocks per plane
+  bool streaming = false;     // write y with streaming stores
+};
+
+Plan make_plan(const GroupNormArgs& a) {
+  Plan p;
+  p.vec = pick_vec(a);
+  const int64_t ng = a.n * a.groups;
+  const int64_t want_blocks = int64_t(kMinBlocksPerSm) * device_attribute(a.device, Attr::multiprocessors, 80);
+  if (a.layout == Layout::nchw) {
+    const int64_t L = (a.c / a.groups) * a.hw;
+    const int64_t max_splits = std::max<int64_t>(1, L / (int64_t(p.vec) * kThreads));
+    int64_t splits = ceil_div(L, kChunkElems);
+    if (ng * splits < want_blocks) splits = ceil_div(want_blocks, ng);
+    splits = std::max<int64_t>(1, std::min(splits, max_splits));
+    p.chunk = ceil_div(ceil_div(L, splits), p.vec) * p.vec;
+    p.splits = ceil_div(L, p.chunk);
+    // Plane-wise apply only for tensors larger than L2: below that, applying in the same chunks as
+    // the stats pass (in reverse) re-reads x from L2, which measured faster (bench/notes/group_norm.md).
+    // The plane grid has n * c rows in its y dimension, at most 65535.
+    p.planes = a.hw >= kPlaneMin && a.n * a.c <= 65535 &&
+               a.n * a.c * a.hw * elem_bytes(a.dtype) > device_attribute(a.device, Attr::l2_bytes, 32 << 20);
+    if (p.planes) {
+      p.plane_splits = ceil_div(a.hw, kChunkElems);
+      p.plane_chunk = ceil_div(ceil_div(a.hw, p.plane_splits), p.vec) * p.vec;
+      p.plane_splits = ceil_div(a.hw, p.plane_chunk);
+    }
+  } else {
+    p.threads_per_row = int(a.c / p.vec);
+    p.rows_per_iter = std::max(1, kThreads / p.threads_per_row);
+    p.threads = p.threads_per_row * p.rows_per_iter;
+    int64_t rows = std::max<int64_t>(p.rows_per_iter, kChunkElems / a.c);
+    int64_t splits = ceil_div(a.hw, rows);
+    if (a.n * splits < want_blocks) splits = ceil_div(want_blocks, a.n);
+    splits = std::max<int64_t>(1, std::min(splits, ceil_div(a.hw, p.rows_per_iter)));
+    p.chunk = ceil_div(ceil_div(a.hw, splits), p.rows_per_iter) * p.rows_per_iter;
+    p.splits = ceil_div(a.hw, p.chunk);
+  }
+  p.partial_count = ng * p.splits;
+  p.streaming = streaming_output(a);
+  return p;
+}
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Grid (splits, n * groups). x: (N, C, HW) contiguous, group (n, g) = L contiguous elements.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __restrict__ x, int64_t L, int64_t chunk,
+                                                                  WelfordStats* __restrict__ partials,
+                                                                  float2* __restrict__ final_out, float eps) {
+  __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
+  const int64_t ng = blockIdx.y;
+  const int64_t begin = int64_t(blockIdx.x) * chunk;
+  const int64_t end = min64(begin + chunk, L);
+  const T* base = x + ng * L;
+  ShiftedSums acc;
+  acc.shift = to_float(base[begin]);  // one value of the chunk: keeps the per-thread sums small
+  const int64_t stride = int64_t(blockDim.x) * VEC;
+  int64_t i = begin + int64_t(threadIdx.x) * VEC;
+  for (; i + (kUnroll - 1) * stride < end; i += kUnroll * stride) {
+    Vec<T, VEC> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) accumulate(acc, v[u]);
+  }
+  for (; i < end; i += stride) accumulate(acc, load_vec<T, VEC>(base + i));
+  const WelfordStats s = block_reduce(acc.stats(), scratch);
+  if (threadIdx.x == 0) {
+    if (final_out != nullptr)  // one block per group: no finalize launch needed
+      final_out[ng] = mean_rstd_of(s, eps);
+    else
+      partials[ng * gridDim.x + blockIdx.x] = s;
+  }
+}
+
+// Grid (splits, n). x: (N, HW, C). Thread (row r, column t) reads channels [t*VEC, t*VEC+VEC) of
+// pixels r, r + rows_per_iter, ...: its vectors all lie in one group (VEC divides C / groups).
+template <class T, int VEC, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
+                                                              int64_t chunk, int threads_per_row, int rows_per_iter,
+                                                              WelfordStats* __restrict__ partials) {
+  __shared__ WelfordStats per_thread[MAX_THREADS];
+  const int64_t n = blockIdx.y;
+  const int col = threadIdx.x % threads_per_row;
+  const int row = threadIdx.x / threads_per_row;
+  const int64_t begin = int64_t(blockIdx.x) * chunk;
+  const int64_t end = min64(begin + chunk, hw);
+  const T* base = x + n * hw * c + col * VEC;
+  ShiftedSums acc;
+  acc.shift = to_float(base[begin * c]);
+  int64_t r = begin + row;
+  const int64_t step = rows_per_iter;
+  for (; r + (kUnroll - 1) * step < end; r += kUnroll * step) {
+    Vec<T, VEC> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) accumulate(acc, v[u]);
+  }
+  for (; r < end; r += step) accumulate(acc, load_vec<T, VEC>(base + r * c));
+  per_thread[threadIdx.x] = acc.stats();
+  __syncthreads();
+  // One thread per group merges the (rows_per_iter x cols_per_group) thread results of the group.
+  const int cols_per_group = c / groups / VEC;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    WelfordStats s = {0.f, 0.f, 0.f};
+    for (int rr = 0; rr < rows_per_iter; ++rr)
+      for (int k = 0; k < cols_per_group; ++k)
+        s = welford_merge(s, per_thread[rr * threads_per_row + g * cols_per_group + k]);
+    partials[(n * groups + g) * gridDim.x + blockIdx.x] = s;
+  }
+}
+
+// One wave per (n, g): merge `splits` partials into (mean, rstd).
+__global__ void group_norm_finalize(const WelfordStats* __restrict__ partials, int64_t splits, int64_t ng_count,
+                                    float eps, float2* __restrict__ mean_rstd) {
+  const int64_t ng = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / RSD_WAVE;
+  if (ng >= ng_count) return;  // whole waves leave together: ng is uniform within a wave
+  WelfordStats s = {0.f, 0.f, 0.f};
+  for (int64_t i = lane_id(); i < splits; i += RSD_WAVE) s = welford_merge(s, partials[ng * splits + i]);
+  s = wave_reduce(s);
+  if (lane_id() == 0) mean_rstd[ng] = mean_rstd_of(s, eps);
+}
+
+// Reversed block order (see the header comment): block 0 takes the last chunk of the stats pass.
+__device__ __forceinline__ int64_t reversed_block() {
+  const int64_t count = int64_t(gridDim.x) * gridDim.y;
+  return count - 1 - (int64_t(blockIdx.y) * gridDim.x + blockIdx.x);
+}
+
+template <class T, class P, int VEC, bool SILU>
+__global__ void __launch_bounds__(kThreads) group_norm_apply_nchw(const T* __restrict__ x, T* __restrict__ y,
+                                                                  const P* __restrict__ gamma, const P* __restrict__ beta,
+                                                                  const float2* __restrict__ mean_rstd, int64_t L,
+                                                                  int hw, int cg, int groups, int64_t chunk,
+                                                                  bool streaming) {
+  const int64_t block = reversed_block();
+  const int64_t split = block % gridDim.x;
+  const int64_t ng = block / gridDim.x;
+  const int g = int(ng % groups);
+  const float2 mr = mean_rstd[ng];
+  const int64_t begin = split * chunk;
+  const int64_t end = min64(begin + chunk, L);
+  const T* xb = x + ng * L;
+  T* yb = y + ng * L;
+  for (int64_t i = begin + int64_t(threadIdx.x) * VEC; i < end; i += int64_t(blockDim.x) * VEC) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(xb + i);
+    const int ch = g * cg + int(i) / hw;  // VEC divides hw: one channel per vector; L < 2^31
+    float a, b;
+    scale_shift(gamma, beta, ch, mr, a, b);
+    store_vec(yb + i, normalize<T, VEC, SILU>(v, a, b), streaming);
+  }
+}
+
+// Grid (segments, n * c) over (n, c) planes of hw elements: scale and shift are per block, and
+// kUnroll vectors are in flight per thread. Used when planes are large (hw >= kPlaneMin).
+template <class T, class P, int VEC, bool SILU>
+__global__ void __launch_bounds__(kThreads) group_norm_apply_planes(const T* __restrict__ x, T* __restrict__ y,
+                                                                    const P* __restrict__ gamma, const P* __restrict__ beta,
+                                                                    const float2* __restrict__ mean_rstd, int64_t hw,
+                                                                    int c, int cg, int64_t chunk, bool streaming) {
+  const int64_t block = reversed_block();
+  const int64_t segment = block % gridDim.x;
+  const int64_t plane = block / gridDim.x;  // n * c + channel
+  const int ch = int(plane % c);
+  const float2 mr = mean_rstd[(plane / c) * (c / cg) + ch / cg];
+  float a, b;
+  scale_shift(gamma, beta, ch, mr, a, b);
+  const int64_t begin = segment * chunk;
+  const int64_t end = min64(begin + chunk, hw);
+  const T* xb = x + plane * hw;
+  T* yb = y + plane * hw;
+  const int64_t stride = int64_t(blockDim.x) * VEC;
+  int64_t i = begin + int64_t(threadIdx.x) * VEC;
+  for (; i + (kUnroll - 1) * stride < end; i += kUnroll * stride) {
+    Vec<T, VEC> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(xb + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) store_vec(yb + i + u * stride, normalize<T, VEC, SILU>(v[u], a, b), streaming);
+  }
+  for (; i < end; i += stride) {
+    store_vec(yb + i, normalize<T, VEC, SILU>(load_vec<T, VEC>(xb + i), a, b), streaming);
+  }
+}
+
+template <class T, class P, int VEC, bool SILU, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __restrict__ x, T* __restrict__ y,
+                                                              const P* __restrict__ gamma, const P* __restrict__ beta,
+                                                              const float2* __restrict__ mean_rstd, int64_t hw, int c,
+                                                              int groups, int64_t chunk, int threads_per_row,
+                                                              int rows_per_iter, bool streaming) {
+  const int64_t block = reversed_block();
+  const int64_t split = block % gridDim.x;
+  const int64_t n = block / gridDim.x;
+  const int col = threadIdx.x % threads_per_row;
+  const int row = threadIdx.x / threads_per_row;
+  const int c0 = col * VEC;
+  const float2 mr = mean_rstd[n * groups + c0 / (c / groups)];
+  float a[VEC], b[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) scale_shift(gamma, beta, c0 + k, mr, a[k], b[k]);
+  const int64_t begin = split * chunk;
+  const int64_t end = min64(begin + chunk, hw);
+  const int64_t offset = n * hw * c + c0;
+  const int64_t step = rows_per_iter;
+  int64_t r = begin + row;
+  for (; r + (kUnroll - 1) * step < end; r += kUnroll * step) {
+    Vec<T, VEC> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(x + offset + (r + u * step) * c);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      store_vec(y + offset + (r + u * step) * c, normalize<T, VEC, SILU>(v[u], a, b), streaming);
+  }
+  for (; r < end; r += step) {
+    store_vec(y + offset + r * c, normalize<T, VEC, SILU>(load_vec<T, VEC>(x + offset + r * c), a, b), streaming);
+  }
+}
+
+}  // namespace
+
+size_t split_workspace_bytes(const GroupNormArgs& a) {
+  const Plan p = make_plan(a);
+  return round_up(size_t(p.partial_count) * sizeof(WelfordStats), 256) + size_t(a.n * a.groups) * sizeof(float2);
+}
+
+hipError_t split_launch(const GroupNormArgs& a) {
+  const Plan p = make_plan(a);
+  const int64_t ng = a.n * a.groups;
+  auto* partials = static_cast<WelfordStats*>(a.workspace);
+  auto* mean_rstd = reinterpret_cast<float2*>(static_cast<char*>(a.workspace) +
+                                              round_up(size_t(p.partial_count) * sizeof(WelfordStats), 256));
+  hipStream_t stream = static_cast<hipStream_t>(a.stream);
+  const int cg = int(a.c / a.groups);
+
+  with_dtype(a.dtype, [&](auto ttag) {
+    using T = typename decltype(ttag)::type;
+    const T* x = static_cast<const T*>(a.x);
+    T* y = static_cast<T*>(a.y);
+    with_vec<T>(p.vec, [&](auto vtag) {
+      constexpr int VEC = decltype(vtag)::value;
+      {
+        const bool single_block_groups = a.layout == Layout::nchw && p.splits == 1;
+        if (a.layout == Layout::nchw) {
+          group_norm_stats_nchw<T, VEC><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
+              x, cg * a.hw, p.chunk, partials, single_block_groups ? mean_rstd : nullptr, a.eps);
+        } else {
+          auto stats = p.threads <= 512 ? group_norm_stats_nhwc<T, VEC, 512> : group_norm_stats_nhwc<T, VEC, 1024>;
+          stats<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
+              x, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter, partials);
+        }
+        if (!single_block_groups) {
+          const int finalize_threads = 256;
+          const int64_t waves_per_block = finalize_threads / device_attribute(a.device, Attr::wave_size, 64);
+          group_norm_finalize<<<unsigned(ceil_div(ng, waves_per_block)), finalize_threads, 0, stream>>>(
+              partials, p.splits, ng, a.eps, mean_rstd);
+        }
+        with_bool(a.silu, [&](auto silu_tag) {
+          constexpr bool SILU = decltype(silu_tag)::value;
+          auto launch_apply = [&](auto ptag) {
+            using P = typename decltype(ptag)::type;
+            const P* gamma = static_cast<const P*>(a.gamma);
+            const P* beta = static_cast<const P*>(a.beta);
+            if (a.layout == Layout::nchw && p.planes) {
+              group_norm_apply_planes<T, P, VEC, SILU>
+                  <<<dim3(unsigned(p.plane_splits), unsigned(a.n * a.c)), kThreads, 0, stream>>>(
+                      x, y, gamma, beta, mean_rstd, a.hw, int(a.c), cg, p.plane_chunk, p.streaming);
+            } else if (a.layout == Layout::nchw) {
+              group_norm_apply_nchw<T, P, VEC, SILU><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
+                  x, y, gamma, beta, mean_rstd, cg * a.hw, int(a.hw), cg, a.groups, p.chunk, p.streaming);
+            } else {
+              auto apply = p.threads <= 512 ? group_norm_apply_nhwc<T, P, VEC, SILU, 512>
+                                            : group_norm_apply_nhwc<T, P, VEC, SILU, 1024>;
+              apply<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
+                  x, y, gamma, beta, mean_rstd, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter,
+                  p.streaming);
+            }
+          };
+          with_params<T>(a.param_dtype, launch_apply);
+        });
+      }
+    });
+  });
+
+  return hipGetLastError();
+}
+
+}  // namespace gn
+}  // namespace rsd
