@@ -19,6 +19,8 @@ from bench.harness import copy_ceiling_gbps, device_ms, rotating_inputs, write_r
 from rocm_sd.ops.group_norm import describe, group_norm_kernel, supports  # noqa: E402
 from tests.shapes import GROUP_NORM_SD  # noqa: E402
 
+FORCED_PATHS = ("resident", "pipelined", "split")
+
 
 def eager_call_us(fn, x, calls: int = 2000) -> float:
     """Wall microseconds per eager call, launch included: what an un-captured pipeline pays."""
@@ -56,9 +58,10 @@ def main() -> None:
                 "rocm_sd": device_ms(lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True), inputs),
             }
             path = describe(inputs[0], 32)
-            if not path.startswith("split"):  # the three-launch path, for comparison
-                times["rocm_sd-split"] = device_ms(lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True, path="split"),
-                                                   inputs)
+            for forced in FORCED_PATHS if layout == "nchw" else ():  # each NCHW path, for comparison
+                if not describe(inputs[0], 32, forced).startswith("error"):
+                    times[f"rocm_sd-{forced}"] = device_ms(
+                        lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True, path=forced), inputs)
             for backend, ms in times.items():
                 gbps = 2 * nbytes / ms / 1e6
                 rows.append({"op": "group_norm+silu", "shape": str(shape), "layout": layout, "dtype": args.dtype,
@@ -68,17 +71,19 @@ def main() -> None:
             print(f"{shape} {layout}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items()), flush=True)
 
     lines = [f"Copy ceiling (read + write): {ceiling:.0f} GB/s. Device time from graph replays over rotating inputs.",
-             "GB/s counts one read of x and one write of y. `split ms`: the three-launch path forced, for comparison.",
-             "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy | path | split ms |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+             "GB/s counts one read of x and one write of y. The last columns force each NCHW path, for comparison",
+             "(- : the path cannot take the shape; see hip/group_norm.hip).",
+             "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy | path | "
+             + " | ".join(f"{p} ms" for p in FORCED_PATHS) + " |",
+             "|---|---|---:|---:|---:|---:|---:|---|" + "---:|" * len(FORCED_PATHS)]
     by_case = {}
     for row in rows:
         by_case.setdefault((row["shape"], row["layout"]), {})[row["backend"]] = row
     for (shape, layout), r in by_case.items():
         t, k = r["torch"], r["rocm_sd"]
-        split = f"{r['rocm_sd-split']['ms']:.4f}" if "rocm_sd-split" in r else "-"
+        forced = " | ".join(f"{r[f'rocm_sd-{p}']['ms']:.4f}" if f"rocm_sd-{p}" in r else "-" for p in FORCED_PATHS)
         lines.append(f"| {shape} | {layout} | {t['ms']:.4f} | {k['ms']:.4f} | {t['ms'] / k['ms']:.1f}x | "
-                     f"{k['gbps']:.0f} | {k['pct_copy']:.1f} | {k['path']} | {split} |")
+                     f"{k['gbps']:.0f} | {k['pct_copy']:.1f} | {k['path']} | {forced} |")
     # Host cost of one eager call at a small UNet shape, where the GPU work is a few microseconds.
     x = torch.randn(2, 1280, 8, 8, device="cuda", dtype=dtype)
     w = torch.rand(1280, device="cuda", dtype=dtype)

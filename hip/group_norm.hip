@@ -33,33 +33,69 @@ std::string group_norm_check(const GroupNormArgs& a) {
 
 namespace {
 
-// Whether the single-pass path runs (and its plan), or an error when a forced path cannot.
-std::string choose_path(const GroupNormArgs& a, bool* resident, gn::ResidentPlan* plan) {
-  *resident = a.path != GroupNormPath::split && gn::resident_plan(a, plan);
-  if (a.path == GroupNormPath::resident && !*resident)
-    return "the resident GroupNorm path cannot hold a group of this size and layout on this device";
+struct Choice {
+  GroupNormPath path = GroupNormPath::split;
+  gn::ResidentPlan resident;
+  gn::PipelinedPlan pipelined;
+};
+
+// The path for these arguments, or an error when a forced path cannot take them.
+// automatic: NCHW groups of one block: resident (one pass, no exchange); other NCHW: pipelined;
+// channels_last: split.
+std::string choose(const GroupNormArgs& a, Choice* c) {
+  switch (a.path) {
+    case GroupNormPath::resident:
+      if (!gn::resident_plan(a, &c->resident)) return "the resident GroupNorm path cannot hold a group of this size and layout on this device";
+      c->path = GroupNormPath::resident;
+      return std::string();
+    case GroupNormPath::pipelined:
+      if (!gn::pipelined_plan(a, &c->pipelined)) return "the pipelined GroupNorm path takes NCHW inputs only";
+      c->path = GroupNormPath::pipelined;
+      return std::string();
+    case GroupNormPath::split:
+      c->path = GroupNormPath::split;
+      return std::string();
+    default:
+      break;
+  }
+  if (gn::resident_plan(a, &c->resident) && c->resident.blocks_per_group == 1)
+    c->path = GroupNormPath::resident;
+  else if (gn::pipelined_plan(a, &c->pipelined))
+    c->path = GroupNormPath::pipelined;
+  else
+    c->path = GroupNormPath::split;
   return std::string();
 }
 
 }  // namespace
 
 size_t group_norm_workspace_bytes(const GroupNormArgs& a) {
-  DeviceGuard guard(a.device);  // the plan asks the device's occupancy
-  bool resident = false;
-  gn::ResidentPlan plan;
-  choose_path(a, &resident, &plan);
-  return resident ? gn::resident_workspace_bytes(a, plan) : gn::split_workspace_bytes(a);
+  DeviceGuard guard(a.device);  // plans ask the device's occupancy
+  Choice c;
+  if (!choose(a, &c).empty()) return 0;
+  switch (c.path) {
+    case GroupNormPath::resident: return gn::resident_workspace_bytes(a, c.resident);
+    case GroupNormPath::pipelined: return gn::pipelined_workspace_bytes(a, c.pipelined);
+    default: return gn::split_workspace_bytes(a);
+  }
 }
 
 std::string group_norm_describe(const GroupNormArgs& a) {
   DeviceGuard guard(a.device);
   if (!guard.error().empty()) return "error: " + guard.error();
-  bool resident = false;
-  gn::ResidentPlan plan;
-  const std::string why = choose_path(a, &resident, &plan);
+  Choice c;
+  const std::string why = choose(a, &c);
   if (!why.empty()) return "error: " + why;
-  if (!resident) return "split vec=" + std::to_string(gn::pick_vec(a));
-  return "resident vec=" + std::to_string(plan.vec) + " blocks_per_group=" + std::to_string(plan.blocks_per_group);
+  switch (c.path) {
+    case GroupNormPath::resident:
+      return "resident vec=" + std::to_string(c.resident.vec) +
+             " blocks_per_group=" + std::to_string(c.resident.blocks_per_group);
+    case GroupNormPath::pipelined:
+      return "pipelined vec=" + std::to_string(c.pipelined.vec) + " blocks_per_group=" +
+             std::to_string(c.pipelined.blocks_per_group) + " lag=" + std::to_string(c.pipelined.lag);
+    default:
+      return "split vec=" + std::to_string(gn::pick_vec(a));
+  }
 }
 
 std::string group_norm_forward(const GroupNormArgs& a) {
@@ -67,11 +103,15 @@ std::string group_norm_forward(const GroupNormArgs& a) {
   if (!why.empty()) return why;
   DeviceGuard guard(a.device);
   if (!guard.error().empty()) return guard.error();
-  bool resident = false;
-  gn::ResidentPlan plan;
-  why = choose_path(a, &resident, &plan);
+  Choice c;
+  why = choose(a, &c);
   if (!why.empty()) return why;
-  const hipError_t err = resident ? gn::resident_launch(a, plan) : gn::split_launch(a);
+  hipError_t err;
+  switch (c.path) {
+    case GroupNormPath::resident: err = gn::resident_launch(a, c.resident); break;
+    case GroupNormPath::pipelined: err = gn::pipelined_launch(a, c.pipelined); break;
+    default: err = gn::split_launch(a); break;
+  }
   if (err != hipSuccess) return std::string("group_norm launch failed: ") + hipGetErrorString(err);
   return std::string();
 }

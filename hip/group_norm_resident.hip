@@ -25,12 +25,8 @@ namespace rsd {
 namespace gn {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBytesPerThread = 64;  // four 16-byte vectors (or more narrower ones) held in registers
+constexpr int kThreads = kChunkThreads;
 constexpr int kMinFreeFraction = 2;  // blocks_per_group <= resident blocks / 2
-
-template <class T>
-constexpr int kChunkElems = kThreads * kBytesPerThread / int(sizeof(T));
 
 // counters[0]: next ticket; counters[1 + ng]: blocks of group ng that have published their partials.
 // Zeroed by the launcher before every launch (a memset node under graph capture).
@@ -40,7 +36,6 @@ __global__ void __launch_bounds__(kThreads)
                              const P* __restrict__ beta, uint32_t L, uint32_t hw, int cg, int groups,
                              uint32_t blocks_per_group, float eps, WelfordStats* __restrict__ partials,
                              unsigned* __restrict__ counters, bool streaming) {
-  constexpr int kLoads = kBytesPerThread / (VEC * int(sizeof(T)));
   __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
   __shared__ unsigned ticket_shared;
   const bool exchange = blocks_per_group > 1;
@@ -52,54 +47,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t ng = ticket / blocks_per_group;
   const uint32_t part = ticket % blocks_per_group;
-  const T* xg = x + ng * L;
-  T* yg = y + ng * L;
-  // Vector u of this thread starts at element first + u * stride: each load instruction of the block
-  // covers kThreads consecutive vectors (coalesced), and VEC divides hw, so a vector is one channel.
-  const uint32_t first = part * uint32_t(kChunkElems<T>) + threadIdx.x * VEC;
-  const uint32_t stride = kThreads * VEC;
-
-  Vec<T, VEC> v[kLoads];
-#pragma unroll
-  for (int u = 0; u < kLoads; ++u) {
-    const uint32_t i = first + u * stride;  // < 2^31 + chunk: L < 2^31 is checked on the host
-    if (i < L) v[u] = load_vec<T, VEC>(xg + i);
-  }
-  ShiftedSums acc;
-#pragma unroll
-  for (int u = 0; u < kLoads; ++u) {
-    if (first + u * stride < L) accumulate(acc, v[u]);
-  }
-  WelfordStats s = block_reduce(acc.stats(), scratch);
+  RegisterChunk<T, VEC> chunk;
+  chunk.load(x + ng * L, part, L);
+  WelfordStats s = block_reduce(chunk.sums(L).stats(), scratch);
 
   if (exchange) {
     WelfordStats* group_partials = partials + ng * blocks_per_group;
     unsigned* arrived = counters + 1 + ng;
     if (threadIdx.x == 0) {
       group_partials[part] = s;
-      arrive_release(arrived);
+      arrive(arrived);
       if (!wait_at_least(arrived, blocks_per_group)) trap();
     }
     __syncthreads();
-    WelfordStats merged = {0.f, 0.f, 0.f};
-    for (uint32_t j = threadIdx.x; j < blocks_per_group; j += kThreads) {
-      const float* p = reinterpret_cast<const float*>(group_partials + j);
-      merged = welford_merge(merged, WelfordStats{load_coherent(p), load_coherent(p + 1), load_coherent(p + 2)});
-    }
-    s = block_reduce(merged, scratch);
+    s = merge_partials(group_partials, blocks_per_group, scratch);
   }
-
-  const float2 mr = mean_rstd_of(s, eps);
-  const int channel0 = int(ng % groups) * cg;
-#pragma unroll
-  for (int u = 0; u < kLoads; ++u) {
-    const uint32_t i = first + u * stride;
-    if (i < L) {
-      float a, b;
-      scale_shift(gamma, beta, channel0 + int(i / hw), mr, a, b);
-      store_vec(yg + i, normalize<T, VEC, SILU>(v[u], a, b), streaming);
-    }
-  }
+  chunk.template store<SILU>(y + ng * L, L, hw, int(ng % groups) * cg, gamma, beta, mean_rstd_of(s, eps), streaming);
 }
 
 template <class T, class P, int VEC, bool SILU>

@@ -48,6 +48,15 @@ size_t resident_workspace_bytes(const GroupNormArgs& a, const ResidentPlan& p);
 // Enqueue on a.stream; the first launch error, if any.
 hipError_t resident_launch(const GroupNormArgs& a, const ResidentPlan& p);
 
+struct PipelinedPlan {
+  int vec = 1;
+  int64_t blocks_per_group = 0;
+  int64_t lag = 0;  // items between an item's statistics and its output
+};
+bool pipelined_plan(const GroupNormArgs& a, PipelinedPlan* plan);
+size_t pipelined_workspace_bytes(const GroupNormArgs& a, const PipelinedPlan& p);
+hipError_t pipelined_launch(const GroupNormArgs& a, const PipelinedPlan& p);
+
 // The split path's channels_last kernels hold a pixel row (C / vec threads) in one block.
 constexpr int kMaxThreadsNhwc = 1024;
 size_t split_workspace_bytes(const GroupNormArgs& a);
@@ -93,6 +102,67 @@ __device__ __forceinline__ Vec<T, VEC> normalize(const Vec<T, VEC>& v, const A& 
   }
   return out;
 }
+
+// Merges `count` partials another block may have written (read through coherent loads), in index
+// order: every caller gets bit-identical statistics. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ WelfordStats merge_partials(const WelfordStats* partials, uint32_t count,
+                                                       WelfordStats* scratch) {
+  WelfordStats merged = {0.f, 0.f, 0.f};
+  for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const float* p = reinterpret_cast<const float*>(partials + j);
+    merged = welford_merge(merged, WelfordStats{load_coherent(p), load_coherent(p + 1), load_coherent(p + 2)});
+  }
+  return block_reduce(merged, scratch);
+}
+
+// ---- a chunk of one NCHW group held in registers (the single-pass kernels) ----
+// kChunkThreads threads, each holding kChunkBytesPerThread bytes: vector u of a thread starts at
+// element first + u * kChunkThreads * VEC, so each load instruction of the block covers consecutive
+// vectors (coalesced), and, VEC dividing hw, every vector lies in one channel.
+constexpr int kChunkThreads = 256;
+constexpr int kChunkBytesPerThread = 64;  // four 16-byte vectors (or more narrower ones)
+template <class T>
+constexpr int kChunkElems = kChunkThreads * kChunkBytesPerThread / int(sizeof(T));
+
+template <class T, int VEC>
+struct RegisterChunk {
+  static constexpr int kLoads = kChunkBytesPerThread / (VEC * int(sizeof(T)));
+  static constexpr uint32_t kStride = kChunkThreads * VEC;
+  Vec<T, VEC> v[kLoads];
+  uint32_t first;  // element offset in the group of this thread's first vector
+
+  // Part `part` of a group of L elements (L < 2^31, checked on the host, so offsets fit in 32 bits).
+  __device__ __forceinline__ void load(const T* group_x, uint32_t part, uint32_t L) {
+    first = part * uint32_t(kChunkElems<T>) + threadIdx.x * VEC;
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (first + u * kStride < L) v[u] = load_vec<T, VEC>(group_x + first + u * kStride);
+    }
+  }
+
+  __device__ __forceinline__ ShiftedSums sums(uint32_t L) const {
+    ShiftedSums acc;
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (first + u * kStride < L) accumulate(acc, v[u]);
+    }
+    return acc;
+  }
+
+  template <bool SILU, class P>
+  __device__ __forceinline__ void store(T* group_y, uint32_t L, uint32_t hw, int channel0, const P* gamma,
+                                        const P* beta, float2 mean_rstd, bool streaming) const {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const uint32_t i = first + u * kStride;
+      if (i < L) {
+        float a, b;
+        scale_shift(gamma, beta, channel0 + int(i / hw), mean_rstd, a, b);
+        store_vec(group_y + i, normalize<T, VEC, SILU>(v[u], a, b), streaming);
+      }
+    }
+  }
+};
 
 // ---- compile-time dispatch of runtime choices ----
 template <class T>
