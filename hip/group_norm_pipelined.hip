@@ -4,19 +4,20 @@
 // The tensor is cut into items of one register chunk each (group_norm_impl.h), numbered group after
 // group. Block `ticket` (an atomic counter: tickets follow the order blocks start in)
 //   1. loads item `ticket` for statistics and item `ticket - lag` for output, both in flight at once;
-//   2. reduces the first to Welford partials and publishes them; the block that completes a group
-//      (the last to arrive on its counter) merges the group's partials into (mean, rstd) and marks
-//      the group ready;
-//   3. waits until the group of its output item is ready (normally long since), then normalises
-//      that item and writes y.
-// The second read of an item comes `lag` items after the first, about lag * 16 KB of traffic later:
-// the plan keeps that well inside L2. Compared with the resident path (group_norm_resident.hip), no
-// block idles with data in registers waiting for the rest of its group to be loaded.
+//   2. meanwhile checks that all partials of the output item's group are published (normally long
+//      since) and merges them into (mean, rstd), every block in the same order: identical results;
+//   3. reduces its statistics item to Welford partials and publishes them (store + release count);
+//   4. normalises the output item and writes y.
+// Each step's round trips overlap the data loads of step 1, and no block idles holding data while a
+// group is still being loaded (the resident path's cost at large groups). The second read of an
+// item comes about lag * 16 KB of traffic after the first: the plan keeps that inside L2.
 //
 // Why this cannot deadlock, on any device and beside any other work: a block waits only for groups
 // whose items all have smaller tickets (lag >= blocks_per_group), i.e. for blocks that have already
-// started, and steps 1-2 never wait. So the block holding the smallest waiting ticket always finds
-// its group's statistics complete or in progress without waits of their own.
+// started. The waiting block with the smallest ticket therefore waits on blocks that do not wait,
+// which publish in finite time.
+#include <cstdlib>
+
 #include "rocm_sd/device.h"
 #include "rocm_sd/group_norm_impl.h"
 
@@ -27,54 +28,45 @@ namespace {
 constexpr int kThreads = kChunkThreads;
 constexpr int64_t kLagBytes = int64_t(16) << 20;  // traffic between an item's two reads: inside L2
 
-// counters[0]: next ticket; counters[1 + ng]: blocks of group ng that published partials, + 1 once
-// (mean, rstd) of the group is written. Zeroed by the launcher before every launch.
-template <class T, class P, int VEC, bool SILU>
+// counters[0]: next ticket; counters[1 + ng]: blocks of group ng that have published their partials.
+// Zeroed by the launcher before every launch (a memset node under graph capture).
+template <class T, class P, int VEC, bool SILU, int BYTES>
 __global__ void __launch_bounds__(kThreads)
     group_norm_pipelined_nchw(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma,
                               const P* __restrict__ beta, uint32_t L, uint32_t hw, int cg, int groups,
                               uint32_t blocks_per_group, uint32_t items, uint32_t lag, float eps,
-                              WelfordStats* __restrict__ partials, float2* __restrict__ mean_rstd,
-                              unsigned* __restrict__ counters, bool streaming) {
+                              WelfordStats* __restrict__ partials, unsigned* __restrict__ counters, bool streaming) {
   __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
-  __shared__ unsigned word;
-  if (threadIdx.x == 0) word = atomicAdd(&counters[0], 1u);
+  __shared__ unsigned ticket_shared;
+  if (threadIdx.x == 0) ticket_shared = atomicAdd(&counters[0], 1u);
   __syncthreads();
-  const uint32_t ticket = word;
-  __syncthreads();  // `word` is reused below
+  const uint32_t ticket = ticket_shared;
   const bool has_stats = ticket < items;
   const bool has_output = ticket >= lag && ticket - lag < items;
-  const uint32_t stats_item = ticket, out_item = ticket - lag;
+  const uint32_t stats_group = ticket / blocks_per_group;
+  const uint32_t out_item = ticket - lag, out_group = out_item / blocks_per_group;
 
-  RegisterChunk<T, VEC> in, out;
-  if (has_stats) in.load(x + int64_t(stats_item / blocks_per_group) * L, stats_item % blocks_per_group, L);
-  if (has_output) out.load(x + int64_t(out_item / blocks_per_group) * L, out_item % blocks_per_group, L);
+  RegisterChunk<T, VEC, BYTES> in, out;
+  if (has_stats) in.load(x + int64_t(stats_group) * L, ticket % blocks_per_group, L);
+  if (has_output) out.load(x + int64_t(out_group) * L, out_item % blocks_per_group, L);
 
-  if (has_stats) {
-    const uint32_t ng = stats_item / blocks_per_group;
-    const WelfordStats s = block_reduce(in.sums(L).stats(), scratch);
-    WelfordStats* group_partials = partials + int64_t(ng) * blocks_per_group;
-    if (threadIdx.x == 0) {
-      group_partials[stats_item % blocks_per_group] = s;
-      word = arrive(&counters[1 + ng]) == blocks_per_group - 1;  // last of its group?
-    }
+  float2 mean_rstd = make_float2(0.f, 0.f);
+  if (has_output) {
+    if (threadIdx.x == 0 && !wait_at_least(&counters[1 + out_group], blocks_per_group)) trap();
     __syncthreads();
-    if (word) {
-      const WelfordStats merged = merge_partials(group_partials, blocks_per_group, scratch);
-      if (threadIdx.x == 0) {
-        mean_rstd[ng] = mean_rstd_of(merged, eps);
-        arrive(&counters[1 + ng]);  // release: ready
-      }
+    const WelfordStats s = merge_partials(partials + int64_t(out_group) * blocks_per_group, blocks_per_group, scratch);
+    mean_rstd = mean_rstd_of(s, eps);
+  }
+  if (has_stats) {
+    const WelfordStats s = block_reduce(in.sums(L).stats(), scratch);
+    if (threadIdx.x == 0) {
+      partials[ticket] = s;  // items are numbered group after group: partial `ticket` of the array
+      arrive_release(&counters[1 + stats_group]);
     }
   }
-
   if (has_output) {
-    const uint32_t ng = out_item / blocks_per_group;
-    if (threadIdx.x == 0 && !wait_at_least(&counters[1 + ng], blocks_per_group + 1)) trap();
-    __syncthreads();
-    const float* mr = reinterpret_cast<const float*>(mean_rstd + ng);
-    out.template store<SILU>(y + int64_t(ng) * L, L, hw, int(ng % groups) * cg, gamma, beta,
-                             make_float2(load_coherent(mr), load_coherent(mr + 1)), streaming);
+    out.template store<SILU>(y + int64_t(out_group) * L, L, hw, int(out_group % groups) * cg, gamma, beta, mean_rstd,
+                             streaming);
   }
 }
 
@@ -90,20 +82,24 @@ bool pipelined_plan(const GroupNormArgs& a, PipelinedPlan* plan) {
   PipelinedPlan p;
   p.vec = pick_vec(a);
   const int64_t L = (a.c / a.groups) * a.hw;
-  const int64_t chunk = kChunkThreads * kChunkBytesPerThread / elem_bytes(a.dtype);
+  const char* exp_bytes = getenv("RSD_EXP_BYTES");  // EXPERIMENT
+  p.bytes = exp_bytes ? atoi(exp_bytes) : 64;
+  const int64_t chunk = kChunkThreads * p.bytes / elem_bytes(a.dtype);
   p.blocks_per_group = ceil_div(L, chunk);
   // kLagBytes of items: far more than the blocks in flight at once, so an output block rarely finds
   // its group unready, and well inside L2. At least a group (deadlock freedom); at most all items
   // (a larger lag would only add blocks that do nothing).
   const int64_t items = a.n * a.groups * p.blocks_per_group;
-  p.lag = std::max(p.blocks_per_group, std::min(items, kLagBytes / (kChunkThreads * kChunkBytesPerThread)));
+  const char* exp_lag = getenv("RSD_EXP_LAG_MB");  // EXPERIMENT
+  const int64_t lag_bytes = exp_lag ? (int64_t(atoi(exp_lag)) << 20) : kLagBytes;
+  p.lag = std::max(p.blocks_per_group, std::min(items, lag_bytes / (kChunkThreads * p.bytes)));
   if (items + p.lag >= (int64_t(1) << 31)) return false;
   *plan = p;
   return true;
 }
 
 size_t pipelined_workspace_bytes(const GroupNormArgs& a, const PipelinedPlan& p) {
-  return counter_bytes(a) + partial_bytes(a, p) + size_t(a.n * a.groups) * sizeof(float2);
+  return counter_bytes(a) + partial_bytes(a, p);
 }
 
 hipError_t pipelined_launch(const GroupNormArgs& a, const PipelinedPlan& p) {
@@ -111,7 +107,6 @@ hipError_t pipelined_launch(const GroupNormArgs& a, const PipelinedPlan& p) {
   char* ws = static_cast<char*>(a.workspace);
   auto* counters = reinterpret_cast<unsigned*>(ws);
   auto* partials = reinterpret_cast<WelfordStats*>(ws + counter_bytes(a));
-  auto* mean_rstd = reinterpret_cast<float2*>(ws + counter_bytes(a) + partial_bytes(a, p));
   const hipError_t err = hipMemsetAsync(counters, 0, counter_bytes(a), stream);
   if (err != hipSuccess) return err;
   const uint32_t L = uint32_t((a.c / a.groups) * a.hw);
@@ -124,10 +119,12 @@ hipError_t pipelined_launch(const GroupNormArgs& a, const PipelinedPlan& p) {
       with_params<T>(a.param_dtype, [&](auto ptag) {
         using P = typename decltype(ptag)::type;
         with_bool(a.silu, [&](auto silu_tag) {
-          group_norm_pipelined_nchw<T, P, VEC, decltype(silu_tag)::value><<<items + uint32_t(p.lag), kThreads, 0, stream>>>(
+          auto kernel = p.bytes == 128 ? group_norm_pipelined_nchw<T, P, VEC, decltype(silu_tag)::value, 128>
+                                       : group_norm_pipelined_nchw<T, P, VEC, decltype(silu_tag)::value, 64>;
+          kernel<<<items + uint32_t(p.lag), kThreads, 0, stream>>>(
               static_cast<const T*>(a.x), static_cast<T*>(a.y), static_cast<const P*>(a.gamma),
               static_cast<const P*>(a.beta), L, uint32_t(a.hw), int(a.c / a.groups), a.groups,
-              uint32_t(p.blocks_per_group), items, uint32_t(p.lag), a.eps, partials, mean_rstd, counters, streaming);
+              uint32_t(p.blocks_per_group), items, uint32_t(p.lag), a.eps, partials, counters, streaming);
         });
       });
     });

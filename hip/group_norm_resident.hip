@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kThreads)
     unsigned* arrived = counters + 1 + ng;
     if (threadIdx.x == 0) {
       group_partials[part] = s;
-      arrive(arrived);
+      arrive_release(arrived);
       if (!wait_at_least(arrived, blocks_per_group)) trap();
     }
     __syncthreads();

@@ -120,15 +120,13 @@ __device__ __forceinline__ void store_streaming(V* ptr, const V& v) {
 // Plain loads may hit a stale per-CU / per-SM L1 line, so reads of another block's data go through
 // device-coherent loads.
 
-// Adds 1 to *counter and returns the old value. Release: what this thread wrote before is visible to
-// whoever acquires the new value; acquire: the caller sees what earlier arrivers wrote before theirs.
-__device__ __forceinline__ unsigned arrive(unsigned* counter) {
+// Adds 1 to *counter, with release semantics: what this thread wrote before is visible to whoever
+// acquires the new value. No value comes back, so the thread does not wait for the round trip.
+__device__ __forceinline__ void arrive_release(unsigned* counter) {
 #if defined(RSD_PLATFORM_CUDA)
-  unsigned old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
-  return old;
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" : : "l"(counter) : "memory");
 #else
-  return __hip_atomic_fetch_add(counter, 1u, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
+  __hip_atomic_fetch_add(counter, 1u, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 #endif
 }
 

@@ -52,6 +52,7 @@ struct PipelinedPlan {
   int vec = 1;
   int64_t blocks_per_group = 0;
   int64_t lag = 0;  // items between an item's statistics and its output
+  int bytes = 64;
 };
 bool pipelined_plan(const GroupNormArgs& a, PipelinedPlan* plan);
 size_t pipelined_workspace_bytes(const GroupNormArgs& a, const PipelinedPlan& p);
@@ -124,16 +125,17 @@ constexpr int kChunkBytesPerThread = 64;  // four 16-byte vectors (or more narro
 template <class T>
 constexpr int kChunkElems = kChunkThreads * kChunkBytesPerThread / int(sizeof(T));
 
-template <class T, int VEC>
+template <class T, int VEC, int BYTES = kChunkBytesPerThread>
 struct RegisterChunk {
-  static constexpr int kLoads = kChunkBytesPerThread / (VEC * int(sizeof(T)));
+  static constexpr int kLoads = BYTES / (VEC * int(sizeof(T)));
+  static constexpr uint32_t kElems = kChunkThreads * BYTES / sizeof(T);
   static constexpr uint32_t kStride = kChunkThreads * VEC;
   Vec<T, VEC> v[kLoads];
   uint32_t first;  // element offset in the group of this thread's first vector
 
   // Part `part` of a group of L elements (L < 2^31, checked on the host, so offsets fit in 32 bits).
   __device__ __forceinline__ void load(const T* group_x, uint32_t part, uint32_t L) {
-    first = part * uint32_t(kChunkElems<T>) + threadIdx.x * VEC;
+    first = part * kElems + threadIdx.x * VEC;
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       if (first + u * kStride < L) v[u] = load_vec<T, VEC>(group_x + first + u * kStride);
