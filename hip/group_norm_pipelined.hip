@@ -33,7 +33,7 @@ constexpr int64_t kLagBytes = int64_t(16) << 20;  // traffic between an item's t
 template <class T, class P, int VEC, bool SILU, int BYTES>
 __global__ void __launch_bounds__(kThreads)
     group_norm_pipelined_nchw(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma,
-                              const P* __restrict__ beta, uint32_t L, uint32_t hw, int cg, int groups,
+                              const P* __restrict__ beta, uint32_t L, FastDiv hw, int cg, int groups,
                               uint32_t blocks_per_group, uint32_t items, uint32_t lag, float eps,
                               WelfordStats* __restrict__ partials, unsigned* __restrict__ counters, bool streaming) {
   __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
@@ -123,7 +123,7 @@ hipError_t pipelined_launch(const GroupNormArgs& a, const PipelinedPlan& p) {
                                        : group_norm_pipelined_nchw<T, P, VEC, decltype(silu_tag)::value, 64>;
           kernel<<<items + uint32_t(p.lag), kThreads, 0, stream>>>(
               static_cast<const T*>(a.x), static_cast<T*>(a.y), static_cast<const P*>(a.gamma),
-              static_cast<const P*>(a.beta), L, uint32_t(a.hw), int(a.c / a.groups), a.groups,
+              static_cast<const P*>(a.beta), L, FastDiv(uint32_t(a.hw)), int(a.c / a.groups), a.groups,
               uint32_t(p.blocks_per_group), items, uint32_t(p.lag), a.eps, partials, counters, streaming);
         });
       });

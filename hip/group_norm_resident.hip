@@ -33,7 +33,7 @@ constexpr int kMinFreeFraction = 2;  // blocks_per_group <= resident blocks / 2
 template <class T, class P, int VEC, bool SILU>
 __global__ void __launch_bounds__(kThreads)
     group_norm_resident_nchw(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma,
-                             const P* __restrict__ beta, uint32_t L, uint32_t hw, int cg, int groups,
+                             const P* __restrict__ beta, uint32_t L, FastDiv hw, int cg, int groups,
                              uint32_t blocks_per_group, float eps, WelfordStats* __restrict__ partials,
                              unsigned* __restrict__ counters, bool streaming) {
   __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
@@ -142,7 +142,7 @@ hipError_t resident_launch(const GroupNormArgs& a, const ResidentPlan& p) {
         with_bool(a.silu, [&](auto silu_tag) {
           kernel_of<T, P, VEC, decltype(silu_tag)::value>()<<<blocks, kThreads, 0, stream>>>(
               static_cast<const T*>(a.x), static_cast<T*>(a.y), static_cast<const P*>(a.gamma),
-              static_cast<const P*>(a.beta), L, uint32_t(a.hw), int(a.c / a.groups), a.groups,
+              static_cast<const P*>(a.beta), L, FastDiv(uint32_t(a.hw)), int(a.c / a.groups), a.groups,
               uint32_t(p.blocks_per_group), a.eps, partials, counters, streaming);
         });
       });

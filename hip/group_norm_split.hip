@@ -101,9 +101,9 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + i + u * stride);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) accumulate(acc, v[u]);
+    for (int u = 0; u < kUnroll; ++u) acc.add(v[u]);
   }
-  for (; i < end; i += stride) accumulate(acc, load_vec<T, VEC>(base + i));
+  for (; i < end; i += stride) acc.add(load_vec<T, VEC>(base + i));
   const WelfordStats s = block_reduce(acc.stats(), scratch);
   if (threadIdx.x == 0) {
     if (final_out != nullptr)  // one block per group: no finalize launch needed
@@ -135,9 +135,9 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) accumulate(acc, v[u]);
+    for (int u = 0; u < kUnroll; ++u) acc.add(v[u]);
   }
-  for (; r < end; r += step) accumulate(acc, load_vec<T, VEC>(base + r * c));
+  for (; r < end; r += step) acc.add(load_vec<T, VEC>(base + r * c));
   per_thread[threadIdx.x] = acc.stats();
   __syncthreads();
   // One thread per group merges the (rows_per_iter x cols_per_group) thread results of the group.
@@ -172,7 +172,7 @@ template <class T, class P, int VEC, bool SILU>
 __global__ void __launch_bounds__(kThreads) group_norm_apply_nchw(const T* __restrict__ x, T* __restrict__ y,
                                                                   const P* __restrict__ gamma, const P* __restrict__ beta,
                                                                   const float2* __restrict__ mean_rstd, int64_t L,
-                                                                  int hw, int cg, int groups, int64_t chunk,
+                                                                  FastDiv hw, int cg, int groups, int64_t chunk,
                                                                   bool streaming) {
   const int64_t block = reversed_block();
   const int64_t split = block % gridDim.x;
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_nchw(const T* __res
   T* yb = y + ng * L;
   for (int64_t i = begin + int64_t(threadIdx.x) * VEC; i < end; i += int64_t(blockDim.x) * VEC) {
     const Vec<T, VEC> v = load_vec<T, VEC>(xb + i);
-    const int ch = g * cg + int(i) / hw;  // VEC divides hw: one channel per vector; L < 2^31
+    const int ch = g * cg + int(hw.div(uint32_t(i)));  // VEC divides hw: one channel per vector; L < 2^31
     float a, b;
     scale_shift(gamma, beta, ch, mr, a, b);
     store_vec(yb + i, normalize<T, VEC, SILU>(v, a, b), streaming);
@@ -308,7 +308,7 @@ hipError_t split_launch(const GroupNormArgs& a) {
                       x, y, gamma, beta, mean_rstd, a.hw, int(a.c), cg, p.plane_chunk, p.streaming);
             } else if (a.layout == Layout::nchw) {
               group_norm_apply_nchw<T, P, VEC, SILU><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
-                  x, y, gamma, beta, mean_rstd, cg * a.hw, int(a.hw), cg, a.groups, p.chunk, p.streaming);
+                  x, y, gamma, beta, mean_rstd, cg * a.hw, FastDiv(uint32_t(a.hw)), cg, a.groups, p.chunk, p.streaming);
             } else {
               auto apply = p.threads <= 512 ? group_norm_apply_nhwc<T, P, VEC, SILU, 512>
                                             : group_norm_apply_nhwc<T, P, VEC, SILU, 1024>;

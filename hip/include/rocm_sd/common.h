@@ -71,21 +71,26 @@ __device__ __forceinline__ WelfordStats welford_merge(WelfordStats a, WelfordSta
   return r;
 }
 
-// Per-thread accumulator: sums of (x - shift) with the shift taken from the first value seen,
-// so that the short per-thread sums do not cancel catastrophically. Converted to WelfordStats
-// before values from different threads are combined.
+// Per-thread accumulator: sums of (x - shift), with the shift one value of the same data (set before
+// the first add), so that the short per-thread sums do not cancel catastrophically. Converted to
+// WelfordStats before values from different threads are combined. No per-element bookkeeping: at
+// memory speed a GroupNorm has ~15 instructions per element to spend in all (see
+// bench/notes/group_norm.md), so the count advances per vector.
 struct ShiftedSums {
   float shift = 0.f;
   float sum = 0.f;
   float sumsq = 0.f;
   float n = 0.f;
 
-  __device__ __forceinline__ void add(float x) {
-    if (n == 0.f) shift = x;
-    const float d = x - shift;
-    sum += d;
-    sumsq = fmaf(d, d, sumsq);
-    n += 1.f;
+  template <class T, int VEC>
+  __device__ __forceinline__ void add(const Vec<T, VEC>& v) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float d = to_float(v.v[k]) - shift;
+      sum += d;
+      sumsq = fmaf(d, d, sumsq);
+    }
+    n += float(VEC);
   }
 
   __device__ __forceinline__ WelfordStats stats() const {
@@ -129,7 +134,35 @@ __device__ __forceinline__ WelfordStats block_reduce(WelfordStats s, WelfordStat
 }
 
 __device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
-// For 16-bit outputs the fast exponential's error is far below the output's rounding.
-__device__ __forceinline__ float silu_fast(float y) { return __fdividef(y, 1.f + __expf(-y)); }
+
+// SiLU for 16-bit outputs. On NVIDIA: y * sigmoid(y) with sigmoid(y) = 0.5 + 0.5 tanh(y / 2), one
+// hardware tanh (MUFU) instead of an exponential and a reciprocal (two MUFU): the MUFU pipe runs at
+// 1/8 of the FMA rate, and at two per element it alone would cap a GroupNorm+SiLU near 86% of copy
+// bandwidth on H100/H200. tanh.approx's error (~2^-11 relative) is an absolute error of at most
+// ~2.5e-4 |y| in the result: half an fp16 ulp for y > 0, and within the tests' fp16 bound
+// (DESIGN.md convention 7) where the output is small (y << 0). On AMD, exp and rcp are the
+// hardware's transcendental ops.
+__device__ __forceinline__ float silu_fast(float y) {
+#if defined(RSD_PLATFORM_CUDA)
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.5f * y));
+  return y * fmaf(0.5f, t, 0.5f);
+#else
+  return __fdividef(y, 1.f + __expf(-y));
+#endif
+}
+
+// n / d for 32-bit n < 2^31 and a divisor fixed per launch, with a multiply-high and a shift
+// instead of the ~20-instruction integer division (Granlund and Montgomery, 1994).
+struct FastDiv {
+  uint32_t divisor, multiplier, shift;
+
+  FastDiv() = default;
+  __host__ __device__ explicit FastDiv(uint32_t d) : divisor(d), multiplier(0), shift(0) {
+    while ((uint64_t(1) << shift) < d) ++shift;
+    multiplier = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, multiplier) + n) >> shift; }
+};
 
 }  // namespace rsd

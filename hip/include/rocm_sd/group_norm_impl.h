@@ -69,12 +69,6 @@ __device__ __forceinline__ float2 mean_rstd_of(const WelfordStats& s, float eps)
   return make_float2(s.mean, rsqrtf(var + eps));
 }
 
-template <class T, int VEC>
-__device__ __forceinline__ void accumulate(ShiftedSums& acc, const Vec<T, VEC>& v) {
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) acc.add(to_float(v.v[k]));
-}
-
 // y = x * a + b folds the normalisation and the affine transform of channel `ch`.
 template <class P>
 __device__ __forceinline__ void scale_shift(const P* gamma, const P* beta, int ch, float2 mr, float& a, float& b) {
@@ -144,22 +138,23 @@ struct RegisterChunk {
 
   __device__ __forceinline__ ShiftedSums sums(uint32_t L) const {
     ShiftedSums acc;
+    if (first < L) acc.shift = to_float(v[0].v[0]);
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      if (first + u * kStride < L) accumulate(acc, v[u]);
+      if (first + u * kStride < L) acc.add(v[u]);
     }
     return acc;
   }
 
   template <bool SILU, class P>
-  __device__ __forceinline__ void store(T* group_y, uint32_t L, uint32_t hw, int channel0, const P* gamma,
+  __device__ __forceinline__ void store(T* group_y, uint32_t L, FastDiv hw, int channel0, const P* gamma,
                                         const P* beta, float2 mean_rstd, bool streaming) const {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const uint32_t i = first + u * kStride;
       if (i < L) {
         float a, b;
-        scale_shift(gamma, beta, channel0 + int(i / hw), mean_rstd, a, b);
+        scale_shift(gamma, beta, channel0 + int(hw.div(i)), mean_rstd, a, b);
         store_vec(group_y + i, normalize<T, VEC, SILU>(v[u], a, b), streaming);
       }
     }
