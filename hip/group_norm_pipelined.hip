@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads)
                               const P* __restrict__ beta, uint32_t L, FastDiv hw, int cg, int groups,
                               uint32_t blocks_per_group, uint32_t items, uint32_t lag, float eps,
                               WelfordStats* __restrict__ partials, unsigned* __restrict__ counters, bool streaming) {
-  __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
+  __shared__ float scratch[kReduceScratchFloats];
   __shared__ unsigned ticket_shared;
   if (threadIdx.x == 0) ticket_shared = atomicAdd(&counters[0], 1u);
   __syncthreads();
@@ -58,7 +58,9 @@ __global__ void __launch_bounds__(kThreads)
     mean_rstd = mean_rstd_of(s, eps);
   }
   if (has_stats) {
-    const WelfordStats s = block_reduce(in.sums(L).stats(), scratch);
+    const uint32_t first = (ticket % blocks_per_group) * uint32_t(RegisterChunk<T, VEC, BYTES>::kElems);
+    const float shift = to_float(x[int64_t(stats_group) * L + first]);  // one value of the chunk, for all threads
+    const WelfordStats s = block_sum(in.sums(L, shift), scratch).stats();
     if (threadIdx.x == 0) {
       partials[ticket] = s;  // items are numbered group after group: partial `ticket` of the array
       arrive_release(&counters[1 + stats_group]);

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads)
                              const P* __restrict__ beta, uint32_t L, FastDiv hw, int cg, int groups,
                              uint32_t blocks_per_group, float eps, WelfordStats* __restrict__ partials,
                              unsigned* __restrict__ counters, bool streaming) {
-  __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
+  __shared__ float scratch[kReduceScratchFloats];
   __shared__ unsigned ticket_shared;
   const bool exchange = blocks_per_group > 1;
   unsigned ticket = blockIdx.x;
@@ -48,8 +48,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t ng = ticket / blocks_per_group;
   const uint32_t part = ticket % blocks_per_group;
   RegisterChunk<T, VEC> chunk;
-  chunk.load(x + ng * L, part, L);
-  WelfordStats s = block_reduce(chunk.sums(L).stats(), scratch);
+  const T* xg = x + ng * L;
+  chunk.load(xg, part, L);
+  const float shift = to_float(xg[part * uint32_t(kChunkElems<T>)]);  // one value of the chunk, for all threads
+  WelfordStats s = block_sum(chunk.sums(L, shift), scratch).stats();
 
   if (exchange) {
     WelfordStats* group_partials = partials + ng * blocks_per_group;

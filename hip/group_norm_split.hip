@@ -87,7 +87,7 @@ template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __restrict__ x, int64_t L, int64_t chunk,
                                                                   WelfordStats* __restrict__ partials,
                                                                   float2* __restrict__ final_out, float eps) {
-  __shared__ WelfordStats scratch[RSD_MAX_WAVES_PER_BLOCK];
+  __shared__ float scratch[kReduceScratchFloats];
   const int64_t ng = blockIdx.y;
   const int64_t begin = int64_t(blockIdx.x) * chunk;
   const int64_t end = min64(begin + chunk, L);
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
     for (int u = 0; u < kUnroll; ++u) acc.add(v[u]);
   }
   for (; i < end; i += stride) acc.add(load_vec<T, VEC>(base + i));
-  const WelfordStats s = block_reduce(acc.stats(), scratch);
+  const WelfordStats s = block_sum(acc, scratch).stats();  // one shift for the whole block
   if (threadIdx.x == 0) {
     if (final_out != nullptr)  // one block per group: no finalize launch needed
       final_out[ng] = mean_rstd_of(s, eps);

@@ -98,16 +98,25 @@ __device__ __forceinline__ Vec<T, VEC> normalize(const Vec<T, VEC>& v, const A& 
   return out;
 }
 
-// Merges `count` partials another block may have written (read through coherent loads), in index
-// order: every caller gets bit-identical statistics. Contains __syncthreads: call from all threads.
+// Merges `count` partials other blocks wrote (read through coherent loads), always in the same
+// order, so that every block of a group gets bit-identical statistics. The first wave does the work
+// (Welford merges cost a division each); the result is broadcast through `scratch`. Contains
+// __syncthreads: call from all threads.
 __device__ __forceinline__ WelfordStats merge_partials(const WelfordStats* partials, uint32_t count,
-                                                       WelfordStats* scratch) {
-  WelfordStats merged = {0.f, 0.f, 0.f};
-  for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const float* p = reinterpret_cast<const float*>(partials + j);
-    merged = welford_merge(merged, WelfordStats{load_coherent(p), load_coherent(p + 1), load_coherent(p + 2)});
+                                                       float* scratch) {
+  if (wave_id() == 0) {
+    WelfordStats merged = {0.f, 0.f, 0.f};
+    for (uint32_t j = lane_id(); j < count; j += RSD_WAVE) {
+      const float* p = reinterpret_cast<const float*>(partials + j);
+      merged = welford_merge(merged, WelfordStats{load_coherent(p), load_coherent(p + 1), load_coherent(p + 2)});
+    }
+    merged = wave_reduce(merged);
+    if (lane_id() == 0) *reinterpret_cast<WelfordStats*>(scratch) = merged;
   }
-  return block_reduce(merged, scratch);
+  __syncthreads();
+  const WelfordStats r = *reinterpret_cast<const WelfordStats*>(scratch);
+  __syncthreads();  // scratch may be reused by the caller
+  return r;
 }
 
 // ---- a chunk of one NCHW group held in registers (the single-pass kernels) ----
@@ -136,9 +145,10 @@ struct RegisterChunk {
     }
   }
 
-  __device__ __forceinline__ ShiftedSums sums(uint32_t L) const {
+  // Sums about `shift` (the same for the whole block, see block_sum) of the loaded elements.
+  __device__ __forceinline__ ShiftedSums sums(uint32_t L, float shift) const {
     ShiftedSums acc;
-    if (first < L) acc.shift = to_float(v[0].v[0]);
+    acc.shift = shift;
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       if (first + u * kStride < L) acc.add(v[u]);
