@@ -19,7 +19,7 @@ from bench.harness import copy_ceiling_gbps, device_ms, rotating_inputs, write_r
 from rocm_sd.ops.group_norm import describe, group_norm_kernel, supports  # noqa: E402
 from tests.shapes import GROUP_NORM_SD  # noqa: E402
 
-FORCED_PATHS = ("resident", "pipelined", "split")
+FORCED_PATHS = ("resident", "split")
 
 
 def eager_call_us(fn, x, calls: int = 2000) -> float:

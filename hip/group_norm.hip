@@ -2,11 +2,11 @@
 //
 //   y = act((x - mean[n,g]) * rstd[n,g] * gamma[c] + beta[c]),  act = SiLU or identity
 //
-// Statistics in fp32 (per-thread shifted sums, merged with Chan's formula). Two paths
-// (group_norm_impl.h): NCHW groups whose blocks can all be resident at once take the single-pass
-// kernel of group_norm_resident.hip (one read of x, one write of y); larger groups and channels_last
-// inputs take the three launches of group_norm_split.hip (two reads of x, the second mostly from L2).
-// Why the split in blocks at all: torch's GroupNorm runs one block per (n, g) for its statistics,
+// Statistics in fp32 (shifted sums within a block, Chan's formula across blocks). Two paths
+// (group_norm_impl.h): NCHW groups of at most one block (8 K fp16 elements) take the single launch
+// of group_norm_resident.hip; everything else takes the three launches of group_norm_split.hip (two
+// reads of x, the second partly from L2). See choose() below and bench/notes/group_norm.md.
+// Why split groups over blocks at all: torch's GroupNorm runs one block per (n, g) for its statistics,
 // 64 blocks for an SD batch of 2 and 32 for the VAE at batch 1, far too few to fill a GPU.
 #include "rocm_sd/device.h"
 #include "rocm_sd/group_norm_impl.h"
@@ -36,34 +36,18 @@ namespace {
 struct Choice {
   GroupNormPath path = GroupNormPath::split;
   gn::ResidentPlan resident;
-  gn::PipelinedPlan pipelined;
 };
 
 // The path for these arguments, or an error when a forced path cannot take them.
-// automatic: NCHW groups of one block: resident (one pass, no exchange); other NCHW: pipelined;
-// channels_last: split.
+// automatic: resident for NCHW groups that fit one block (one launch, one pass, no exchange), split
+// otherwise. With an exchange between blocks the resident path measured slower than split at every
+// SD shape on H200 (bench/notes/group_norm.md), so it runs only when forced.
 std::string choose(const GroupNormArgs& a, Choice* c) {
-  switch (a.path) {
-    case GroupNormPath::resident:
-      if (!gn::resident_plan(a, &c->resident)) return "the resident GroupNorm path cannot hold a group of this size and layout on this device";
-      c->path = GroupNormPath::resident;
-      return std::string();
-    case GroupNormPath::pipelined:
-      if (!gn::pipelined_plan(a, &c->pipelined)) return "the pipelined GroupNorm path takes NCHW inputs only";
-      c->path = GroupNormPath::pipelined;
-      return std::string();
-    case GroupNormPath::split:
-      c->path = GroupNormPath::split;
-      return std::string();
-    default:
-      break;
-  }
-  if (gn::resident_plan(a, &c->resident) && c->resident.blocks_per_group == 1)
-    c->path = GroupNormPath::resident;
-  else if (gn::pipelined_plan(a, &c->pipelined))
-    c->path = GroupNormPath::pipelined;
-  else
-    c->path = GroupNormPath::split;
+  const bool resident = a.path != GroupNormPath::split && gn::resident_plan(a, &c->resident);
+  if (a.path == GroupNormPath::resident && !resident)
+    return "the resident GroupNorm path cannot hold a group of this size and layout on this device";
+  const bool wanted = a.path == GroupNormPath::resident || c->resident.blocks_per_group == 1;
+  c->path = resident && wanted ? GroupNormPath::resident : GroupNormPath::split;
   return std::string();
 }
 
@@ -73,11 +57,7 @@ size_t group_norm_workspace_bytes(const GroupNormArgs& a) {
   DeviceGuard guard(a.device);  // plans ask the device's occupancy
   Choice c;
   if (!choose(a, &c).empty()) return 0;
-  switch (c.path) {
-    case GroupNormPath::resident: return gn::resident_workspace_bytes(a, c.resident);
-    case GroupNormPath::pipelined: return gn::pipelined_workspace_bytes(a, c.pipelined);
-    default: return gn::split_workspace_bytes(a);
-  }
+  return c.path == GroupNormPath::resident ? gn::resident_workspace_bytes(a, c.resident) : gn::split_workspace_bytes(a);
 }
 
 std::string group_norm_describe(const GroupNormArgs& a) {
@@ -86,16 +66,10 @@ std::string group_norm_describe(const GroupNormArgs& a) {
   Choice c;
   const std::string why = choose(a, &c);
   if (!why.empty()) return "error: " + why;
-  switch (c.path) {
-    case GroupNormPath::resident:
-      return "resident vec=" + std::to_string(c.resident.vec) +
-             " blocks_per_group=" + std::to_string(c.resident.blocks_per_group);
-    case GroupNormPath::pipelined:
-      return "pipelined vec=" + std::to_string(c.pipelined.vec) + " blocks_per_group=" +
-             std::to_string(c.pipelined.blocks_per_group) + " lag=" + std::to_string(c.pipelined.lag);
-    default:
-      return "split vec=" + std::to_string(gn::pick_vec(a));
-  }
+  if (c.path == GroupNormPath::resident)
+    return "resident vec=" + std::to_string(c.resident.vec) +
+           " blocks_per_group=" + std::to_string(c.resident.blocks_per_group);
+  return "split vec=" + std::to_string(gn::pick_vec(a));
 }
 
 std::string group_norm_forward(const GroupNormArgs& a) {
@@ -106,12 +80,7 @@ std::string group_norm_forward(const GroupNormArgs& a) {
   Choice c;
   why = choose(a, &c);
   if (!why.empty()) return why;
-  hipError_t err;
-  switch (c.path) {
-    case GroupNormPath::resident: err = gn::resident_launch(a, c.resident); break;
-    case GroupNormPath::pipelined: err = gn::pipelined_launch(a, c.pipelined); break;
-    default: err = gn::split_launch(a); break;
-  }
+  const hipError_t err = c.path == GroupNormPath::resident ? gn::resident_launch(a, c.resident) : gn::split_launch(a);
   if (err != hipSuccess) return std::string("group_norm launch failed: ") + hipGetErrorString(err);
   return std::string();
 }

@@ -17,7 +17,7 @@ OP = "group_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and
 # benchmarks that must exercise or compare one path.
-PATHS = {"auto": 0, "resident": 1, "split": 2, "pipelined": 3}
+PATHS = {"auto": 0, "resident": 1, "split": 2}
 
 
 def group_norm_ref(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,

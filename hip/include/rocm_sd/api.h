@@ -12,7 +12,7 @@ namespace rsd {
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Layout : int { nchw = 0, nhwc = 1 };
 // Which GroupNorm kernels run (group_norm.hip): automatic picks; the others are for tests and benchmarks.
-enum class GroupNormPath : int { automatic = 0, resident = 1, split = 2, pipelined = 3 };
+enum class GroupNormPath : int { automatic = 0, resident = 1, split = 2 };
 
 // ---------------------------------------------------------------------------------------------
 // runtime.hip: build and device facts

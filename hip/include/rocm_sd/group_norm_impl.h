@@ -2,8 +2,7 @@
 // two launch paths that hip/group_norm.hip chooses between.
 //   resident (group_norm_resident.hip): one launch; every block of a group holds its chunk of x in
 //       registers while the group's blocks exchange partial statistics: x is read once, y written once.
-//   split (group_norm_split.hip): stats / finalize / apply launches; x is read twice. For groups too
-//       large to be resident at once and for channels_last inputs.
+//   split (group_norm_split.hip): stats / finalize / apply launches; x is read twice.
 #pragma once
 
 #include <algorithm>
@@ -47,16 +46,6 @@ bool resident_plan(const GroupNormArgs& a, ResidentPlan* plan);
 size_t resident_workspace_bytes(const GroupNormArgs& a, const ResidentPlan& p);
 // Enqueue on a.stream; the first launch error, if any.
 hipError_t resident_launch(const GroupNormArgs& a, const ResidentPlan& p);
-
-struct PipelinedPlan {
-  int vec = 1;
-  int64_t blocks_per_group = 0;
-  int64_t lag = 0;  // items between an item's statistics and its output
-  int bytes = 64;
-};
-bool pipelined_plan(const GroupNormArgs& a, PipelinedPlan* plan);
-size_t pipelined_workspace_bytes(const GroupNormArgs& a, const PipelinedPlan& p);
-hipError_t pipelined_launch(const GroupNormArgs& a, const PipelinedPlan& p);
 
 // The split path's channels_last kernels hold a pixel row (C / vec threads) in one block.
 constexpr int kMaxThreadsNhwc = 1024;
@@ -128,10 +117,10 @@ constexpr int kChunkBytesPerThread = 64;  // four 16-byte vectors (or more narro
 template <class T>
 constexpr int kChunkElems = kChunkThreads * kChunkBytesPerThread / int(sizeof(T));
 
-template <class T, int VEC, int BYTES = kChunkBytesPerThread>
+template <class T, int VEC>
 struct RegisterChunk {
-  static constexpr int kLoads = BYTES / (VEC * int(sizeof(T)));
-  static constexpr uint32_t kElems = kChunkThreads * BYTES / sizeof(T);
+  static constexpr int kLoads = kChunkBytesPerThread / (VEC * int(sizeof(T)));
+  static constexpr uint32_t kElems = kChunkElems<T>;
   static constexpr uint32_t kStride = kChunkThreads * VEC;
   Vec<T, VEC> v[kLoads];
   uint32_t first;  // element offset in the group of this thread's first vector
