@@ -3,11 +3,12 @@
     import rocm_sd
     rocm_sd.optimize(pipe)      # a diffusers pipeline, patched in place (and returned)
     rocm_sd.stats()             # which backend ran each op
+    rocm_sd.report(pipe)        # what was replaced, graph replays, fallbacks and why
     rocm_sd.revert(pipe)        # back to the original modules
 """
 from . import ops  # noqa: F401  (registers torch.ops.rocm_sd.*)
 from .dispatch import reset_stats, stats
-from .patch import optimize, report, revert
+from .patch import invalidate_graphs, optimize, report, revert
 
 __version__ = "0.1.0"
-__all__ = ["optimize", "revert", "report", "stats", "reset_stats", "__version__"]
+__all__ = ["optimize", "revert", "report", "invalidate_graphs", "stats", "reset_stats", "__version__"]

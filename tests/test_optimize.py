@@ -8,14 +8,14 @@ from rocm_sd import config, models
 from rocm_sd.modules import GroupNormAct
 
 
-def run_pipe(pipe, steps=2, seed=0):
+def run_pipe(pipe, steps=2, seed=0, output_type="latent"):
     device = pipe.unet.device
     embeds = models.encode_prompt(pipe, "a photo of a cat")
     negative = models.encode_prompt(pipe, "")
     with torch.no_grad():
         return pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, num_inference_steps=steps,
                     generator=torch.Generator(device).manual_seed(seed), height=64, width=64,
-                    output_type="latent").images
+                    output_type=output_type).images
 
 
 def count(model, cls):
@@ -97,3 +97,42 @@ def test_optimized_pipeline_on_gpu_matches_reference():
     assert torch.equal(run_pipe(pipe), same_precision_again)
     rel = (optimized.float() - reference.float()).norm() / reference.float().norm()
     assert rel < 2e-2, rel
+
+
+def test_graphed_calls_are_installed_and_reverted(tiny_pipe):
+    pipe = tiny_pipe
+    rocm_sd.optimize(pipe)
+    assert "forward" in pipe.unet.__dict__ and "decode" in pipe.vae.__dict__
+    with config.override(log_fallbacks=False):
+        run_pipe(pipe)
+    report = rocm_sd.report(pipe)
+    # On the CPU nothing can be graphed: every call ran eagerly, and the report says why.
+    assert report["unet"]["forward: eager: no GPU tensor among the inputs"] > 0
+    assert "forward: graph replays" not in report["unet"]
+    rocm_sd.revert(pipe)
+    assert "forward" not in pipe.unet.__dict__ and "decode" not in pipe.vae.__dict__
+
+
+def test_cuda_graph_flag_turns_off(tiny_pipe):
+    pipe = tiny_pipe
+    rocm_sd.optimize(pipe, cuda_graph=False)
+    assert "forward" not in pipe.unet.__dict__
+    assert not any(key.startswith("graphed") for key in rocm_sd.report(pipe)["unet"])
+    rocm_sd.revert(pipe)
+
+
+@pytest.mark.gpu
+def test_graphed_pipeline_equals_eager_optimized_pipeline():
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    rocm_sd.optimize(pipe, cuda_graph=False)
+    eager = [run_pipe(pipe, steps=3, seed=s, output_type="pt") for s in (0, 1)]
+    rocm_sd.revert(pipe)
+    rocm_sd.optimize(pipe)
+    with config.override(strict=True):
+        graphed = [run_pipe(pipe, steps=3, seed=s, output_type="pt") for s in (0, 1)]
+    report = rocm_sd.report(pipe)
+    rocm_sd.revert(pipe)
+    assert report["unet"]["forward: graph captures"] == 1 and report["unet"]["forward: graph replays"] == 6
+    assert report["vae"]["decode: graph captures"] == 1 and report["vae"]["decode: graph replays"] == 2
+    for e, g in zip(eager, graphed):
+        assert torch.equal(e, g)

@@ -1,1 +1,1 @@
-from .pipeline import optimize, report, revert  # noqa: F401
+from .pipeline import invalidate_graphs, optimize, report, revert  # noqa: F401

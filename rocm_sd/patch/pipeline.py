@@ -5,6 +5,7 @@ import logging
 
 from torch import nn
 
+from ..graphs import GraphedCall, GraphPool
 from .core import RECORD_ATTR, PatchRecord
 from .group_norm import patch_group_norms
 
@@ -26,12 +27,35 @@ def _models(target) -> dict[str, nn.Module]:
     return found
 
 
-def optimize(target, *, group_norm: bool = True):
+# The calls graph capture wraps per model class: (method, keyword arguments the method ignores).
+# AutoencoderKL.decode takes the pipeline's `generator` and does not use it.
+GRAPHED_CALLS = {
+    "UNet2DConditionModel": [("forward", ())],
+    "UNet2DModel": [("forward", ())],
+    "ControlNetModel": [("forward", ())],
+    "AutoencoderKL": [("decode", ("generator",))],
+}
+
+
+def _install_graphs(model: nn.Module, record: PatchRecord, pool: GraphPool) -> None:
+    for method, ignored in GRAPHED_CALLS.get(type(model).__name__, []):
+        call = GraphedCall(getattr(model, method), model, f"{type(model).__name__}.{method}", ignored, pool)
+        record.set_attr(model, method, call)
+        record.graphed[method] = call
+        record.counts[f"graphed: {method}"] += 1
+
+
+def optimize(target, *, group_norm: bool = True, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
       group_norm  GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Exact same math;
                   statistics in fp32, so fp16 results differ from PyTorch's by rounding only.
+      cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
+                  input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
+                  Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)
+                  run eagerly; report() says how often and why. After changing a model in ways
+                  rocm_sd cannot see (e.g. a LoRA scale), call invalidate_graphs(target).
     Ops fall back to PyTorch per call where a kernel cannot run (CPU tensors, unsupported dtype...);
     `rocm_sd.stats()` counts which backend ran. `report(target)` says what was replaced.
     Unknown components are left untouched and listed in the report.
@@ -39,6 +63,7 @@ def optimize(target, *, group_norm: bool = True):
     models = _models(target)
     if not models:
         log.warning("rocm_sd.optimize: nothing to optimize in %s", type(target).__name__)
+    pool = GraphPool()  # the models of one pipeline run one after another: one memory pool
     for name, model in models.items():
         if getattr(model, RECORD_ATTR, None) is not None:
             log.info("rocm_sd.optimize: %s is already optimized", name)
@@ -46,8 +71,11 @@ def optimize(target, *, group_norm: bool = True):
         record = PatchRecord()
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
-        elif group_norm:
-            patch_group_norms(model, record)
+        else:
+            if group_norm:
+                patch_group_norms(model, record)
+            if cuda_graph:  # last: the graphs capture the patched model
+                _install_graphs(model, record, pool)
         setattr(model, RECORD_ATTR, record)
     return target
 
@@ -63,9 +91,23 @@ def revert(target):
 
 
 def report(target) -> dict[str, dict[str, int]]:
-    """What optimize() replaced, per component: {'unet': {'group_norm+silu': 45, 'group_norm': 16}}."""
+    """What optimize() replaced, per component, and how graphed calls ran so far:
+    {'unet': {'group_norm+silu': 45, 'group_norm': 16, 'graphed: forward': 1,
+              'forward: graph replays': 20, 'forward: graph captures': 1}}."""
     out = {}
     for name, model in _models(target).items():
         record = getattr(model, RECORD_ATTR, None)
-        out[name] = dict(record.counts) if record is not None else {}
+        counts = dict(record.counts) if record is not None else {}
+        for method, call in (record.graphed.items() if record is not None else ()):
+            counts.update({f"{method}: {what}": n for what, n in call.stats.items()})
+        out[name] = counts
     return out
+
+
+def invalidate_graphs(target):
+    """Drop the captured graphs of `target`'s models; the next calls capture again."""
+    for model in _models(target).values():
+        record = getattr(model, RECORD_ATTR, None)
+        for call in (record.graphed.values() if record is not None else ()):
+            call.clear()
+    return target

@@ -1,0 +1,221 @@
+"""Graph capture (CUDA graphs / HIP graphs) of a model call, replayed per input signature.
+
+Why: an eager SD1.5 UNet step makes hundreds of kernel launches and is bound by host time (PERF.md:
+18.4 ms wall against 11.8 ms of GPU time on H200), so faster kernels do not show in wall time until
+the whole step is one graph launch.
+
+GraphedCall wraps a callable (a model's forward, the VAE's decode). Per signature (the pytree
+structure of the arguments, each tensor's shape, strides, dtype and device, the value of every other
+argument, and the storage of every parameter and buffer of the model) it captures one graph on the
+first call and replays it afterwards: inputs are copied into the graph's static buffers, outputs
+are cloned out of it, so a caller never holds memory the next replay overwrites. It runs the
+callable eagerly, and says why in `stats`, whenever a graph would be wrong or impossible: autograd
+on, torch.compile tracing, inside another capture, no GPU tensor among the inputs, CPU tensors or
+unhashable values among them, too many signatures, or a capture that failed.
+
+A graph bakes in the model as it was at capture. Changes rocm_sd sees invalidate the graphs: a
+weight moved or swapped (storage pointers are part of the signature), a module, parameter or buffer
+registered anywhere (peft's LoRA injection, fused QKV projections), an attention processor set.
+Changes it cannot see (a LoRA scale edited in a plain dict, an attribute of a module rewritten by
+hand) need `rocm_sd.invalidate_graphs(pipe)` after them.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+log = logging.getLogger("rocm_sd")
+
+MAX_GRAPHS = 8      # signatures kept per callable: CFG on/off x a few resolutions
+WARMUP_CALLS = 2    # eager calls on a side stream before capture (lazy init, cuDNN algorithm choice)
+
+
+# Bumped by any module/parameter/buffer registration and attention-processor change in the process
+# (hooks installed with the first GraphedCall): part of every signature.
+_structure_epoch = 0
+_hooks_installed = False
+
+
+def _bump_epoch(*_args, **_kwargs):
+    global _structure_epoch
+    _structure_epoch += 1
+
+
+def _install_structure_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    from torch.nn.modules import module as nn_module
+
+    nn_module.register_module_module_registration_hook(_bump_epoch)
+    nn_module.register_module_parameter_registration_hook(_bump_epoch)
+    nn_module.register_module_buffer_registration_hook(_bump_epoch)
+    try:  # diffusers' processors are plain objects, not registered modules
+        from diffusers.models.attention_processor import Attention
+
+        original = Attention.set_processor
+        if not getattr(original, "_rocm_sd_bumps_epoch", False):
+            def set_processor(self, *args, **kwargs):
+                _bump_epoch()
+                return original(self, *args, **kwargs)
+
+            set_processor._rocm_sd_bumps_epoch = True
+            Attention.set_processor = set_processor
+    except ImportError:
+        pass
+    _hooks_installed = True
+
+
+class _Ineligible(Exception):
+    """The call cannot be graphed; the message says why."""
+
+
+def _leaf_key(leaf: Any):
+    if isinstance(leaf, torch.Tensor):
+        if leaf.device.type != "cuda":
+            raise _Ineligible(f"a {leaf.device.type} tensor argument (graphs replay device memory only)")
+        return ("tensor", tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device)
+    try:
+        hash(leaf)
+    except TypeError:
+        raise _Ineligible(f"an unhashable {type(leaf).__name__} argument") from None
+    if isinstance(leaf, torch.Generator):
+        raise _Ineligible("a torch.Generator argument (its random stream is not replayed)")
+    return (type(leaf), leaf)
+
+
+class _Graph:
+    def __init__(self, graph, static_inputs: list, static_output_leaves: list, output_spec):
+        self.graph = graph
+        self.static_inputs = static_inputs        # one static tensor per tensor leaf of the arguments
+        self.static_output_leaves = static_output_leaves
+        self.output_spec = output_spec
+
+    def replay(self, tensor_leaves: list):
+        for static, value in zip(self.static_inputs, tensor_leaves):
+            if static.data_ptr() != value.data_ptr():
+                static.copy_(value)
+        self.graph.replay()
+        out = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in self.static_output_leaves]
+        return pytree.tree_unflatten(out, self.output_spec)
+
+
+class GraphedCall:
+    """`fn` (a bound method of `module`) captured and replayed per input signature; see the module doc.
+
+    ignore_kwargs: keyword arguments dropped before the call because `fn` ignores them (e.g. the
+    `generator` that pipelines pass to AutoencoderKL.decode), so that they do not block capture.
+    pool: a graph memory pool shared with other GraphedCalls replayed on the same stream, one at a
+    time (outputs are cloned, so captures may reuse each other's temporaries).
+    """
+
+    def __init__(self, fn: Callable, module: torch.nn.Module, name: str, ignore_kwargs: tuple[str, ...] = (),
+                 pool_owner: "GraphPool | None" = None):
+        self.fn = fn
+        self.module = module
+        self.name = name
+        self.ignore_kwargs = ignore_kwargs
+        self.pool_owner = pool_owner or GraphPool()
+        self.graphs: OrderedDict = OrderedDict()
+        self.failed: dict = {}
+        self.stats: Counter = Counter()
+        self._weight_list = None
+        self._weight_epoch = -1
+        _install_structure_hooks()
+
+    # -- the call ---------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        for name in self.ignore_kwargs:
+            kwargs.pop(name, None)
+        try:
+            key, tensor_leaves, spec = self._signature(args, kwargs)
+        except _Ineligible as why:
+            self.stats[f"eager: {why}"] += 1
+            return self.fn(*args, **kwargs)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if key in self.failed:
+                self.stats[f"eager: capture failed earlier ({self.failed[key]})"] += 1
+                return self.fn(*args, **kwargs)
+            if len(self.graphs) >= MAX_GRAPHS:
+                self.stats[f"eager: more than {MAX_GRAPHS} input signatures"] += 1
+                return self.fn(*args, **kwargs)
+            try:
+                graph = self._capture(args, kwargs, tensor_leaves, spec)
+            except Exception as error:  # noqa: BLE001 - any capture failure falls back to eager, reported
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+                self.failed[key] = reason
+                log.warning("rocm_sd: graph capture of %s failed, running it eagerly: %s", self.name, reason)
+                self.stats[f"eager: capture failed ({reason})"] += 1
+                return self.fn(*args, **kwargs)
+            self.graphs[key] = graph
+            self.stats["graph captures"] += 1
+        self.stats["graph replays"] += 1
+        return graph.replay(tensor_leaves)
+
+    def _signature(self, args, kwargs):
+        if torch.compiler.is_compiling():
+            raise _Ineligible("torch.compile is tracing")
+        if torch.is_grad_enabled():
+            raise _Ineligible("autograd is on (graphs are captured under torch.no_grad / inference_mode)")
+        if hasattr(self.module, "_hf_hook"):
+            raise _Ineligible("accelerate hooks (CPU offload) move the weights between calls")
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        if not any(t.device.type == "cuda" for t in tensors):
+            raise _Ineligible("no GPU tensor among the inputs")
+        if torch.cuda.is_current_stream_capturing():
+            raise _Ineligible("called inside another graph capture")
+        key = (spec, tuple(_leaf_key(leaf) for leaf in leaves), _structure_epoch, self._weights_key())
+        return key, tensors, spec
+
+    def _weights_key(self) -> tuple:
+        # Moving the model (offload, .to()) or swapping a weight tensor (LoRA fusing) changes a storage
+        # the graph reads from; in-place updates (copy_) keep it and stay valid.
+        if self._weight_epoch != _structure_epoch:  # walking the module tree costs ~1 ms: once per change
+            self._weight_list = list(self.module.parameters()) + list(self.module.buffers())
+            self._weight_epoch = _structure_epoch
+        return tuple(t.data_ptr() for t in self._weight_list)
+
+    # -- capture ----------------------------------------------------------------------------------
+    def _capture(self, args, kwargs, tensor_leaves: list, spec):
+        device = next(t.device for t in tensor_leaves if t.device.type == "cuda")
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                self.fn(*args, **kwargs)
+        torch.cuda.current_stream(device).wait_stream(side)
+
+        static_inputs = [t.detach().clone() for t in tensor_leaves]
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        it = iter(static_inputs)
+        static_leaves = [next(it) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        static_args, static_kwargs = pytree.tree_unflatten(static_leaves, spec)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool_owner.handle(device)):
+            output = self.fn(*static_args, **static_kwargs)
+        output_leaves, output_spec = pytree.tree_flatten(output)
+        return _Graph(graph, static_inputs, output_leaves, output_spec)
+
+    def clear(self) -> None:
+        """Drop every captured graph (their memory returns to the pool)."""
+        self.graphs.clear()
+        self.failed.clear()
+        self._weight_epoch = -1
+
+
+class GraphPool:
+    """One graph memory pool per device, shared by the GraphedCalls of one optimized pipeline."""
+
+    def __init__(self):
+        self._handles: dict = {}
+
+    def handle(self, device: torch.device):
+        if device not in self._handles:
+            self._handles[device] = torch.cuda.graph_pool_handle()
+        return self._handles[device]

@@ -1,0 +1,118 @@
+"""rocm_sd.graphs.GraphedCall: capture once per signature, replay, and never replay a stale graph."""
+import pytest
+import torch
+from torch import nn
+
+from rocm_sd import graphs
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x, scale: float = 1.0, *, shift=None):
+        y = torch.relu(self.proj(x)) * scale
+        return {"y": y if shift is None else y + shift, "mean": y.mean()}
+
+
+def graphed(module):
+    call = graphs.GraphedCall(module.forward, module, "Tiny.forward")
+    module.forward = call
+    return call
+
+
+def test_structure_changes_bump_the_epoch():
+    graphed(Tiny())  # installs the registration hooks
+    before = graphs._structure_epoch
+    m = nn.Sequential()
+    m.add_module("extra", nn.Linear(2, 2))
+    assert graphs._structure_epoch > before
+
+
+def test_cpu_calls_run_eagerly_and_say_why():
+    m = Tiny()
+    call = graphed(m)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        out = m(x)
+    assert torch.equal(out["y"], torch.relu(m.proj(x)))
+    assert call.stats == {"eager: no GPU tensor among the inputs": 1}
+
+
+@pytest.mark.gpu
+def test_replay_matches_eager_and_outputs_are_not_aliased():
+    m = Tiny().cuda().half()
+    eager = Tiny().cuda().half()
+    eager.load_state_dict(m.state_dict())
+    call = graphed(m)
+    with torch.no_grad():
+        xs = [torch.randn(8, 16, device="cuda", dtype=torch.half) for _ in range(3)]
+        outs = [m(x, 2.0) for x in xs]
+        for x, out in zip(xs, outs):  # earlier outputs survive later replays
+            expected = eager(x, 2.0)
+            assert torch.equal(out["y"], expected["y"]) and torch.equal(out["mean"], expected["mean"])
+    assert call.stats["graph captures"] == 1 and call.stats["graph replays"] == 3
+
+
+@pytest.mark.gpu
+def test_new_shapes_values_and_strides_capture_new_graphs():
+    m = Tiny().cuda()
+    call = graphed(m)
+    with torch.no_grad():
+        m(torch.randn(8, 16, device="cuda"))
+        m(torch.randn(4, 16, device="cuda"))                 # shape
+        m(torch.randn(8, 16, device="cuda"), 3.0)            # a non-tensor argument's value
+        m(torch.randn(16, 8, device="cuda").t())             # strides
+        m(torch.randn(8, 16, device="cuda"), shift=torch.ones(16, device="cuda"))  # structure
+        y = m(torch.ones(4, 16, device="cuda"))["y"]
+    assert call.stats["graph captures"] == 5 and call.stats["graph replays"] == 6
+    assert torch.allclose(y, torch.relu(m.proj.weight.sum(1) + m.proj.bias).expand(4, 16))
+
+
+@pytest.mark.gpu
+def test_weight_changes_are_seen():
+    m = Tiny().cuda()
+    call = graphed(m)
+    x = torch.randn(8, 16, device="cuda")
+    with torch.no_grad():
+        m(x)
+        m.proj.weight.copy_(torch.randn(16, 16))           # in place: same storage, the graph reads it
+        assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
+        assert call.stats["graph captures"] == 1
+        m.proj.weight.data = torch.randn(16, 16, device="cuda")  # new storage: captured again
+        assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
+        assert call.stats["graph captures"] == 2
+        m.proj = nn.Linear(16, 16).cuda()                  # new module: captured again
+        assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
+        assert call.stats["graph captures"] == 3
+
+
+@pytest.mark.gpu
+def test_ineligible_calls_run_eagerly():
+    m = Tiny().cuda()
+    call = graphed(m)
+    x = torch.randn(8, 16, device="cuda")
+    out = m(x)  # autograd on
+    out["y"].sum().backward()
+    assert m.proj.weight.grad is not None
+    with torch.no_grad():
+        m(x, shift=torch.ones(16))  # a CPU tensor argument
+    assert call.stats["eager: autograd is on (graphs are captured under torch.no_grad / inference_mode)"] == 1
+    assert call.stats["eager: a cpu tensor argument (graphs replay device memory only)"] == 1
+    assert "graph replays" not in call.stats
+
+
+@pytest.mark.gpu
+def test_capture_failure_falls_back_to_eager():
+    class Syncs(nn.Module):
+        def forward(self, x):
+            return x * float(x.sum())  # .item()-like sync: illegal while capturing
+
+    m = Syncs().cuda()
+    call = graphed(m)
+    x = torch.ones(4, device="cuda")
+    with torch.no_grad():
+        assert torch.equal(m(x), x * 4)
+        assert torch.equal(m(x), x * 4)
+    assert any(key.startswith("eager: capture failed") for key in call.stats)
