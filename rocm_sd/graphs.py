@@ -15,17 +15,20 @@ unhashable values among them, too many signatures, or a capture that failed.
 
 A graph bakes in the model as it was at capture. Changes rocm_sd sees invalidate the graphs: a
 weight moved or swapped (storage pointers are part of the signature), a module, parameter or buffer
-registered anywhere (peft's LoRA injection, fused QKV projections), an attention processor set.
+registered on a module of a graphed model (peft's LoRA injection, fused QKV projections), an
+attention processor set on one.
 Changes it cannot see (a LoRA scale edited in a plain dict, an attribute of a module rewritten by
 hand) need `rocm_sd.invalidate_graphs(pipe)` after them.
 """
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 log = logging.getLogger("rocm_sd")
@@ -34,15 +37,19 @@ MAX_GRAPHS = 8      # signatures kept per callable: CFG on/off x a few resolutio
 WARMUP_CALLS = 2    # eager calls on a side stream before capture (lazy init, cuDNN algorithm choice)
 
 
-# Bumped by any module/parameter/buffer registration and attention-processor change in the process
-# (hooks installed with the first GraphedCall): part of every signature.
+# Bumped when a module, parameter or buffer is registered on, or an attention processor set on, a
+# module of a graphed model (hooks installed with the first GraphedCall); part of every signature.
+# Registrations elsewhere are ignored: diffusers builds temporary ModuleLists in its forwards
+# (`self.resnets[1:]`), which must not invalidate anything.
 _structure_epoch = 0
 _hooks_installed = False
+_watched: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
 
-def _bump_epoch(*_args, **_kwargs):
+def _bump_epoch_if_watched(module, *_args, **_kwargs):
     global _structure_epoch
-    _structure_epoch += 1
+    if module in _watched:
+        _structure_epoch += 1
 
 
 def _install_structure_hooks() -> None:
@@ -51,16 +58,16 @@ def _install_structure_hooks() -> None:
         return
     from torch.nn.modules import module as nn_module
 
-    nn_module.register_module_module_registration_hook(_bump_epoch)
-    nn_module.register_module_parameter_registration_hook(_bump_epoch)
-    nn_module.register_module_buffer_registration_hook(_bump_epoch)
+    nn_module.register_module_module_registration_hook(_bump_epoch_if_watched)
+    nn_module.register_module_parameter_registration_hook(_bump_epoch_if_watched)
+    nn_module.register_module_buffer_registration_hook(_bump_epoch_if_watched)
     try:  # diffusers' processors are plain objects, not registered modules
         from diffusers.models.attention_processor import Attention
 
         original = Attention.set_processor
         if not getattr(original, "_rocm_sd_bumps_epoch", False):
             def set_processor(self, *args, **kwargs):
-                _bump_epoch()
+                _bump_epoch_if_watched(self)
                 return original(self, *args, **kwargs)
 
             set_processor._rocm_sd_bumps_epoch = True
@@ -178,6 +185,8 @@ class GraphedCall:
         # the graph reads from; in-place updates (copy_) keep it and stay valid.
         if self._weight_epoch != _structure_epoch:  # walking the module tree costs ~1 ms: once per change
             self._weight_list = list(self.module.parameters()) + list(self.module.buffers())
+            for module in self.module.modules():
+                _watched.add(module)
             self._weight_epoch = _structure_epoch
         return tuple(t.data_ptr() for t in self._weight_list)
 

@@ -22,12 +22,17 @@ def graphed(module):
     return call
 
 
-def test_structure_changes_bump_the_epoch():
-    graphed(Tiny())  # installs the registration hooks
+def test_structure_changes_of_watched_models_bump_the_epoch():
+    m = Tiny()
+    call = graphed(m)  # installs the registration hooks
+    call._weights_key()  # watches m's modules
     before = graphs._structure_epoch
-    m = nn.Sequential()
-    m.add_module("extra", nn.Linear(2, 2))
-    assert graphs._structure_epoch > before
+    nn.Sequential(nn.Linear(2, 2))[0:]  # registrations elsewhere (temporary containers) do not count
+    assert graphs._structure_epoch == before
+    m.extra = nn.Linear(2, 2)
+    assert graphs._structure_epoch == before + 1
+    m.proj.register_buffer("scale", torch.ones(1))
+    assert graphs._structure_epoch == before + 2
 
 
 def test_cpu_calls_run_eagerly_and_say_why():
@@ -97,7 +102,7 @@ def test_ineligible_calls_run_eagerly():
     out["y"].sum().backward()
     assert m.proj.weight.grad is not None
     with torch.no_grad():
-        m(x, shift=torch.ones(16))  # a CPU tensor argument
+        m(x, torch.tensor(2.0))  # a CPU tensor argument
     assert call.stats["eager: autograd is on (graphs are captured under torch.no_grad / inference_mode)"] == 1
     assert call.stats["eager: a cpu tensor argument (graphs replay device memory only)"] == 1
     assert "graph replays" not in call.stats
