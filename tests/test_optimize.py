@@ -136,3 +136,17 @@ def test_graphed_pipeline_equals_eager_optimized_pipeline():
     assert report["vae"]["decode: graph captures"] == 1 and report["vae"]["decode: graph replays"] == 2
     for e, g in zip(eager, graphed):
         assert torch.equal(e, g)
+
+
+def test_channels_last_flag_and_revert(tiny_pipe):
+    pipe = tiny_pipe
+    reference = run_pipe(pipe)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, channels_last=True)
+        assert pipe.unet.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
+        optimized = run_pipe(pipe)
+    rocm_sd.revert(pipe)
+    assert pipe.unet.conv_in.weight.is_contiguous()
+    assert torch.equal(run_pipe(pipe), reference)
+    # Other convolution algorithms in NHWC: fp32 rounding differences only.
+    assert (optimized - reference).norm() / reference.norm() < 1e-5

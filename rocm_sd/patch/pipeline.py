@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 from ..graphs import GraphedCall, GraphPool
@@ -45,12 +46,21 @@ def _install_graphs(model: nn.Module, record: PatchRecord, pool: GraphPool) -> N
         record.counts[f"graphed: {method}"] += 1
 
 
-def optimize(target, *, group_norm: bool = True, cuda_graph: bool = True):
+def _to_channels_last(model: nn.Module, record: PatchRecord) -> None:
+    model.to(memory_format=torch.channels_last)
+    record.undo.append(lambda: model.to(memory_format=torch.contiguous_format))
+    record.counts["channels_last"] += 1
+
+
+def optimize(target, *, group_norm: bool = True, channels_last: bool = False, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
       group_norm  GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Exact same math;
                   statistics in fp32, so fp16 results differ from PyTorch's by rounding only.
+      channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
+                  convolutions without converting, and rocm_sd's GroupNorm keeps the layout. Off by
+                  default until `python -m rocm_sd bench --ablation` shows it wins on your GPU.
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
                   input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
                   Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)
@@ -74,6 +84,8 @@ def optimize(target, *, group_norm: bool = True, cuda_graph: bool = True):
         else:
             if group_norm:
                 patch_group_norms(model, record)
+            if channels_last:
+                _to_channels_last(model, record)
             if cuda_graph:  # last: the graphs capture the patched model
                 _install_graphs(model, record, pool)
         setattr(model, RECORD_ATTR, record)
