@@ -1,4 +1,4 @@
-"""`python -m rocm_sd {info,demo}`."""
+"""`python -m rocm_sd {info,demo,bench}`."""
 from __future__ import annotations
 
 import argparse
@@ -62,9 +62,34 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=int)
     demo.add_argument("--size", type=int, help="image height and width in pixels")
     demo.add_argument("--repeats", type=int, default=3)
+    bench = sub.add_parser("bench", help="eager, torch.compile and rocm_sd side by side (shared/PERF.md protocol)")
+    bench.add_argument("--model", default=None, help="architecture with random weights: sd15 (GPU default), tiny")
+    bench.add_argument("--size", type=int, help="image height and width in pixels")
+    bench.add_argument("--steps", type=int, default=50)
+    bench.add_argument("--batch", type=int, default=1, help="images per prompt (the UNet sees 2x with CFG)")
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--warmup", type=int, default=2, help="untimed calls after the first")
+    bench.add_argument("--engines", default=None,
+                       help="comma-separated, from: eager, compile, compile-reduce-overhead, rocm_sd, rocm_sd+compile "
+                            "(default: all on a GPU, eager,rocm_sd on a CPU)")
+    bench.add_argument("--ablation", action="store_true", help="one more rocm_sd row per optimize() flag toggled")
+    bench.add_argument("--out", default="bench/results", help="folder for the .md/.json results ('' to skip)")
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
+    if args.command == "bench":
+        from . import bench as bench_module
+
+        on_gpu = platform.gpu_available()
+        engines = tuple(args.engines.split(",")) if args.engines else (
+            bench_module.ENGINES if on_gpu else ("eager", "rocm_sd"))
+        unknown = set(engines) - set(bench_module.ENGINES)
+        if unknown:
+            parser.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(bench_module.ENGINES)}")
+        bench_module.run(model=args.model or ("sd15" if on_gpu else "tiny"), size=args.size, steps=args.steps,
+                         batch=args.batch, repeats=args.repeats, warmup=args.warmup, engines=engines,
+                         ablation=args.ablation, out_dir=args.out)
+        return 0
     from . import demo as demo_module
 
     demo_module.run(out_dir=args.out, arch=args.arch, steps=args.steps, size=args.size, repeats=args.repeats)

@@ -27,3 +27,24 @@ def test_demo_on_cpu_writes_two_images_and_a_table(tmp_path):
     assert "| rocm_sd   |" in result.stdout and "PSNR" in result.stdout
     for name in ("reference.png", "rocm_sd.png"):
         assert os.path.getsize(tmp_path / name) > 0
+
+
+def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path):
+    result = run_cli("bench", "--model", "tiny", "--engines", "eager,rocm_sd", "--steps", "2", "--repeats", "1",
+                     "--warmup", "0", "--ablation", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [json_path] = tmp_path.glob("*-tiny-*.json")
+    import json
+
+    data = json.loads(json_path.read_text())
+    assert {"date", "device", "torch", "commit", "command", "results"} <= data.keys()
+    labels = [row["label"] for row in data["results"]]
+    assert labels[:2] == ["eager", "rocm_sd"] and "rocm_sd cuda_graph=off" in labels
+    for row in data["results"]:
+        assert row["median_s"] > 0 and row["psnr_db"] > 40, row
+    assert "| rocm_sd |" in result.stdout
+
+
+def test_bench_rejects_unknown_engines():
+    result = run_cli("bench", "--model", "tiny", "--engines", "eager,tensorrt", "--out", "")
+    assert result.returncode != 0 and "unknown engines" in result.stderr

@@ -1,0 +1,198 @@
+"""`python -m rocm_sd bench`: inference engines side by side, same pipeline, weights, prompt and seed.
+
+Engines (shared/PERF.md names):
+  eager                    diffusers as is (SDPA attention)
+  compile                  torch.compile(unet, fullgraph=True)
+  compile-reduce-overhead  diffusers' recommended recipe: channels_last, fused QKV projections, UNet and
+                           VAE decode compiled with mode="reduce-overhead", fullgraph
+  rocm_sd                  rocm_sd.optimize(pipe) with its default flags
+  rocm_sd+compile          rocm_sd kernels (no rocm_sd graphs) under torch.compile reduce-overhead
+With --ablation, one more rocm_sd row per optimization flag, toggled from its default.
+
+Per engine: the first call (compilation or capture included), then the median of --repeats calls,
+peak memory, and agreement with the eager engine: PSNR of the image and max |difference| of the final
+latents. Writes <out>/<date>-<model>-<device>.md and .json (layout in shared/PERF.md).
+"""
+from __future__ import annotations
+
+import datetime
+import inspect
+import json
+import math
+import os
+import statistics
+import subprocess
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from . import models, patch, platform
+
+ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile")
+PROMPT = "a watercolor painting of a lighthouse at dawn"
+
+
+def _optimize_flags() -> dict[str, bool]:
+    """optimize()'s flags and their defaults, read from its signature: the ablation follows new flags."""
+    return {name: p.default for name, p in inspect.signature(patch.optimize).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+@contextmanager
+def _engine(name: str, pipe, flags: dict[str, bool]):
+    """Sets `pipe` up for one engine and restores it afterwards."""
+    unet, decode = pipe.unet, pipe.vae.decode
+    if name.startswith("compile") or name == "rocm_sd+compile":
+        torch._dynamo.reset()
+    try:
+        if name == "compile":
+            pipe.unet = torch.compile(unet, fullgraph=True)
+        elif name == "compile-reduce-overhead":
+            pipe.unet.to(memory_format=torch.channels_last)
+            pipe.vae.to(memory_format=torch.channels_last)
+            pipe.fuse_qkv_projections()
+            pipe.unet = torch.compile(unet, mode="reduce-overhead", fullgraph=True)
+            pipe.vae.decode = torch.compile(decode, mode="reduce-overhead", fullgraph=True)
+        elif name == "rocm_sd":
+            patch.optimize(pipe, **flags)
+        elif name == "rocm_sd+compile":
+            patch.optimize(pipe, **{**flags, "cuda_graph": False})
+            pipe.unet = torch.compile(unet, mode="reduce-overhead", fullgraph=True)
+        yield
+    finally:
+        pipe.unet = unet
+        if name == "compile-reduce-overhead":
+            pipe.vae.__dict__.pop("decode", None)
+            pipe.unfuse_qkv_projections()
+            pipe.unet.to(memory_format=torch.contiguous_format)
+            pipe.vae.to(memory_format=torch.contiguous_format)
+        if name.startswith("rocm_sd"):
+            patch.revert(pipe)
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
+def _device_tag(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    return torch.cuda.get_device_name(device).split()[-1].lower()
+
+
+def _commit() -> str:
+    if os.environ.get("ROCM_SD_COMMIT"):
+        return os.environ["ROCM_SD_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: int = 1, repeats: int = 3,
+        warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool = False, out_dir: str = "bench/results",
+        seed: int = 0) -> list[dict]:
+    from tqdm import tqdm
+
+    on_gpu = platform.gpu_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    dtype = torch.float16 if on_gpu else torch.float32
+    size = size or models.default_size(model)
+    pipe = models.build_sd_pipeline(model, device, dtype, seed=seed)
+    embeds = models.encode_prompt(pipe, PROMPT).repeat(batch, 1, 1)
+    negative = models.encode_prompt(pipe, "").repeat(batch, 1, 1)
+
+    defaults = _optimize_flags()
+    runs = [(engine, defaults, engine) for engine in engines]
+    if ablation:
+        for flag, default in defaults.items():
+            runs.append(("rocm_sd", {**defaults, flag: not default}, f"rocm_sd {flag}={'on' if not default else 'off'}"))
+
+    def generate():
+        final = {}
+
+        def keep_latents(_pipe, step, _t, kwargs):
+            final["latents"] = kwargs["latents"]
+            return kwargs
+
+        if on_gpu:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            images = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, num_inference_steps=steps,
+                          generator=torch.Generator(device).manual_seed(seed), height=size, width=size,
+                          output_type="np", callback_on_step_end=keep_latents,
+                          callback_on_step_end_tensor_inputs=["latents"]).images
+        if on_gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, images, final["latents"].float()
+
+    rows, eager_out = [], None
+    progress = tqdm(total=len(runs) * (1 + warmup + repeats), desc="rocm_sd bench", unit="run")
+    for engine, flags, label in runs:
+        if on_gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        with _engine(engine, pipe, flags):
+            first_s, images, latents = generate()
+            progress.update()
+            for _ in range(warmup):
+                generate()
+                progress.update()
+            times = []
+            for _ in range(repeats):
+                times.append(generate()[0])
+                progress.update()
+        if eager_out is None and engine == "eager":
+            eager_out = (images, latents)
+        median = statistics.median(times)
+        row = {"engine": engine, "label": label, "model": model, "height": size, "width": size, "steps": steps,
+               "batch": batch, "median_s": round(median, 4), "it_per_s": round(steps / median, 1),
+               "first_s": round(first_s, 3),
+               "peak_mb": round(torch.cuda.max_memory_allocated() / 2**20) if on_gpu else None}
+        if label != engine:
+            row["flags"] = flags
+        if eager_out is not None:
+            row["psnr_db"] = round(_psnr(eager_out[0], images), 1)
+            row["max_latent_diff"] = float((eager_out[1] - latents).abs().max())
+        rows.append(row)
+    progress.close()
+
+    table = _table(rows)
+    print(table)
+    if out_dir:
+        _write(rows, table, model, device, out_dir, size, steps, batch)
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    eager = next((r["median_s"] for r in rows if r["label"] == "eager"), None)
+    lines = ["| engine | median s | it/s | vs eager | first call s | peak MB | PSNR dB | max latent diff |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        speedup = f"{eager / r['median_s']:.2f}x" if eager else "-"
+        psnr = r.get("psnr_db", "-")
+        diff = f"{r['max_latent_diff']:.3g}" if "max_latent_diff" in r else "-"
+        lines.append(f"| {r['label']} | {r['median_s']:.3f} | {r['it_per_s']} | {speedup} | {r['first_s']:.1f} | "
+                     f"{r['peak_mb'] if r['peak_mb'] is not None else '-'} | {psnr} | {diff} |")
+    return "\n".join(lines)
+
+
+def _write(rows, table, model, device, out_dir, size, steps, batch) -> None:
+    date = datetime.date.today().isoformat()
+    stem = os.path.join(out_dir, f"{date}-{model}-{_device_tag(device)}")
+    os.makedirs(out_dir, exist_ok=True)
+    meta = {"date": date, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "commit": _commit(),
+            "command": f"python -m rocm_sd bench --model {model} --size {size} --steps {steps} --batch {batch}"}
+    with open(stem + ".json", "w") as f:
+        json.dump({**meta, "results": rows}, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(f"# rocm_sd bench: {model} {size}x{size}, {steps} steps, batch {batch} (+CFG)\n\n")
+        f.write("".join(f"- {k}: `{v}`\n" for k, v in meta.items()))
+        f.write("\n" + table + "\n")
+    print(f"written: {stem}.md/.json")
