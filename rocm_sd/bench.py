@@ -22,6 +22,7 @@ import math
 import os
 import statistics
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 
@@ -188,7 +189,8 @@ def _write(rows, table, model, device, out_dir, size, steps, batch) -> None:
     os.makedirs(out_dir, exist_ok=True)
     meta = {"date": date, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "commit": _commit(),
-            "command": f"python -m rocm_sd bench --model {model} --size {size} --steps {steps} --batch {batch}"}
+            "command": "python -m rocm_sd " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("__main__.py")
+            else f"rocm_sd.bench.run(model={model!r}, size={size}, steps={steps}, batch={batch})"}
     with open(stem + ".json", "w") as f:
         json.dump({**meta, "results": rows}, f, indent=1)
     with open(stem + ".md", "w") as f:

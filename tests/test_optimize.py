@@ -48,11 +48,12 @@ def test_optimize_swaps_every_group_norm_and_revert_restores(tiny_pipe):
 
 def test_optimized_output_and_revert_are_exact_on_cpu(tiny_pipe):
     # On the CPU every op falls back to PyTorch's own ops in the same order: the fused modules and the
-    # time-embedding hook must then reproduce the untouched pipeline bit for bit.
+    # time-embedding hook must then reproduce the untouched pipeline bit for bit (in the same memory
+    # layout: channels_last picks other convolution algorithms, see test_channels_last_flag_and_revert).
     pipe = tiny_pipe
     reference = run_pipe(pipe)
     with config.override(log_fallbacks=False):
-        rocm_sd.optimize(pipe)
+        rocm_sd.optimize(pipe, channels_last=False)
         optimized = run_pipe(pipe)
     assert rocm_sd.stats()["group_norm"]["torch"] > 0
     rocm_sd.revert(pipe)
@@ -149,4 +150,18 @@ def test_channels_last_flag_and_revert(tiny_pipe):
     assert pipe.unet.conv_in.weight.is_contiguous()
     assert torch.equal(run_pipe(pipe), reference)
     # Other convolution algorithms in NHWC: fp32 rounding differences only.
+    assert (optimized - reference).norm() / reference.norm() < 1e-5
+
+
+def test_fuse_qkv_flag_and_revert(tiny_pipe):
+    pipe = tiny_pipe
+    reference = run_pipe(pipe)
+    keys = list(pipe.unet.state_dict().keys())
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, channels_last=False, fuse_qkv=True)
+        assert rocm_sd.report(pipe)["unet"]["fused qkv"] == 1
+        optimized = run_pipe(pipe)
+    rocm_sd.revert(pipe)
+    assert list(pipe.unet.state_dict().keys()) == keys
+    assert torch.equal(run_pipe(pipe), reference)
     assert (optimized - reference).norm() / reference.norm() < 1e-5

@@ -52,15 +52,37 @@ def _to_channels_last(model: nn.Module, record: PatchRecord) -> None:
     record.counts["channels_last"] += 1
 
 
-def optimize(target, *, group_norm: bool = True, channels_last: bool = False, cuda_graph: bool = True):
+def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
+    fuse = getattr(model, "fuse_qkv_projections", None)
+    if fuse is None:
+        return
+    before = {id(m): set(m._modules) for m in model.modules()}
+    fuse()
+    added = [(m, name) for m in model.modules() if id(m) in before for name in set(m._modules) - before[id(m)]]
+
+    def undo():
+        model.unfuse_qkv_projections()  # restores the processors, but leaves the fused Linear modules
+        for module, name in added:
+            delattr(module, name)
+            if hasattr(module, "fused_projections"):
+                module.fused_projections = False
+
+    record.undo.append(undo)
+    record.counts["fused qkv"] += 1
+
+
+def optimize(target, *, group_norm: bool = True, channels_last: bool = True, fuse_qkv: bool = False,
+             cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
       group_norm  GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Exact same math;
                   statistics in fp32, so fp16 results differ from PyTorch's by rounding only.
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
-                  convolutions without converting, and rocm_sd's GroupNorm keeps the layout. Off by
-                  default until `python -m rocm_sd bench --ablation` shows it wins on your GPU.
+                  convolutions without converting, and rocm_sd's GroupNorm keeps the layout
+                  (SD1.5 on H200: 0.559 s -> 0.436 s, bench/results/2026-11-21-sd15-h200.md).
+      fuse_qkv    one projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections).
+                  Off by default: it adds `to_qkv` weights (state-dict keys, memory) while optimized.
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
                   input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
                   Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)
@@ -86,6 +108,8 @@ def optimize(target, *, group_norm: bool = True, channels_last: bool = False, cu
                 patch_group_norms(model, record)
             if channels_last:
                 _to_channels_last(model, record)
+            if fuse_qkv:
+                _fuse_qkv(model, record)
             if cuda_graph:  # last: the graphs capture the patched model
                 _install_graphs(model, record, pool)
         setattr(model, RECORD_ATTR, record)
