@@ -23,8 +23,10 @@ hand) need `rocm_sd.invalidate_graphs(pipe)` after them.
 from __future__ import annotations
 
 import logging
+import warnings
 import weakref
 from collections import Counter, OrderedDict
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -196,7 +198,9 @@ class GraphedCall:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
+            for _ in range(WARMUP_CALLS - 1):
+                self.fn(*args, **kwargs)
+            with _host_syncs_raise():  # a call that waits for the GPU cannot be captured: find out first
                 self.fn(*args, **kwargs)
         torch.cuda.current_stream(device).wait_stream(side)
 
@@ -206,8 +210,12 @@ class GraphedCall:
         static_leaves = [next(it) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         static_args, static_kwargs = pytree.tree_unflatten(static_leaves, spec)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool_owner.handle(device)):
-            output = self.fn(*static_args, **static_kwargs)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool_owner.handle(device)):
+                output = self.fn(*static_args, **static_kwargs)
+        except Exception:
+            _repair_after_failed_capture(device)
+            raise
         output_leaves, output_spec = pytree.tree_flatten(output)
         return _Graph(graph, static_inputs, output_leaves, output_spec)
 
@@ -216,6 +224,43 @@ class GraphedCall:
         self.graphs.clear()
         self.failed.clear()
         self._weight_epoch = -1
+
+
+@contextmanager
+def _host_syncs_raise():
+    """torch's sync debug mode set to raise, for one call: .item(), host copies and the like fail there."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "prototype feature" notice
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    except RuntimeError as error:
+        if "synchronizing" in str(error):
+            raise RuntimeError("the call synchronizes with the host (e.g. .item(), a copy to or from the CPU)") \
+                from error
+        raise
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.cuda.set_sync_debug_mode(previous)
+
+
+def _repair_after_failed_capture(device: torch.device) -> None:
+    """An invalidated capture leaves torch's default CUDA generator mid-capture, and every later random
+    op on the device fails ("Offset increment outside graph capture"). Completing one empty capture
+    resets it (measured on torch 2.11, H200)."""
+    if torch.cuda.is_current_stream_capturing():
+        return
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - the failed capture's error may surface here once
+        pass
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.empty(1, device=device)
+    except Exception as error:  # noqa: BLE001
+        log.warning("rocm_sd: could not reset the CUDA generator after a failed capture: %s", error)
 
 
 class GraphPool:

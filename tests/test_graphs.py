@@ -109,7 +109,7 @@ def test_ineligible_calls_run_eagerly():
 
 
 @pytest.mark.gpu
-def test_capture_failure_falls_back_to_eager():
+def test_calls_that_sync_with_the_host_run_eagerly_without_a_capture():
     class Syncs(nn.Module):
         def forward(self, x):
             return x * float(x.sum())  # .item()-like sync: illegal while capturing
@@ -120,4 +120,24 @@ def test_capture_failure_falls_back_to_eager():
     with torch.no_grad():
         assert torch.equal(m(x), x * 4)
         assert torch.equal(m(x), x * 4)
-    assert any(key.startswith("eager: capture failed") for key in call.stats)
+    assert any("synchronizes with the host" in key for key in call.stats), call.stats
+    assert torch.cuda.get_sync_debug_mode() == 0
+
+
+@pytest.mark.gpu
+def test_a_failed_capture_leaves_random_ops_working():
+    class SyncsInCapture(nn.Module):
+        def forward(self, x):
+            if torch.cuda.is_current_stream_capturing():
+                torch.cuda.synchronize()  # invalidates the capture; sync debug mode does not see it
+            return x + 1
+
+    m = SyncsInCapture().cuda()
+    call = graphed(m)
+    x = torch.ones(4, device="cuda")
+    with torch.no_grad():
+        assert torch.equal(m(x), x + 1)
+        assert torch.equal(m(x), x + 1)
+    assert any(key.startswith("eager: capture failed") for key in call.stats), call.stats
+    torch.randn(8, device="cuda")  # the default generator must not be left mid-capture
+    torch.cuda.synchronize()

@@ -15,18 +15,22 @@ ROUNDING_FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e
 
 
 def layout_of(x: torch.Tensor) -> int | None:
-    """NCHW for contiguous tensors, NHWC for 4-D channels_last ones, None for other strides."""
+    """NCHW for contiguous tensors; NHWC for channels-innermost ones: 4-D channels_last, and 3-D (N, C, L)
+    with strides (L*C, 1, C), which is what `.view(n, c, h*w)` of a channels_last activation gives (the
+    VAE attention's GroupNorm); None for other strides."""
     if x.is_contiguous():
         return NCHW
     if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return NHWC
+    if x.dim() == 3 and x.stride() == (x.shape[1] * x.shape[2], 1, x.shape[1]):
         return NHWC
     return None
 
 
 def output_like(x: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor in x's layout (channels_last stays channels_last)."""
+    """An uninitialised tensor in x's layout (channels-innermost stays so, with x's strides)."""
     if layout_of(x) == NHWC:
-        return torch.empty_like(x, memory_format=torch.channels_last)
+        return torch.empty_like(x, memory_format=torch.channels_last) if x.dim() == 4 else torch.empty_like(x)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 

@@ -2,7 +2,8 @@
 
     y = silu?((x - mean[n, g]) / sqrt(var[n, g] + eps) * weight[c] + bias[c])
 
-x is (N, C, *spatial), NCHW-contiguous or 4-D channels_last; the output keeps x's layout.
+x is (N, C, *spatial), NCHW-contiguous or channels-innermost (4-D channels_last, or 3-D (N, C, L) with
+strides (L*C, 1, C)); the output keeps x's layout.
 Statistics are computed in fp32 whatever the input dtype.
 """
 from __future__ import annotations
@@ -135,7 +136,7 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bi
     else:
         y = group_norm_ref(x, num_groups, weight, bias, eps, silu)
     # Same layout as the kernel's output, so the fake kernel below holds for both backends.
-    return y.contiguous(memory_format=torch.channels_last) if layout_of(x) == NHWC else y.contiguous()
+    return output_like(x).copy_(y) if layout_of(x) == NHWC else y.contiguous()
 
 
 @group_norm.register_fake

@@ -11,8 +11,10 @@ from tests.shapes import GROUP_NORM_AWKWARD, GROUP_NORM_SD
 
 def make_inputs(shape, groups, dtype, device, channels_last=False, param_dtype=None, affine=True):
     x = (torch.randn(shape, device=device, dtype=torch.float32) * 1.7 + 0.4).to(dtype)
-    if channels_last:
+    if channels_last and x.dim() == 4:
         x = x.to(memory_format=torch.channels_last)
+    elif channels_last:  # (N, C, L) with channels innermost, as .view() of a channels_last activation gives
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
     c = shape[1]
     pd = param_dtype or dtype
     w = (torch.rand(c, device=device) + 0.5).to(pd) if affine else None
@@ -43,6 +45,16 @@ def test_cpu_call_falls_back_to_torch_exactly(channels_last):
     assert torch.equal(y, group_norm_ref(x, g, w, b, 1e-5, True))
     assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     assert dispatch.stats()["group_norm"] == {"torch": 1}
+
+
+def test_three_dim_channels_innermost_is_accepted_and_kept():
+    # What Attention's group_norm sees in the VAE once activations are channels_last.
+    x, g, w, b = make_inputs((2, 64, 20), 32, torch.float32, "cpu", channels_last=True)
+    assert x.stride() == (64 * 20, 1, 64)
+    assert input_reasons(x, g, w, b) == []
+    y = torch.ops.rocm_sd.group_norm(x, g, w, b, 1e-5, True)
+    assert y.stride() == x.stride()
+    assert torch.equal(y, group_norm_ref(x, g, w, b, 1e-5, True))
 
 
 def test_strict_mode_turns_fallback_into_error_with_reasons():
@@ -201,8 +213,6 @@ def test_kernel_is_deterministic(path):
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("shape, groups", GROUP_NORM_AWKWARD, ids=str)
 def test_kernel_matches_truth_at_awkward_shapes(shape, groups, dtype, channels_last):
-    if channels_last and len(shape) != 4:
-        pytest.skip("channels_last is 4-D only")
     check_kernel(shape, groups, dtype, channels_last, silu=True)
     check_kernel(shape, groups, dtype, channels_last, silu=False)
 
