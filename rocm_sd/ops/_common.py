@@ -16,13 +16,13 @@ ROUNDING_FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e
 
 def layout_of(x: torch.Tensor) -> int | None:
     """NCHW for contiguous tensors; NHWC for channels-innermost ones: 4-D channels_last, and 3-D (N, C, L)
-    with strides (L*C, 1, C), which is what `.view(n, c, h*w)` of a channels_last activation gives (the
-    VAE attention's GroupNorm); None for other strides."""
+    with strides (L*C, 1, C) (any stride on a size-1 dim), which is what `.view(n, c, h*w)` of a
+    channels_last activation gives (the VAE attention's GroupNorm); None for other strides."""
     if x.is_contiguous():
         return NCHW
     if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
         return NHWC
-    if x.dim() == 3 and x.stride() == (x.shape[1] * x.shape[2], 1, x.shape[1]):
+    if x.dim() == 3 and x.transpose(1, 2).is_contiguous():  # strides of size-1 dims do not matter
         return NHWC
     return None
 

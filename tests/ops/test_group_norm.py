@@ -55,6 +55,9 @@ def test_three_dim_channels_innermost_is_accepted_and_kept():
     y = torch.ops.rocm_sd.group_norm(x, g, w, b, 1e-5, True)
     assert y.stride() == x.stride()
     assert torch.equal(y, group_norm_ref(x, g, w, b, 1e-5, True))
+    single = torch.randn(1, 20, 64).transpose(1, 2)[:, :, :]  # batch 1: the batch stride is arbitrary
+    single = single.as_strided(single.shape, (64, 1, 64))
+    assert input_reasons(single, 32, None, None) == []
 
 
 def test_strict_mode_turns_fallback_into_error_with_reasons():
