@@ -94,9 +94,20 @@ def _commit() -> str:
         return "unknown"
 
 
+def _profile_table(generate, device: torch.device, rows: int = 30) -> str:
+    """GPU time per op over one generation, torch profiler's table (device kernels, graph replays too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        generate()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=70)
+
+
 def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: int = 1, repeats: int = 3,
         warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool = False, out_dir: str = "bench/results",
-        seed: int = 0) -> list[dict]:
+        seed: int = 0, profile: bool = False) -> list[dict]:
     from tqdm import tqdm
 
     on_gpu = platform.gpu_available()
@@ -132,7 +143,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
             torch.cuda.synchronize()
         return time.perf_counter() - start, images, final["latents"].float()
 
-    rows, eager_out = [], None
+    rows, eager_out, profiles = [], None, {}
     progress = tqdm(total=len(runs) * (1 + warmup + repeats), desc="rocm_sd bench", unit="run")
     for engine, flags, label in runs:
         if on_gpu:
@@ -148,6 +159,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
             for _ in range(repeats):
                 times.append(generate()[0])
                 progress.update()
+            if profile:
+                profiles[label] = _profile_table(generate, device)
         if eager_out is None and engine == "eager":
             eager_out = (images, latents)
         median = statistics.median(times)
@@ -164,6 +177,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     progress.close()
 
     table = _table(rows)
+    for label, text in profiles.items():
+        table += f"\n\nProfile of one generation, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
     if out_dir:
         _write(rows, table, model, device, out_dir, size, steps, batch)

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="comma-separated, from: eager, compile, compile-reduce-overhead, rocm_sd, rocm_sd+compile "
                             "(default: all on a GPU, eager,rocm_sd on a CPU)")
     bench.add_argument("--ablation", action="store_true", help="one more rocm_sd row per optimize() flag toggled")
+    bench.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
     bench.add_argument("--out", default="bench/results", help="folder for the .md/.json results ('' to skip)")
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(bench_module.ENGINES)}")
         bench_module.run(model=args.model or ("sd15" if on_gpu else "tiny"), size=args.size, steps=args.steps,
                          batch=args.batch, repeats=args.repeats, warmup=args.warmup, engines=engines,
-                         ablation=args.ablation, out_dir=args.out)
+                         ablation=args.ablation, out_dir=args.out, profile=args.profile)
         return 0
     from . import demo as demo_module
 

@@ -145,6 +145,7 @@ def test_channels_last_flag_and_revert(tiny_pipe):
     with config.override(log_fallbacks=False):
         rocm_sd.optimize(pipe, channels_last=True)
         assert pipe.unet.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
+        assert rocm_sd.report(pipe)["unet"]["transformer output kept channels_last"] > 0
         optimized = run_pipe(pipe)
     rocm_sd.revert(pipe)
     assert pipe.unet.conv_in.weight.is_contiguous()

@@ -9,6 +9,7 @@ from torch import nn
 from ..graphs import GraphedCall, GraphPool
 from .core import RECORD_ATTR, PatchRecord
 from .group_norm import patch_group_norms
+from .layout import patch_transformer_layouts
 
 log = logging.getLogger("rocm_sd")
 
@@ -50,6 +51,7 @@ def _to_channels_last(model: nn.Module, record: PatchRecord) -> None:
     model.to(memory_format=torch.channels_last)
     record.undo.append(lambda: model.to(memory_format=torch.contiguous_format))
     record.counts["channels_last"] += 1
+    patch_transformer_layouts(model, record)
 
 
 def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
@@ -79,8 +81,8 @@ def optimize(target, *, group_norm: bool = True, channels_last: bool = True, fus
       group_norm  GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Exact same math;
                   statistics in fp32, so fp16 results differ from PyTorch's by rounding only.
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
-                  convolutions without converting, and rocm_sd's GroupNorm keeps the layout
-                  (SD1.5 on H200: 0.559 s -> 0.436 s, bench/results/2026-11-21-sd15-h200.md).
+                  convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
+                  transformer blocks hand back channels_last without a copy (patch/layout.py).
       fuse_qkv    one projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections).
                   Off by default: it adds `to_qkv` weights (state-dict keys, memory) while optimized.
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
