@@ -117,4 +117,21 @@ PYBIND11_MODULE(_C, m) {
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
       py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("groups"), py::arg("eps"), py::arg("silu"),
       py::arg("workspace"), py::arg("stream"), py::arg("device"), py::arg("path") = 0);
+
+  m.def(
+      "geglu_check",
+      [](uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, int device) {
+        return rsd::geglu_check({as_ptr(x), as_mut_ptr(y), static_cast<rsd::DType>(dtype), rows, d, nullptr, device});
+      },
+      py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("device"),
+      "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "geglu_forward",
+      [](uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, uintptr_t stream, int device) {
+        raise_if(rsd::geglu_forward(
+            {as_ptr(x), as_mut_ptr(y), static_cast<rsd::DType>(dtype), rows, d, as_mut_ptr(stream), device}));
+      },
+      py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("stream"),
+      py::arg("device"));
 }

@@ -1,1 +1,2 @@
+from .geglu import GEGLUFused  # noqa: F401
 from .group_norm import GroupNormAct  # noqa: F401

@@ -1,4 +1,5 @@
 """rocm_sd custom ops. Importing this package registers every `torch.ops.rocm_sd.*` op."""
+from .geglu import geglu, geglu_ref  # noqa: F401
 from .group_norm import group_norm, group_norm_ref  # noqa: F401
 
-ALL_OPS = {"group_norm": group_norm}
+ALL_OPS = {"group_norm": group_norm, "geglu": geglu}

@@ -66,4 +66,17 @@ std::string group_norm_describe(const GroupNormArgs& a);
 // Enqueues the kernels on a.stream; empty string on success, else the error.
 std::string group_norm_forward(const GroupNormArgs& a);
 
+// ---------------------------------------------------------------------------------------------
+// geglu.hip: y = x[:, :D] * gelu(x[:, D:]) for x of shape (rows, 2D), row-major contiguous
+struct GegluArgs {
+  const void* x;  // (rows, 2 * d)
+  void* y;        // (rows, d)
+  DType dtype;    // of x and y
+  int64_t rows, d;
+  void* stream;
+  int device;
+};
+std::string geglu_check(const GegluArgs& a);
+std::string geglu_forward(const GegluArgs& a);
+
 }  // namespace rsd

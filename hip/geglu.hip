@@ -1,0 +1,101 @@
+// GEGLU epilogue of the transformer feed-forward (diffusers' GEGLU after its projection):
+//
+//   y[m, j] = x[m, j] * gelu(x[m, D + j]),   x: (M, 2D) row-major, bias already added by the GEMM
+//                                            y: (M, D),  gelu exact (erf), as torch.nn.functional.gelu
+//
+// PyTorch runs chunk -> gelu -> mul as two kernels over strided halves (the non-vectorised
+// elementwise kernels of the profile in bench/notes/sd15.md) and writes the gelu in between; here
+// each thread reads one vector of each half and writes one vector of y: 2 reads + 1 write per output
+// element, the least there is. Math in fp32, one rounding at the end (torch rounds twice).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "rocm_sd/api.h"
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#include "rocm_sd/device.h"
+
+namespace rsd {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocksPerSm = 8;  // grid-stride beyond this: enough bytes in flight, no tail waves
+
+int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Widest access (at most 16 bytes) that divides D and keeps both halves and y aligned.
+int pick_vec(const GegluArgs& a) {
+  const int eb = elem_bytes(a.dtype);
+  for (int vec = 16 / eb; vec > 1; vec /= 2) {
+    if (a.d % vec == 0 && aligned(a.x, vec * eb) && aligned(a.y, vec * eb)) return vec;
+  }
+  return 1;
+}
+
+__device__ __forceinline__ float gelu_erf(float g) { return 0.5f * g * (1.f + erff(g * 0.70710678118654752f)); }
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    geglu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t vectors, FastDiv vectors_per_row, int64_t d) {
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  for (int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x; v < vectors; v += stride) {
+    // rows * D / VEC < 2^31 is checked on the host, so the row fits the 32-bit division.
+    const int64_t row = vectors_per_row.div(uint32_t(v));
+    const int64_t col = (v - row * vectors_per_row.divisor) * VEC;
+    const T* in = x + row * 2 * d + col;
+    const Vec<T, VEC> a = load_vec<T, VEC>(in);
+    const Vec<T, VEC> g = load_vec<T, VEC>(in + d);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(to_float(a.v[k]) * gelu_erf(to_float(g.v[k])));
+    store_vec(y + row * d + col, out, false);
+  }
+}
+
+template <class T>
+void launch(const GegluArgs& a, int vec, unsigned blocks, int64_t vectors, FastDiv per_row, hipStream_t stream) {
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  switch (vec) {
+    case 8:
+      if constexpr (sizeof(T) == 2) geglu_kernel<T, 8><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d);
+      break;
+    case 4: geglu_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d); break;
+    case 2: geglu_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d); break;
+    default: geglu_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d); break;
+  }
+}
+
+}  // namespace
+
+std::string geglu_check(const GegluArgs& a) {
+  if (a.rows <= 0 || a.d <= 0) return "empty tensor";
+  if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.y, elem_bytes(a.dtype))) return "misaligned data pointer";
+  if (a.rows * a.d >= (int64_t(1) << 31)) return "2^31 or more output elements";
+  return std::string();
+}
+
+std::string geglu_forward(const GegluArgs& a) {
+  std::string why = geglu_check(a);
+  if (!why.empty()) return why;
+  DeviceGuard guard(a.device);
+  if (!guard.error().empty()) return guard.error();
+  const int vec = pick_vec(a);
+  const int64_t vectors = a.rows * a.d / vec;
+  const int64_t blocks = std::min<int64_t>((vectors + kThreads - 1) / kThreads,
+                                           int64_t(kMaxBlocksPerSm) * device_attribute(a.device, Attr::multiprocessors, 80));
+  hipStream_t stream = static_cast<hipStream_t>(a.stream);
+  const FastDiv per_row(uint32_t(a.d / vec));
+  switch (a.dtype) {
+    case DType::f32: launch<float>(a, vec, unsigned(blocks), vectors, per_row, stream); break;
+    case DType::f16: launch<__half>(a, vec, unsigned(blocks), vectors, per_row, stream); break;
+    case DType::bf16: launch<bf16>(a, vec, unsigned(blocks), vectors, per_row, stream); break;
+  }
+  const hipError_t err = hipGetLastError();
+  if (err != hipSuccess) return std::string("geglu launch failed: ") + hipGetErrorString(err);
+  return std::string();
+}
+
+}  // namespace rsd

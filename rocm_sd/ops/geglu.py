@@ -1,0 +1,83 @@
+"""rocm_sd::geglu: the GEGLU epilogue of the transformer feed-forward (hip/geglu.hip).
+
+    y = x[..., :D] * gelu(x[..., D:])      x: (..., 2D) contiguous, the projection's output (bias included)
+
+What diffusers' GEGLU computes after its Linear, in one kernel instead of chunk + gelu + mul.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import _ext, dispatch
+from ._common import DTYPE_CODES, PlanCache, stream_handle, tensor_key
+
+OP = "geglu"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def geglu_ref(x: torch.Tensor) -> torch.Tensor:
+    """diffusers' GEGLU after the projection, op for op (exact gelu); differentiable."""
+    hidden, gate = x.chunk(2, dim=-1)
+    return hidden * F.gelu(gate)
+
+
+def input_reasons(x: torch.Tensor) -> list[str]:
+    """Reasons in the argument itself that the kernel cannot take (no GPU needed to ask)."""
+    reasons = []
+    if x.dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    if x.dim() == 0 or x.shape[-1] % 2:
+        reasons.append(f"last dimension {tuple(x.shape)[-1:] or 'missing'} is not even")
+    if x.numel() == 0:
+        reasons.append("empty tensor")
+    if not x.is_contiguous():
+        reasons.append(f"strides {tuple(x.stride())} are not contiguous")
+    return reasons
+
+
+def _kernel_args(x: torch.Tensor, y: torch.Tensor):
+    d = x.shape[-1] // 2
+    return x.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype], x.numel() // (2 * d), d
+
+
+def supports(x: torch.Tensor) -> list[str]:
+    """Reasons the kernel cannot run this call; empty when it can."""
+    reasons = input_reasons(x)
+    unavailable = _ext.unavailable_reason(x.device)
+    if unavailable:
+        return [unavailable] + reasons
+    if reasons:
+        return reasons
+    why = _ext._C.geglu_check(*_kernel_args(x, x), x.device.index)
+    return [why] if why else []
+
+
+def _output(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[:-1] + (x.shape[-1] // 2,))
+
+
+def geglu_kernel(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The HIP kernel itself, no dispatch (tests call it with a poisoned `out`)."""
+    y = _output(x) if out is None else out
+    _ext._C.geglu_forward(*_kernel_args(x, y), stream_handle(x.device), x.device.index)
+    return y
+
+
+_plans = PlanCache()
+
+
+@torch.library.custom_op("rocm_sd::geglu", mutates_args=())
+def geglu(x: torch.Tensor) -> torch.Tensor:
+    key = tensor_key(x)
+    reasons = _plans.get(key)
+    if reasons is None:
+        reasons = _plans.put(key, supports(x))
+    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
+        return geglu_kernel(x)
+    return geglu_ref(x).contiguous()
+
+
+@geglu.register_fake
+def _(x):
+    return _output(x)
