@@ -102,7 +102,7 @@ def _profile_table(generate, device: torch.device, rows: int = 30) -> str:
     with profile(activities=activities) as prof:
         generate()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=70)
+    return prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=120)
 
 
 def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: int = 1, repeats: int = 3,
