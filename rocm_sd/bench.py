@@ -115,8 +115,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     dtype = torch.float16 if on_gpu else torch.float32
     size = size or models.default_size(model)
     pipe = models.build_sd_pipeline(model, device, dtype, seed=seed)
-    embeds = models.encode_prompt(pipe, PROMPT).repeat(batch, 1, 1)
-    negative = models.encode_prompt(pipe, "").repeat(batch, 1, 1)
+    conditioning = models.prompt_kwargs(pipe, PROMPT, "", batch)
 
     defaults = _optimize_flags()
     runs = [(engine, defaults, engine) for engine in engines]
@@ -135,7 +134,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
             torch.cuda.synchronize()
         start = time.perf_counter()
         with torch.no_grad():
-            images = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, num_inference_steps=steps,
+            images = pipe(**conditioning, num_inference_steps=steps,
                           generator=torch.Generator(device).manual_seed(seed), height=size, width=size,
                           output_type="np", callback_on_step_end=keep_latents,
                           callback_on_step_end_tensor_inputs=["latents"]).images

@@ -6,7 +6,7 @@ import importlib.metadata
 
 import torch
 
-from . import __version__, _ext, platform
+from . import __version__, _ext, models, platform
 from .ops import ALL_OPS
 
 
@@ -61,12 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="platform, GPU, kernel library and why any op would fall back")
     demo = sub.add_parser("demo", help="generate one image with and without rocm_sd and compare")
     demo.add_argument("--out", default="rocm_sd_demo", help="folder for the two PNGs")
-    demo.add_argument("--arch", choices=["sd15", "tiny"], help="default: sd15 on a GPU, tiny on a CPU")
+    demo.add_argument("--arch", choices=sorted(models.ARCHITECTURES), help="default: sd15 on a GPU, tiny on a CPU")
     demo.add_argument("--steps", type=int)
     demo.add_argument("--size", type=int, help="image height and width in pixels")
     demo.add_argument("--repeats", type=int, default=3)
     bench = sub.add_parser("bench", help="eager, torch.compile and rocm_sd side by side (shared/PERF.md protocol)")
-    bench.add_argument("--model", default=None, help="architecture with random weights: sd15 (GPU default), tiny")
+    bench.add_argument("--model", default=None, choices=sorted(models.ARCHITECTURES),
+                       help="architecture, random weights (default: sd15 on a GPU, tiny on a CPU)")
     bench.add_argument("--size", type=int, help="image height and width in pixels")
     bench.add_argument("--steps", type=int, default=50)
     bench.add_argument("--batch", type=int, default=1, help="images per prompt (the UNet sees 2x with CFG)")

@@ -44,14 +44,13 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
           f"on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'}", flush=True)
 
     pipe = models.build_sd_pipeline(arch, device, dtype, seed=seed)
-    embeds = models.encode_prompt(pipe, prompt)
-    negative = models.encode_prompt(pipe, "")
+    conditioning = models.prompt_kwargs(pipe, prompt)
 
     def generate() -> tuple[float, np.ndarray]:
         generator = torch.Generator(device).manual_seed(seed)
         _sync(device)
         start = time.perf_counter()
-        images = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, num_inference_steps=steps,
+        images = pipe(**conditioning, num_inference_steps=steps,
                       generator=generator, height=size, width=size, output_type="np").images
         _sync(device)
         return time.perf_counter() - start, images[0]

@@ -1,57 +1,105 @@
 """Random-weight Stable Diffusion pipelines built from configs (no download), for the demo, tests
-and benchmarks. Random weights cost the same FLOPs as trained ones; users pass their own models."""
+and benchmarks. Random weights cost the same FLOPs as trained ones; users pass their own models.
+
+Architectures: sd15, sd21 (StableDiffusionPipeline), sdxl (StableDiffusionXLPipeline), and tiny /
+tiny-xl, the same block types at toy width for CPU tests and the CPU demo.
+"""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 
 import torch
 
-# name -> (UNet kwargs, VAE kwargs, CLIP text kwargs, default image size)
+# CLIP text encoders (hidden size, depth, heads, MLP width, activation), as in the released models.
+CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+              max_position_embeddings=77, hidden_act="quick_gelu", vocab_size=49408)
+OPENCLIP_H = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=23, num_attention_heads=16,
+                  max_position_embeddings=77, hidden_act="gelu", vocab_size=49408)
+OPENCLIP_BIGG = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+                     max_position_embeddings=77, hidden_act="gelu", vocab_size=49408, projection_dim=1280)
+TINY_CLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=77, hidden_act="quick_gelu", vocab_size=1000)
+SD_VAE = dict(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+              up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4)
+TINY_VAE = dict(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4, norm_num_groups=8)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    unet: dict
+    vae: dict
+    text: dict
+    size: int                       # default image height and width
+    text_2: dict | None = None      # SDXL's second text encoder (with projection): selects the XL pipeline
+    scheduler: dict = field(default_factory=dict)
+
+
 ARCHITECTURES = {
     # SD1.5: UNet 320/640/1280/1280, 8 heads, cross-attention 768; VAE 128/256/512/512; CLIP-L text.
-    "sd15": (
-        dict(sample_size=64, cross_attention_dim=768, attention_head_dim=8),
-        dict(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
-             up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4, sample_size=512),
-        dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-             max_position_embeddings=77, hidden_act="quick_gelu", vocab_size=49408),
-        512,
-    ),
-    # The same blocks at toy width, for CPU tests and the CPU demo.
-    "tiny": (
-        dict(sample_size=32, block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8,
-             down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-             cross_attention_dim=32, attention_head_dim=4),
-        dict(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
-             up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4, norm_num_groups=8,
-             sample_size=64),
-        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             max_position_embeddings=77, hidden_act="quick_gelu", vocab_size=1000),
-        64,
-    ),
+    "sd15": Architecture(unet=dict(sample_size=64, cross_attention_dim=768, attention_head_dim=8),
+                         vae=dict(SD_VAE, sample_size=512), text=CLIP_L, size=512),
+    # SD2.1 (768-v): head dims 64 (5/10/20/20 heads), linear projections, cross-attention 1024, OpenCLIP-H.
+    "sd21": Architecture(unet=dict(sample_size=96, cross_attention_dim=1024, attention_head_dim=(5, 10, 20, 20),
+                                   use_linear_projection=True, upcast_attention=True),
+                         vae=dict(SD_VAE, sample_size=768), text=OPENCLIP_H, size=768,
+                         scheduler=dict(prediction_type="v_prediction")),
+    # SDXL base: 320/640/1280 with 1/2/10 transformer layers, cross-attention 2048 (CLIP-L + bigG),
+    # text_time conditioning; the VAE as in the fp16-safe SDXL VAE (no fp32 upcast).
+    "sdxl": Architecture(unet=dict(sample_size=128, block_out_channels=(320, 640, 1280),
+                                   down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+                                   up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+                                   transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20),
+                                   cross_attention_dim=2048, use_linear_projection=True,
+                                   addition_embed_type="text_time", addition_time_embed_dim=256,
+                                   projection_class_embeddings_input_dim=2816),
+                         vae=dict(SD_VAE, sample_size=1024, scaling_factor=0.13025, force_upcast=False),
+                         text=CLIP_L, text_2=OPENCLIP_BIGG, size=1024),
+    "tiny": Architecture(unet=dict(sample_size=32, block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8,
+                                   down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                   up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
+                                   attention_head_dim=4),
+                         vae=dict(TINY_VAE, sample_size=64), text=TINY_CLIP, size=64),
+    "tiny-xl": Architecture(unet=dict(sample_size=32, block_out_channels=(32, 64), layers_per_block=1,
+                                      norm_num_groups=8, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                      up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+                                      transformer_layers_per_block=(1, 2), attention_head_dim=(2, 4),
+                                      cross_attention_dim=64, use_linear_projection=True,
+                                      addition_embed_type="text_time", addition_time_embed_dim=8,
+                                      projection_class_embeddings_input_dim=6 * 8 + 32),
+                            vae=dict(TINY_VAE, sample_size=64, force_upcast=False), text=TINY_CLIP,
+                            text_2=dict(TINY_CLIP, projection_dim=32), size=64),
 }
 
 
 def build_sd_pipeline(arch: str = "sd15", device="cpu", dtype=torch.float32, seed: int = 0):
-    """A StableDiffusionPipeline of the given architecture with random weights (Euler scheduler)."""
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
+    """A StableDiffusionPipeline (or StableDiffusionXLPipeline) of the given architecture with random
+    weights and an Euler scheduler."""
+    from diffusers import (AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline,
+                           UNet2DConditionModel)
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
-    unet_kw, vae_kw, text_kw, _ = ARCHITECTURES[arch]
+    spec = ARCHITECTURES[arch]
     torch.manual_seed(seed)
-    pipe = StableDiffusionPipeline(
-        vae=AutoencoderKL(**vae_kw), text_encoder=CLIPTextModel(CLIPTextConfig(**text_kw)), tokenizer=None,
-        unet=UNet2DConditionModel(**unet_kw),
-        scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"),
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                       **spec.scheduler)
+    common = dict(vae=AutoencoderKL(**spec.vae), text_encoder=CLIPTextModel(CLIPTextConfig(**spec.text)),
+                  tokenizer=None, unet=UNet2DConditionModel(**spec.unet), scheduler=scheduler)
+    if spec.text_2 is None:
+        pipe = StableDiffusionPipeline(**common, safety_checker=None, feature_extractor=None,
+                                       requires_safety_checker=False)
+    else:
+        pipe = StableDiffusionXLPipeline(**common, text_encoder_2=CLIPTextModelWithProjection(CLIPTextConfig(**spec.text_2)),
+                                         tokenizer_2=None, add_watermarker=False)
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device, dtype)
 
 
 def default_size(arch: str) -> int:
-    return ARCHITECTURES[arch][3]
+    return ARCHITECTURES[arch].size
 
 
 def prompt_token_ids(prompt: str, vocab_size: int, length: int = 77) -> torch.Tensor:
@@ -66,6 +114,32 @@ def prompt_token_ids(prompt: str, vocab_size: int, length: int = 77) -> torch.Te
 
 @torch.no_grad()
 def encode_prompt(pipe, prompt: str) -> torch.Tensor:
+    """The first text encoder's last hidden state for `prompt` (SD1.x/2.x conditioning)."""
     te = pipe.text_encoder
     ids = prompt_token_ids(prompt, te.config.vocab_size).to(te.device)
     return te(ids)[0]
+
+
+@torch.no_grad()
+def _encode_xl(pipe, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    # As StableDiffusionXLPipeline.encode_prompt: both encoders' penultimate hidden states side by side,
+    # and the second encoder's projected pooled output.
+    states = []
+    for te in (pipe.text_encoder, pipe.text_encoder_2):
+        out = te(prompt_token_ids(prompt, te.config.vocab_size).to(te.device), output_hidden_states=True)
+        states.append(out.hidden_states[-2])
+    return torch.cat(states, dim=-1), out.text_embeds
+
+
+def prompt_kwargs(pipe, prompt: str, negative: str = "", batch: int = 1) -> dict:
+    """Pipeline keyword arguments conditioning on `prompt` (CFG against `negative`), `batch` images."""
+    def rep(t):
+        return t.repeat(batch, *([1] * (t.dim() - 1)))
+
+    if getattr(pipe, "text_encoder_2", None) is None:
+        return {"prompt_embeds": rep(encode_prompt(pipe, prompt)),
+                "negative_prompt_embeds": rep(encode_prompt(pipe, negative))}
+    embeds, pooled = _encode_xl(pipe, prompt)
+    negative_embeds, negative_pooled = _encode_xl(pipe, negative)
+    return {"prompt_embeds": rep(embeds), "negative_prompt_embeds": rep(negative_embeds),
+            "pooled_prompt_embeds": rep(pooled), "negative_pooled_prompt_embeds": rep(negative_pooled)}
