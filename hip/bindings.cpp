@@ -110,13 +110,15 @@ PYBIND11_MODULE(_C, m) {
       "group_norm_forward",
       [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int layout, int64_t n,
          int64_t c, int64_t hw, int groups, double eps, bool silu, uintptr_t workspace, uintptr_t stream, int device,
-         int path) {
-        raise_if(rsd::group_norm_forward(group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw,
-                                                         groups, eps, silu, workspace, stream, device, path)));
+         int path, uintptr_t input_bias) {
+        rsd::GroupNormArgs a = group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps,
+                                               silu, workspace, stream, device, path);
+        a.input_bias = input_bias ? as_ptr(input_bias) : nullptr;
+        raise_if(rsd::group_norm_forward(a));
       },
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
       py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("groups"), py::arg("eps"), py::arg("silu"),
-      py::arg("workspace"), py::arg("stream"), py::arg("device"), py::arg("path") = 0);
+      py::arg("workspace"), py::arg("stream"), py::arg("device"), py::arg("path") = 0, py::arg("input_bias") = 0);
 
   m.def(
       "geglu_check",
@@ -134,4 +136,20 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("stream"),
       py::arg("device"));
+
+  m.def(
+      "bias_residual_forward",
+      [](uintptr_t x, uintptr_t residual, uintptr_t bias, uintptr_t y, int dtype, int layout, int64_t n, int64_t c,
+         int64_t hw, double scale, uintptr_t stream, int device, bool check_only) {
+        rsd::BiasResidualArgs a{as_ptr(x), as_ptr(residual), as_ptr(bias), as_mut_ptr(y),
+                                static_cast<rsd::DType>(dtype), static_cast<rsd::Layout>(layout), n, c, hw,
+                                static_cast<float>(scale), as_mut_ptr(stream), device};
+        if (check_only) return rsd::bias_residual_check(a);
+        raise_if(rsd::bias_residual_forward(a));
+        return std::string();
+      },
+      py::arg("x"), py::arg("residual"), py::arg("bias"), py::arg("y"), py::arg("dtype"), py::arg("layout"),
+      py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("scale"), py::arg("stream"), py::arg("device"),
+      py::arg("check_only") = false,
+      "y = (x + residual + bias[c]) * scale; with check_only, only says why the kernel would refuse (or '').");
 }

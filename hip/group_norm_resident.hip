@@ -34,8 +34,8 @@ template <class T, class P, int VEC, bool SILU>
 __global__ void __launch_bounds__(kThreads)
     group_norm_resident_nchw(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma,
                              const P* __restrict__ beta, uint32_t L, FastDiv hw, int cg, int groups,
-                             uint32_t blocks_per_group, float eps, WelfordStats* __restrict__ partials,
-                             unsigned* __restrict__ counters, bool streaming) {
+                             uint32_t blocks_per_group, float eps, const T* __restrict__ input_bias,
+                             WelfordStats* __restrict__ partials, unsigned* __restrict__ counters, bool streaming) {
   __shared__ float scratch[kReduceScratchFloats];
   __shared__ unsigned ticket_shared;
   const bool exchange = blocks_per_group > 1;
@@ -50,8 +50,10 @@ __global__ void __launch_bounds__(kThreads)
   RegisterChunk<T, VEC> chunk;
   const T* xg = x + ng * L;
   chunk.load(xg, part, L);
+  const int channel0 = int(ng % groups) * cg;
+  const T* bias_row = input_bias ? input_bias + (ng / groups) * int64_t(groups) * cg : nullptr;
   const float shift = to_float(xg[part * uint32_t(kChunkElems<T>)]);  // one value of the chunk, for all threads
-  WelfordStats s = block_sum(chunk.sums(L, shift), scratch).stats();
+  WelfordStats s = block_sum(chunk.sums(L, shift, hw, channel0, bias_row), scratch).stats();
 
   if (exchange) {
     WelfordStats* group_partials = partials + ng * blocks_per_group;
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     s = merge_partials(group_partials, blocks_per_group, scratch);
   }
-  chunk.template store<SILU>(y + ng * L, L, hw, int(ng % groups) * cg, gamma, beta, mean_rstd_of(s, eps), streaming);
+  chunk.template store<SILU>(y + ng * L, L, hw, channel0, gamma, beta, bias_row, mean_rstd_of(s, eps), streaming);
 }
 
 template <class T, class P, int VEC, bool SILU>
@@ -145,7 +147,7 @@ hipError_t resident_launch(const GroupNormArgs& a, const ResidentPlan& p) {
           kernel_of<T, P, VEC, decltype(silu_tag)::value>()<<<blocks, kThreads, 0, stream>>>(
               static_cast<const T*>(a.x), static_cast<T*>(a.y), static_cast<const P*>(a.gamma),
               static_cast<const P*>(a.beta), L, FastDiv(uint32_t(a.hw)), int(a.c / a.groups), a.groups,
-              uint32_t(p.blocks_per_group), a.eps, partials, counters, streaming);
+              uint32_t(p.blocks_per_group), a.eps, static_cast<const T*>(a.input_bias), partials, counters, streaming);
         });
       });
     });

@@ -83,12 +83,16 @@ Plan make_plan(const GroupNormArgs& a) {
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Grid (splits, n * groups). x: (N, C, HW) contiguous, group (n, g) = L contiguous elements.
+// input_bias: (N, C) or nullptr; with one, each vector's channel is found by a multiply-shift.
 template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __restrict__ x, int64_t L, int64_t chunk,
                                                                   WelfordStats* __restrict__ partials,
-                                                                  float2* __restrict__ final_out, float eps) {
+                                                                  float2* __restrict__ final_out, float eps,
+                                                                  const T* __restrict__ input_bias, FastDiv hw,
+                                                                  int cg, int groups) {
   __shared__ float scratch[kReduceScratchFloats];
   const int64_t ng = blockIdx.y;
+  const T* bias_row = input_bias ? input_bias + (ng / groups) * int64_t(groups) * cg + (ng % groups) * cg : nullptr;
   const int64_t begin = int64_t(blockIdx.x) * chunk;
   const int64_t end = min64(begin + chunk, L);
   const T* base = x + ng * L;
@@ -101,9 +105,13 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + i + u * stride);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc.add(v[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      acc.add(v[u], bias_row ? input_bias_of(bias_row, int(hw.div(uint32_t(i + u * stride)))) : 0.f);
+    }
   }
-  for (; i < end; i += stride) acc.add(load_vec<T, VEC>(base + i));
+  for (; i < end; i += stride) {
+    acc.add(load_vec<T, VEC>(base + i), bias_row ? input_bias_of(bias_row, int(hw.div(uint32_t(i)))) : 0.f);
+  }
   const WelfordStats s = block_sum(acc, scratch).stats();  // one shift for the whole block
   if (threadIdx.x == 0) {
     if (final_out != nullptr)  // one block per group: no finalize launch needed
@@ -118,7 +126,8 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
 template <class T, int VEC, int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
                                                               int64_t chunk, int threads_per_row, int rows_per_iter,
-                                                              WelfordStats* __restrict__ partials) {
+                                                              WelfordStats* __restrict__ partials,
+                                                              const T* __restrict__ input_bias) {
   __shared__ WelfordStats per_thread[MAX_THREADS];
   const int64_t n = blockIdx.y;
   const int col = threadIdx.x % threads_per_row;
@@ -128,6 +137,9 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
   const T* base = x + n * hw * c + col * VEC;
   ShiftedSums acc;
   acc.shift = to_float(base[begin * c]);
+  float bias[VEC];  // this thread's channels are fixed: their input biases are loaded once
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) bias[k] = input_bias_of(input_bias ? input_bias + n * c : nullptr, col * VEC + k);
   int64_t r = begin + row;
   const int64_t step = rows_per_iter;
   for (; r + (kUnroll - 1) * step < end; r += kUnroll * step) {
@@ -135,9 +147,9 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc.add(v[u]);
+    for (int u = 0; u < kUnroll; ++u) acc.add(v[u], bias);
   }
-  for (; r < end; r += step) acc.add(load_vec<T, VEC>(base + r * c));
+  for (; r < end; r += step) acc.add(load_vec<T, VEC>(base + r * c), bias);
   per_thread[threadIdx.x] = acc.stats();
   __syncthreads();
   // One thread per group merges the (rows_per_iter x cols_per_group) thread results of the group.
@@ -173,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_nchw(const T* __res
                                                                   const P* __restrict__ gamma, const P* __restrict__ beta,
                                                                   const float2* __restrict__ mean_rstd, int64_t L,
                                                                   FastDiv hw, int cg, int groups, int64_t chunk,
-                                                                  bool streaming) {
+                                                                  bool streaming, const T* __restrict__ input_bias) {
   const int64_t block = reversed_block();
   const int64_t split = block % gridDim.x;
   const int64_t ng = block / gridDim.x;
@@ -187,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_nchw(const T* __res
     const Vec<T, VEC> v = load_vec<T, VEC>(xb + i);
     const int ch = g * cg + int(hw.div(uint32_t(i)));  // VEC divides hw: one channel per vector; L < 2^31
     float a, b;
-    scale_shift(gamma, beta, ch, mr, a, b);
+    scale_shift(gamma, beta, ch, mr, a, b, input_bias_of(input_bias ? input_bias + (ng / groups) * cg * groups : nullptr, ch));
     store_vec(yb + i, normalize<T, VEC, SILU>(v, a, b), streaming);
   }
 }
@@ -198,14 +210,15 @@ template <class T, class P, int VEC, bool SILU>
 __global__ void __launch_bounds__(kThreads) group_norm_apply_planes(const T* __restrict__ x, T* __restrict__ y,
                                                                     const P* __restrict__ gamma, const P* __restrict__ beta,
                                                                     const float2* __restrict__ mean_rstd, int64_t hw,
-                                                                    int c, int cg, int64_t chunk, bool streaming) {
+                                                                    int c, int cg, int64_t chunk, bool streaming,
+                                                                    const T* __restrict__ input_bias) {
   const int64_t block = reversed_block();
   const int64_t segment = block % gridDim.x;
   const int64_t plane = block / gridDim.x;  // n * c + channel
   const int ch = int(plane % c);
   const float2 mr = mean_rstd[(plane / c) * (c / cg) + ch / cg];
   float a, b;
-  scale_shift(gamma, beta, ch, mr, a, b);
+  scale_shift(gamma, beta, ch, mr, a, b, input_bias ? to_float(input_bias[plane]) : 0.f);  // plane = n * c + ch
   const int64_t begin = segment * chunk;
   const int64_t end = min64(begin + chunk, hw);
   const T* xb = x + plane * hw;
@@ -229,7 +242,8 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
                                                               const P* __restrict__ gamma, const P* __restrict__ beta,
                                                               const float2* __restrict__ mean_rstd, int64_t hw, int c,
                                                               int groups, int64_t chunk, int threads_per_row,
-                                                              int rows_per_iter, bool streaming) {
+                                                              int rows_per_iter, bool streaming,
+                                                              const T* __restrict__ input_bias) {
   const int64_t block = reversed_block();
   const int64_t split = block % gridDim.x;
   const int64_t n = block / gridDim.x;
@@ -239,7 +253,9 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
   const float2 mr = mean_rstd[n * groups + c0 / (c / groups)];
   float a[VEC], b[VEC];
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) scale_shift(gamma, beta, c0 + k, mr, a[k], b[k]);
+  for (int k = 0; k < VEC; ++k) {
+    scale_shift(gamma, beta, c0 + k, mr, a[k], b[k], input_bias_of(input_bias ? input_bias + n * c : nullptr, c0 + k));
+  }
   const int64_t begin = split * chunk;
   const int64_t end = min64(begin + chunk, hw);
   const int64_t offset = n * hw * c + c0;
@@ -278,17 +294,19 @@ hipError_t split_launch(const GroupNormArgs& a) {
     using T = typename decltype(ttag)::type;
     const T* x = static_cast<const T*>(a.x);
     T* y = static_cast<T*>(a.y);
+    const T* input_bias = static_cast<const T*>(a.input_bias);
     with_vec<T>(p.vec, [&](auto vtag) {
       constexpr int VEC = decltype(vtag)::value;
       {
         const bool single_block_groups = a.layout == Layout::nchw && p.splits == 1;
         if (a.layout == Layout::nchw) {
           group_norm_stats_nchw<T, VEC><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
-              x, cg * a.hw, p.chunk, partials, single_block_groups ? mean_rstd : nullptr, a.eps);
+              x, cg * a.hw, p.chunk, partials, single_block_groups ? mean_rstd : nullptr, a.eps, input_bias,
+              FastDiv(uint32_t(a.hw)), cg, a.groups);
         } else {
           auto stats = p.threads <= 512 ? group_norm_stats_nhwc<T, VEC, 512> : group_norm_stats_nhwc<T, VEC, 1024>;
           stats<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
-              x, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter, partials);
+              x, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter, partials, input_bias);
         }
         if (!single_block_groups) {
           const int finalize_threads = 256;
@@ -305,16 +323,17 @@ hipError_t split_launch(const GroupNormArgs& a) {
             if (a.layout == Layout::nchw && p.planes) {
               group_norm_apply_planes<T, P, VEC, SILU>
                   <<<dim3(unsigned(p.plane_splits), unsigned(a.n * a.c)), kThreads, 0, stream>>>(
-                      x, y, gamma, beta, mean_rstd, a.hw, int(a.c), cg, p.plane_chunk, p.streaming);
+                      x, y, gamma, beta, mean_rstd, a.hw, int(a.c), cg, p.plane_chunk, p.streaming, input_bias);
             } else if (a.layout == Layout::nchw) {
               group_norm_apply_nchw<T, P, VEC, SILU><<<dim3(unsigned(p.splits), unsigned(ng)), kThreads, 0, stream>>>(
-                  x, y, gamma, beta, mean_rstd, cg * a.hw, FastDiv(uint32_t(a.hw)), cg, a.groups, p.chunk, p.streaming);
+                  x, y, gamma, beta, mean_rstd, cg * a.hw, FastDiv(uint32_t(a.hw)), cg, a.groups, p.chunk, p.streaming,
+                  input_bias);
             } else {
               auto apply = p.threads <= 512 ? group_norm_apply_nhwc<T, P, VEC, SILU, 512>
                                             : group_norm_apply_nhwc<T, P, VEC, SILU, 1024>;
               apply<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
                   x, y, gamma, beta, mean_rstd, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter,
-                  p.streaming);
+                  p.streaming, input_bias);
             }
           };
           with_params<T>(a.param_dtype, launch_apply);

@@ -36,11 +36,13 @@ class GroupNormAct(nn.GroupNorm):
         new.train(module.training)
         return new
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, input_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """input_bias: (N, C), added to x per image and channel before normalising (one pass, no extra
+        tensor), as ResnetBlock2D adds its conv bias and time embedding."""
         silu = self.act == "silu"
         if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
-            return group_norm_ref(x, self.num_groups, self.weight, self.bias, self.eps, silu)
-        return torch.ops.rocm_sd.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu)
+            return group_norm_ref(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
+        return torch.ops.rocm_sd.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", act={self.act}" if self.act else "")

@@ -22,9 +22,12 @@ PATHS = {"auto": 0, "resident": 1, "split": 2}
 
 
 def group_norm_ref(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                   eps: float, silu: bool) -> torch.Tensor:
-    """PyTorch's GroupNorm (+ SiLU), exactly what an unpatched diffusers model computes; called on
-    float64 inputs it is the truth the kernel is tested against. Differentiable."""
+                   eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """PyTorch's GroupNorm (+ SiLU), exactly what an unpatched diffusers model computes (with `input_bias`,
+    of shape (N, C), added to x first, as ResnetBlock2D adds its time embedding); called on float64
+    inputs it is the truth the kernel is tested against. Differentiable."""
+    if input_bias is not None:
+        x = x + input_bias.reshape(input_bias.shape + (1,) * (x.dim() - 2))
     y = F.group_norm(x, num_groups, weight, bias, eps)
     if silu:
         y = F.silu(y)
@@ -59,10 +62,24 @@ def input_reasons(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
     return reasons
 
 
+def _input_bias_reasons(x: torch.Tensor, input_bias: torch.Tensor | None) -> list[str]:
+    if input_bias is None:
+        return []
+    expected = tuple(x.shape[:2])
+    reasons = []
+    if tuple(input_bias.shape) != expected or not input_bias.is_contiguous():
+        reasons.append(f"input_bias of shape {tuple(input_bias.shape)} is not a contiguous {expected} tensor")
+    if input_bias.dtype != x.dtype:
+        reasons.append(f"input_bias dtype {input_bias.dtype} differs from the input's {x.dtype}")
+    if input_bias.device != x.device:
+        reasons.append(f"input_bias on {input_bias.device}, input on {x.device}")
+    return reasons
+
+
 def supports(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-             eps: float, silu: bool) -> list[str]:
+             eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
-    reasons = input_reasons(x, num_groups, weight, bias)
+    reasons = input_reasons(x, num_groups, weight, bias) + _input_bias_reasons(x, input_bias)
     unavailable = _ext.unavailable_reason(x.device)
     if unavailable:
         return [unavailable] + reasons
@@ -98,14 +115,16 @@ def describe(x: torch.Tensor, num_groups: int, path: str = "auto") -> str:
 
 def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
                       eps: float, silu: bool, out: torch.Tensor | None = None,
-                      workspace_bytes: int | None = None, path: str = "auto") -> torch.Tensor:
+                      workspace_bytes: int | None = None, path: str = "auto",
+                      input_bias: torch.Tensor | None = None) -> torch.Tensor:
     """The HIP kernel itself, no dispatch (tests call it with a poisoned `out` and a forced `path`)."""
     y = output_like(x) if out is None else out
     if workspace_bytes is None or out is not None or path != "auto":  # `out` may be less aligned than a fresh block
         workspace_bytes = _workspace_bytes(x, y, num_groups, path)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
     args = _kernel_args(x, y, num_groups, weight, bias, eps, silu)
-    _ext._C.group_norm_forward(*args[:13], workspace.data_ptr(), stream_handle(x.device), x.device.index, PATHS[path])
+    _ext._C.group_norm_forward(*args[:13], workspace.data_ptr(), stream_handle(x.device), x.device.index, PATHS[path],
+                               input_bias.data_ptr() if input_bias is not None else 0)
     return y
 
 
@@ -114,31 +133,32 @@ def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | N
 _plans = PlanCache()
 
 
-def _plan(x, num_groups, weight, bias, eps, silu):
-    key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias))
+def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
+    key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias), tensor_key(input_bias))
     plan = _plans.get(key)
     if plan is None:
-        reasons = supports(x, num_groups, weight, bias, eps, silu)
+        reasons = supports(x, num_groups, weight, bias, eps, silu, input_bias)
         plan = _plans.put(key, (reasons, None if reasons else _workspace_bytes(x, x, num_groups)))
     return plan
 
 
 @torch.library.custom_op("rocm_sd::group_norm", mutates_args=())
 def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float, silu: bool) -> torch.Tensor:
-    reasons, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu)
+               eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
+    reasons, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu, input_bias)
     if dispatch.choose(OP, reasons) == dispatch.KERNEL:
-        return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes)
+        return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes,
+                                 input_bias=input_bias)
     params = weight if weight is not None else bias
     if params is not None and params.dtype != x.dtype:
         # fp32 parameters with a 16-bit input (mixed precision): compute in fp32, as autocast would.
-        y = group_norm_ref(x.float(), num_groups, weight, bias, eps, silu).to(x.dtype)
+        y = group_norm_ref(x.float(), num_groups, weight, bias, eps, silu, input_bias).to(x.dtype)
     else:
-        y = group_norm_ref(x, num_groups, weight, bias, eps, silu)
+        y = group_norm_ref(x, num_groups, weight, bias, eps, silu, input_bias)
     # Same layout as the kernel's output, so the fake kernel below holds for both backends.
     return output_like(x).copy_(y) if layout_of(x) == NHWC else y.contiguous()
 
 
 @group_norm.register_fake
-def _(x, num_groups, weight, bias, eps, silu):
+def _(x, num_groups, weight, bias, eps, silu, input_bias=None):
     return output_like(x)

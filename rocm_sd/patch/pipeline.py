@@ -11,6 +11,7 @@ from .core import RECORD_ATTR, PatchRecord
 from .geglu import patch_geglus
 from .group_norm import patch_group_norms
 from .layout import patch_transformer_layouts
+from .resnet import patch_resnets
 
 log = logging.getLogger("rocm_sd")
 
@@ -74,13 +75,16 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
     record.counts["fused qkv"] += 1
 
 
-def optimize(target, *, group_norm: bool = True, geglu: bool = True, channels_last: bool = True,
-             fuse_qkv: bool = False, cuda_graph: bool = True):
+def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, geglu: bool = True,
+             channels_last: bool = True, fuse_qkv: bool = False, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
       group_norm  GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Exact same math;
                   statistics in fp32, so fp16 results differ from PyTorch's by rounding only.
+      fuse_resnet ResnetBlock2D's conv biases, time embedding, residual add and scale folded into its
+                  GroupNorm (input bias) and one bias+residual kernel (patch/resnet.py); needs group_norm.
+                  Additions in another order: results differ from PyTorch's by rounding.
       geglu       the feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel.
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
                   convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
@@ -110,6 +114,8 @@ def optimize(target, *, group_norm: bool = True, geglu: bool = True, channels_la
         else:
             if group_norm:
                 patch_group_norms(model, record)
+                if fuse_resnet:
+                    patch_resnets(model, record)
             if geglu:
                 patch_geglus(model, record)
             if channels_last:

@@ -294,3 +294,36 @@ def test_non_dense_input_falls_back_or_raises_in_strict_mode():
     with config.override(strict=False, log_fallbacks=False):
         y = torch.ops.rocm_sd.group_norm(x, 32, None, None, 1e-5, True)
     assert torch.equal(y, group_norm_ref(x, 32, None, None, 1e-5, True).contiguous())
+
+
+# ------------------------------------------------------------------------------- input bias
+
+def test_input_bias_reference_and_reasons():
+    x, g, w, b = make_inputs((2, 64, 4, 4), 32, torch.float32, "cpu")
+    ib = torch.randn(2, 64)
+    assert torch.equal(group_norm_ref(x, g, w, b, 1e-5, True, ib),
+                       group_norm_ref(x + ib[:, :, None, None], g, w, b, 1e-5, True))
+    assert any("input_bias of shape (64,)" in r for r in supports(x, g, w, b, 1e-5, True, ib[0]))
+    with config.override(log_fallbacks=False):
+        y = torch.ops.rocm_sd.group_norm(x, g, w, b, 1e-5, True, ib)
+    assert torch.equal(y, group_norm_ref(x, g, w, b, 1e-5, True, ib))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["auto", "resident", "split"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("shape", [(2, 320, 64, 64), (2, 1280, 8, 8), (3, 96, 7, 9), (1, 128, 64, 64)], ids=str)
+def test_kernel_with_input_bias_matches_truth(shape, channels_last, path):
+    if path == "resident" and (channels_last or shape[1] // 32 * shape[2] * shape[3] > 8192 * 64):
+        pytest.skip("the resident path takes NCHW only")
+    x, g, w, b = make_inputs(shape, 32, torch.float16, "cuda", channels_last)
+    ib = (torch.randn(shape[0], shape[1], device="cuda") * 3).half()  # conv bias + time embedding scale
+    assert not supports(x, g, w, b, 1e-5, True, ib)
+    out = torch.full_like(x, float("nan"))
+    y = group_norm_kernel(x, g, w, b, 1e-5, True, out=out, path=path, input_bias=ib)
+    ok, err, allowed = within_tolerance(y, truth_with_bias(x, g, w, b, ib), group_norm_ref(x, g, w, b, 1e-5, True, ib))
+    assert ok, f"{shape} cl={channels_last} {path}: max err {err:.3g} > allowed {allowed:.3g}"
+
+
+def truth_with_bias(x, g, w, b, ib):
+    return group_norm_ref(x.double(), g, w.double(), b.double(), 1e-5, True, ib.double())

@@ -55,6 +55,9 @@ struct GroupNormArgs {
   void* stream;       // hipStream_t / cudaStream_t
   int device;
   GroupNormPath path = GroupNormPath::automatic;
+  // (N, C) contiguous, dtype of x, or nullptr: added to x per (image, channel) before normalising,
+  // e.g. a conv bias plus ResnetBlock2D's time embedding.
+  const void* input_bias = nullptr;
 };
 
 // Empty string if the kernel supports these arguments, else the first reason it does not.
@@ -78,5 +81,22 @@ struct GegluArgs {
 };
 std::string geglu_check(const GegluArgs& a);
 std::string geglu_forward(const GegluArgs& a);
+
+// ---------------------------------------------------------------------------------------------
+// bias_add.hip: y = (x + residual + bias[c]) * scale, x / residual / y of one shape and layout
+struct BiasResidualArgs {
+  const void* x;
+  const void* residual;
+  const void* bias;  // (C,), dtype of x
+  void* y;
+  DType dtype;
+  Layout layout;     // nchw: contiguous; nhwc: channels innermost (4-D channels_last)
+  int64_t n, c, hw;
+  float scale;
+  void* stream;
+  int device;
+};
+std::string bias_residual_check(const BiasResidualArgs& a);
+std::string bias_residual_forward(const BiasResidualArgs& a);
 
 }  // namespace rsd

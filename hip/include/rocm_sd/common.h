@@ -83,11 +83,25 @@ struct ShiftedSums {
   float sumsq = 0.f;
   float n = 0.f;
 
+  // Adds v + bias (bias: one value for the vector, e.g. the input bias of its channel).
   template <class T, int VEC>
-  __device__ __forceinline__ void add(const Vec<T, VEC>& v) {
+  __device__ __forceinline__ void add(const Vec<T, VEC>& v, float bias = 0.f) {
+    const float offset = bias - shift;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const float d = to_float(v.v[k]) - shift;
+      const float d = to_float(v.v[k]) + offset;
+      sum += d;
+      sumsq = fmaf(d, d, sumsq);
+    }
+    n += float(VEC);
+  }
+
+  // Adds v + bias[k] element by element (a vector across channels, channels_last).
+  template <class T, int VEC>
+  __device__ __forceinline__ void add(const Vec<T, VEC>& v, const float (&bias)[VEC]) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float d = to_float(v.v[k]) + (bias[k] - shift);
       sum += d;
       sumsq = fmaf(d, d, sumsq);
     }

@@ -58,13 +58,21 @@ __device__ __forceinline__ float2 mean_rstd_of(const WelfordStats& s, float eps)
   return make_float2(s.mean, rsqrtf(var + eps));
 }
 
-// y = x * a + b folds the normalisation and the affine transform of channel `ch`.
+// y = x * a + b folds the input bias, the normalisation and the affine transform of channel `ch`:
+// ((x + in_bias) - mean) * rstd * gamma + beta.
 template <class P>
-__device__ __forceinline__ void scale_shift(const P* gamma, const P* beta, int ch, float2 mr, float& a, float& b) {
+__device__ __forceinline__ void scale_shift(const P* gamma, const P* beta, int ch, float2 mr, float& a, float& b,
+                                            float in_bias = 0.f) {
   const float gm = gamma ? to_float(gamma[ch]) : 1.f;
   const float bt = beta ? to_float(beta[ch]) : 0.f;
   a = mr.y * gm;
-  b = bt - mr.x * a;
+  b = fmaf(in_bias - mr.x, a, bt);
+}
+
+// The input bias of channel `ch` of one image (a row of the (N, C) input_bias), 0 without one.
+template <class T>
+__device__ __forceinline__ float input_bias_of(const T* row, int ch) {
+  return row ? to_float(row[ch]) : 0.f;
 }
 
 template <class T, bool SILU>
@@ -134,26 +142,30 @@ struct RegisterChunk {
     }
   }
 
-  // Sums about `shift` (the same for the whole block, see block_sum) of the loaded elements.
-  __device__ __forceinline__ ShiftedSums sums(uint32_t L, float shift) const {
+  // Sums about `shift` (the same for the whole block, see block_sum) of the loaded elements plus
+  // their channel's input bias (bias_row: the image's row of input_bias, nullptr for none).
+  __device__ __forceinline__ ShiftedSums sums(uint32_t L, float shift, FastDiv hw, int channel0,
+                                              const T* bias_row) const {
     ShiftedSums acc;
     acc.shift = shift;
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      if (first + u * kStride < L) acc.add(v[u]);
+      const uint32_t i = first + u * kStride;
+      if (i < L) acc.add(v[u], bias_row ? input_bias_of(bias_row, channel0 + int(hw.div(i))) : 0.f);
     }
     return acc;
   }
 
   template <bool SILU, class P>
   __device__ __forceinline__ void store(T* group_y, uint32_t L, FastDiv hw, int channel0, const P* gamma,
-                                        const P* beta, float2 mean_rstd, bool streaming) const {
+                                        const P* beta, const T* bias_row, float2 mean_rstd, bool streaming) const {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const uint32_t i = first + u * kStride;
       if (i < L) {
+        const int ch = channel0 + int(hw.div(i));
         float a, b;
-        scale_shift(gamma, beta, channel0 + int(hw.div(i)), mean_rstd, a, b);
+        scale_shift(gamma, beta, ch, mean_rstd, a, b, input_bias_of(bias_row, ch));
         store_vec(group_y + i, normalize<T, VEC, SILU>(v[u], a, b), streaming);
       }
     }

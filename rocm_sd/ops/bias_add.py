@@ -1,0 +1,83 @@
+"""rocm_sd::bias_residual: a convolution's bias and the residual add in one pass (hip/bias_add.hip).
+
+    y = (x + residual + bias[c]) * scale       x, residual: same shape and layout (NCHW or channels_last)
+
+ResnetBlock2D's tail, `(input + conv2(h)) / output_scale_factor`, with conv2 run without its bias.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _ext, dispatch
+from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, stream_handle, tensor_key
+
+OP = "bias_residual"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def bias_residual_ref(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """(residual + (x + bias)) * scale in PyTorch ops: conv2's output with its bias, plus the shortcut."""
+    return (residual + (x + bias.reshape(bias.shape + (1,) * (x.dim() - 2)))) * scale
+
+
+def input_reasons(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor) -> list[str]:
+    reasons = []
+    if x.dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    if x.dim() != 4:
+        reasons.append(f"input has {x.dim()} dims, needs (N, C, H, W)")
+    if x.numel() == 0:
+        reasons.append("empty tensor")
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        reasons.append(f"residual {tuple(residual.shape)} {residual.dtype} on {residual.device} does not match the "
+                       f"input {tuple(x.shape)} {x.dtype} on {x.device}")
+    elif layout_of(x) is None or layout_of(residual) != layout_of(x) or residual.stride() != x.stride():
+        reasons.append(f"strides {tuple(x.stride())} and {tuple(residual.stride())} are not one dense layout")
+    if bias.dim() != 1 or (x.dim() > 1 and bias.shape[0] != x.shape[1]) or bias.dtype != x.dtype \
+            or not bias.is_contiguous() or bias.device != x.device:
+        reasons.append(f"bias {tuple(bias.shape)} {bias.dtype} is not a contiguous (C,) vector of the input's dtype")
+    return reasons
+
+
+def _args(x, residual, bias, y, scale):
+    n, c = x.shape[0], x.shape[1]
+    return (x.data_ptr(), residual.data_ptr(), bias.data_ptr(), y.data_ptr(), DTYPE_CODES[x.dtype], layout_of(x), n, c,
+            x.numel() // (n * c), float(scale))
+
+
+def supports(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> list[str]:
+    reasons = input_reasons(x, residual, bias)
+    unavailable = _ext.unavailable_reason(x.device)
+    if unavailable:
+        return [unavailable] + reasons
+    if reasons:
+        return reasons
+    why = _ext._C.bias_residual_forward(*_args(x, residual, bias, x, scale), 0, x.device.index, True)
+    return [why] if why else []
+
+
+def bias_residual_kernel(x, residual, bias, scale, out=None):
+    """The HIP kernel itself, no dispatch."""
+    y = output_like(x) if out is None else out
+    _ext._C.bias_residual_forward(*_args(x, residual, bias, y, scale), stream_handle(x.device), x.device.index)
+    return y
+
+
+_plans = PlanCache()
+
+
+@torch.library.custom_op("rocm_sd::bias_residual", mutates_args=())
+def bias_residual(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    key = (tensor_key(x), tensor_key(residual), tensor_key(bias))
+    reasons = _plans.get(key)
+    if reasons is None:
+        reasons = _plans.put(key, supports(x, residual, bias, scale))
+    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
+        return bias_residual_kernel(x, residual, bias, scale)
+    y = bias_residual_ref(x, residual, bias, scale)
+    return output_like(x).copy_(y) if layout_of(x) == NHWC else y.contiguous()
+
+
+@bias_residual.register_fake
+def _(x, residual, bias, scale):
+    return output_like(x)
