@@ -19,14 +19,18 @@ def _version(dist: str) -> str:
 
 def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
     """Why each op would fall back on `device`, for a typical SD input."""
+    from .ops.bias_add import supports as bias_residual_supports
     from .ops.geglu import supports as geglu_supports
     from .ops.group_norm import supports as group_norm_supports
+    from .ops.layer_norm import supports as layer_norm_supports
 
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     x = torch.randn(2, 320, 8, 8, device=device, dtype=dtype)
     w = torch.ones(320, device=device, dtype=x.dtype)
     return {"group_norm": group_norm_supports(x, 32, w, torch.zeros_like(w), 1e-5, True),
-            "geglu": geglu_supports(torch.randn(2, 64, 2560, device=device, dtype=dtype))}
+            "geglu": geglu_supports(torch.randn(2, 64, 2560, device=device, dtype=dtype)),
+            "layer_norm": layer_norm_supports(torch.randn(2, 64, 320, device=device, dtype=dtype), w, w, 1e-5),
+            "bias_residual": bias_residual_supports(x, x, w, 1.0)}
 
 
 def info() -> int:

@@ -12,6 +12,9 @@ CASES = {
          32, torch.rand(64, device=device, dtype=dtype), torch.randn(64, device=device, dtype=dtype), 1e-5, True)),
     # geglu has one layout; the `cl` variant is an odd half-width (vector width 1 in the kernel).
     "geglu": lambda device, dtype, cl: (torch.randn(2, 16, 2 * (7 if cl else 64), device=device, dtype=dtype),),
+    "layer_norm": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
+                                             torch.rand(33 if cl else 320, device=device, dtype=dtype),
+                                             torch.randn(33 if cl else 320, device=device, dtype=dtype), 1e-5),
     "bias_residual": lambda device, dtype, cl: tuple(
         t.to(memory_format=torch.channels_last if cl and t.dim() == 4 else torch.contiguous_format) if t.dim() == 4 else t
         for t in (torch.randn(2, 64, 8, 8, device=device, dtype=dtype), torch.randn(2, 64, 8, 8, device=device, dtype=dtype),

@@ -10,6 +10,7 @@ from ..graphs import GraphedCall, GraphPool
 from .core import RECORD_ATTR, PatchRecord
 from .geglu import patch_geglus
 from .group_norm import patch_group_norms
+from .layer_norm import patch_layer_norms
 from .layout import patch_transformer_layouts
 from .resnet import patch_resnets
 
@@ -75,8 +76,8 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
     record.counts["fused qkv"] += 1
 
 
-def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, geglu: bool = True,
-             channels_last: bool = True, fuse_qkv: bool = False, cuda_graph: bool = True):
+def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer_norm: bool = True,
+             geglu: bool = True, channels_last: bool = True, fuse_qkv: bool = False, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
@@ -85,6 +86,7 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, geglu
       fuse_resnet ResnetBlock2D's conv biases, time embedding, residual add and scale folded into its
                   GroupNorm (input bias) and one bias+residual kernel (patch/resnet.py); needs group_norm.
                   Additions in another order: results differ from PyTorch's by rounding.
+      layer_norm  nn.LayerNorm over the last dimension (the transformer blocks' norms) -> rocm_sd::layer_norm.
       geglu       the feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel.
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
                   convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
@@ -116,6 +118,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, geglu
                 patch_group_norms(model, record)
                 if fuse_resnet:
                     patch_resnets(model, record)
+            if layer_norm:
+                patch_layer_norms(model, record)
             if geglu:
                 patch_geglus(model, record)
             if channels_last:

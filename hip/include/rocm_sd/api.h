@@ -99,4 +99,21 @@ struct BiasResidualArgs {
 std::string bias_residual_check(const BiasResidualArgs& a);
 std::string bias_residual_forward(const BiasResidualArgs& a);
 
+// ---------------------------------------------------------------------------------------------
+// layer_norm.hip: LayerNorm over the last dimension of x, (rows, c) contiguous
+struct LayerNormArgs {
+  const void* x;
+  void* y;
+  const void* gamma;  // (c,) or nullptr
+  const void* beta;   // (c,) or nullptr
+  DType dtype;
+  DType param_dtype;  // of gamma and beta: dtype or f32
+  int64_t rows, c;
+  float eps;
+  void* stream;
+  int device;
+};
+std::string layer_norm_check(const LayerNormArgs& a);
+std::string layer_norm_forward(const LayerNormArgs& a);
+
 }  // namespace rsd

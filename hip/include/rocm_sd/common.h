@@ -135,6 +135,13 @@ __device__ __forceinline__ WelfordStats wave_reduce(WelfordStats s) {
   return s;
 }
 
+// Sum over the wave; the result is valid in every lane (all lanes of the wave must take part).
+__device__ __forceinline__ float wave_sum(float v) {
+#pragma unroll
+  for (int offset = RSD_WAVE / 2; offset > 0; offset /= 2) v += shfl_xor(v, offset);
+  return v;
+}
+
 // Block reductions; results are valid in every thread. `scratch` is shared memory of
 // kReduceScratchFloats floats. They contain __syncthreads: call from all threads of the block.
 constexpr int kReduceScratchFloats = 3 * RSD_MAX_WAVES_PER_BLOCK;

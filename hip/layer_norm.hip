@@ -1,0 +1,159 @@
+// LayerNorm over the last dimension, one wave per row, the row held in registers:
+//
+//   y[m, :] = (x[m, :] - mean_m) * rstd_m * gamma + beta        x: (M, C) rows, C <= 8 vectors a lane
+//
+// The transformer blocks of SD normalise (B * HW, C) activations with C = 320..1280: rows of 0.6-2.5 KB.
+// A wave loads its row once (up to kMaxVecsPerLane 16-byte vectors a lane), reduces the mean with
+// shuffles, then the variance about that mean from the same registers (two-pass: exact, no E[x^2]
+// cancellation), and writes the row: one read and one write, no shared memory, no block barrier.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "rocm_sd/api.h"
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#include "rocm_sd/device.h"
+
+namespace rsd {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxVecsPerLane = 8;
+
+int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+int pick_vec(const LayerNormArgs& a) {
+  const int eb = elem_bytes(a.dtype);
+  for (int vec = 16 / eb; vec > 1; vec /= 2) {
+    if (a.c % vec == 0 && aligned(a.x, vec * eb) && aligned(a.y, vec * eb)) return vec;
+  }
+  return 1;
+}
+
+template <class T, class P, int VEC, int VECS>
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_rows(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma, const P* __restrict__ beta,
+                    int64_t rows, int c, float eps) {
+  const int waves_per_block = kThreads / RSD_WAVE;
+  const int64_t row = int64_t(blockIdx.x) * waves_per_block + wave_id();
+  if (row >= rows) return;  // whole waves leave together: row is uniform within a wave
+  const int vectors = c / VEC;
+  const T* xr = x + row * c;
+  Vec<T, VEC> v[VECS];
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < VECS; ++k) {
+    const int j = lane_id() + k * RSD_WAVE;
+    if (j < vectors) {
+      v[k] = load_vec<T, VEC>(xr + j * VEC);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) sum += to_float(v[k].v[e]);
+    }
+  }
+  const float mean = wave_sum(sum) / float(c);
+  float m2 = 0.f;
+#pragma unroll
+  for (int k = 0; k < VECS; ++k) {
+    if (lane_id() + k * RSD_WAVE < vectors) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float d = to_float(v[k].v[e]) - mean;
+        m2 = fmaf(d, d, m2);
+      }
+    }
+  }
+  const float rstd = rsqrtf(wave_sum(m2) / float(c) + eps);  // biased variance, as torch
+  T* yr = y + row * c;
+#pragma unroll
+  for (int k = 0; k < VECS; ++k) {
+    const int j = lane_id() + k * RSD_WAVE;
+    if (j < vectors) {
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int ch = j * VEC + e;
+        const float g = gamma ? to_float(gamma[ch]) : 1.f;
+        const float b = beta ? to_float(beta[ch]) : 0.f;
+        out.v[e] = from_float<T>(fmaf((to_float(v[k].v[e]) - mean) * rstd, g, b));
+      }
+      store_vec(yr + j * VEC, out, false);
+    }
+  }
+}
+
+// Vectors a lane must hold for this row length, rounded up to an instantiated count (1, 2, 4, 8).
+int vecs_per_lane(const LayerNormArgs& a, int vec) {
+  const int wave = device_attribute(a.device, Attr::wave_size, 32);  // 32 is the safe guess: more vectors a lane
+  const int64_t need = (a.c / vec + wave - 1) / wave;
+  int count = 1;
+  while (count < need) count *= 2;
+  return count;
+}
+
+template <class T, class P, int VEC>
+void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
+  const int waves = kThreads / device_attribute(a.device, Attr::wave_size, 32);
+  const unsigned blocks = unsigned((a.rows + waves - 1) / waves);
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  const P* g = static_cast<const P*>(a.gamma);
+  const P* b = static_cast<const P*>(a.beta);
+  switch (vecs) {
+    case 1: layer_norm_rows<T, P, VEC, 1><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
+    case 2: layer_norm_rows<T, P, VEC, 2><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
+    case 4: layer_norm_rows<T, P, VEC, 4><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
+    default: layer_norm_rows<T, P, VEC, 8><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
+  }
+}
+
+template <class T, class P>
+void launch(const LayerNormArgs& a, hipStream_t stream) {
+  const int vec = pick_vec(a);
+  const int vecs = vecs_per_lane(a, vec);
+  switch (vec) {
+    case 8: if constexpr (sizeof(T) == 2) launch_vecs<T, P, 8>(a, vecs, stream); break;
+    case 4: launch_vecs<T, P, 4>(a, vecs, stream); break;
+    case 2: launch_vecs<T, P, 2>(a, vecs, stream); break;
+    default: launch_vecs<T, P, 1>(a, vecs, stream); break;
+  }
+}
+
+template <class T>
+void launch_params(const LayerNormArgs& a, hipStream_t stream) {
+  if (a.param_dtype == DType::f32)
+    launch<T, float>(a, stream);
+  else
+    launch<T, T>(a, stream);
+}
+
+}  // namespace
+
+std::string layer_norm_check(const LayerNormArgs& a) {
+  if (a.rows <= 0 || a.c <= 0) return "empty tensor";
+  if (a.param_dtype != a.dtype && a.param_dtype != DType::f32) return "weight/bias dtype must be the input's or float32";
+  if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.y, elem_bytes(a.dtype))) return "misaligned data pointer";
+  if (a.rows * a.c >= (int64_t(1) << 40)) return "tensor too large";
+  if (vecs_per_lane(a, pick_vec(a)) > kMaxVecsPerLane)
+    return "normalized size " + std::to_string(a.c) + " is too large for the one-wave-per-row kernel";
+  return std::string();
+}
+
+std::string layer_norm_forward(const LayerNormArgs& a) {
+  std::string why = layer_norm_check(a);
+  if (!why.empty()) return why;
+  DeviceGuard guard(a.device);
+  if (!guard.error().empty()) return guard.error();
+  hipStream_t stream = static_cast<hipStream_t>(a.stream);
+  switch (a.dtype) {
+    case DType::f32: launch_params<float>(a, stream); break;
+    case DType::f16: launch_params<__half>(a, stream); break;
+    case DType::bf16: launch_params<bf16>(a, stream); break;
+  }
+  const hipError_t err = hipGetLastError();
+  if (err != hipSuccess) return std::string("layer_norm launch failed: ") + hipGetErrorString(err);
+  return std::string();
+}
+
+}  // namespace rsd

@@ -1,0 +1,30 @@
+"""LayerNormFused: an nn.LayerNorm drop-in (last dimension) running rocm_sd::layer_norm."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.layer_norm import layer_norm_ref
+
+
+class LayerNormFused(nn.LayerNorm):
+    """Same parameters and state-dict keys as the nn.LayerNorm it replaces (shared, not copied).
+    Calls that need gradients use PyTorch's differentiable op; the kernel is forward-only."""
+
+    @classmethod
+    def from_layer_norm(cls, module: nn.LayerNorm) -> "LayerNormFused":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.normalized_shape, new.eps, new.elementwise_affine = (module.normalized_shape, module.eps,
+                                                                 module.elementwise_affine)
+        new.weight, new.bias = module.weight, module.bias
+        new.train(module.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
+            return layer_norm_ref(x, self.weight, self.bias, self.eps)
+        return torch.ops.rocm_sd.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def _get_name(self) -> str:
+        return "RocmLayerNorm"

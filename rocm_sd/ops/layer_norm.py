@@ -1,0 +1,90 @@
+"""rocm_sd::layer_norm: LayerNorm over the last dimension, one wave per row (hip/layer_norm.hip).
+
+    y = (x - mean) / sqrt(var + eps) * weight + bias       x: (..., C) contiguous, C up to 2048 (fp16 on wave32)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import _ext, dispatch
+from ._common import DTYPE_CODES, PlanCache, stream_handle, tensor_key
+
+OP = "layer_norm"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """torch.nn.functional.layer_norm over the last dimension; differentiable."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def input_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> list[str]:
+    reasons = []
+    if x.dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    if x.dim() == 0 or x.numel() == 0:
+        reasons.append("empty tensor")
+    if not x.is_contiguous():
+        reasons.append(f"strides {tuple(x.stride())} are not contiguous")
+    c = x.shape[-1] if x.dim() else None
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if p.device != x.device:
+            reasons.append(f"{name} on {p.device}, input on {x.device}")
+        if p.dtype not in (x.dtype, torch.float32):
+            reasons.append(f"{name} dtype {p.dtype} is neither the input's ({x.dtype}) nor float32")
+        if p.dim() != 1 or p.shape[0] != c or not p.is_contiguous():
+            reasons.append(f"{name} of shape {tuple(p.shape)} is not a contiguous ({c},) vector")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        reasons.append(f"weight dtype {weight.dtype} differs from bias dtype {bias.dtype}")
+    return reasons
+
+
+def _args(x, y, weight, bias, eps):
+    params = weight if weight is not None else bias
+    c = x.shape[-1]
+    return (x.data_ptr(), y.data_ptr(), weight.data_ptr() if weight is not None else 0,
+            bias.data_ptr() if bias is not None else 0, DTYPE_CODES[x.dtype],
+            DTYPE_CODES[params.dtype] if params is not None else DTYPE_CODES[x.dtype], x.numel() // c, c, float(eps))
+
+
+def supports(x, weight, bias, eps) -> list[str]:
+    reasons = input_reasons(x, weight, bias)
+    unavailable = _ext.unavailable_reason(x.device)
+    if unavailable:
+        return [unavailable] + reasons
+    if reasons:
+        return reasons
+    why = _ext._C.layer_norm_forward(*_args(x, x, weight, bias, eps), 0, x.device.index, True)
+    return [why] if why else []
+
+
+def layer_norm_kernel(x, weight, bias, eps, out=None):
+    """The HIP kernel itself, no dispatch."""
+    y = torch.empty_like(x) if out is None else out
+    _ext._C.layer_norm_forward(*_args(x, y, weight, bias, eps), stream_handle(x.device), x.device.index)
+    return y
+
+
+_plans = PlanCache()
+
+
+@torch.library.custom_op("rocm_sd::layer_norm", mutates_args=())
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    key = (tensor_key(x), tensor_key(weight), tensor_key(bias))
+    reasons = _plans.get(key)
+    if reasons is None:
+        reasons = _plans.put(key, supports(x, weight, bias, eps))
+    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
+        return layer_norm_kernel(x, weight, bias, eps)
+    params = weight if weight is not None else bias
+    if params is not None and params.dtype != x.dtype:
+        return layer_norm_ref(x.float(), weight, bias, eps).to(x.dtype).contiguous()
+    return layer_norm_ref(x, weight, bias, eps).contiguous()
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
