@@ -1,6 +1,6 @@
 """rocm_sd::layer_norm: LayerNorm over the last dimension, one wave per row (hip/layer_norm.hip).
 
-    y = (x - mean) / sqrt(var + eps) * weight + bias       x: (..., C) contiguous, C up to 2048 (fp16 on wave32)
+    y = (x - mean) / sqrt(var + eps) * weight + bias       x: (..., C) contiguous, C up to 4096 (fp16 on wave32)
 """
 from __future__ import annotations
 
