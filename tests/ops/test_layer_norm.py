@@ -66,5 +66,5 @@ def test_kernel_fp32_params_no_affine_and_large_mean():
 def test_too_wide_rows_fall_back_with_a_reason():
     x, w, b = make((4, 65536), torch.float16, "cuda")
     assert any("too large" in r for r in supports(x, w, b, 1e-5))
-    with config.override(log_fallbacks=False):
+    with config.override(strict=False, log_fallbacks=False):  # the GPU suite runs with ROCM_SD_STRICT=1
         assert torch.equal(torch.ops.rocm_sd.layer_norm(x, w, b, 1e-5), layer_norm_ref(x, w, b, 1e-5))
