@@ -200,3 +200,35 @@ def test_fused_resnets_match_within_rounding(arch):
     assert report["unet"]["resnet fused"] > 0 and report["vae"]["resnet fused"] > 0
     assert (fused - reference).abs().max() < 1e-4
     assert torch.equal(run_pipe(pipe, output_type="pt"), reference)
+
+
+def test_img2img_and_controlnet_pipelines_patch_and_revert():
+    # Variants that share the components: the VAE encoder (img2img) and a ControlNet are patched too.
+    from diffusers import ControlNetModel, StableDiffusionControlNetPipeline, StableDiffusionImg2ImgPipeline
+
+    base = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    conditioning = models.prompt_kwargs(base, "a photo of a cat")
+    image = torch.rand(1, 3, 64, 64)
+    img2img = StableDiffusionImg2ImgPipeline(**base.components)
+    # The tiny VAE downsamples 2x: a conditioning embedding with one 2x step matches its latents.
+    controlnet = ControlNetModel.from_unet(base.unet, conditioning_channels=3, conditioning_embedding_out_channels=(16, 32))
+    control = StableDiffusionControlNetPipeline(**{**base.components, "controlnet": controlnet})
+
+    def run(pipe, **kwargs):
+        with torch.no_grad():
+            return pipe(**conditioning, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+                        output_type="latent", **kwargs).images
+
+    for pipe, kwargs in ((img2img, dict(image=image, strength=0.8)), (control, dict(image=image, height=64, width=64))):
+        reference = run(pipe, **kwargs)
+        with config.override(log_fallbacks=False):
+            rocm_sd.optimize(pipe, channels_last=False, fuse_resnet=False)
+            report = rocm_sd.report(pipe)
+            optimized = run(pipe, **kwargs)
+        rocm_sd.revert(pipe)
+        assert report["vae"]["group_norm+silu"] > 0
+        # The VAE encoder's mid-block attention hands a channels_last view on (see
+        # test_every_architecture_patches_and_reverts_exactly): equal values, then conv rounding.
+        assert (optimized - reference).abs().max() < 1e-4
+        assert torch.equal(run(pipe, **kwargs), reference)
+    assert report["controlnet"]["group_norm+silu"] > 0 and report["controlnet"]["graphed: forward"] == 1
