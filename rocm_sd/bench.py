@@ -197,6 +197,26 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def bar_chart(rows: list[dict], path: str, title: str) -> None:
+    """Median seconds per engine as a horizontal bar chart (PNG, drawn with Pillow: no plotting stack)."""
+    from PIL import Image, ImageDraw
+
+    label_w, bar_w, row_h, pad = 260, 420, 26, 12
+    width, height = label_w + bar_w + 90, pad * 3 + row_h * (len(rows) + 1)
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((pad, pad), title, fill="black")
+    longest = max(r["median_s"] for r in rows)
+    for i, r in enumerate(rows):
+        y = pad * 2 + row_h * (i + 1)
+        length = max(1, int(bar_w * r["median_s"] / longest))
+        color = (200, 60, 40) if r["engine"].startswith("rocm_sd") else (90, 110, 140)
+        draw.text((pad, y + 6), r["label"][:40], fill="black")
+        draw.rectangle([label_w, y + 4, label_w + length, y + row_h - 4], fill=color)
+        draw.text((label_w + length + 6, y + 6), f"{r['median_s']:.3f} s", fill="black")
+    image.save(path)
+
+
 def _write(rows, table, model, device, out_dir, size, steps, batch) -> None:
     date = datetime.date.today().isoformat()
     stem = os.path.join(out_dir, f"{date}-{model}-{_device_tag(device)}")
@@ -211,4 +231,6 @@ def _write(rows, table, model, device, out_dir, size, steps, batch) -> None:
         f.write(f"# rocm_sd bench: {model} {size}x{size}, {steps} steps, batch {batch} (+CFG)\n\n")
         f.write("".join(f"- {k}: `{v}`\n" for k, v in meta.items()))
         f.write("\n" + table + "\n")
-    print(f"written: {stem}.md/.json")
+    bar_chart(rows, stem + ".png", f"{model} {size}x{size}, {steps} steps, batch {batch}: median seconds "
+              f"({meta['device']})")
+    print(f"written: {stem}.md/.json/.png")

@@ -43,6 +43,10 @@ def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path):
     for row in data["results"]:
         assert row["median_s"] > 0 and row["psnr_db"] > 40, row
     assert "| rocm_sd |" in result.stdout
+    from PIL import Image
+
+    with Image.open(json_path.with_suffix(".png")) as chart:
+        assert chart.size[0] > 300 and chart.size[1] > 100
 
 
 def test_bench_rejects_unknown_engines():
