@@ -35,7 +35,11 @@ from torch.utils import _pytree as pytree
 
 log = logging.getLogger("rocm_sd")
 
-MAX_GRAPHS = 8      # signatures kept per callable: CFG on/off x a few resolutions
+# Signatures kept per callable (CFG on/off x a few resolutions). Past it, new signatures run eagerly:
+# that stops a call whose arguments change every time from capturing every time, but it also means
+# that many weight swaps (each LoRA fused into new storage is a new signature) end graph replays until
+# invalidate_graphs(). Known limitation; LRU eviction with a guard against thrashing is the next step.
+MAX_GRAPHS = 8
 WARMUP_CALLS = 2    # eager calls on a side stream before capture (lazy init, cuDNN algorithm choice)
 
 
