@@ -11,29 +11,12 @@
 #include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
-#include "rocm_sd/device.h"
+#include "rocm_sd/launch.h"
 
 namespace rsd {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxBlocksPerSm = 8;
-
-int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// Widest access (at most 16 bytes) keeping a vector inside one channel (NCHW: VEC divides hw) or
-// starting at a multiple of VEC channels (NHWC: VEC divides C), with every pointer aligned.
-int pick_vec(const BiasResidualArgs& a) {
-  const int eb = elem_bytes(a.dtype);
-  const int64_t unit = a.layout == Layout::nchw ? a.hw : a.c;
-  for (int vec = 16 / eb; vec > 1; vec /= 2) {
-    if (unit % vec == 0 && aligned(a.x, vec * eb) && aligned(a.residual, vec * eb) && aligned(a.y, vec * eb) &&
-        (a.layout == Layout::nchw || aligned(a.bias, vec * eb)))
-      return vec;
-  }
-  return 1;
-}
 
 // NCHW: channel of element i = (i / hw) % C; NHWC: i % C, and VEC consecutive channels per vector.
 template <class T, int VEC, bool NHWC>
@@ -100,15 +83,16 @@ std::string bias_residual_forward(const BiasResidualArgs& a) {
   if (!why.empty()) return why;
   DeviceGuard guard(a.device);
   if (!guard.error().empty()) return guard.error();
-  const int vec = pick_vec(a);
+  // A vector stays inside one channel (NCHW: vec divides hw) or starts at a multiple of vec channels
+  // (NHWC: vec divides C); the bias is read element by element.
+  const int vec = widest_vec(a.dtype, a.layout == Layout::nchw ? a.hw : a.c, {a.x, a.residual, a.y});
   const int64_t vectors = a.n * a.c * a.hw / vec;
-  const int64_t blocks = std::min<int64_t>((vectors + kThreads - 1) / kThreads,
-                                           int64_t(kMaxBlocksPerSm) * device_attribute(a.device, Attr::multiprocessors, 80));
+  const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
   hipStream_t stream = static_cast<hipStream_t>(a.stream);
   switch (a.dtype) {
-    case DType::f32: launch<float>(a, vec, unsigned(blocks), vectors, stream); break;
-    case DType::f16: launch<__half>(a, vec, unsigned(blocks), vectors, stream); break;
-    case DType::bf16: launch<bf16>(a, vec, unsigned(blocks), vectors, stream); break;
+    case DType::f32: launch<float>(a, vec, blocks, vectors, stream); break;
+    case DType::f16: launch<__half>(a, vec, blocks, vectors, stream); break;
+    case DType::bf16: launch<bf16>(a, vec, blocks, vectors, stream); break;
   }
   const hipError_t err = hipGetLastError();
   if (err != hipSuccess) return std::string("bias_residual launch failed: ") + hipGetErrorString(err);

@@ -14,25 +14,12 @@
 #include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
-#include "rocm_sd/device.h"
+#include "rocm_sd/launch.h"
 
 namespace rsd {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxBlocksPerSm = 8;  // grid-stride beyond this: enough bytes in flight, no tail waves
-
-int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// Widest access (at most 16 bytes) that divides D and keeps both halves and y aligned.
-int pick_vec(const GegluArgs& a) {
-  const int eb = elem_bytes(a.dtype);
-  for (int vec = 16 / eb; vec > 1; vec /= 2) {
-    if (a.d % vec == 0 && aligned(a.x, vec * eb) && aligned(a.y, vec * eb)) return vec;
-  }
-  return 1;
-}
 
 __device__ __forceinline__ float gelu_erf(float g) { return 0.5f * g * (1.f + erff(g * 0.70710678118654752f)); }
 
@@ -82,16 +69,15 @@ std::string geglu_forward(const GegluArgs& a) {
   if (!why.empty()) return why;
   DeviceGuard guard(a.device);
   if (!guard.error().empty()) return guard.error();
-  const int vec = pick_vec(a);
+  const int vec = widest_vec(a.dtype, a.d, {a.x, a.y});  // D a multiple of vec keeps both halves aligned
   const int64_t vectors = a.rows * a.d / vec;
-  const int64_t blocks = std::min<int64_t>((vectors + kThreads - 1) / kThreads,
-                                           int64_t(kMaxBlocksPerSm) * device_attribute(a.device, Attr::multiprocessors, 80));
+  const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
   hipStream_t stream = static_cast<hipStream_t>(a.stream);
   const FastDiv per_row(uint32_t(a.d / vec));
   switch (a.dtype) {
-    case DType::f32: launch<float>(a, vec, unsigned(blocks), vectors, per_row, stream); break;
-    case DType::f16: launch<__half>(a, vec, unsigned(blocks), vectors, per_row, stream); break;
-    case DType::bf16: launch<bf16>(a, vec, unsigned(blocks), vectors, per_row, stream); break;
+    case DType::f32: launch<float>(a, vec, blocks, vectors, per_row, stream); break;
+    case DType::f16: launch<__half>(a, vec, blocks, vectors, per_row, stream); break;
+    case DType::bf16: launch<bf16>(a, vec, blocks, vectors, per_row, stream); break;
   }
   const hipError_t err = hipGetLastError();
   if (err != hipSuccess) return std::string("geglu launch failed: ") + hipGetErrorString(err);

@@ -58,7 +58,7 @@ Plan make_plan(const GroupNormArgs& a) {
     // the stats pass (in reverse) re-reads x from L2, which measured faster (bench/notes/group_norm.md).
     // The plane grid has n * c rows in its y dimension, at most 65535.
     p.planes = a.hw >= kPlaneMin && a.n * a.c <= 65535 &&
-               a.n * a.c * a.hw * elem_bytes(a.dtype) > device_attribute(a.device, Attr::l2_bytes, 32 << 20);
+               tensor_bytes(a) > device_attribute(a.device, Attr::l2_bytes, 32 << 20);
     if (p.planes) {
       p.plane_splits = ceil_div(a.hw, kChunkElems);
       p.plane_chunk = ceil_div(ceil_div(a.hw, p.plane_splits), p.vec) * p.vec;

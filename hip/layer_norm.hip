@@ -13,7 +13,7 @@
 #include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
-#include "rocm_sd/device.h"
+#include "rocm_sd/launch.h"
 
 namespace rsd {
 namespace {
@@ -21,16 +21,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxVecsPerLane = 16;
 
-int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-int pick_vec(const LayerNormArgs& a) {
-  const int eb = elem_bytes(a.dtype);
-  for (int vec = 16 / eb; vec > 1; vec /= 2) {
-    if (a.c % vec == 0 && aligned(a.x, vec * eb) && aligned(a.y, vec * eb)) return vec;
-  }
-  return 1;
-}
+int pick_vec(const LayerNormArgs& a) { return widest_vec(a.dtype, a.c, {a.x, a.y}); }
 
 template <class T, class P, int VEC, int VECS>
 __global__ void __launch_bounds__(kThreads)

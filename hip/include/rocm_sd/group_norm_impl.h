@@ -12,25 +12,17 @@
 #include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#include "rocm_sd/launch.h"
 
 namespace rsd {
 namespace gn {
 
-inline int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
-inline bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 inline int64_t tensor_bytes(const GroupNormArgs& a) { return a.n * a.c * a.hw * elem_bytes(a.dtype); }
 
 // Widest access (at most 16 bytes) such that every vector stays inside one channel (NCHW) or
 // one group (NHWC) and x and y are aligned for it.
 inline int pick_vec(const GroupNormArgs& a) {
-  const int eb = elem_bytes(a.dtype);
-  const int64_t unit = a.layout == Layout::nchw ? a.hw : a.c / a.groups;
-  for (int vec = 16 / eb; vec > 1; vec /= 2) {
-    if (unit % vec == 0 && aligned(a.x, vec * eb) && aligned(a.y, vec * eb)) return vec;
-  }
-  return 1;
+  return widest_vec(a.dtype, a.layout == Layout::nchw ? a.hw : a.c / a.groups, {a.x, a.y});
 }
 
 // Streaming stores only pay when y cannot stay in L2 for its consumer anyway.
