@@ -53,18 +53,39 @@ def tensor_key(t: torch.Tensor | None):
 
 
 class PlanCache(dict):
-    """Per-op cache of (fallback reasons, workspace bytes) by argument key, so that the checks run once
-    per shape rather than once per call. Bounded: cleared when it grows past `limit` entries."""
+    """Per-op cache of what the checks decided (fallback reasons, workspace bytes) by argument key, so
+    that they run once per shape rather than once per call. Bounded: cleared past `limit` entries."""
 
     def __init__(self, limit: int = 4096):
         super().__init__()
         self.limit = limit
 
-    def put(self, key, value):
-        if len(self) >= self.limit:
-            self.clear()
-        self[key] = value
+    def get_or_compute(self, key, compute):
+        value = self.get(key)
+        if value is None:
+            if len(self) >= self.limit:
+                self.clear()
+            value = self[key] = compute()
         return value
+
+
+def param_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                  channels: int | None) -> list[str]:
+    """Why affine parameters cannot go to a norm kernel: each must be a contiguous (channels,) vector on
+    x's device, of x's dtype or float32, and both of one dtype."""
+    reasons = []
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if p.device != x.device:
+            reasons.append(f"{name} on {p.device}, input on {x.device}")
+        if p.dtype not in (x.dtype, torch.float32):
+            reasons.append(f"{name} dtype {p.dtype} is neither the input's ({x.dtype}) nor float32")
+        if p.dim() != 1 or p.shape[0] != channels or not p.is_contiguous():
+            reasons.append(f"{name} of shape {tuple(p.shape)} is not a contiguous ({channels},) vector")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        reasons.append(f"weight dtype {weight.dtype} differs from bias dtype {bias.dtype}")
+    return reasons
 
 
 def within_tolerance(out: torch.Tensor, truth: torch.Tensor, torch_same_dtype: torch.Tensor) -> tuple[bool, float, float]:

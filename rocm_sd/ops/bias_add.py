@@ -69,9 +69,7 @@ _plans = PlanCache()
 @torch.library.custom_op("rocm_sd::bias_residual", mutates_args=())
 def bias_residual(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     key = (tensor_key(x), tensor_key(residual), tensor_key(bias))
-    reasons = _plans.get(key)
-    if reasons is None:
-        reasons = _plans.put(key, supports(x, residual, bias, scale))
+    reasons = _plans.get_or_compute(key, lambda: supports(x, residual, bias, scale))
     if dispatch.choose(OP, reasons) == dispatch.KERNEL:
         return bias_residual_kernel(x, residual, bias, scale)
     y = bias_residual_ref(x, residual, bias, scale)

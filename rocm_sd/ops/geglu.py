@@ -69,10 +69,7 @@ _plans = PlanCache()
 
 @torch.library.custom_op("rocm_sd::geglu", mutates_args=())
 def geglu(x: torch.Tensor) -> torch.Tensor:
-    key = tensor_key(x)
-    reasons = _plans.get(key)
-    if reasons is None:
-        reasons = _plans.put(key, supports(x))
+    reasons = _plans.get_or_compute(tensor_key(x), lambda: supports(x))
     if dispatch.choose(OP, reasons) == dispatch.KERNEL:
         return geglu_kernel(x)
     return geglu_ref(x).contiguous()

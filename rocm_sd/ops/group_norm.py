@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, stream_handle, tensor_key
+from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, param_reasons, stream_handle, tensor_key
 
 OP = "group_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -47,19 +47,7 @@ def input_reasons(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
         reasons.append("empty tensor")
     if layout_of(x) is None:
         reasons.append(f"strides {tuple(x.stride())} are neither contiguous nor channels_last")
-    channels = x.shape[1] if x.dim() > 1 else None
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is None:
-            continue
-        if p.device != x.device:
-            reasons.append(f"{name} on {p.device}, input on {x.device}")
-        if p.dtype not in (x.dtype, torch.float32):
-            reasons.append(f"{name} dtype {p.dtype} is neither the input's ({x.dtype}) nor float32")
-        if p.dim() != 1 or p.shape[0] != channels or not p.is_contiguous():
-            reasons.append(f"{name} of shape {tuple(p.shape)} is not a contiguous ({channels},) vector")
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        reasons.append(f"weight dtype {weight.dtype} differs from bias dtype {bias.dtype}")
-    return reasons
+    return reasons + param_reasons(x, weight, bias, x.shape[1] if x.dim() > 1 else None)
 
 
 def _input_bias_reasons(x: torch.Tensor, input_bias: torch.Tensor | None) -> list[str]:
@@ -135,11 +123,11 @@ _plans = PlanCache()
 
 def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
     key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias), tensor_key(input_bias))
-    plan = _plans.get(key)
-    if plan is None:
+    def compute():
         reasons = supports(x, num_groups, weight, bias, eps, silu, input_bias)
-        plan = _plans.put(key, (reasons, None if reasons else _workspace_bytes(x, x, num_groups)))
-    return plan
+        return reasons, None if reasons else _workspace_bytes(x, x, num_groups)
+
+    return _plans.get_or_compute(key, compute)
 
 
 @torch.library.custom_op("rocm_sd::group_norm", mutates_args=())

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, stream_handle, tensor_key
+from ._common import DTYPE_CODES, PlanCache, param_reasons, stream_handle, tensor_key
 
 OP = "layer_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -27,19 +27,7 @@ def input_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
         reasons.append("empty tensor")
     if not x.is_contiguous():
         reasons.append(f"strides {tuple(x.stride())} are not contiguous")
-    c = x.shape[-1] if x.dim() else None
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is None:
-            continue
-        if p.device != x.device:
-            reasons.append(f"{name} on {p.device}, input on {x.device}")
-        if p.dtype not in (x.dtype, torch.float32):
-            reasons.append(f"{name} dtype {p.dtype} is neither the input's ({x.dtype}) nor float32")
-        if p.dim() != 1 or p.shape[0] != c or not p.is_contiguous():
-            reasons.append(f"{name} of shape {tuple(p.shape)} is not a contiguous ({c},) vector")
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        reasons.append(f"weight dtype {weight.dtype} differs from bias dtype {bias.dtype}")
-    return reasons
+    return reasons + param_reasons(x, weight, bias, x.shape[-1] if x.dim() else None)
 
 
 def _args(x, y, weight, bias, eps):
@@ -74,9 +62,7 @@ _plans = PlanCache()
 @torch.library.custom_op("rocm_sd::layer_norm", mutates_args=())
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     key = (tensor_key(x), tensor_key(weight), tensor_key(bias))
-    reasons = _plans.get(key)
-    if reasons is None:
-        reasons = _plans.put(key, supports(x, weight, bias, eps))
+    reasons = _plans.get_or_compute(key, lambda: supports(x, weight, bias, eps))
     if dispatch.choose(OP, reasons) == dispatch.KERNEL:
         return layer_norm_kernel(x, weight, bias, eps)
     params = weight if weight is not None else bias
