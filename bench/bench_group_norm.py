@@ -6,7 +6,6 @@ Bytes counted: one read of x and one write of y (the least any implementation mu
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -15,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench.harness import copy_ceiling_gbps, device_ms, rotating_inputs, write_results  # noqa: E402
+from bench.harness import copy_ceiling_gbps, device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
 from rocm_sd.ops.group_norm import describe, group_norm_kernel, supports  # noqa: E402
 from tests.shapes import GROUP_NORM_SD  # noqa: E402
 
@@ -35,10 +34,7 @@ def eager_call_us(fn, x, calls: int = 2000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    args = parser.parse_args()
+    args = kernel_bench_args(__doc__)
     dtype = getattr(torch, args.dtype)
     ceiling = copy_ceiling_gbps()
     rows = []

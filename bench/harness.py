@@ -98,3 +98,44 @@ def write_results(what: str, rows: list[dict], table: str, out_dir: str) -> str:
     with open(stem + ".md", "w") as f:
         f.write(f"# {what}\n\n" + "\n".join(f"- {k}: `{v}`" for k, v in meta.items()) + "\n\n" + table + "\n")
     return stem
+
+
+def kernel_bench_args(description: str):
+    """The command line every kernel benchmark takes: --out-dir and --dtype."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    return parser.parse_args()
+
+
+def compare_with_torch(op: str, args, shapes, setup, bytes_moved) -> None:
+    """torch vs rocm_sd at each shape: device ms, speed-up, GB/s against the measured copy ceiling.
+
+    setup(shape, dtype) -> (inputs, torch_fn, kernel_fn, reasons): rotating inputs, the two callables
+    taking one input, and why the kernel cannot run (empty: it can). bytes_moved(shape, dtype): the
+    least traffic any implementation needs. Writes bench/results/<date>-<op>-<dtype>-<device>.*.
+    """
+    dtype = getattr(torch, args.dtype)
+    ceiling = copy_ceiling_gbps()
+    rows = [{"op": "copy", "shape": "1Gi fp16", "gbps": round(ceiling, 1)}]
+    lines = [f"Copy ceiling (read + write): {ceiling:.0f} GB/s. Device time from graph replays over rotating inputs.",
+             "", "| shape | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy |", "|---|---:|---:|---:|---:|---:|"]
+    for shape in shapes:
+        inputs, torch_fn, kernel_fn, reasons = setup(shape, dtype)
+        if reasons:
+            raise SystemExit(f"rocm_sd kernel cannot run {shape}: {reasons}")
+        times = {"torch": device_ms(torch_fn, inputs), "rocm_sd": device_ms(kernel_fn, inputs)}
+        for backend, ms in times.items():
+            gbps = bytes_moved(shape, dtype) / ms / 1e6
+            rows.append({"op": op, "shape": str(shape), "dtype": args.dtype, "backend": backend, "ms": round(ms, 4),
+                         "gbps": round(gbps, 1), "pct_copy": round(100 * gbps / ceiling, 1)})
+        k = rows[-1]
+        lines.append(f"| {shape} | {times['torch']:.4f} | {times['rocm_sd']:.4f} | "
+                     f"{times['torch'] / times['rocm_sd']:.1f}x | {k['gbps']:.0f} | {k['pct_copy']:.1f} |")
+        print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    stem = write_results(f"{op}-{args.dtype}", rows, table, args.out_dir)
+    print(table)
+    print(f"written: {stem}.md/.json")
