@@ -73,7 +73,8 @@ def _engine(name: str, pipe, flags: dict[str, bool]):
             patch.revert(pipe)
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR in dB of two images with values in [0, 1]."""
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
@@ -170,7 +171,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
         if label != engine:
             row["flags"] = flags
         if eager_out is not None:
-            row["psnr_db"] = round(_psnr(eager_out[0], images), 1)
+            row["psnr_db"] = round(psnr(eager_out[0], images), 1)
             row["max_latent_diff"] = float((eager_out[1] - latents).abs().max())
         rows.append(row)
     progress.close()

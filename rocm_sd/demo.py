@@ -5,7 +5,6 @@ architecture in fp32, so that the whole path (patching, dispatch, fallback) runs
 """
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import time
@@ -14,16 +13,12 @@ import numpy as np
 import torch
 
 from . import dispatch, models, patch, platform
+from .bench import psnr
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
 def _save_png(image: np.ndarray, path: str) -> None:
@@ -74,12 +69,12 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
     _save_png(opt_image, opt_path)
 
     max_diff = float(np.abs(ref_image.astype(np.float64) - opt_image.astype(np.float64)).max())
-    psnr = _psnr(ref_image, opt_image)
+    psnr_db = psnr(ref_image, opt_image)
     print()
     print("| pipeline  | first call s | median s | speed-up | max abs diff | PSNR dB |")
     print("|-----------|-------------:|---------:|---------:|-------------:|--------:|")
     print(f"| reference | {ref_first:12.3f} | {ref_s:8.3f} |    1.00x |            - |       - |")
-    print(f"| rocm_sd   | {opt_first:12.3f} | {opt_s:8.3f} | {ref_s / opt_s:7.2f}x | {max_diff:12.2e} | {psnr:7.1f} |")
+    print(f"| rocm_sd   | {opt_first:12.3f} | {opt_s:8.3f} | {ref_s / opt_s:7.2f}x | {max_diff:12.2e} | {psnr_db:7.1f} |")
     print()
     print("report (what optimize() replaced; how graphed calls ran):")
     for component, counts in replaced.items():
@@ -88,5 +83,5 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
     for op, reasons in dispatch.fallback_reasons_seen().items():
         print(f"{op} fell back to PyTorch because: {'; '.join(reasons)}")
     print(f"images: {ref_path}, {opt_path}")
-    return {"arch": arch, "reference_s": ref_s, "rocm_sd_s": opt_s, "max_diff": max_diff, "psnr_db": psnr,
+    return {"arch": arch, "reference_s": ref_s, "rocm_sd_s": opt_s, "max_diff": max_diff, "psnr_db": psnr_db,
             "calls": backend_calls, "replaced": replaced}

@@ -145,7 +145,7 @@ class GraphedCall:
         for name in self.ignore_kwargs:
             kwargs.pop(name, None)
         try:
-            key, tensor_leaves, spec = self._signature(args, kwargs)
+            key, leaves, spec = self._signature(args, kwargs)
         except _Ineligible as why:
             self.stats[f"eager: {why}"] += 1
             return self.fn(*args, **kwargs)
@@ -158,7 +158,7 @@ class GraphedCall:
                 self.stats[f"eager: more than {MAX_GRAPHS} input signatures"] += 1
                 return self.fn(*args, **kwargs)
             try:
-                graph = self._capture(args, kwargs, tensor_leaves, spec)
+                graph = self._capture(args, kwargs, leaves, spec)
             except Exception as error:  # noqa: BLE001 - any capture failure falls back to eager, reported
                 reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
                 self.failed[key] = reason
@@ -168,7 +168,7 @@ class GraphedCall:
             self.graphs[key] = graph
             self.stats["graph captures"] += 1
         self.stats["graph replays"] += 1
-        return graph.replay(tensor_leaves)
+        return graph.replay([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
 
     def _signature(self, args, kwargs):
         if torch.compiler.is_compiling():
@@ -178,13 +178,12 @@ class GraphedCall:
         if hasattr(self.module, "_hf_hook"):
             raise _Ineligible("accelerate hooks (CPU offload) move the weights between calls")
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        if not any(t.device.type == "cuda" for t in tensors):
+        if not any(isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" for leaf in leaves):
             raise _Ineligible("no GPU tensor among the inputs")
         if torch.cuda.is_current_stream_capturing():
             raise _Ineligible("called inside another graph capture")
         key = (spec, tuple(_leaf_key(leaf) for leaf in leaves), _structure_epoch, self._weights_key())
-        return key, tensors, spec
+        return key, leaves, spec
 
     def _weights_key(self) -> tuple:
         # Moving the model (offload, .to()) or swapping a weight tensor (LoRA fusing) changes a storage
@@ -197,8 +196,8 @@ class GraphedCall:
         return tuple(t.data_ptr() for t in self._weight_list)
 
     # -- capture ----------------------------------------------------------------------------------
-    def _capture(self, args, kwargs, tensor_leaves: list, spec):
-        device = next(t.device for t in tensor_leaves if t.device.type == "cuda")
+    def _capture(self, args, kwargs, leaves: list, spec):
+        device = next(leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda")
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -208,8 +207,7 @@ class GraphedCall:
                 self.fn(*args, **kwargs)
         torch.cuda.current_stream(device).wait_stream(side)
 
-        static_inputs = [t.detach().clone() for t in tensor_leaves]
-        leaves, _ = pytree.tree_flatten((args, kwargs))
+        static_inputs = [leaf.detach().clone() for leaf in leaves if isinstance(leaf, torch.Tensor)]
         it = iter(static_inputs)
         static_leaves = [next(it) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         static_args, static_kwargs = pytree.tree_unflatten(static_leaves, spec)
