@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import compare_with_torch, kernel_bench_args, rotating_inputs  # noqa: E402
 from rocm_sd.ops.geglu import geglu_kernel, geglu_ref, supports  # noqa: E402
-from tests.ops.test_geglu import GEGLU_SD  # noqa: E402
+from tests.shapes import GEGLU_SD  # noqa: E402
 
 
 def setup(shape, dtype):

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import compare_with_torch, kernel_bench_args, rotating_inputs  # noqa: E402
 from rocm_sd.ops.layer_norm import layer_norm_kernel, layer_norm_ref, supports  # noqa: E402
-from tests.ops.test_layer_norm import LAYER_NORM_SD  # noqa: E402
+from tests.shapes import LAYER_NORM_SD  # noqa: E402
 
 
 def setup(shape, dtype):

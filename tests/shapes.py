@@ -23,3 +23,9 @@ GROUP_NORM_AWKWARD = [
     ((2, 320, 10), 32),      # 3-D input (N, C, L)
     ((1, 4096, 4, 4), 32),   # wide channels: NHWC with 512 threads a row
 ]
+
+# GEGLU input (rows..., 2D): the SD1.5 feed-forward at 64x64, 32x32, 16x16, 8x8 latents (CFG batch 2).
+GEGLU_SD = [(2, 4096, 2560), (2, 1024, 5120), (2, 256, 10240), (2, 64, 10240)]
+
+# LayerNorm input (rows..., C): the SD1.5 transformer blocks at 64x64 .. 8x8 latents, and SDXL's 1280.
+LAYER_NORM_SD = [(2, 4096, 320), (2, 1024, 640), (2, 256, 1280), (2, 64, 1280), (2, 1024, 1280)]

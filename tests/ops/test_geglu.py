@@ -5,10 +5,9 @@ from torch import nn
 from rocm_sd import config, dispatch
 from rocm_sd.modules import GEGLUFused
 from rocm_sd.ops._common import within_tolerance
+from tests.shapes import GEGLU_SD
 from rocm_sd.ops.geglu import geglu_kernel, geglu_ref, input_reasons, supports
 
-# (rows..., 2D): the SD1.5 feed-forward at 64x64, 32x32, 16x16, 8x8 latents (CFG batch 2), then awkward.
-GEGLU_SD = [(2, 4096, 2560), (2, 1024, 5120), (2, 256, 10240), (2, 64, 10240)]
 GEGLU_AWKWARD = [(1, 1, 2), (3, 7, 14), (5, 2 * 333), (2, 77, 2 * 1280)]
 
 

@@ -5,10 +5,9 @@ from torch import nn
 from rocm_sd import config, dispatch
 from rocm_sd.modules import LayerNormFused
 from rocm_sd.ops._common import within_tolerance
+from tests.shapes import LAYER_NORM_SD
 from rocm_sd.ops.layer_norm import input_reasons, layer_norm_kernel, layer_norm_ref, supports
 
-# (rows..., C): the SD1.5 transformer blocks at 64x64 .. 8x8 latents (CFG batch 2), SDXL's 1280, then awkward.
-LAYER_NORM_SD = [(2, 4096, 320), (2, 1024, 640), (2, 256, 1280), (2, 64, 1280), (2, 1024, 1280)]
 LAYER_NORM_AWKWARD = [(3, 7, 33), (1, 1, 8), (5, 2048), (4, 77, 768)]
 
 
