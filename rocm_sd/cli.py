@@ -1,4 +1,4 @@
-"""`python -m rocm_sd {info,demo,bench}`."""
+"""`python -m rocm_sd {info,demo,bench,generate}`."""
 from __future__ import annotations
 
 import argparse
@@ -83,7 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--ablation", action="store_true", help="one more rocm_sd row per optimize() flag toggled")
     bench.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
     bench.add_argument("--out", default="bench/results", help="folder for the .md/.json results ('' to skip)")
+    from .parallel import generate
+
+    generate.add_arguments(sub.add_parser(
+        "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"))
     args = parser.parse_args(argv)
+    if args.command == "generate":
+        return generate.main(args)
     if args.command == "info":
         return info()
     if args.command == "bench":

@@ -102,6 +102,22 @@ def default_size(arch: str) -> int:
     return ARCHITECTURES[arch].size
 
 
+def load_pipeline(model: str, device, dtype):
+    """An architecture name from ARCHITECTURES (random weights) or a local diffusers model folder."""
+    if model in ARCHITECTURES:
+        return build_sd_pipeline(model, device, dtype)
+    import os
+
+    if not os.path.isdir(model):
+        raise ValueError(f"--model {model!r} is neither an architecture ({', '.join(sorted(ARCHITECTURES))}) "
+                         "nor a local diffusers model folder")
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device)
+
+
 def prompt_token_ids(prompt: str, vocab_size: int, length: int = 77) -> torch.Tensor:
     """Deterministic token ids for a prompt (no tokenizer files can be downloaded here): one id per word
     from its hash, between CLIP's begin and end markers, padded with the end marker."""
@@ -129,6 +145,15 @@ def _encode_xl(pipe, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
         out = te(prompt_token_ids(prompt, te.config.vocab_size).to(te.device), output_hidden_states=True)
         states.append(out.hidden_states[-2])
     return torch.cat(states, dim=-1), out.text_embeds
+
+
+def conditioning(pipe, prompts: list[str], negative: str = "") -> dict:
+    """Pipeline keyword arguments for one image per prompt: the prompts themselves when the pipeline has
+    a tokenizer (a real model), else embeddings of hashed token ids (random-weight architectures)."""
+    if getattr(pipe, "tokenizer", None) is not None:
+        return {"prompt": list(prompts), "negative_prompt": [negative] * len(prompts)}
+    per_prompt = [prompt_kwargs(pipe, p, negative) for p in prompts]
+    return {key: torch.cat([kw[key] for kw in per_prompt]) for key in per_prompt[0]}
 
 
 def prompt_kwargs(pipe, prompt: str, negative: str = "", batch: int = 1) -> dict:

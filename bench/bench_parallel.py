@@ -1,0 +1,124 @@
+"""Multi-GPU throughput and CFG-parallel latency of `rocm_sd generate`, each configuration one torchrun job.
+
+    python bench/bench_parallel.py [--gpus 1,2,4] [--prompts 32] [--batch 4] [--latency-model sd15 sdxl]
+
+Throughput: --prompts prompts (SD1.5 512x512, 50 steps by default) in data-parallel mode on each GPU count;
+images/s over the generation phase (after each rank's warm-up, which captures the graphs), and whether
+every image equals the one-GPU image. Latency: one image at a time (batch 1), one GPU in data mode against
+two GPUs in cfg mode; median seconds per image, and PSNR of the cfg images against the one-GPU ones.
+Writes bench/results/<date>-parallel-<device>.md/.json (rows as shared/PERF.md asks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench.harness import write_results  # noqa: E402
+
+SUBJECTS = ["a lighthouse", "a red fox", "snowy mountains", "a bowl of fruit", "a city street", "an old ship",
+            "a forest path", "a desert town"]
+STYLES = ["at dawn, watercolor", "in the rain, oil painting", "at night, photograph", "in autumn, ink drawing"]
+LATENCY = {"sd15": dict(steps=50, size=512, prompts=5), "sdxl": dict(steps=30, size=1024, prompts=3)}
+
+
+def prompts(n: int) -> list[str]:
+    return [f"{SUBJECTS[i % len(SUBJECTS)]} {STYLES[(i // len(SUBJECTS)) % len(STYLES)]}, variant {i}"
+            for i in range(n)]
+
+
+def generate(workdir: str, name: str, gpus: int, prompt_list: list[str], *args: str) -> tuple[dict, list]:
+    """One torchrun job; its run.json and images."""
+    from PIL import Image
+
+    path = os.path.join(workdir, f"{name}.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(prompt_list) + "\n")
+    out = os.path.join(workdir, name)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "-m", "rocm_sd",
+           "generate", "--prompts", path, "--out", out, *args]
+    print("$ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "", flush=True)
+    if proc.returncode:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
+    with open(os.path.join(out, "run.json")) as f:
+        run = json.load(f)
+    return run, [np.asarray(Image.open(os.path.join(out, n))) for n in run["images"]]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gpus", default="1,2,4", help="GPU counts for the throughput rows")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=4, help="prompts per pipeline call in the throughput rows")
+    parser.add_argument("--model", default="sd15")
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--latency-model", nargs="*", default=["sd15"], choices=sorted(LATENCY))
+    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args()
+
+    rows, lines = [], []
+    with tempfile.TemporaryDirectory() as work:
+        common = ["--model", args.model, "--height", str(args.size), "--width", str(args.size),
+                  "--steps", str(args.steps), "--batch", str(args.batch)]
+        lines += [f"## Throughput: {args.prompts} prompts, {args.model} {args.size}x{args.size}, {args.steps} steps, "
+                  f"batch {args.batch} per call, data parallel", "",
+                  "| GPUs | images/s | speed-up vs 1 GPU | generation s | setup s | warm-up s | images equal 1-GPU |",
+                  "|---:|---:|---:|---:|---:|---:|---|"]
+        base = None
+        for gpus in [int(g) for g in args.gpus.split(",")]:
+            run, images = generate(work, f"data{gpus}", gpus, prompts(args.prompts), *common)
+            t = run["timings"]
+            base = base or (t["images_per_s"], images)
+            equal = sum(np.array_equal(a, b) for a, b in zip(base[1], images))
+            row = {"gpus": gpus, "mode": "data", "model": args.model, "height": args.size, "width": args.size,
+                   "steps": args.steps, "batch": args.batch, "prompts": args.prompts,
+                   "images_per_s": round(t["images_per_s"], 3),
+                   "speedup_vs_1gpu": round(t["images_per_s"] / base[0], 3), "generate_s": round(t["generate_s"], 3),
+                   "setup_s": round(t["setup_s"], 1), "warmup_s": round(t["warmup_s"], 2),
+                   "images_equal_1gpu": f"{equal}/{len(images)}"}
+            rows.append(row)
+            lines.append(f"| {gpus} | {row['images_per_s']:.2f} | {row['speedup_vs_1gpu']:.2f}x | {row['generate_s']:.2f} "
+                         f"| {row['setup_s']:.0f} | {row['warmup_s']:.1f} | {row['images_equal_1gpu']} |")
+            print(lines[-1], flush=True)
+
+        lines += ["", "## Latency: one image at a time (batch 1), 1 GPU vs CFG-parallel on 2 GPUs", "",
+                  "| model | size | steps | GPUs | mode | s per image (median) | vs 1 GPU | PSNR vs 1 GPU dB |",
+                  "|---|---:|---:|---:|---|---:|---:|---:|"]
+        for model in args.latency_model:
+            spec = LATENCY[model]
+            lat = ["--model", model, "--height", str(spec["size"]), "--width", str(spec["size"]),
+                   "--steps", str(spec["steps"]), "--batch", "1"]
+            single, ref = generate(work, f"lat1-{model}", 1, prompts(spec["prompts"]), *lat)
+            cfg, got = generate(work, f"cfg2-{model}", 2, prompts(spec["prompts"]), *lat, "--mode", "cfg")
+            s1, s2 = single["timings"]["median_round_s"], cfg["timings"]["median_round_s"]
+            quality = min(psnr(a, b) for a, b in zip(ref, got))
+            for gpus, mode, s in ((1, "data", s1), (2, "cfg", s2)):
+                rows.append({"gpus": gpus, "mode": mode, "model": model, "height": spec["size"], "width": spec["size"],
+                             "steps": spec["steps"], "batch": 1, "latency_s": round(s, 4),
+                             "speedup_vs_1gpu": round(s1 / s, 3), "psnr_db": None if gpus == 1 else round(quality, 1)})
+                lines.append(f"| {model} | {spec['size']} | {spec['steps']} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
+                             + ("-" if gpus == 1 else f"{quality:.1f} (lowest of {len(got)})") + " |")
+                print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    stem = write_results("parallel", rows, table, args.out_dir)
+    print(table)
+    print(f"written: {stem}.md/.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""`torchrun --nproc-per-node N -m rocm_sd generate`: many prompts over N GPUs, images gathered on rank 0.
+
+    torchrun --nproc-per-node 4 -m rocm_sd generate --prompts prompts.txt --out images/
+    torchrun --nproc-per-node 2 -m rocm_sd generate --mode cfg --prompt "a lighthouse at dawn" --out one/
+
+Image i (prompt i of the list) is made from seed `--seed + i` with its own generator, in the same batch
+of consecutive prompts whatever the number of GPUs: the images do not depend on how many GPUs made
+them. Rank 0 writes `<out>/<i:05d>.png` as rounds finish and `<out>/run.json` (prompts, seeds, settings,
+timings) at the end. Without torchrun it runs in one process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import models, patch, platform
+from .cfg import enable_cfg_parallel
+from .mesh import DEFAULT_TIMEOUT_S, Mesh, init, shutdown
+from .rounds import JobFailed, all_gather, batches, checked, run_rounds
+
+WARMUP_STEPS = 2   # a short call per batch shape before timing: graph capture and kernel choice happen there
+
+
+@dataclass
+class Job:
+    prompts: list[str]
+    negative: str = ""
+    seed: int = 0
+    batch: int = 1
+    height: int | None = None
+    width: int | None = None
+    steps: int = 50
+    guidance: float = 7.5
+
+
+@dataclass
+class Timings:
+    setup_s: float = 0.0          # pipeline built, optimized, weights checked on every rank
+    warmup_s: float = 0.0
+    generate_s: float = 0.0       # the rounds, from the first call to the last image on rank 0
+    round_s: list[float] = field(default_factory=list)
+
+    def summary(self, n_images: int) -> dict:
+        return {**asdict(self), "images_per_s": n_images / self.generate_s if self.generate_s else None,
+                "median_round_s": statistics.median(self.round_s) if self.round_s else None}
+
+
+def to_uint8(images: np.ndarray) -> np.ndarray:
+    """diffusers' float images in [0, 1] as PIL would store them."""
+    return (images * 255).round().clip(0, 255).astype(np.uint8)
+
+
+def call_pipeline(pipe, job: Job, indices: range, steps: int | None = None) -> np.ndarray:
+    """Images for prompts `indices` of the job: [n, H, W, 3] uint8."""
+    device = pipe.unet.device
+    generators = [torch.Generator(device).manual_seed(job.seed + i) for i in indices]
+    with torch.inference_mode():
+        out = pipe(**models.conditioning(pipe, [job.prompts[i] for i in indices], job.negative),
+                   height=job.height, width=job.width, num_inference_steps=steps or job.steps,
+                   guidance_scale=job.guidance, generator=generators, output_type="np")
+    return to_uint8(out.images)
+
+
+def weights_fingerprint(pipe) -> float:
+    """A sum over the UNet's weights: equal on every rank, or the ranks would make different pictures."""
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in pipe.unet.parameters()))
+
+
+def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool):
+    """The pipeline on this rank's device, optimized, split for cfg mode; checked against the other ranks."""
+    def build():
+        pipe = models.load_pipeline(model, mesh.device, dtype)
+        if optimize:
+            patch.optimize(pipe)
+        if mesh.cfg_group is not None:
+            enable_cfg_parallel(pipe, mesh.cfg_group)
+        return pipe, weights_fingerprint(pipe)
+
+    pipe, fingerprint = checked(mesh, "pipeline setup", build)
+    fingerprints = all_gather(mesh, "weights check", fingerprint)
+    if any(f != fingerprints[0] for f in fingerprints):  # the same list on every rank: all raise together
+        raise JobFailed(f"the ranks hold different UNet weights (fingerprints {fingerprints}); every rank must "
+                        "load the same model")
+    return pipe
+
+
+def run(mesh: Mesh, pipe, job: Job, out_dir: str | None = None, progress: bool = True,
+        warmup: bool = True) -> tuple[list[np.ndarray] | None, Timings]:
+    """Make every image of `job` over the mesh. Rank 0 gets them in prompt order (and in `out_dir` when
+    given); other ranks get None. Timings are rank 0's."""
+    timings = Timings()
+    items = batches(len(job.prompts), job.batch)
+    if warmup:
+        start = time.perf_counter()
+        shapes = {len(r): r for r in items}.values()  # one call per distinct batch size
+        checked(mesh, "warm-up", lambda: [call_pipeline(pipe, job, r, steps=WARMUP_STEPS) for r in shapes])
+        timings.warmup_s = time.perf_counter() - start
+
+    images: list[np.ndarray | None] = [None] * len(job.prompts)
+    bar = tqdm(total=len(job.prompts), unit="img", disable=not (progress and mesh.rank == 0))
+    last = time.perf_counter()
+    timings_start = last
+
+    def collect(done: list[int], results: list[np.ndarray]) -> None:
+        nonlocal last
+        for item, result in zip(done, results):
+            for i, image in zip(items[item], result):
+                images[i] = image
+                if out_dir:
+                    _save_png(image, os.path.join(out_dir, f"{i:05d}.png"))
+            bar.update(len(items[item]))
+        now = time.perf_counter()
+        timings.round_s.append(now - last)
+        last = now
+
+    if out_dir and mesh.rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+    run_rounds(mesh, len(items), lambda item: call_pipeline(pipe, job, items[item]), collect)
+    timings.generate_s = time.perf_counter() - timings_start
+    bar.close()
+    return (images if mesh.rank == 0 else None), timings
+
+
+def _save_png(image: np.ndarray, path: str) -> None:
+    from PIL import Image
+
+    Image.fromarray(image).save(path)
+
+
+def write_json_atomically(path: str, data: dict) -> None:
+    """Temp file + rename: a reader never sees half a file, a crash never leaves one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+        json.dump(data, f, indent=1)
+    os.replace(f.name, path)
+
+
+def read_prompts(path: str | None, inline: list[str] | None) -> list[str]:
+    prompts = list(inline or [])
+    if path:
+        with open(path, encoding="utf-8") as f:
+            prompts += [line.strip() for line in f if line.strip()]
+    if not prompts:
+        raise ValueError("no prompts: give --prompts FILE (one per line) or --prompt TEXT")
+    return prompts
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--prompts", help="text file, one prompt per line (blank lines skipped)")
+    parser.add_argument("--prompt", action="append", help="a prompt (repeatable; added before --prompts)")
+    parser.add_argument("--negative", default="", help="negative prompt for every image")
+    parser.add_argument("--out", required=True, help="folder for <index>.png and run.json (written by rank 0)")
+    parser.add_argument("--model", default=None,
+                        help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
+                             "diffusers model folder (default: sd15 on a GPU, tiny on a CPU)")
+    parser.add_argument("--mode", choices=("data", "cfg"), default="data",
+                        help="data: prompts over all GPUs; cfg: each image's guidance halves on a pair of GPUs")
+    parser.add_argument("--height", type=int)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--guidance", type=float, default=7.5)
+    parser.add_argument("--batch", type=int, default=1, help="prompts per pipeline call")
+    parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
+    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                        help="default: float16 on a GPU, float32 on a CPU")
+    parser.add_argument("--no-optimize", action="store_true", help="plain diffusers (to compare)")
+    parser.add_argument("--no-warmup", action="store_true", help="time the first calls too")
+    parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="longest wait for another rank before the job fails")
+
+
+def main(args) -> int:
+    start = time.perf_counter()
+    job = Job(prompts=read_prompts(args.prompts, args.prompt), negative=args.negative, seed=args.seed,
+              batch=args.batch, height=args.height, width=args.width, steps=args.steps, guidance=args.guidance)
+    mesh = init(args.mode, args.timeout_s)
+    on_gpu = mesh.device.type == "cuda"
+    model = args.model or ("sd15" if on_gpu else "tiny")
+    dtype = getattr(torch, args.dtype or ("float16" if on_gpu else "float32"))
+    try:
+        pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize)
+        setup_s = time.perf_counter() - start
+        images, timings = run(mesh, pipe, job, out_dir=args.out, warmup=not args.no_warmup)
+    except JobFailed as exc:
+        # Every rank stops here together; rank 0 says what happened where. The process group is not torn
+        # down: after a lost rank that can block, and the processes end now anyway.
+        print(f"rocm_sd generate failed on {mesh.world} ranks:\n{exc}" if mesh.rank == 0
+              else f"rank {mesh.rank}: stopping, the job failed ({str(exc).splitlines()[0]})", file=sys.stderr)
+        return 1
+    timings.setup_s = setup_s
+    if mesh.rank == 0:
+        summary = timings.summary(len(job.prompts))
+        write_json_atomically(os.path.join(args.out, "run.json"), {
+            "model": model, "dtype": str(dtype).removeprefix("torch."), "mode": args.mode, "gpus": mesh.world,
+            "device": torch.cuda.get_device_name(mesh.device) if on_gpu else "cpu",
+            "arch": platform.device_arch(mesh.device) if on_gpu else "cpu", "optimized": not args.no_optimize,
+            "job": asdict(job), "timings": summary, "images": [f"{i:05d}.png" for i in range(len(images))]})
+        print(f"{len(images)} images on {mesh.world} process(es), mode {args.mode}: setup {summary['setup_s']:.1f} s, "
+              f"warm-up {summary['warmup_s']:.1f} s, generation {summary['generate_s']:.2f} s "
+              f"({summary['images_per_s']:.2f} images/s), median round {summary['median_round_s']:.3f} s -> {args.out}")
+    shutdown()
+    return 0
