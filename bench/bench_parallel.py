@@ -45,7 +45,8 @@ def generate(workdir: str, name: str, gpus: int, prompt_list: list[str], *args: 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "-m", "rocm_sd",
            "generate", "--prompts", path, "--out", out, *args]
     print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # torchrun gives several processes one CPU thread each and one process all: the same for every row.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "4"})
     print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "", flush=True)
     if proc.returncode:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
@@ -57,6 +58,51 @@ def generate(workdir: str, name: str, gpus: int, prompt_list: list[str], *args: 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
+
+
+def split_bound(model: str, size: int, repeats: int = 20) -> dict:
+    """What CFG-parallel can gain at best, on one GPU: the optimized UNet step (graph replay) on the half
+    batch against the whole CFG batch, and the VAE decode of one image, which both ranks of a pair run."""
+    import statistics
+
+    import torch
+
+    from rocm_sd import models, optimize
+
+    pipe = optimize(models.build_sd_pipeline(model, "cuda", torch.float16))
+    unet, h = pipe.unet, size // 8
+    ctx_dim = unet.config.cross_attention_dim
+
+    def inputs(n):
+        kw = {"encoder_hidden_states": torch.randn(n, 77, ctx_dim, device="cuda", dtype=torch.float16)}
+        if unet.config.addition_embed_type == "text_time":
+            kw["added_cond_kwargs"] = {"text_embeds": torch.randn(n, 1280, device="cuda", dtype=torch.float16),
+                                       "time_ids": torch.randn(n, 6, device="cuda", dtype=torch.float16)}
+        return (torch.randn(n, 4, h, h, device="cuda", dtype=torch.float16), torch.tensor(500.0, device="cuda")), kw
+
+    def median_ms(fn):
+        for _ in range(3):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end))
+        return statistics.median(samples)
+
+    out = {}
+    with torch.inference_mode():
+        for n in (1, 2):
+            args, kw = inputs(n)
+            out[f"unet_b{n}_ms"] = median_ms(lambda: unet(*args, **kw, return_dict=False))
+        latents = torch.randn(1, 4, h, h, device="cuda", dtype=torch.float16)
+        out["vae_decode_b1_ms"] = median_ms(lambda: pipe.vae.decode(latents, return_dict=False))
+    del pipe
+    torch.cuda.empty_cache()
+    return out
 
 
 def main() -> None:
@@ -99,6 +145,7 @@ def main() -> None:
         lines += ["", "## Latency: one image at a time (batch 1), 1 GPU vs CFG-parallel on 2 GPUs", "",
                   "| model | size | steps | GPUs | mode | s per image (median) | vs 1 GPU | PSNR vs 1 GPU dB |",
                   "|---|---:|---:|---:|---|---:|---:|---:|"]
+        bounds = []
         for model in args.latency_model:
             spec = LATENCY[model]
             lat = ["--model", model, "--height", str(spec["size"]), "--width", str(spec["size"]),
@@ -107,6 +154,11 @@ def main() -> None:
             cfg, got = generate(work, f"cfg2-{model}", 2, prompts(spec["prompts"]), *lat, "--mode", "cfg")
             s1, s2 = single["timings"]["median_round_s"], cfg["timings"]["median_round_s"]
             quality = min(psnr(a, b) for a, b in zip(ref, got))
+            bound = split_bound(model, spec["size"])
+            bounds.append(f"- {model} {spec['size']}x{spec['size']}: UNet step {bound['unet_b2_ms']:.2f} ms on the CFG "
+                          f"batch of 2, {bound['unet_b1_ms']:.2f} ms on half of it "
+                          f"({bound['unet_b1_ms'] / bound['unet_b2_ms']:.2f}x); VAE decode of one image "
+                          f"{bound['vae_decode_b1_ms']:.1f} ms (both ranks of a pair run it).")
             for gpus, mode, s in ((1, "data", s1), (2, "cfg", s2)):
                 rows.append({"gpus": gpus, "mode": mode, "model": model, "height": spec["size"], "width": spec["size"],
                              "steps": spec["steps"], "batch": 1, "latency_s": round(s, 4),
@@ -114,6 +166,8 @@ def main() -> None:
                 lines.append(f"| {model} | {spec['size']} | {spec['steps']} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
                              + ("-" if gpus == 1 else f"{quality:.1f} (lowest of {len(got)})") + " |")
                 print(lines[-1], flush=True)
+        if bounds:
+            lines += ["", "One GPU, optimized, device time of a graph replay (what bounds the cfg rows):", ""] + bounds
     table = "\n".join(lines)
     stem = write_results("parallel", rows, table, args.out_dir)
     print(table)
