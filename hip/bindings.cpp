@@ -53,6 +53,7 @@ PYBIND11_MODULE(_C, m) {
     d["platform"] = b.platform;
     d["targets"] = b.targets;
     d["runtime_version"] = b.runtime_version;
+    d["source_hash"] = b.source_hash;
     return d;
   });
 

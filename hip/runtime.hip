@@ -8,6 +8,9 @@
 #ifndef ROCM_SD_TARGETS
 #define ROCM_SD_TARGETS "unknown"
 #endif
+#ifndef ROCM_SD_SOURCE_HASH
+#define ROCM_SD_SOURCE_HASH "unknown"
+#endif
 
 namespace rsd {
 namespace {
@@ -64,6 +67,7 @@ BuildInfo build_info() {
   b.platform = "cuda";
 #endif
   b.targets = ROCM_SD_TARGETS;
+  b.source_hash = ROCM_SD_SOURCE_HASH;
   b.runtime_version = 0;
   if (hipRuntimeGetVersion(&b.runtime_version) != hipSuccess) (void)hipGetLastError();
   return b;

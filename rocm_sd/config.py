@@ -4,6 +4,8 @@ ROCM_SD_STRICT=1            any fallback to the PyTorch reference raises instead
 ROCM_SD_BACKEND=op:backend  force a backend per op, comma-separated: `group_norm:torch` or `*:rocm_sd`.
                             A backend forced by name raises when it cannot run the call.
 ROCM_SD_LOG=0               silence the one-line notice printed for each distinct fallback reason
+ROCM_SD_TUNE_DB=PATH        where tuning databases live: a folder (one file per device) or one .json file
+ROCM_SD_TUNE_ACCEPT_STALE=1 use a tuning database measured with other software (versions, driver) anyway
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ class Config:
     strict: bool = False
     forced_backends: dict[str, str] = field(default_factory=dict)
     log_fallbacks: bool = True
+    tune_db: str | None = None
+    tune_accept_stale: bool = False
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -41,6 +45,8 @@ def _from_env() -> Config:
         strict=_flag("ROCM_SD_STRICT", False),
         forced_backends=_parse_backends(os.environ.get("ROCM_SD_BACKEND", "")),
         log_fallbacks=_flag("ROCM_SD_LOG", True),
+        tune_db=os.environ.get("ROCM_SD_TUNE_DB") or None,
+        tune_accept_stale=_flag("ROCM_SD_TUNE_ACCEPT_STALE", False),
     )
 
 

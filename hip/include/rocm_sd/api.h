@@ -20,6 +20,7 @@ struct BuildInfo {
   std::string platform;  // "hip" or "cuda"
   std::string targets;   // GPU targets compiled in, ';'-separated (gfx90a;... or 80;90)
   int runtime_version;   // hipRuntimeGetVersion / cudaRuntimeGetVersion of the headers built against
+  std::string source_hash;  // of hip/ and ck_templates/ at build time: tuning results are tied to it
 };
 BuildInfo build_info();
 

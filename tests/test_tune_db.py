@@ -1,0 +1,148 @@
+"""The tuning database: keyed per device, validated, atomic, locked, never loses results."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from rocm_sd import config
+from rocm_sd.tune.db import TuningDB, default_location, problem_key
+from rocm_sd.tune.device_key import DeviceKey
+
+MI300X = DeviceKey("hip", "gfx942:sramecc+:xnack-", 304, 64)
+RX7900 = DeviceKey("hip", "gfx1100", 48, 32)
+VALID = {"rocm_sd": "0.1.0", "kernels": "abc123", "runtime": "HIP 6.4", "driver": "60400", "torch": "2.13.0"}
+GN = problem_key("group_norm", "float16", "nhwc", N=2, C=320, HW=4096, G=32, act="silu")
+
+
+def db(tmp_path, device=MI300X, validators=VALID, **kw) -> TuningDB:
+    return TuningDB(device, validators, location=tmp_path, defaults_dir=tmp_path / "shipped", **kw)
+
+
+def test_file_named_by_device_and_valid_everywhere(tmp_path):
+    assert db(tmp_path).path.name == "gfx942_sramecc+_xnack-_304cu_w64.json"
+    assert DeviceKey("cuda", "sm_90", 132, 32).file_stem == "sm_90_132sm_w32"
+
+
+def test_record_then_reload(tmp_path):
+    first = db(tmp_path)
+    assert first.lookup(GN) is None and len(first) == 0
+    first.record(GN, {"choice": "rocm_sd:split", "ms": 0.012, "runners_up": [["torch", 0.05]]})
+    again = db(tmp_path)
+    assert again.lookup(GN)["choice"] == "rocm_sd:split" and "measured" in again.lookup(GN)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_another_device_does_not_see_the_results(tmp_path):
+    db(tmp_path).record(GN, {"choice": "rocm_sd:split"})
+    assert db(tmp_path, device=RX7900).lookup(GN) is None
+
+
+def test_one_file_for_several_devices_is_never_misused(tmp_path):
+    single = tmp_path / "tune.json"
+    TuningDB(MI300X, VALID, location=single, defaults_dir=None).record(GN, {"choice": "rocm_sd:split"})
+    other = TuningDB(RX7900, VALID, location=single, defaults_dir=None)
+    assert other.lookup(GN) is None and "device arch" in other.notes[0]
+
+
+def test_stale_validators_ignore_the_file_with_the_reason(tmp_path):
+    db(tmp_path).record(GN, {"choice": "rocm_sd:split"})
+    newer = dict(VALID, torch="2.14.0")
+    stale = db(tmp_path, validators=newer)
+    assert stale.lookup(GN) is None
+    assert "torch '2.13.0' (now '2.14.0')" in stale.notes[0] and "ROCM_SD_TUNE_ACCEPT_STALE" in stale.notes[0]
+    assert db(tmp_path, validators=newer, accept_stale=True).lookup(GN)["choice"] == "rocm_sd:split"
+    with config.override(tune_accept_stale=True):
+        assert db(tmp_path, validators=newer).lookup(GN) is not None
+
+
+def test_writing_over_a_stale_file_keeps_it_aside(tmp_path):
+    db(tmp_path).record(GN, {"choice": "rocm_sd:split"})
+    newer = db(tmp_path, validators=dict(VALID, kernels="def456"))
+    newer.record(GN, {"choice": "torch"})
+    aside = list(tmp_path.glob("*.json.stale-*"))
+    assert len(aside) == 1 and json.loads(aside[0].read_text())["results"][GN]["choice"] == "rocm_sd:split"
+    assert db(tmp_path, validators=dict(VALID, kernels="def456")).lookup(GN)["choice"] == "torch"
+
+
+@pytest.mark.parametrize("content", ["{not json", "", '{"format": 1, "results": []}', '["a list"]',
+                                     '{"format": 99, "device": {}, "validators": {}, "results": {}}',
+                                     '{"format": 1, "device": {}, "validators": {}, "results": {"k": 3}}'])
+def test_a_corrupt_file_is_set_aside_and_tuning_starts_fresh(tmp_path, content):
+    path = db(tmp_path).path
+    path.write_text(content)
+    fresh = db(tmp_path)
+    assert fresh.lookup(GN) is None and "moved to" in fresh.notes[0]
+    assert [p.read_text() for p in tmp_path.glob("*.json.corrupt-*")] == [content]
+    fresh.record(GN, {"choice": "torch"})
+    assert db(tmp_path).lookup(GN)["choice"] == "torch"
+
+
+def test_binary_garbage_is_corrupt_not_a_crash(tmp_path):
+    db(tmp_path).path.write_bytes(b"\xff\xfe\x00garbage")
+    assert db(tmp_path).lookup(GN) is None
+
+
+def test_user_results_win_over_shipped_defaults(tmp_path):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    other = problem_key("group_norm", "float16", "nchw", N=1, C=128, HW=65536, G=32, act="none")
+    (shipped / f"{MI300X.file_stem}.json").write_text(json.dumps({
+        "format": 1, "device": MI300X.as_dict(), "validators": {"rocm_sd": "0.0.1"},
+        "results": {GN: {"choice": "shipped"}, other: {"choice": "shipped"}}}))
+    mine = db(tmp_path)
+    assert mine.lookup(GN)["choice"] == "shipped"  # shipped defaults need no validator match
+    mine.record(GN, {"choice": "mine"})
+    assert mine.lookup(GN)["choice"] == "mine" and mine.lookup(other)["choice"] == "shipped"
+
+
+def test_a_miss_takes_the_nearest_tuned_shape_of_the_same_problem(tmp_path):
+    mine = db(tmp_path)
+    small = problem_key("group_norm", "float16", "nhwc", N=2, C=320, HW=1024, G=32, act="silu")
+    mine.record(small, {"choice": "small"})
+    mine.record(GN, {"choice": "large"})
+    near_large = problem_key("group_norm", "float16", "nhwc", N=2, C=320, HW=3600, G=32, act="silu")
+    assert mine.lookup(near_large)["choice"] == "large"
+    assert mine.lookup(problem_key("group_norm", "float16", "nhwc", N=2, C=320, HW=900, G=32, act="silu"))["choice"] \
+        == "small"
+    # Another dtype, layout or activation is another problem: no guess.
+    assert mine.lookup(problem_key("group_norm", "bfloat16", "nhwc", N=2, C=320, HW=4096, G=32, act="silu")) is None
+    assert mine.lookup(problem_key("group_norm", "float16", "nhwc", N=2, C=320, HW=4096, G=32, act="none")) is None
+
+
+def test_location_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_location() == tmp_path / "xdg" / "rocm_sd" / "tune"
+    with config.override(tune_db=str(tmp_path / "mine")):
+        assert default_location() == tmp_path / "mine"
+        assert TuningDB(MI300X, VALID).path.parent == tmp_path / "mine"
+
+
+def test_an_unwritable_folder_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file-not-folder"
+    blocker.write_text("x")
+    with pytest.raises(RuntimeError, match="cannot write the tuning database .*ROCM_SD_TUNE_DB"):
+        TuningDB(MI300X, VALID, location=blocker / "sub", defaults_dir=None).record(GN, {"choice": "x"})
+
+
+def _writer(folder: str, worker: int, n: int) -> None:
+    target = TuningDB(MI300X, VALID, location=__import__("pathlib").Path(folder), defaults_dir=None)
+    for i in range(n):
+        target.record(problem_key("op", "float16", "nhwc", worker=worker, i=i), {"choice": f"{worker}-{i}"})
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    """Several processes (torchrun ranks, ComfyUI and the CLI) record at once: every result survives."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 15)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs)
+    final = db(tmp_path)
+    assert len(final) == 60 and not final.notes
+    assert final.lookup(problem_key("op", "float16", "nhwc", worker=3, i=14))["choice"] == "3-14"
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
