@@ -33,6 +33,16 @@ def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
             "bias_residual": bias_residual_supports(x, x, w, 1.0)}
 
 
+def _tuning_summary(device: torch.device) -> str:
+    from .tune import TuningDB, device_key, validators
+
+    if device.type != "cuda":
+        return "not used on a CPU"
+    db = TuningDB(device_key(device), validators(device))
+    state = f"{len(db)} tuned problems" if len(db) else "none yet (python -m rocm_sd.tune)"
+    return f"{db.path}: {state}" + "".join(f"; {note}" for note in db.notes)
+
+
 def info() -> int:
     rows = [("rocm_sd", __version__), ("torch", f"{torch.__version__} ({platform.runtime_version()})"),
             ("diffusers", _version("diffusers")), ("transformers", _version("transformers"))]
@@ -46,13 +56,14 @@ def info() -> int:
     build = _ext.build_info()
     if build:
         rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
-                           f"(runtime {build['runtime_version']})"))
+                           f"(runtime {build['runtime_version']}, kernel sources {build.get('source_hash', 'unknown')})"))
     else:
         rows.append(("_C", _ext.LOAD_ERROR))
     device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
     for op, reasons in _sample_call_reasons(device).items():
         rows.append((f"op {op}", "rocm_sd kernel" if not reasons else "PyTorch fallback: " + "; ".join(reasons)))
     rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in ALL_OPS)))
+    rows.append(("tuning database", _tuning_summary(device)))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

@@ -1,6 +1,7 @@
 """Chooses, per op call, between the rocm_sd kernel and the PyTorch reference, and counts.
 
 The rule (DESIGN.md, convention 3):
+  - a backend forced by name wins; then the tuning database's choice for the call's shape (tune/);
   - the kernel runs when its op's `supports()` gives no reason against it;
   - otherwise the call falls back to the reference, and each distinct reason is logged once;
   - ROCM_SD_STRICT=1 turns a fallback into an error that lists the reasons;
@@ -36,10 +37,12 @@ def _forced_backend(op: str) -> str | None:
     return forced
 
 
-def choose(op: str, reasons: list[str]) -> str:
-    """Backend for one call of `op`, given the reasons the kernel cannot run it (empty: it can)."""
+def choose(op: str, reasons: list[str], tuned: str | None = None) -> str:
+    """Backend for one call of `op`, given the reasons the kernel cannot run it (empty: it can) and the
+    tuning database's choice for its shape (`torch`, `rocm_sd[:variant]`, or None when untuned). A tuned
+    `torch` is a measured choice, not a fallback: it is counted as torch, with no notice, even in strict mode."""
     forced = _forced_backend(op)
-    if forced == TORCH:
+    if forced == TORCH or (forced is None and tuned == TORCH):
         backend = TORCH
     elif not reasons:
         backend = KERNEL

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 log = logging.getLogger("rocm_sd")
 
@@ -175,6 +176,8 @@ class GraphedCall:
             raise _Ineligible("torch.compile is tracing")
         if torch.is_grad_enabled():
             raise _Ineligible("autograd is on (graphs are captured under torch.no_grad / inference_mode)")
+        if _get_current_dispatch_mode() is not None:
+            raise _Ineligible("a TorchDispatchMode is active (recording, fake tensors)")
         if hasattr(self.module, "_hf_hook"):
             raise _Ineligible("accelerate hooks (CPU offload) move the weights between calls")
         leaves, spec = pytree.tree_flatten((args, kwargs))

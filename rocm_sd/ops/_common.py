@@ -1,6 +1,8 @@
 """Helpers shared by the op wrappers: dtype codes of _C, layouts, streams, tolerances."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 # Codes of rsd::DType and rsd::Layout in hip/include/rocm_sd/api.h.
@@ -53,12 +55,24 @@ def tensor_key(t: torch.Tensor | None):
 
 
 class PlanCache(dict):
-    """Per-op cache of what the checks decided (fallback reasons, workspace bytes) by argument key, so
-    that they run once per shape rather than once per call. Bounded: cleared past `limit` entries."""
+    """Per-op cache of what the checks decided (fallback reasons, workspace bytes, the tuned choice) by
+    argument key, so that they run once per shape rather than once per call. Bounded: cleared past
+    `limit` entries."""
+
+    _all: "weakref.WeakSet[PlanCache]" = weakref.WeakSet()
 
     def __init__(self, limit: int = 4096):
         super().__init__()
         self.limit = limit
+        PlanCache._all.add(self)
+
+    __hash__ = object.__hash__  # dicts are unhashable; a cache is kept in a WeakSet by identity
+
+    @classmethod
+    def clear_all(cls) -> None:
+        """Forget every op's plans (the tuning database changed)."""
+        for cache in list(cls._all):
+            cache.clear()
 
     def get_or_compute(self, key, compute):
         value = self.get(key)
@@ -67,6 +81,13 @@ class PlanCache(dict):
                 self.clear()
             value = self[key] = compute()
         return value
+
+
+def tuned_choice_for(op: str, device: torch.device, args: tuple) -> str | None:
+    """The tuning database's choice for this call's problem (rocm_sd/tune), or None. Asked once per shape."""
+    from ..tune import active, problems  # the tuner imports the ops: import it only when planning
+
+    return active.tuned_choice(device, lambda: problems.OPS[op].key(*args))
 
 
 def param_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,

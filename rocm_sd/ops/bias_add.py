@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, stream_handle, tensor_key
+from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, stream_handle, tensor_key, tuned_choice_for
 
 OP = "bias_residual"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -69,8 +69,9 @@ _plans = PlanCache()
 @torch.library.custom_op("rocm_sd::bias_residual", mutates_args=())
 def bias_residual(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     key = (tensor_key(x), tensor_key(residual), tensor_key(bias))
-    reasons = _plans.get_or_compute(key, lambda: supports(x, residual, bias, scale))
-    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
+    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, residual, bias, scale),
+                                                         tuned_choice_for(OP, x.device, (x, residual, bias, scale))))
+    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return bias_residual_kernel(x, residual, bias, scale)
     y = bias_residual_ref(x, residual, bias, scale)
     return output_like(x).copy_(y) if layout_of(x) == NHWC else y.contiguous()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, stream_handle, tensor_key
+from ._common import DTYPE_CODES, PlanCache, stream_handle, tensor_key, tuned_choice_for
 
 OP = "geglu"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -69,8 +69,8 @@ _plans = PlanCache()
 
 @torch.library.custom_op("rocm_sd::geglu", mutates_args=())
 def geglu(x: torch.Tensor) -> torch.Tensor:
-    reasons = _plans.get_or_compute(tensor_key(x), lambda: supports(x))
-    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
+    reasons, tuned = _plans.get_or_compute(tensor_key(x), lambda: (supports(x), tuned_choice_for(OP, x.device, (x,))))
+    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return geglu_kernel(x)
     return geglu_ref(x).contiguous()
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, param_reasons, stream_handle, tensor_key
+from ._common import (DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, param_reasons, stream_handle, tensor_key,
+                      tuned_choice_for)
 
 OP = "group_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -107,7 +108,7 @@ def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | N
                       input_bias: torch.Tensor | None = None) -> torch.Tensor:
     """The HIP kernel itself, no dispatch (tests call it with a poisoned `out` and a forced `path`)."""
     y = output_like(x) if out is None else out
-    if workspace_bytes is None or out is not None or path != "auto":  # `out` may be less aligned than a fresh block
+    if workspace_bytes is None or out is not None:  # `out` may be less aligned than a fresh block
         workspace_bytes = _workspace_bytes(x, y, num_groups, path)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
     args = _kernel_args(x, y, num_groups, weight, bias, eps, silu)
@@ -122,10 +123,19 @@ _plans = PlanCache()
 
 
 def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
+    """(reasons, tuned choice, kernel path, workspace bytes for that path)."""
     key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias), tensor_key(input_bias))
+
     def compute():
         reasons = supports(x, num_groups, weight, bias, eps, silu, input_bias)
-        return reasons, None if reasons else _workspace_bytes(x, x, num_groups)
+        if reasons:
+            return reasons, None, "auto", None
+        tuned = tuned_choice_for(OP, x.device, (x, num_groups, weight, bias, eps, silu, input_bias))
+        path = tuned.partition(":")[2] if tuned and tuned.startswith(dispatch.KERNEL + ":") else "auto"
+        try:
+            return reasons, tuned, path, _workspace_bytes(x, x, num_groups, path)
+        except (RuntimeError, KeyError):  # a choice tuned at a nearby shape this path cannot take
+            return reasons, tuned, "auto", _workspace_bytes(x, x, num_groups)
 
     return _plans.get_or_compute(key, compute)
 
@@ -133,9 +143,9 @@ def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
 @torch.library.custom_op("rocm_sd::group_norm", mutates_args=())
 def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
-    reasons, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu, input_bias)
-    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
-        return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes,
+    reasons, tuned, path, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu, input_bias)
+    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
+        return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes, path=path,
                                  input_bias=input_bias)
     params = weight if weight is not None else bias
     if params is not None and params.dtype != x.dtype:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, param_reasons, stream_handle, tensor_key
+from ._common import DTYPE_CODES, PlanCache, param_reasons, stream_handle, tensor_key, tuned_choice_for
 
 OP = "layer_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -62,8 +62,9 @@ _plans = PlanCache()
 @torch.library.custom_op("rocm_sd::layer_norm", mutates_args=())
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     key = (tensor_key(x), tensor_key(weight), tensor_key(bias))
-    reasons = _plans.get_or_compute(key, lambda: supports(x, weight, bias, eps))
-    if dispatch.choose(OP, reasons) == dispatch.KERNEL:
+    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, weight, bias, eps),
+                                                         tuned_choice_for(OP, x.device, (x, weight, bias, eps))))
+    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return layer_norm_kernel(x, weight, bias, eps)
     params = weight if weight is not None else bias
     if params is not None and params.dtype != x.dtype:

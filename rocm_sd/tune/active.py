@@ -1,0 +1,45 @@
+"""The tuned choices the ops dispatch by: each device's database loaded once, on first use.
+
+Ops ask when they plan a new argument shape (their PlanCache), not per call, so a lookup costs nothing
+on the hot path. reload() re-reads the databases and drops the ops' plans (after tuning in-process).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("rocm_sd")
+
+_databases: dict[int, object] = {}
+
+
+def _database(index: int):
+    if index not in _databases:
+        from .db import TuningDB
+        from .device_key import device_key, validators
+
+        try:
+            _databases[index] = TuningDB(device_key(index), validators(index))
+        except Exception as exc:  # noqa: BLE001 -- a broken database must never stop inference
+            log.warning("rocm_sd: tuning database not used: %s: %s", type(exc).__name__, exc)
+            _databases[index] = None
+    return _databases[index]
+
+
+def tuned_choice(device: torch.device, key_fn) -> str | None:
+    """The tuned candidate name for the problem `key_fn()` on `device`, or None (untuned, or on a CPU)."""
+    if device.type != "cuda":
+        return None
+    db = _database(device.index if device.index is not None else torch.cuda.current_device())
+    if db is None or not (db.results or db.defaults):
+        return None
+    hit = db.lookup(key_fn())
+    return hit["choice"] if hit else None
+
+
+def reload() -> None:
+    from ..ops._common import PlanCache
+
+    _databases.clear()
+    PlanCache.clear_all()

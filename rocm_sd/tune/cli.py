@@ -1,0 +1,181 @@
+"""`python -m rocm_sd.tune`: tune every rocm_sd op call of a model on this GPU, once; later runs use it.
+
+    python -m rocm_sd.tune --model sd15 --height 512 --width 512 --batch 1
+    python -m rocm_sd.tune --model /path/to/model --ops group_norm,geglu --budget-s 300 --resume
+    torchrun --nproc-per-node 8 -m rocm_sd.tune --model sdxl      # ranks with the same GPU share the work
+
+1. Harvest: the optimized pipeline runs once (2 steps) under a recording dispatch mode: every distinct
+   op call, with its shapes, strides and dtypes. The vendor tuners run on the same pass: PyTorch
+   TunableOp for the GEMMs and MIOpen find for the convolutions on ROCm (their files beside ours),
+   cuDNN's benchmark mode on CUDA (which keeps nothing on disk).
+2. Per problem, every candidate is checked against a float64 truth (a fast wrong kernel is never
+   chosen), timed with device events on inputs cycling through more memory than the L2 cache, and the
+   best is written to the database at once with its runners-up: killed halfway, --resume goes on.
+3. A table: op, problem, the choice, its speed-up over PyTorch.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .. import models, patch, platform
+from . import active, problems
+from .db import TuningDB, default_location
+from .device_key import device_key, validators
+from .harvest import harvest
+from .measure import measure
+
+HARVEST_STEPS = 2
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m rocm_sd.tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="sd15",
+                        help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
+                             "diffusers model folder")
+    parser.add_argument("--height", type=int)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--batch", type=int, default=1, help="images per call (the UNet sees twice as many with CFG)")
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    parser.add_argument("--ops", help=f"comma-separated subset of {', '.join(problems.OPS)}")
+    parser.add_argument("--budget-s", type=float, help="start no new problem after this many seconds")
+    parser.add_argument("--resume", action="store_true", help="skip problems the database already holds")
+    parser.add_argument("--db", help="database folder or .json file (default: ROCM_SD_TUNE_DB or the cache folder)")
+    parser.add_argument("--list", action="store_true", help="list the harvested problems and stop")
+    parser.add_argument("--dry-run", action="store_true", help="list problems and candidates, measure nothing")
+    return parser.parse_args(argv)
+
+
+@contextmanager
+def vendor_tuning(folder, stem: str):
+    """The vendors' own tuners on the harvest pass, their results kept beside rocm_sd's database."""
+    notes = []
+    tunable = getattr(torch.cuda, "tunable", None)
+    if platform.torch_gpu_platform() == "hip" and tunable is not None:
+        tunable.enable(True)
+        tunable.tuning_enable(True)
+        tunable.set_filename(str(folder / f"tunableop_{stem}.csv"))
+        notes.append(f"PyTorch TunableOp (GEMMs) -> {folder / f'tunableop_{stem}.csv'}")
+        # MIOpen reads its user database location when it starts: set before the first convolution.
+        os.environ.setdefault("MIOPEN_USER_DB_PATH", str(folder / "miopen"))
+        notes.append(f"MIOpen find (convolutions) -> {os.environ['MIOPEN_USER_DB_PATH']}")
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    if platform.torch_gpu_platform() == "cuda":
+        notes.append("cuDNN benchmark mode (this process only: cuDNN keeps no file)")
+    try:
+        yield notes
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
+        if tunable is not None and platform.torch_gpu_platform() == "hip":
+            tunable.write_file()
+            tunable.tuning_enable(False)
+
+
+def _rank_share(items: list, device) -> list:
+    """Under torchrun, ranks with the same device key split the problems; others tune their own files."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return items
+    from ..parallel.mesh import init
+    from ..parallel.rounds import all_gather
+
+    mesh = init("data")
+    keys = all_gather(mesh, "device keys", device_key(mesh.device))
+    same = [r for r, k in enumerate(keys) if k == keys[mesh.rank]]
+    return items[same.index(mesh.rank)::len(same)]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    measuring = not (args.list or args.dry_run)
+    on_gpu = platform.gpu_available()
+    if measuring and not on_gpu:
+        print("rocm_sd.tune measures on a GPU and torch sees none; --list and --dry-run work without one",
+              file=sys.stderr)
+        return 2
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dtype = getattr(torch, args.dtype) if on_gpu else torch.float32
+    wanted = set(args.ops.split(",")) if args.ops else set(problems.OPS)
+    unknown = wanted - set(problems.OPS)
+    if unknown:
+        print(f"unknown ops {sorted(unknown)}; tunable: {', '.join(problems.OPS)}", file=sys.stderr)
+        return 2
+
+    key = device_key(device if on_gpu else None)
+    db = TuningDB(key, validators(device if on_gpu else None),
+                  location=default_location() if args.db is None else Path(args.db))
+    start = time.monotonic()
+    pipe = patch.optimize(models.load_pipeline(args.model, device, dtype))
+    conditioning = models.conditioning(pipe, ["a photograph of a lighthouse at dawn"] * args.batch)
+    folder = db.path.parent
+    with vendor_tuning(folder, key.file_stem) if measuring else _nothing() as notes:
+        calls = harvest(lambda: pipe(**conditioning, height=args.height, width=args.width,
+                                     num_inference_steps=HARVEST_STEPS, output_type="np"))
+    del pipe
+    if on_gpu:
+        torch.cuda.empty_cache()
+
+    by_key: dict[str, tuple] = {}
+    for call, count in calls.items():
+        if call.op in wanted:
+            k = problems.key_of(call)
+            first, total = by_key.get(k, (call, 0))
+            by_key[k] = (first, total + count // HARVEST_STEPS or 1)
+    print(f"{len(by_key)} problems from {sum(calls.values())} op calls ({args.model}, {HARVEST_STEPS} steps); "
+          f"database {db.path}")
+    for note in db.notes + (notes or []):
+        print(f"  {note}")
+    if not measuring:
+        for k, (call, count) in by_key.items():
+            line = f"  {k}  x{count}"
+            if args.dry_run:
+                line += "  candidates: " + ", ".join(problems.OPS[call.op].candidates(*call.args))
+            print(line)
+        return 0
+
+    todo = [(k, call, count) for k, (call, count) in by_key.items() if not (args.resume and k in db.results)]
+    if len(todo) < len(by_key):
+        print(f"  --resume: {len(by_key) - len(todo)} problems already tuned")
+    todo = _rank_share(todo, device)
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    done, stopped = [], 0
+    for i, (k, call, count) in enumerate(tqdm(todo, unit="problem", disable=None)):
+        if args.budget_s is not None and time.monotonic() - start > args.budget_s:
+            stopped = len(todo) - i
+            break
+        outcome = measure(call, device, l2_bytes)
+        if outcome.choice is None:
+            print(f"  {k}: no candidate passed: {outcome.rejected}", file=sys.stderr)
+            continue
+        db.record(k, outcome.as_result(count))
+        done.append(k)
+    active.reload()
+    _print_table(db, done)
+    if stopped:
+        print(f"budget reached: {stopped} problems left; run again with --resume to go on")
+    return 0
+
+
+@contextmanager
+def _nothing():
+    yield []
+
+
+def _print_table(db: TuningDB, keys: list[str]) -> None:
+    print(f"\n| op | problem | choice | ms | torch ms | speed-up vs torch |\n|---|---|---|---:|---:|---:|")
+    for k in keys:
+        r = db.results[k]
+        op, _, rest = k.partition("|")
+        torch_ms = f"{r['torch_ms']:.4f}" if r.get("torch_ms") is not None else "-"
+        speedup = f"{r['speedup_vs_torch']:.2f}x" if r.get("speedup_vs_torch") is not None else "-"
+        print(f"| {op} | {rest} | {r['choice']} | {r['ms']:.4f} | {torch_ms} | {speedup} |")

@@ -1,0 +1,120 @@
+"""What can be tuned per op: the problem key of a call (shared by the tuner and the dispatcher), the
+candidates that compute it, and the float64 truth they are checked against.
+
+Candidates are named `torch` (the op's PyTorch path at the call's dtype) or `rocm_sd[:variant]` (the HIP
+kernel, called directly, with a variant where the kernel family has several: GroupNorm's resident and
+split paths). Composable Kernel instances and the kernels' template instances join this list as they
+are built (issues 3 and 5).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..ops.bias_add import bias_residual_kernel, bias_residual_ref
+from ..ops.bias_add import supports as bias_residual_supports
+from ..ops.geglu import geglu_kernel, geglu_ref
+from ..ops.geglu import supports as geglu_supports
+from ..ops.group_norm import group_norm_kernel, group_norm_ref
+from ..ops.group_norm import supports as group_norm_supports
+from ..ops.layer_norm import layer_norm_kernel, layer_norm_ref
+from ..ops.layer_norm import supports as layer_norm_supports
+from ..ops._common import NHWC, layout_of
+from .db import problem_key
+from .harvest import OpCall, TensorSpec
+
+TORCH = "torch"
+
+
+def _meta(arg):
+    """A tensor to ask shapes, strides and layout of, for a real argument or a recorded spec."""
+    if isinstance(arg, TensorSpec):
+        return torch.empty_strided(arg.shape, arg.stride, dtype=arg.dtype, device="meta")
+    return arg
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _layout(t) -> str:
+    return {NHWC: "nhwc", None: "strided"}.get(layout_of(t), "nchw")
+
+
+def _spatial(x) -> int:
+    return x.numel() // (x.shape[0] * x.shape[1]) if x.dim() >= 2 and x.shape[0] * x.shape[1] else 0
+
+
+def _double(args: tuple) -> tuple:
+    return tuple(a.double() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@dataclass(frozen=True)
+class OpTuning:
+    key: Callable[..., str]                       # (*args) -> problem key
+    candidates: Callable[..., dict]               # (*args) -> {name: fn(*args) -> output}
+    reference: Callable                           # the op's PyTorch reference (float64 truth, torch path)
+
+
+# ---- group_norm(x, num_groups, weight, bias, eps, silu, input_bias=None) --------------------------------
+
+def _group_norm_key(x, num_groups, weight, bias, eps, silu, input_bias=None) -> str:
+    x, params = _meta(x), _meta(weight if weight is not None else bias)
+    return problem_key("group_norm", _dtype(x), _layout(x), N=x.shape[0], C=x.shape[1], HW=_spatial(x), G=num_groups,
+                       act="silu" if silu else "none", input_bias=int(input_bias is not None),
+                       params=_dtype(params) if params is not None else "none")
+
+
+def _group_norm_candidates(x, num_groups, weight, bias, eps, silu, input_bias=None) -> dict:
+    def kernel(path):
+        return lambda *a: group_norm_kernel(*a[:6], path=path, input_bias=a[6] if len(a) > 6 else None)
+
+    return {TORCH: group_norm_ref, "rocm_sd:resident": kernel("resident"), "rocm_sd:split": kernel("split")}
+
+
+# ---- the single-kernel ops ----------------------------------------------------------------------------
+
+def _geglu_key(x) -> str:
+    x = _meta(x)
+    return problem_key("geglu", _dtype(x), _layout(x), rows=x.numel() // max(x.shape[-1], 1), D=x.shape[-1] // 2)
+
+
+def _layer_norm_key(x, weight, bias, eps) -> str:
+    x = _meta(x)
+    return problem_key("layer_norm", _dtype(x), _layout(x), rows=x.numel() // max(x.shape[-1], 1), D=x.shape[-1],
+                       affine=int(weight is not None))
+
+
+def _bias_residual_key(x, residual, bias, scale) -> str:
+    x = _meta(x)
+    return problem_key("bias_residual", _dtype(x), _layout(x), N=x.shape[0], C=x.shape[1], HW=_spatial(x))
+
+
+def _one_kernel(reference, kernel):
+    return lambda *args: {TORCH: reference, "rocm_sd": kernel}
+
+
+OPS: dict[str, OpTuning] = {
+    "group_norm": OpTuning(_group_norm_key, _group_norm_candidates, group_norm_ref),
+    "geglu": OpTuning(_geglu_key, _one_kernel(geglu_ref, geglu_kernel), geglu_ref),
+    "layer_norm": OpTuning(_layer_norm_key, _one_kernel(layer_norm_ref, layer_norm_kernel), layer_norm_ref),
+    "bias_residual": OpTuning(_bias_residual_key, _one_kernel(bias_residual_ref, bias_residual_kernel),
+                              bias_residual_ref),
+}
+SUPPORTS = {"group_norm": group_norm_supports, "geglu": geglu_supports, "layer_norm": layer_norm_supports,
+            "bias_residual": bias_residual_supports}
+
+
+def key_of(call: OpCall) -> str:
+    return OPS[call.op].key(*call.args)
+
+
+def candidate_reasons(op: str, args: tuple) -> list[str]:
+    """Why the rocm_sd kernel cannot take these (real) arguments at all; empty when it can."""
+    return SUPPORTS[op](*args)
+
+
+def truth(op: str, args: tuple) -> torch.Tensor:
+    return OPS[op].reference(*_double(args))

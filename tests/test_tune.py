@@ -1,0 +1,137 @@
+"""python -m rocm_sd.tune: harvesting a model's op calls, measuring candidates, and dispatch following
+the database. CPU tests cover the harvest and listing; GPU tests tune for real."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import rocm_sd
+from rocm_sd import config, dispatch, models
+from rocm_sd.tune import active, problems
+from rocm_sd.tune.cli import main as tune_main
+from rocm_sd.tune.db import TuningDB
+from rocm_sd.tune.device_key import device_key, validators
+from rocm_sd.tune.harvest import OpCall, TensorSpec, harvest
+
+from .conftest import HAVE_GPU
+
+
+def test_harvest_records_every_distinct_op_call_of_a_pipeline():
+    pipe = rocm_sd.optimize(models.build_sd_pipeline("tiny"))
+    kw = models.prompt_kwargs(pipe, "a fox")
+    calls = harvest(lambda: pipe(**kw, num_inference_steps=2, output_type="np"))
+    ops = {call.op for call in calls}
+    assert ops == {"group_norm", "geglu", "layer_norm", "bias_residual"}
+    gn = next(c for c in calls if c.op == "group_norm")
+    x = gn.args[0]
+    assert isinstance(x, TensorSpec) and x.dtype == torch.float32 and x.stride[1] == 1  # channels_last, as run
+    assert all(n >= 1 for n in calls.values())
+
+
+def test_tensor_specs_rebuild_the_exact_layout():
+    spec = TensorSpec((2, 8, 4, 4), (128, 1, 32, 8), torch.float16)
+    t = spec.make("cpu")
+    assert t.shape == spec.shape and t.stride() == spec.stride and t.dtype == spec.dtype and t.abs().sum() > 0
+    call = OpCall("group_norm", (spec, 4, None, None, 1e-5, True))
+    assert problems.key_of(call) == "group_norm|float16|nhwc|N=2,C=8,HW=16,G=4,act=silu,input_bias=0,params=none"
+
+
+def test_dry_run_lists_problems_and_candidates(capsys):
+    assert tune_main(["--model", "tiny", "--dry-run", "--ops", "group_norm,geglu"]) == 0
+    out = capsys.readouterr().out
+    assert "group_norm|" in out and "geglu|" in out and "layer_norm|" not in out
+    assert "candidates: torch, rocm_sd:resident, rocm_sd:split" in out
+
+
+def test_bad_requests_are_clear_errors(capsys):
+    assert tune_main(["--model", "tiny", "--dry-run", "--ops", "attention_v9"]) == 2
+    assert "unknown ops ['attention_v9']" in capsys.readouterr().err
+    if not HAVE_GPU:
+        assert tune_main(["--model", "tiny"]) == 2
+        assert "measures on a GPU" in capsys.readouterr().err
+
+
+def test_dispatch_ignores_the_database_on_a_cpu():
+    assert active.tuned_choice(torch.device("cpu"), lambda: pytest.fail("no lookup on a CPU")) is None
+
+
+# ---- on a GPU ---------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_tune_end_to_end_then_resume(tmp_path, capsys):
+    assert tune_main(["--model", "tiny", "--dtype", "float16", "--db", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| op | problem | choice |" in out
+    db = TuningDB(device_key(), validators(), location=tmp_path)
+    assert len(db) >= 10 and not db.notes
+    for key, result in db.results.items():
+        assert result["choice"] in ("torch", "rocm_sd", "rocm_sd:resident", "rocm_sd:split"), key
+        assert result["ms"] > 0 and result["torch_ms"] > 0 and result["speedup_vs_torch"] > 0
+    assert tune_main(["--model", "tiny", "--dtype", "float16", "--db", str(tmp_path), "--resume"]) == 0
+    assert f"--resume: {len(db)} problems already tuned" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_a_wrong_candidate_is_never_chosen(monkeypatch):
+    from rocm_sd.tune import measure as measure_module
+
+    wrong = problems.OpTuning(problems.OPS["geglu"].key,
+                              lambda x: {"torch": problems.OPS["geglu"].reference,
+                                         "rocm_sd": lambda x: torch.zeros_like(x[..., : x.shape[-1] // 2])},
+                              problems.OPS["geglu"].reference)
+    monkeypatch.setitem(problems.OPS, "geglu", wrong)
+    call = OpCall("geglu", (TensorSpec((2, 64, 640), (40960, 640, 1), torch.float16),))
+    outcome = measure_module.measure(call, torch.device("cuda"), l2_bytes=1 << 20)
+    assert outcome.choice == "torch" and "inaccurate" in outcome.rejected["rocm_sd"]
+
+
+@pytest.mark.gpu
+def test_dispatch_follows_the_tuned_choice(tmp_path):
+    x = torch.randn(2, 64, 640, device="cuda", dtype=torch.float16)
+    key = problems.OPS["geglu"].key(x)
+    db = TuningDB(device_key(), validators(), location=tmp_path)
+    with config.override(tune_db=str(tmp_path), strict=True):
+        try:
+            db.record(key, {"choice": "torch"})
+            active.reload()
+            rocm_sd.reset_stats()
+            torch.ops.rocm_sd.geglu(x)  # a tuned torch is a choice, not a fallback: fine in strict mode
+            assert rocm_sd.stats()["geglu"] == {dispatch.TORCH: 1}
+            db.record(key, {"choice": "rocm_sd"})
+            active.reload()
+            torch.ops.rocm_sd.geglu(x)
+            assert rocm_sd.stats()["geglu"] == {dispatch.TORCH: 1, dispatch.KERNEL: 1}
+        finally:
+            active.reload()
+
+
+@pytest.mark.gpu
+def test_group_norm_takes_the_tuned_path_and_ignores_one_it_cannot_run(tmp_path):
+    from rocm_sd.ops import group_norm as gn_module
+
+    x = torch.randn(2, 320, 32, 32, device="cuda", dtype=torch.float16)
+    w, b = torch.randn(320, device="cuda", dtype=torch.float16), torch.randn(320, device="cuda", dtype=torch.float16)
+    args = (x, 32, w, b, 1e-5, True, None)
+    key = problems.OPS["group_norm"].key(*args)
+    db = TuningDB(device_key(), validators(), location=tmp_path)
+    with config.override(tune_db=str(tmp_path)):
+        try:
+            for choice, path in (("rocm_sd:split", "split"), ("rocm_sd:no-such-path", "auto")):
+                db.record(key, {"choice": choice})
+                active.reload()
+                y = torch.ops.rocm_sd.group_norm(*args)
+                assert gn_module._plan(*args)[2] == path
+                ref = gn_module.group_norm_ref(x.float(), 32, w.float(), b.float(), 1e-5, True)
+                assert (y.float() - ref).abs().max() < 2e-2
+        finally:
+            active.reload()
+
+
+def test_database_file_is_json_people_can_read(tmp_path):
+    db = TuningDB(device_key(), validators(), location=tmp_path)
+    db.record("geglu|float16|nchw|rows=128,D=640", {"choice": "rocm_sd", "ms": 0.01})
+    data = json.loads(db.path.read_text())
+    assert data["results"]["geglu|float16|nchw|rows=128,D=640"]["choice"] == "rocm_sd"
+    assert data["device"]["arch"] == device_key().arch and data["validators"]["torch"] == torch.__version__
