@@ -15,6 +15,9 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rocm_sd.timing import graph_device_ms  # noqa: E402
+
 ROTATE_BYTES = 256 << 20
 
 
@@ -24,29 +27,8 @@ def rotating_inputs(make, bytes_per_input: int) -> list:
 
 
 def device_ms(fn, inputs: list, replays: int = 10, trials: int = 5) -> float:
-    """Median device milliseconds of one fn(input) call."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for x in inputs:  # warm-up outside the graph: lazy init, allocator pools
-            fn(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = [fn(x) for x in inputs]
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / (replays * len(inputs)))
-    del outputs
-    return statistics.median(samples)
+    """Median device milliseconds of one fn(input) call (graph replays, rocm_sd/timing.py)."""
+    return graph_device_ms(fn, [(x,) for x in inputs], replays, trials)
 
 
 def copy_ceiling_gbps(trials: int = 5, iters: int = 10) -> float:

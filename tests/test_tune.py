@@ -63,7 +63,7 @@ def test_dispatch_ignores_the_database_on_a_cpu():
 def test_tune_end_to_end_then_resume(tmp_path, capsys):
     assert tune_main(["--model", "tiny", "--dtype", "float16", "--db", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| op | problem | choice |" in out
+    assert "| op | dtype | layout | shape | choice |" in out
     db = TuningDB(device_key(), validators(), location=tmp_path)
     assert len(db) >= 10 and not db.notes
     for key, result in db.results.items():
@@ -109,7 +109,7 @@ def test_dispatch_follows_the_tuned_choice(tmp_path):
 
 @pytest.mark.gpu
 def test_group_norm_takes_the_tuned_path_and_ignores_one_it_cannot_run(tmp_path):
-    from rocm_sd.ops import group_norm as gn_module
+    from rocm_sd.ops.group_norm import _plan, group_norm_ref  # rocm_sd.ops.group_norm the name is the op
 
     x = torch.randn(2, 320, 32, 32, device="cuda", dtype=torch.float16)
     w, b = torch.randn(320, device="cuda", dtype=torch.float16), torch.randn(320, device="cuda", dtype=torch.float16)
@@ -122,8 +122,8 @@ def test_group_norm_takes_the_tuned_path_and_ignores_one_it_cannot_run(tmp_path)
                 db.record(key, {"choice": choice})
                 active.reload()
                 y = torch.ops.rocm_sd.group_norm(*args)
-                assert gn_module._plan(*args)[2] == path
-                ref = gn_module.group_norm_ref(x.float(), 32, w.float(), b.float(), 1e-5, True)
+                assert _plan(*args)[2] == path
+                ref = group_norm_ref(x.float(), 32, w.float(), b.float(), 1e-5, True)
                 assert (y.float() - ref).abs().max() < 2e-2
         finally:
             active.reload()
@@ -135,3 +135,21 @@ def test_database_file_is_json_people_can_read(tmp_path):
     data = json.loads(db.path.read_text())
     assert data["results"]["geglu|float16|nchw|rows=128,D=640"]["choice"] == "rocm_sd"
     assert data["device"]["arch"] == device_key().arch and data["validators"]["torch"] == torch.__version__
+
+
+def test_ranks_with_the_same_gpu_split_the_problems(tmp_path):
+    """Under torchrun, ranks of one device key tune disjoint shares (gloo, two CPU processes)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "share.py"
+    script.write_text("import os, torch\nfrom rocm_sd.tune.cli import _rank_share\n"
+                      "print('share', os.environ['RANK'], _rank_share(list(range(7)), torch.device('cpu')), flush=True)\n"
+                      "torch.distributed.destroy_process_group()\n")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shares = sorted(line for line in proc.stdout.splitlines() if line.startswith("share"))
+    assert shares == ["share 0 [0, 2, 4, 6]", "share 1 [1, 3, 5]"]

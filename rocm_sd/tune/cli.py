@@ -172,10 +172,11 @@ def _nothing():
 
 
 def _print_table(db: TuningDB, keys: list[str]) -> None:
-    print(f"\n| op | problem | choice | ms | torch ms | speed-up vs torch |\n|---|---|---|---:|---:|---:|")
+    print("\n| op | dtype | layout | shape | choice | ms | torch ms | speed-up vs torch |\n"
+          "|---|---|---|---|---|---:|---:|---:|")
     for k in keys:
         r = db.results[k]
-        op, _, rest = k.partition("|")
+        op, dtype, layout, shape = k.split("|", 3)
         torch_ms = f"{r['torch_ms']:.4f}" if r.get("torch_ms") is not None else "-"
         speedup = f"{r['speedup_vs_torch']:.2f}x" if r.get("speedup_vs_torch") is not None else "-"
-        print(f"| {op} | {rest} | {r['choice']} | {r['ms']:.4f} | {torch_ms} | {speedup} |")
+        print(f"| {op} | {dtype} | {layout} | {shape} | {r['choice']} | {r['ms']:.4f} | {torch_ms} | {speedup} |")

@@ -2,22 +2,20 @@
 
 A candidate is checked against the float64 truth with the op's tolerance (ops/_common.py: at most twice
 PyTorch's own error at the same precision plus a rounding floor), so a fast wrong kernel is never chosen.
-Timing uses device events over calls cycling through input copies that together exceed the L2 cache
-(the real model streams its activations from memory), median of several trials.
+Timing replays a graph of calls cycling through input copies that together exceed the L2 cache
+(rocm_sd/timing.py): device time, as the graph-captured pipeline sees it, not eager launch overhead.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 import torch
 
 from ..ops._common import within_tolerance
+from ..timing import graph_device_ms
 from . import problems
 from .harvest import OpCall
 
-TRIALS = 5
-MIN_TRIAL_MS = 2.0     # enough calls per trial that the event resolution does not matter
 MAX_COPIES = 16
 
 
@@ -46,28 +44,6 @@ def _copies(args: tuple, l2_bytes: int) -> int:
     return max(1, min(MAX_COPIES, -(-2 * l2_bytes // max(size, 1))))
 
 
-def device_ms(fn, inputs: list[tuple]) -> float:
-    """Median device milliseconds per call of fn(*inputs[i]) over rotating inputs."""
-    for args in inputs[:2]:
-        fn(*args)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn(*inputs[0])
-    end.record()
-    end.synchronize()
-    iters = max(len(inputs), min(1000, int(MIN_TRIAL_MS / max(start.elapsed_time(end), 1e-3))))
-    samples = []
-    for _ in range(TRIALS):
-        start.record()
-        for i in range(iters):
-            fn(*inputs[i % len(inputs)])
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / iters)
-    return statistics.median(samples)
-
-
 def measure(call: OpCall, device: torch.device, l2_bytes: int, seed: int = 0) -> Outcome:
     gen = torch.Generator(device).manual_seed(seed)
     args = call.make_args(device, gen)
@@ -90,5 +66,8 @@ def measure(call: OpCall, device: torch.device, l2_bytes: int, seed: int = 0) ->
         if not ok:
             outcome.rejected[name] = f"inaccurate: max error {err:.3g} > allowed {allowed:.3g}"
             continue
-        outcome.times_ms[name] = device_ms(fn, inputs)
+        try:
+            outcome.times_ms[name] = graph_device_ms(fn, inputs)
+        except RuntimeError as exc:  # the pipeline replays graphs: what cannot be captured cannot be chosen
+            outcome.rejected[name] = f"graph capture failed: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     return outcome
