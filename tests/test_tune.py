@@ -144,12 +144,12 @@ def test_ranks_with_the_same_gpu_split_the_problems(tmp_path):
     import sys
 
     script = tmp_path / "share.py"
-    script.write_text("import os, torch\nfrom rocm_sd.tune.cli import _rank_share\n"
-                      "print('share', os.environ['RANK'], _rank_share(list(range(7)), torch.device('cpu')), flush=True)\n"
+    script.write_text("import os, sys, torch\nfrom rocm_sd.tune.cli import _rank_share\n"
+                      "share = _rank_share(list(range(7)), torch.device('cpu'))\n"
+                      "open(os.path.join(sys.argv[1], 'share' + os.environ['RANK']), 'w').write(repr(share))\n"
                       "torch.distributed.destroy_process_group()\n")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script)], capture_output=True, text=True, timeout=120,
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    shares = sorted(line for line in proc.stdout.splitlines() if line.startswith("share"))
-    assert shares == ["share 0 [0, 2, 4, 6]", "share 1 [1, 3, 5]"]
+    assert (tmp_path / "share0").read_text() == "[0, 2, 4, 6]" and (tmp_path / "share1").read_text() == "[1, 3, 5]"

@@ -114,7 +114,8 @@ def test_a_miss_takes_the_nearest_tuned_shape_of_the_same_problem(tmp_path):
 
 def test_location_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_location() == tmp_path / "xdg" / "rocm_sd" / "tune"
+    with config.override(tune_db=None):  # the tests' own database folder (conftest) set aside
+        assert default_location() == tmp_path / "xdg" / "rocm_sd" / "tune"
     with config.override(tune_db=str(tmp_path / "mine")):
         assert default_location() == tmp_path / "mine"
         assert TuningDB(MI300X, VALID).path.parent == tmp_path / "mine"

@@ -1,0 +1,73 @@
+"""Kernel-backed copies of a host app's own norm modules, for hosts that patch by object replacement
+(ComfyUI's object patches, A1111's module hijacks) rather than by rocm_sd's in-place optimize().
+
+The copy keeps the module's class (a subclass is made on the fly), its attributes and its very
+parameter objects, so the host's weight patching (LoRA), offloading and casting still find what they
+expect. Whenever the host would take its own path for a call (weights cast or streamed per call, as
+ComfyUI does in low-VRAM mode), the copy runs the original forward and applies the activation after it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_SUBCLASSES: dict[tuple[type, str], type] = {}
+
+
+def _never(module: nn.Module) -> bool:
+    return False
+
+
+def _needs_grad(module: nn.Module, x: torch.Tensor) -> bool:
+    """The kernels are forward-only: calls that build a graph for backward take the host's path."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
+
+
+def _subclass(base: type, kind: str) -> type:
+    key = (base, kind)
+    if key not in _SUBCLASSES:
+        if kind == "group_norm":
+            def forward(self, x):
+                silu = self.rocm_sd_act == "silu"
+                if self.rocm_sd_host_path(self) or x.dim() < 2 or _needs_grad(self, x):
+                    y = base.forward(self, x)
+                    return F.silu(y) if silu else y
+                return torch.ops.rocm_sd.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
+        else:
+            def forward(self, x):
+                if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1 or _needs_grad(self, x):
+                    return base.forward(self, x)
+                return torch.ops.rocm_sd.layer_norm(x, self.weight, self.bias, self.eps)
+        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
+    return _SUBCLASSES[key]
+
+
+def _copy_as(module: nn.Module, cls: type) -> nn.Module:
+    new = cls.__new__(cls)
+    new.__dict__ = module.__dict__.copy()
+    new._parameters = dict(module._parameters)  # the same Parameter objects, in a dict of its own
+    new._buffers = dict(module._buffers)
+    new._modules = dict(module._modules)
+    return new
+
+
+def group_norm_copy(module: nn.GroupNorm, act: str | None = None,
+                    host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
+    """`module` followed by `act` (None or "silu") as one rocm_sd::group_norm call, unless host_path(copy)."""
+    if not isinstance(module, nn.GroupNorm):
+        raise TypeError(f"expected an nn.GroupNorm, got {type(module).__name__}")
+    new = _copy_as(module, _subclass(type(module), "group_norm"))
+    new.rocm_sd_act, new.rocm_sd_host_path = act, host_path
+    return new
+
+
+def layer_norm_copy(module: nn.LayerNorm, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
+    """`module` as rocm_sd::layer_norm over its last dimension, unless host_path(copy)."""
+    if not isinstance(module, nn.LayerNorm):
+        raise TypeError(f"expected an nn.LayerNorm, got {type(module).__name__}")
+    new = _copy_as(module, _subclass(type(module), "layer_norm"))
+    new.rocm_sd_host_path = host_path
+    return new

@@ -1,0 +1,1 @@
+"""Stand-in of ComfyUI's `comfy` package (tests/standins/README.md)."""

@@ -1,0 +1,270 @@
+"""The ComfyUI node package (integrations/comfyui) against the stand-in of ComfyUI's interfaces in
+tests/standins (ComfyUI is not on PyPI; see that folder's README). The node must also be tried in a real
+ComfyUI checkout (README, "ComfyUI")."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+from .conftest import HAVE_GPU
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STANDINS = os.path.join(ROOT, "tests", "standins")
+
+
+def _load_node_package(name: str = "rocm_sd_comfyui_under_test"):
+    """As ComfyUI's loader does: the folder imported as a package from its path."""
+    folder = os.path.join(ROOT, "integrations", "comfyui")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module, sys.modules[f"{name}.nodes"]
+
+
+@pytest.fixture(scope="module")
+def comfy():
+    sys.path.insert(0, STANDINS)
+    import comfy.ldm.modules.attention as attention
+    import comfy.model_base
+    import comfy.model_patcher
+    import comfy.sd
+
+    yield {"attention": attention, "model_base": comfy.model_base, "ModelPatcher": comfy.model_patcher.ModelPatcher,
+           "VAE": comfy.sd.VAE}
+    sys.path.remove(STANDINS)
+    for name in [m for m in sys.modules if m == "comfy" or m.startswith("comfy.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def nodes(comfy):
+    package, nodes_module = _load_node_package()
+    assert package.NODE_CLASS_MAPPINGS is nodes_module.NODE_CLASS_MAPPINGS
+    return nodes_module
+
+
+def _model(comfy, device="cpu", dtype=torch.float32, **kw):
+    torch.manual_seed(0)
+    base = comfy["model_base"].BaseModel(**kw).to(device, dtype).eval()
+    for p in base.parameters():  # ComfyUI skips init (weights come from files): random, never zeros
+        p.data.normal_(0, 0.2)
+    return comfy["ModelPatcher"](base)
+
+
+def _run(patcher, x, ctx):
+    with torch.inference_mode():
+        return patcher.model.apply_model(x, None, ctx, transformer_options=patcher.model_options["transformer_options"])
+
+
+def _inputs(device="cpu", dtype=torch.float32):
+    g = torch.Generator(device).manual_seed(1)
+    return (torch.randn(2, 4, 8, 8, device=device, dtype=dtype, generator=g),
+            torch.randn(2, 5, 24, device=device, dtype=dtype, generator=g))
+
+
+def test_node_contract(nodes):
+    assert set(nodes.NODE_CLASS_MAPPINGS) == {"RocmSDOptimizeModel", "RocmSDOptimizeVAE"}
+    assert nodes.NODE_DISPLAY_NAME_MAPPINGS["RocmSDOptimizeModel"] == "rocm_sd Optimize Model"
+    for cls, socket in ((nodes.RocmSDOptimizeModel, "MODEL"), (nodes.RocmSDOptimizeVAE, "VAE")):
+        required = cls.INPUT_TYPES()["required"]
+        assert required[socket.lower()] == (socket,) and cls.RETURN_TYPES == (socket,)
+        assert callable(getattr(cls, cls.FUNCTION)) and cls.CATEGORY == "rocm_sd"
+        for name, spec in required.items():
+            if name != socket.lower():
+                assert spec[0] == "BOOLEAN" and spec[1]["default"] is True
+
+
+def test_clone_not_mutate_and_same_output(comfy, nodes):
+    patcher = _model(comfy)
+    x, ctx = _inputs()
+    reference = _run(patcher, x, ctx)
+    originals = dict(patcher.model.named_modules())
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
+    assert optimized is not patcher and optimized.model is patcher.model
+    assert patcher.object_patches == {} and patcher.model_options == {"transformer_options": {}}
+    assert dict(patcher.model.named_modules()) == originals  # nothing is swapped until ComfyUI loads the clone
+    assert "optimized_attention_override" in optimized.model_options["transformer_options"]
+
+    optimized.patch_model()
+    try:
+        res = optimized.model.diffusion_model.input_blocks[1][0]
+        assert type(res.in_layers[0]).__name__ == "RocmGroupNorm" and isinstance(res.in_layers[1], torch.nn.Identity)
+        assert type(optimized.model.diffusion_model.out[0]).__name__ == "RocmGroupNorm"
+        norm = optimized.model.diffusion_model.input_blocks[1][1].transformer_blocks[0].norm1
+        assert type(norm).__name__ == "RocmLayerNorm"
+        assert norm.weight is originals["diffusion_model.input_blocks.1.1.transformer_blocks.0.norm1"].weight
+        got = _run(optimized, x, ctx)
+    finally:
+        optimized.unpatch_model()
+    torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
+    assert dict(patcher.model.named_modules()) == originals
+    assert torch.equal(_run(patcher, x, ctx), reference)
+
+
+def test_options_turn_pieces_off(comfy, nodes):
+    patcher = _model(comfy)
+    (only_attention,) = nodes.RocmSDOptimizeModel().optimize(patcher, attention=True, group_norm=False, layer_norm=False)
+    assert only_attention.object_patches == {}
+    (only_norms,) = nodes.RocmSDOptimizeModel().optimize(patcher, attention=False)
+    assert "optimized_attention_override" not in only_norms.model_options["transformer_options"]
+    assert any(k.endswith("in_layers.0") for k in only_norms.object_patches)
+
+
+def test_scale_shift_resblocks_keep_their_silu_after_the_shift(comfy, nodes):
+    patcher = _model(comfy, use_scale_shift_norm=True)
+    x, ctx = _inputs()
+    reference = _run(patcher, x, ctx)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
+    assert not any(k.endswith("out_layers.1") for k in optimized.object_patches)
+    assert any(k.endswith("in_layers.1") for k in optimized.object_patches)
+    optimized.patch_model()
+    try:
+        torch.testing.assert_close(_run(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
+    finally:
+        optimized.unpatch_model()
+
+
+def test_low_vram_casting_takes_comfyuis_own_path(comfy, nodes):
+    patcher = _model(comfy)
+    x, ctx = _inputs()
+    reference = _run(patcher, x, ctx)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
+    optimized.patch_model()
+    try:
+        for module in optimized.model.modules():
+            if type(module).__name__.startswith("Rocm"):
+                module.comfy_cast_weights = True  # what ComfyUI sets on modules it streams in low-VRAM mode
+                module.weight_function = [lambda w: w * 1.0]
+        torch.testing.assert_close(_run(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
+    finally:
+        optimized.unpatch_model()
+
+
+def test_older_comfyui_gets_attention_replace_patches(comfy, nodes, monkeypatch):
+    monkeypatch.delattr(comfy["attention"], "wrap_attn")
+    patcher = _model(comfy)
+    x, ctx = _inputs()
+    reference = _run(patcher, x, ctx)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, group_norm=False, layer_norm=False)
+    replaces = optimized.model_options["transformer_options"]["patches_replace"]
+    expected = {("input", 1, 0), ("middle", 0, 0), ("middle", 0, 1), ("output", 0, 0)}
+    assert set(replaces["attn1"]) == expected and set(replaces["attn2"]) == expected
+    calls = []
+    for key in expected:  # count the calls, through the patch the node installed
+        replaces["attn1"][key] = lambda q, k, v, extra, _f=replaces["attn1"][key]: calls.append(1) or _f(q, k, v, extra)
+    torch.testing.assert_close(_run(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 4
+
+
+MASKS = ["none", "2d-additive", "3d-bool", "4d-additive"]
+
+
+def _mask(kind, b, heads, lq, lk, device):
+    g = torch.Generator(device).manual_seed(3)
+    if kind == "2d-additive":
+        return torch.randn(lq, lk, device=device, generator=g)
+    if kind == "3d-bool":
+        m = torch.rand(b, lq, lk, device=device, generator=g) > 0.3
+        m[..., 0] = True  # no fully masked row
+        return m
+    if kind == "4d-additive":
+        return torch.randn(b, heads, lq, lk, device=device, generator=g)
+    return None
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32)] + (
+    [("cuda", torch.float16), ("cuda", torch.bfloat16)] if HAVE_GPU else []))
+@pytest.mark.parametrize("skip_reshape,skip_output_reshape", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("mask_kind", MASKS)
+def test_attention_override_equals_comfyuis_attention(comfy, nodes, device, dtype, skip_reshape, skip_output_reshape,
+                                                      mask_kind):
+    b, heads, lq, lk, d = 2, 8, 77 if mask_kind == "none" else 64, 77, 40
+    g = torch.Generator(device).manual_seed(2)
+    if skip_reshape:
+        q, k, v = (torch.randn(b, heads, n, d, device=device, dtype=dtype, generator=g) for n in (lq, lk, lk))
+    else:
+        q, k, v = (torch.randn(b, n, heads * d, device=device, dtype=dtype, generator=g) for n in (lq, lk, lk))
+    mask = _mask(mask_kind, b, heads, lq, lk, device)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(dtype)
+    attention_pytorch = comfy["attention"].attention_pytorch
+    kwargs = dict(mask=mask, skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape)
+    expected = attention_pytorch(q, k, v, heads, **kwargs, transformer_options={})
+    calls = []
+
+    def spy(*args, **kw):
+        calls.append(1)
+        return nodes.attention_override(*args, **kw)
+
+    got = attention_pytorch(q, k, v, heads, **kwargs, transformer_options={"optimized_attention_override": spy})
+    assert calls == [1] and got.shape == expected.shape
+    truth = attention_pytorch(q.double(), k.double(), v.double(), heads, transformer_options={},
+                              mask=mask if mask is None or mask.dtype == torch.bool else mask.double(),
+                              skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape)
+    torch_error = (expected.double() - truth).abs().max().item()
+    assert (got.double() - truth).abs().max().item() <= 2 * torch_error + (1e-6 if dtype == torch.float32 else 2e-3)
+
+
+def test_override_hands_unknown_arguments_back_to_comfyui(nodes):
+    seen = []
+
+    def original(*args, **kwargs):
+        seen.append(kwargs)
+        return "comfy's own"
+
+    q = torch.randn(1, 4, 16)
+    assert nodes.attention_override(original, q, q, q, 2, enable_gqa=True) == "comfy's own"
+    assert seen[0]["enable_gqa"] is True
+
+
+def test_vae_node(comfy, nodes):
+    vae = comfy["VAE"]()
+    for p in vae.first_stage_model.parameters():
+        p.data.normal_(0, 0.2)
+    z = torch.randn(1, 4, 8, 8)
+    with torch.inference_mode():
+        reference = vae.decode(z)
+    (optimized,) = nodes.RocmSDOptimizeVAE().optimize(vae)
+    assert optimized is not vae and vae.patcher.object_patches == {}
+    assert "decoder.mid.attn_1.optimized_attention" in optimized.patcher.object_patches
+    assert "decoder.norm_out" in optimized.patcher.object_patches
+    with torch.inference_mode():
+        torch.testing.assert_close(optimized.decode(z), reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(vae.decode(z), reference)  # the original still decodes as before
+
+
+def test_without_rocm_sd_the_nodes_pass_through(comfy, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rocm_sd", None)  # `import rocm_sd` now raises ImportError
+    _, nodes_module = _load_node_package("rocm_sd_comfyui_without_library")
+    assert nodes_module.UNAVAILABLE and "not importable" in nodes_module.UNAVAILABLE
+    patcher = _model(comfy)
+    assert nodes_module.RocmSDOptimizeModel().optimize(patcher)[0] is patcher
+    vae = comfy["VAE"]()
+    assert nodes_module.RocmSDOptimizeVAE().optimize(vae)[0] is vae
+
+
+@pytest.mark.gpu
+def test_optimized_model_on_the_gpu_uses_the_kernels(comfy, nodes):
+    import rocm_sd
+
+    patcher = _model(comfy, "cuda", torch.float16, channels=32)
+    x, ctx = _inputs("cuda", torch.float16)
+    reference = _run(patcher, x, ctx)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
+    optimized.patch_model()
+    try:
+        rocm_sd.reset_stats()
+        got = _run(optimized, x, ctx)
+        stats = rocm_sd.stats()
+    finally:
+        optimized.unpatch_model()
+    n_group_norms = sum(isinstance(m, torch.nn.GroupNorm) for m in patcher.model.modules())
+    n_layer_norms = sum(isinstance(m, torch.nn.LayerNorm) for m in patcher.model.modules())
+    assert stats["group_norm"] == {"rocm_sd": n_group_norms} and stats["layer_norm"] == {"rocm_sd": n_layer_norms}
+    assert (got.float() - reference.float()).abs().max().item() < 5e-2 * reference.float().abs().max().item()
