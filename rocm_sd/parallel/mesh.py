@@ -87,5 +87,8 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
 
 
 def shutdown() -> None:
+    """Leave the job cleanly: every rank is done with the group before any rank tears it down (a gloo
+    rank destroying its group while a peer still finishes was seen to abort with SIGABRT)."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
