@@ -12,6 +12,7 @@ from .geglu import patch_geglus
 from .group_norm import patch_group_norms
 from .layer_norm import patch_layer_norms
 from .layout import patch_transformer_layouts
+from .pointwise import patch_pointwise_convs
 from .resnet import patch_resnets
 
 log = logging.getLogger("rocm_sd")
@@ -77,7 +78,8 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
 
 
 def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer_norm: bool = True,
-             geglu: bool = True, channels_last: bool = True, fuse_qkv: bool = False, cuda_graph: bool = True):
+             geglu: bool = True, channels_last: bool = True, pointwise_gemm: bool = True, fuse_qkv: bool = False,
+             cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
@@ -91,6 +93,9 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
                   convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
                   transformer blocks hand back channels_last without a copy (patch/layout.py).
+      pointwise_gemm  1x1 convolutions (SD1.x's proj_in/proj_out, resnet shortcuts) on channels_last
+                  activations as one GEMM with the bias fused, instead of a convolution and a separate
+                  bias add (patch/pointwise.py). Different summation order: rounding-level differences.
       fuse_qkv    one projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections).
                   Off by default: it adds `to_qkv` weights (state-dict keys, memory) while optimized.
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
@@ -122,6 +127,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                 patch_layer_norms(model, record)
             if geglu:
                 patch_geglus(model, record)
+            if pointwise_gemm:
+                patch_pointwise_convs(model, record)
             if channels_last:
                 _to_channels_last(model, record)
             if fuse_qkv:

@@ -45,7 +45,8 @@ def _subclass(base: type, kind: str) -> type:
     return _SUBCLASSES[key]
 
 
-def _copy_as(module: nn.Module, cls: type) -> nn.Module:
+def copy_as(module: nn.Module, cls: type) -> nn.Module:
+    """A shallow copy of `module` as an instance of `cls` (a subclass of its class), sharing its Parameters."""
     new = cls.__new__(cls)
     new.__dict__ = module.__dict__.copy()
     new._parameters = dict(module._parameters)  # the same Parameter objects, in a dict of its own
@@ -59,7 +60,7 @@ def group_norm_copy(module: nn.GroupNorm, act: str | None = None,
     """`module` followed by `act` (None or "silu") as one rocm_sd::group_norm call, unless host_path(copy)."""
     if not isinstance(module, nn.GroupNorm):
         raise TypeError(f"expected an nn.GroupNorm, got {type(module).__name__}")
-    new = _copy_as(module, _subclass(type(module), "group_norm"))
+    new = copy_as(module, _subclass(type(module), "group_norm"))
     new.rocm_sd_act, new.rocm_sd_host_path = act, host_path
     return new
 
@@ -68,6 +69,6 @@ def layer_norm_copy(module: nn.LayerNorm, host_path: Callable[[nn.Module], bool]
     """`module` as rocm_sd::layer_norm over its last dimension, unless host_path(copy)."""
     if not isinstance(module, nn.LayerNorm):
         raise TypeError(f"expected an nn.LayerNorm, got {type(module).__name__}")
-    new = _copy_as(module, _subclass(type(module), "layer_norm"))
+    new = copy_as(module, _subclass(type(module), "layer_norm"))
     new.rocm_sd_host_path = host_path
     return new
