@@ -9,7 +9,6 @@ import sys
 import pytest
 import torch
 
-from .conftest import HAVE_GPU
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTENSION = os.path.join(ROOT, "integrations", "a1111")
@@ -77,7 +76,7 @@ def _hypernetwork(device, dtype):
     return {24: (torch.nn.Linear(24, 24).to(device, dtype), torch.nn.Linear(24, 24).to(device, dtype))}
 
 
-DEVICES = [("cpu", torch.float32)] + ([("cuda", torch.float16)] if HAVE_GPU else [])
+DEVICES = [("cpu", torch.float32), pytest.param("cuda", torch.float16, marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
@@ -116,7 +115,47 @@ def test_apply_computes_what_the_webuis_sdp_computes_and_undo_restores(webui, sc
 
 
 def test_without_rocm_sd_nothing_registers(webui, monkeypatch):
-    monkeypatch.setitem(sys.modules, "rocm_sd", None)
-    monkeypatch.setitem(sys.modules, "rocm_sd.attention", None)
+    for name in [m for m in sys.modules if m == "rocm_sd" or m.startswith("rocm_sd.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing rocm_sd or any part of it now raises ImportError
     script = _load(os.path.join(EXTENSION, "scripts", "rocm_sd_a1111.py"), "rocm_sd_a1111_without_library")
     assert script.UNAVAILABLE and webui["callbacks"].list_optimizers_callback() == []
+
+
+def test_forge_gets_a_patched_clone_of_its_unet_patcher(webui, script):
+    """Forge: process_before_every_sampling swaps in a clone with rocm_sd installed (--rocm-sd only)."""
+    from types import SimpleNamespace
+
+    comfy_root = os.path.join(ROOT, "tests", "standins")
+    sys.path.insert(0, comfy_root)
+    try:
+        import comfy.model_base
+        import comfy.model_patcher
+
+        torch.manual_seed(0)
+        base = comfy.model_base.BaseModel().eval()
+        for param in base.parameters():
+            param.data.normal_(0, 0.2)
+        original = comfy.model_patcher.ModelPatcher(base)
+        p = SimpleNamespace(sd_model=SimpleNamespace(forge_objects=SimpleNamespace(unet=original)))
+        forge = script.RocmSdForge()
+        forge.process_before_every_sampling(p)
+        assert p.sd_model.forge_objects.unet is original  # not asked for: untouched
+        webui["shared"].cmd_opts.rocm_sd = True
+        forge.process_before_every_sampling(p)
+        patched = p.sd_model.forge_objects.unet
+        assert patched is not original and original.object_patches == {}
+        assert patched.object_patches and "attn1" in patched.model_options["transformer_options"]["patches_replace"]
+        x, ctx = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 24)
+        with torch.inference_mode():
+            expected = base.apply_model(x, None, ctx, transformer_options=original.model_options["transformer_options"])
+            patched.patch_model()
+            try:
+                got = base.apply_model(x, None, ctx, transformer_options=patched.model_options["transformer_options"])
+            finally:
+                patched.unpatch_model()
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    finally:
+        webui["shared"].cmd_opts.rocm_sd = False
+        sys.path.remove(comfy_root)
+        for name in [m for m in sys.modules if m == "comfy" or m.startswith("comfy.")]:
+            del sys.modules[name]

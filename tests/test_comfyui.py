@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from .conftest import HAVE_GPU
+from rocm_sd.patch import comfy as comfy_patch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STANDINS = os.path.join(ROOT, "tests", "standins")
@@ -178,8 +178,9 @@ def _mask(kind, b, heads, lq, lk, device):
     return None
 
 
-@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32)] + (
-    [("cuda", torch.float16), ("cuda", torch.bfloat16)] if HAVE_GPU else []))
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32),
+                                          pytest.param("cuda", torch.float16, marks=pytest.mark.gpu),
+                                          pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("skip_reshape,skip_output_reshape", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("mask_kind", MASKS)
 def test_attention_override_equals_comfyuis_attention(comfy, nodes, device, dtype, skip_reshape, skip_output_reshape,
@@ -200,7 +201,7 @@ def test_attention_override_equals_comfyuis_attention(comfy, nodes, device, dtyp
 
     def spy(*args, **kw):
         calls.append(1)
-        return nodes.attention_override(*args, **kw)
+        return comfy_patch.attention_override(*args, **kw)
 
     got = attention_pytorch(q, k, v, heads, **kwargs, transformer_options={"optimized_attention_override": spy})
     assert calls == [1] and got.shape == expected.shape
@@ -211,7 +212,7 @@ def test_attention_override_equals_comfyuis_attention(comfy, nodes, device, dtyp
     assert (got.double() - truth).abs().max().item() <= 2 * torch_error + (1e-6 if dtype == torch.float32 else 2e-3)
 
 
-def test_override_hands_unknown_arguments_back_to_comfyui(nodes):
+def test_override_hands_unknown_arguments_back_to_comfyui():
     seen = []
 
     def original(*args, **kwargs):
@@ -219,7 +220,7 @@ def test_override_hands_unknown_arguments_back_to_comfyui(nodes):
         return "comfy's own"
 
     q = torch.randn(1, 4, 16)
-    assert nodes.attention_override(original, q, q, q, 2, enable_gqa=True) == "comfy's own"
+    assert comfy_patch.attention_override(original, q, q, q, 2, enable_gqa=True) == "comfy's own"
     assert seen[0]["enable_gqa"] is True
 
 
@@ -240,7 +241,8 @@ def test_vae_node(comfy, nodes):
 
 
 def test_without_rocm_sd_the_nodes_pass_through(comfy, monkeypatch):
-    monkeypatch.setitem(sys.modules, "rocm_sd", None)  # `import rocm_sd` now raises ImportError
+    for name in [m for m in sys.modules if m == "rocm_sd" or m.startswith("rocm_sd.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing rocm_sd or any part of it now raises ImportError
     _, nodes_module = _load_node_package("rocm_sd_comfyui_without_library")
     assert nodes_module.UNAVAILABLE and "not importable" in nodes_module.UNAVAILABLE
     patcher = _model(comfy)

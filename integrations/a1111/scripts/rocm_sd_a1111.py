@@ -4,7 +4,8 @@
 apply() points ldm's and sgm's CrossAttention.forward (SD1.x/2.x and SDXL) and the VAE's AttnBlock.forward at
 rocm_sd's attention, computing what the webui's own SDP optimization computes: hypernetworks still act on
 the keys' and values' context, and the "upcast cross attention layer to float32" setting is honoured.
-undo() is SdOptimization's own, which restores the webui's forwards. A thin shim: the attention itself
+undo() is SdOptimization's own, which restores the webui's forwards. On Forge, which never applies
+SdOptimizations, RocmSdForge patches a clone of the UNet patcher before each sampling instead. A thin shim: the attention itself
 is rocm_sd.attention (PyTorch SDPA until rocm_sd's kernel exists). Without rocm_sd nothing is registered,
 and one log line says why.
 """
@@ -12,13 +13,14 @@ import logging
 
 import torch
 
-from modules import script_callbacks, sd_hijack_optimizations, shared
+from modules import script_callbacks, scripts, sd_hijack_optimizations, shared
 from modules.hypernetworks import hypernetwork
 
 log = logging.getLogger("rocm_sd.a1111")
 
 try:
     from rocm_sd.attention import attention as rocm_attention
+    from rocm_sd.patch.comfy import patch_model_patcher
     UNAVAILABLE = None
 except ImportError as exc:
     UNAVAILABLE = f"rocm_sd is not importable ({exc}); the 'rocm_sd' optimization is not offered"
@@ -97,3 +99,23 @@ def list_optimizers(res):
 
 
 script_callbacks.on_list_optimizers(list_optimizers)
+
+
+class RocmSdForge(scripts.Script):
+    """Forge never applies SdOptimizations; with --rocm-sd, each sampling gets a clone of Forge's UNet
+    patcher with rocm_sd installed the way the ComfyUI node installs it (rocm_sd.patch.comfy: norm kernels
+    as object patches, attention as attn1/attn2 replace patches). Plain AUTOMATIC1111 never calls this hook."""
+
+    def title(self):
+        return "rocm_sd"
+
+    def show(self, is_img2img):
+        return scripts.AlwaysVisible
+
+    def process_before_every_sampling(self, p, *args, **kwargs):
+        forge_objects = getattr(p.sd_model, "forge_objects", None)
+        if forge_objects is None or UNAVAILABLE or not getattr(shared.cmd_opts, "rocm_sd", False):
+            return
+        unet = forge_objects.unet.clone()
+        patch_model_patcher(unet, override_supported=False)
+        forge_objects.unet = unet

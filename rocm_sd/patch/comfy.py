@@ -1,0 +1,149 @@
+"""Patches for models driven by ComfyUI's ModelPatcher: ComfyUI itself and Forge (which vendors it).
+
+What the ComfyUI node and the A1111 extension's Forge path share (DESIGN.md convention 10: one copy of
+the patch logic): which modules of ComfyUI's UNet and VAE are which, kernel-backed copies of its norm
+modules to install as object patches, and attention in ComfyUI's calling conventions, either as the
+per-model `optimized_attention_override` or as attn1/attn2 replace patches.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import attention as rocm_attention
+from .swap import group_norm_copy, layer_norm_copy
+
+
+def _host_casts(module) -> bool:
+    """ComfyUI casts or streams this module's weights per call (low-VRAM, fp8, manual cast): its own path."""
+    return bool(getattr(module, "comfy_cast_weights", False) or getattr(module, "weight_function", None)
+                or getattr(module, "bias_function", None))
+
+
+# ---- which modules are which in ComfyUI's models -----------------------------------------------------------
+
+def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[str, object]:
+    """{dotted path under root: replacement} for the norms of a ComfyUI UNet or VAE.
+
+    A GroupNorm directly followed by nn.SiLU inside an nn.Sequential is run as one fused call, with the
+    SiLU replaced by Identity, except in a ResBlock's out_layers when it uses scale-shift norm (there the
+    SiLU comes after the scale and shift). Every other GroupNorm, and every LayerNorm, is swapped alone.
+    """
+    swaps: dict[str, object] = {}
+    if group_norm:
+        for parent_name, parent in root.named_modules():
+            scale_shift = getattr(parent, "use_scale_shift_norm", False)
+            for seq_name, seq in parent.named_children():
+                if not isinstance(seq, nn.Sequential) or (scale_shift and seq_name == "out_layers"):
+                    continue
+                path = f"{parent_name}.{seq_name}" if parent_name else seq_name
+                items = list(seq.named_children())
+                for (name, module), (next_name, following) in zip(items, items[1:]):
+                    if isinstance(module, nn.GroupNorm) and type(following) is nn.SiLU:
+                        swaps[f"{path}.{name}"] = group_norm_copy(module, "silu", _host_casts)
+                        swaps[f"{path}.{next_name}"] = nn.Identity()
+        for name, module in root.named_modules():
+            if isinstance(module, nn.GroupNorm) and name not in swaps:
+                swaps[name] = group_norm_copy(module, None, _host_casts)
+    if layer_norm:
+        for name, module in root.named_modules():
+            if isinstance(module, nn.LayerNorm):
+                swaps[name] = layer_norm_copy(module, _host_casts)
+    return swaps
+
+
+# ---- attention ---------------------------------------------------------------------------------------------
+
+def _to_heads(t, heads: int):
+    b, length, inner = t.shape
+    return t.view(b, length, heads, inner // heads).transpose(1, 2)
+
+
+def _mask_4d(mask):
+    """ComfyUI's mask conventions: [Lq, Lk] for all, [B, Lq, Lk] per image, or already [B, H, Lq, Lk]."""
+    if mask is None:
+        return None
+    if mask.ndim == 2:
+        mask = mask.unsqueeze(0)
+    if mask.ndim == 3:
+        mask = mask.unsqueeze(1)
+    return mask
+
+
+def comfy_attention(q, k, v, heads, mask=None, skip_reshape=False, skip_output_reshape=False):
+    """ComfyUI's attention contract: (B, L, heads*D) unless skip_reshape (then (B, H, L, D)); output
+    (B, L, heads*D) unless skip_output_reshape."""
+    if not skip_reshape:
+        q, k, v = (_to_heads(t, heads) for t in (q, k, v))
+    out = rocm_attention(q, k, v, _mask_4d(mask))
+    if skip_output_reshape:
+        return out
+    b, h, length, d = out.shape
+    return out.transpose(1, 2).reshape(b, length, h * d)
+
+
+def attention_override(original, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
+                       skip_output_reshape=False, **kwargs):
+    """transformer_options["optimized_attention_override"]: rocm_sd's attention, or ComfyUI's own
+    function for what it does not take (other arguments a newer ComfyUI may pass, e.g. GQA)."""
+    unknown = set(kwargs) - {"transformer_options", "_inside_attn_wrapper"}
+    if unknown or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return original(q, k, v, heads, mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
+                        skip_output_reshape=skip_output_reshape, **kwargs)
+    return comfy_attention(q, k, v, heads, mask, skip_reshape, skip_output_reshape)
+
+
+def attention_replace(q, k, v, extra_options):
+    """An attn1/attn2 replace patch (ComfyUI without the override): q, k, v are (B, L, heads*D)."""
+    return comfy_attention(q, k, v, extra_options["n_heads"])
+
+
+def vae_attention(q, k, v):
+    """The VAE AttnBlock's attention function: q, k, v (B, C, H, W), one head of C channels."""
+    shape = q.shape
+    b, c = shape[:2]
+    q, k, v = (t.reshape(b, 1, c, -1).transpose(2, 3) for t in (q, k, v))
+    return rocm_attention(q, k, v).transpose(2, 3).reshape(shape)
+
+
+def _override_supported() -> bool:
+    try:
+        import comfy.ldm.modules.attention as comfy_attention_module
+    except ImportError:
+        return False
+    return hasattr(comfy_attention_module, "wrap_attn")
+
+
+def _transformer_block_keys(diffusion_model) -> list[tuple[str, int, int]]:
+    """(block name, number, index) of every transformer block, as ComfyUI keys attn1/attn2 replace patches."""
+    keys = []
+    for block_name, attr in (("input", "input_blocks"), ("middle", "middle_block"), ("output", "output_blocks")):
+        blocks = getattr(diffusion_model, attr, None)
+        if blocks is None:
+            continue
+        numbered = [(0, blocks)] if block_name == "middle" else list(enumerate(blocks))
+        for number, block in numbered:
+            for layer in block:
+                for index, _ in enumerate(getattr(layer, "transformer_blocks", [])):
+                    keys.append((block_name, number, index))
+    return keys
+
+
+def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True, layer_norm: bool = True,
+                        override_supported: bool | None = None) -> None:
+    """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
+    patches and attention patches. override_supported: None to detect ComfyUI's `wrap_attn`."""
+    get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
+    diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
+    for path, module in norm_swaps(diffusion_model, group_norm, layer_norm).items():
+        patcher.add_object_patch(f"diffusion_model.{path}", module)
+    if not attention:
+        return
+    if override_supported is None:
+        override_supported = _override_supported()
+    if override_supported:
+        patcher.model_options["transformer_options"]["optimized_attention_override"] = attention_override
+    else:  # an older ComfyUI, or Forge: replace the attention of every transformer block
+        for block_name, number, index in _transformer_block_keys(diffusion_model):
+            patcher.set_model_attn1_replace(attention_replace, block_name, number, index)
+            patcher.set_model_attn2_replace(attention_replace, block_name, number, index)
