@@ -57,6 +57,22 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
 
+  m.def("ck_group_norm_instances", [] {
+    py::list out;
+    for (const auto& inst : rsd::ck_group_norm_instances()) out.append(py::make_tuple(inst.name, inst.silu));
+    return out;
+  });
+
+  m.def(
+      "ck_group_norm_forward",
+      [](const std::string& name, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t y, int n, int h, int w, int c,
+         int groups, float eps, uintptr_t stream, int device) {
+        raise_if(rsd::ck_group_norm_forward(name, {as_ptr(x), as_ptr(gamma), as_ptr(beta), as_mut_ptr(y), n, h, w, c,
+                                                   groups, eps, as_mut_ptr(stream), device}));
+      },
+      py::arg("name"), py::arg("x"), py::arg("gamma"), py::arg("beta"), py::arg("y"), py::arg("n"), py::arg("h"),
+      py::arg("w"), py::arg("c"), py::arg("groups"), py::arg("eps"), py::arg("stream"), py::arg("device"));
+
   m.def(
       "device_info",
       [](int device) {

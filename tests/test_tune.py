@@ -118,7 +118,8 @@ def test_group_norm_takes_the_tuned_path_and_ignores_one_it_cannot_run(tmp_path)
     db = TuningDB(device_key(), validators(), location=tmp_path)
     with config.override(tune_db=str(tmp_path)):
         try:
-            for choice, path in (("rocm_sd:split", "split"), ("rocm_sd:no-such-path", "auto")):
+            for choice, path in (("rocm_sd:split", "split"), ("rocm_sd:no-such-path", "auto"),
+                                 ("ck:ck_group_norm_swish_f16_b256_c1x256_s1x8_v8", "auto")):  # CK not in this build
                 db.record(key, {"choice": choice})
                 active.reload()
                 y = torch.ops.rocm_sd.group_norm(*args)

@@ -117,13 +117,43 @@ def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | N
     return y
 
 
+def ck_instances() -> list[tuple[str, bool]]:
+    """(name, silu) of the Composable Kernel GroupNorm instances in this build: ROCm builds with CK headers
+    only (ck_templates/); empty elsewhere."""
+    listing = getattr(_ext._C, "ck_group_norm_instances", None) if _ext._C is not None else None
+    return [tuple(i) for i in listing()] if listing is not None else []
+
+
+def ck_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               input_bias: torch.Tensor | None) -> list[str]:
+    """Why the CK instances cannot take this call: they take channels_last fp16 x with fp16 weight and bias."""
+    reasons = []
+    if x.dim() != 4 or layout_of(x) != NHWC:
+        reasons.append("CK instances take 4-D channels_last input")
+    if x.dtype != torch.float16 or any(p is None or p.dtype != torch.float16 for p in (weight, bias)):
+        reasons.append("CK instances take fp16 input, weight and bias")
+    if input_bias is not None:
+        reasons.append("CK instances have no input bias")
+    return reasons
+
+
+def group_norm_ck(name: str, x: torch.Tensor, num_groups: int, weight: torch.Tensor, bias: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """One Composable Kernel instance, by name (`ck_instances()`); it raises when it cannot take the call."""
+    y = output_like(x)
+    n, c, h, w = x.shape
+    _ext._C.ck_group_norm_forward(name, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), n, h, w, c,
+                                  num_groups, eps, stream_handle(x.device), x.device.index)
+    return y
+
+
 # (reasons, workspace bytes) per argument key. Outputs come from the caching allocator, whose blocks
 # are at least 16-byte aligned, so the output's alignment is not part of the key.
 _plans = PlanCache()
 
 
 def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
-    """(reasons, tuned choice, kernel path, workspace bytes for that path)."""
+    """(reasons, tuned choice, kernel path or "ck:<instance>", workspace bytes for that path)."""
     key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias), tensor_key(input_bias))
 
     def compute():
@@ -131,6 +161,9 @@ def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
         if reasons:
             return reasons, None, "auto", None
         tuned = tuned_choice_for(OP, x.device, (x, num_groups, weight, bias, eps, silu, input_bias))
+        if tuned and tuned.startswith("ck:") and (tuned[3:], silu) in ck_instances() \
+                and not ck_reasons(x, weight, bias, input_bias):
+            return reasons, tuned, tuned, None  # the tuner measured this CK instance fastest here
         path = tuned.partition(":")[2] if tuned and tuned.startswith(dispatch.KERNEL + ":") else "auto"
         try:
             return reasons, tuned, path, _workspace_bytes(x, x, num_groups, path)
@@ -145,6 +178,8 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bi
                eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
     reasons, tuned, path, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu, input_bias)
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
+        if path.startswith("ck:"):
+            return group_norm_ck(path[3:], x, num_groups, weight, bias, eps)
         return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes, path=path,
                                  input_bias=input_bias)
     params = weight if weight is not None else bias

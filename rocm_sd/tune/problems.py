@@ -1,10 +1,9 @@
 """What can be tuned per op: the problem key of a call (shared by the tuner and the dispatcher), the
 candidates that compute it, and the float64 truth they are checked against.
 
-Candidates are named `torch` (the op's PyTorch path at the call's dtype) or `rocm_sd[:variant]` (the HIP
+Candidates are named `torch` (the op's PyTorch path at the call's dtype), `rocm_sd[:variant]` (the HIP
 kernel, called directly, with a variant where the kernel family has several: GroupNorm's resident and
-split paths). Composable Kernel instances and the kernels' template instances join this list as they
-are built (issues 3 and 5).
+split paths) or `ck:<instance>` (a Composable Kernel instance built into _C on ROCm, ck_templates/).
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from ..ops.bias_add import bias_residual_kernel, bias_residual_ref
 from ..ops.bias_add import supports as bias_residual_supports
 from ..ops.geglu import geglu_kernel, geglu_ref
 from ..ops.geglu import supports as geglu_supports
-from ..ops.group_norm import group_norm_kernel, group_norm_ref
+from ..ops.group_norm import ck_instances, ck_reasons, group_norm_ck, group_norm_kernel, group_norm_ref
 from ..ops.group_norm import supports as group_norm_supports
 from ..ops.layer_norm import layer_norm_kernel, layer_norm_ref
 from ..ops.layer_norm import supports as layer_norm_supports
@@ -71,7 +70,13 @@ def _group_norm_candidates(x, num_groups, weight, bias, eps, silu, input_bias=No
     def kernel(path):
         return lambda *a: group_norm_kernel(*a[:6], path=path, input_bias=a[6] if len(a) > 6 else None)
 
-    return {TORCH: group_norm_ref, "rocm_sd:resident": kernel("resident"), "rocm_sd:split": kernel("split")}
+    candidates = {TORCH: group_norm_ref, "rocm_sd:resident": kernel("resident"), "rocm_sd:split": kernel("split")}
+    meta = [_meta(a) for a in (x, weight, bias, input_bias)]
+    if not ck_reasons(*meta):  # Composable Kernel instances (ROCm builds with CK only)
+        for name, act_silu in ck_instances():
+            if act_silu == silu:
+                candidates[f"ck:{name}"] = lambda *a, _name=name: group_norm_ck(_name, *a[:4], a[4])
+    return candidates
 
 
 # ---- the single-kernel ops ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace rsd {
 
@@ -116,5 +117,26 @@ struct LayerNormArgs {
 };
 std::string layer_norm_check(const LayerNormArgs& a);
 std::string layer_norm_forward(const LayerNormArgs& a);
+
+// ---------------------------------------------------------------------------------------------
+// ck_backend.hip: the Composable Kernel instances built into _C (ROCm builds with CK headers only;
+// elsewhere the list is empty). GroupNorm(+SiLU) over channels_last fp16 x, fp16 gamma/beta.
+struct CkGroupNormInstance {
+  std::string name;  // encodes every template parameter (ck_templates/instances.py)
+  bool silu;
+};
+std::vector<CkGroupNormInstance> ck_group_norm_instances();
+struct CkGroupNormCall {
+  const void* x;
+  const void* gamma;
+  const void* beta;
+  void* y;
+  int n, h, w, c, groups;
+  float eps;
+  void* stream;
+  int device;
+};
+// Empty string on success, else why the instance cannot run this call (or does not exist).
+std::string ck_group_norm_forward(const std::string& name, const CkGroupNormCall& a);
 
 }  // namespace rsd
