@@ -177,3 +177,15 @@ def test_generate_fails_cleanly_on_every_rank(tmp_path):
     assert proc.returncode != 0
     assert "rocm_sd generate failed on 2 ranks" in proc.stderr
     assert "rank 0 failed during pipeline setup" in proc.stderr and "neither an architecture" in proc.stderr
+
+
+def test_two_cfg_pairs_are_data_parallel_among_themselves(tmp_path, one_process):
+    """4 processes in cfg mode: two pairs, each pair splitting guidance, the pairs splitting the prompts."""
+    proc, out = _generate(tmp_path, "cfg4", 4, "--mode", "cfg")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(out, "run.json")) as f:
+        assert json.load(f)["gpus"] == 4
+    images = _images(out)
+    assert len(images) == len(PROMPTS)
+    for i, (a, b) in enumerate(zip(one_process, images)):
+        assert np.abs(a - b).max() <= 2, f"image {i}: max difference {np.abs(a - b).max()}"
