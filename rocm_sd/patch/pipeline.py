@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..graphs import GraphedCall, GraphPool
+from .attention import patch_attention
 from .core import RECORD_ATTR, PatchRecord
 from .geglu import patch_geglus
 from .group_norm import patch_group_norms
@@ -79,7 +80,7 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
 
 def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer_norm: bool = True,
              geglu: bool = True, channels_last: bool = True, pointwise_gemm: bool = True, fuse_qkv: bool = False,
-             cuda_graph: bool = True):
+             attention: bool = False, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
@@ -98,6 +99,9 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                   bias add (patch/pointwise.py). Different summation order: rounding-level differences.
       fuse_qkv    one projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections).
                   Off by default: it adds `to_qkv` weights (state-dict keys, memory) while optimized.
+      attention   diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor, the same
+                  steps with the attention through rocm_sd.attention. Off by default: that is PyTorch SDPA
+                  until rocm_sd's attention kernel exists, so it changes nothing yet but the processor.
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
                   input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
                   Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)
@@ -133,6 +137,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                 _to_channels_last(model, record)
             if fuse_qkv:
                 _fuse_qkv(model, record)
+            if attention:  # after fuse_qkv: the fused processors are replaced too, and restored first
+                patch_attention(model, record)
             if cuda_graph:  # last: the graphs capture the patched model
                 _install_graphs(model, record, pool)
         setattr(model, RECORD_ATTR, record)

@@ -1,0 +1,67 @@
+"""RocmAttnProcessor: diffusers' AttnProcessor2_0 (and FusedAttnProcessor2_0), step for step, with the
+attention itself through rocm_sd.attention, where rocm_sd's kernel and the tuner's choice will land.
+
+Same steps as diffusers: spatial norm, 4-D (VAE) input, attention mask, group norm, cross-attention
+norm, fused QKV / KV projections when the module has them, q/k norms, output projection and dropout,
+residual connection and rescale factor. A call this processor does not know (extra positional
+arguments, the deprecated `scale`) goes to the processor it replaced, unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention import attention as rocm_attention
+
+
+class RocmAttnProcessor:
+    def __init__(self, fallback):
+        self.fallback = fallback  # the processor this one replaced: gets the calls it does not take
+
+    def _projections(self, attn, hidden_states, encoder_hidden_states):
+        if getattr(attn, "fused_projections", False):
+            if encoder_hidden_states is None:
+                return attn.to_qkv(hidden_states).chunk(3, dim=-1)
+            if attn.norm_cross:
+                encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
+            return (attn.to_q(hidden_states), *attn.to_kv(encoder_hidden_states).chunk(2, dim=-1))
+        query = attn.to_q(hidden_states)
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        elif attn.norm_cross:
+            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
+        return query, attn.to_k(encoder_hidden_states), attn.to_v(encoder_hidden_states)
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None, *args, **kwargs):
+        if args or kwargs:
+            return self.fallback(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+        input_ndim = hidden_states.ndim
+        if input_ndim == 4:
+            batch, channel, height, width = hidden_states.shape
+            hidden_states = hidden_states.view(batch, channel, height * width).transpose(1, 2)
+        batch, sequence_length, _ = (hidden_states if encoder_hidden_states is None else encoder_hidden_states).shape
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch)
+            attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+
+        query, key, value = self._projections(attn, hidden_states, encoder_hidden_states)
+        head_dim = key.shape[-1] // attn.heads
+        query, key, value = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2) for t in (query, key, value))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+
+        hidden_states = rocm_attention(query, key, value, attention_mask)
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim).to(query.dtype)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if input_ndim == 4:
+            hidden_states = hidden_states.transpose(-1, -2).reshape(batch, channel, height, width)
+        if attn.residual_connection:
+            hidden_states = hidden_states + residual
+        return hidden_states / attn.rescale_output_factor
