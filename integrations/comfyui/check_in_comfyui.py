@@ -1,0 +1,115 @@
+"""Checks the rocm_sd nodes inside a real ComfyUI checkout, without its server or any model file:
+
+    python integrations/comfyui/check_in_comfyui.py /path/to/ComfyUI [--cpu]
+
+Builds a small random SD1.5-style UNet and a random SD VAE with ComfyUI's own classes, runs them through
+ComfyUI's ModelPatcher with and without "rocm_sd Optimize Model" / "rocm_sd Optimize VAE", and checks:
+the outputs agree, the attention override is called, the object patches are in place while the model is
+loaded, and the original model is exactly itself again afterwards. Exits non-zero on any failure.
+"""
+import argparse
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_nodes():
+    spec = importlib.util.spec_from_file_location("rocm_sd_comfyui", os.path.join(HERE, "__init__.py"),
+                                                  submodule_search_locations=[HERE])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["rocm_sd_comfyui"] = package
+    spec.loader.exec_module(package)
+    return package.NODE_CLASS_MAPPINGS
+
+
+def check_model(torch, comfy, nodes, device, dtype):
+    unet_config = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_res_blocks": [1, 1],
+                   "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
+                   "transformer_depth_middle": 1, "context_dim": 64, "num_head_channels": 8,
+                   "use_linear_in_transformer": False, "adm_in_channels": None, "use_temporal_attention": False,
+                   "use_temporal_resblock": False, "num_heads": -1, "image_size": 32, "use_spatial_transformer": True,
+                   "legacy": False}
+    config = comfy.supported_models.SD15(unet_config)
+    config.set_inference_dtype(dtype, None)
+    model = config.get_model({}, device=device)
+    torch.manual_seed(0)
+    for p in model.parameters():
+        p.data.normal_(0, 0.1)
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    x, ctx = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 7, 64, generator=g)
+    x, ctx, t = x.to(device, dtype), ctx.to(device, dtype), torch.tensor([500.0, 500.0], device=device)
+
+    def run(p):
+        comfy.model_management.load_models_gpu([p])
+        with torch.inference_mode():
+            return p.model.apply_model(x, t, c_crossattn=ctx, transformer_options=p.model_options["transformer_options"])
+
+    reference = run(patcher)
+    (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher)
+    calls = []
+    override = optimized.model_options["transformer_options"].get("optimized_attention_override")
+    if override is not None:
+        optimized.model_options["transformer_options"]["optimized_attention_override"] = \
+            lambda *a, **k: calls.append(1) or override(*a, **k)
+    got = run(optimized)
+    swapped = sum(type(m).__name__.startswith("Rocm") for m in optimized.model.modules())
+    diff = (got.float() - reference.float()).abs().max().item() / reference.float().abs().max().item()
+    again = run(patcher)
+    restored = torch.equal(again, reference) and not any(type(m).__name__.startswith("Rocm") for m in model.modules())
+    print(f"model: {len(optimized.object_patches)} object patches, {swapped} rocm_sd modules while loaded, "
+          f"attention override called {len(calls)}x, max relative difference {diff:.2e}, original restored: {restored}")
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    return diff <= tolerance and swapped > 0 and (override is None or calls) and restored
+
+
+def check_vae(torch, comfy, nodes):
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+
+    ddconfig = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+    torch.manual_seed(0)
+    state = {k: torch.randn_like(v) * 0.05 for k, v in AutoencoderKL(ddconfig=ddconfig, embed_dim=4).state_dict().items()}
+    vae = comfy.sd.VAE(sd=state)
+    (optimized,) = nodes["RocmSDOptimizeVAE"]().optimize(vae)
+    z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(2))
+    reference = vae.decode(z)
+    diff = (optimized.decode(z).float() - reference.float()).abs().max().item()
+    restored = torch.equal(vae.decode(z), reference)
+    print(f"vae: {len(optimized.patcher.object_patches)} object patches, max difference {diff:.2e}, "
+          f"original restored: {restored}")
+    return diff <= 2e-2 and restored
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("comfyui", help="a ComfyUI checkout (its requirements installed)")
+    parser.add_argument("--cpu", action="store_true", help="run ComfyUI on the CPU")
+    args = parser.parse_args()
+    sys.argv = ["main.py"] + (["--cpu"] if args.cpu else [])
+    sys.path.insert(0, os.path.abspath(args.comfyui))
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    import torch
+
+    import comfy.ldm.modules.attention
+    import comfy.model_management
+    import comfy.model_patcher
+    import comfy.sd
+    import comfy.supported_models
+
+    device = comfy.model_management.get_torch_device()
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    print(f"ComfyUI at {args.comfyui}: device {device}, override supported: "
+          f"{hasattr(comfy.ldm.modules.attention, 'wrap_attn')}")
+    nodes = load_nodes()
+    ok = check_model(torch, comfy, nodes, device, dtype) and check_vae(torch, comfy, nodes)
+    print("OK" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
