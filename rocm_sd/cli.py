@@ -57,6 +57,11 @@ def info() -> int:
     if build:
         rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
                            f"(runtime {build['runtime_version']}, kernel sources {build.get('source_hash', 'unknown')})"))
+        from .ops.group_norm import ck_instances
+
+        instances = ck_instances()
+        rows.append(("CK instances", f"{len(instances)} GroupNorm" if instances else
+                     "none (built on ROCm when Composable Kernel headers are found)"))
     else:
         rows.append(("_C", _ext.LOAD_ERROR))
     device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
