@@ -56,8 +56,11 @@ def test_bench_rejects_unknown_engines():
 
 def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
     """The loaded-_C branch of `info`, on a CPU machine: a build that lists CK instances, and one that has none."""
+    import importlib
+
     from rocm_sd import _ext, cli
-    from rocm_sd.ops import group_norm
+
+    group_norm = importlib.import_module("rocm_sd.ops.group_norm")  # the module; rocm_sd.ops.group_norm is the op
 
     monkeypatch.setattr(_ext, "build_info", lambda: {"platform": "hip", "targets": "gfx942", "runtime_version": 60400,
                                                      "source_hash": "abc"})
