@@ -10,11 +10,9 @@ timings) at the end. Without torchrun it runs in one process.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -24,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .. import models, patch, platform
+from ..files import write_json_atomically
 from .cfg import enable_cfg_parallel
 from .mesh import DEFAULT_TIMEOUT_S, Mesh, init, shutdown
 from .rounds import JobFailed, all_gather, batches, checked, gather_to_root, run_rounds
@@ -150,14 +149,6 @@ def _save_png(image: np.ndarray, path: str) -> None:
     from PIL import Image
 
     Image.fromarray(image).save(path)
-
-
-def write_json_atomically(path: str, data: dict) -> None:
-    """Temp file + rename: a reader never sees half a file, a crash never leaves one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-        json.dump(data, f, indent=1)
-    os.replace(f.name, path)
 
 
 def read_prompts(path: str | None, inline: list[str] | None) -> list[str]:

@@ -24,12 +24,12 @@ import logging
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 from .. import config
+from ..files import write_json_atomically
 from .device_key import DeviceKey
 
 log = logging.getLogger("rocm_sd")
@@ -230,13 +230,4 @@ class TuningDB:
     def _write(self, results: dict[str, dict]) -> None:
         data = {"format": FORMAT, "device": self.device.as_dict(), "validators": self.validators,
                 "results": dict(sorted(results.items()))}
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomically(self.path, data)
