@@ -15,3 +15,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v over [B, H, L, D]; mask broadcastable to [B, H, Lq, Lk] (bool: keep)."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
+
+
+def heads_first(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, heads * D) -> (B, heads, L, D), a view: how host apps hand over q, k and v."""
+    batch, length, inner = t.shape
+    return t.view(batch, length, heads, inner // heads).transpose(1, 2)
+
+
+def heads_last(t: torch.Tensor) -> torch.Tensor:
+    """(B, heads, L, D) -> (B, L, heads * D): the attention output as the output projection takes it."""
+    batch, heads, length, dim = t.shape
+    return t.transpose(1, 2).reshape(batch, length, heads * dim)
+
+
+def spatial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The VAE's attention block: q, k, v as (B, C, H, W), one head of C channels over the H*W positions."""
+    shape = q.shape
+    q, k, v = (t.reshape(shape[0], 1, shape[1], -1).transpose(2, 3) for t in (q, k, v))
+    return attention(q, k, v).transpose(2, 3).reshape(shape)

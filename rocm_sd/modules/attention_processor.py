@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import attention as rocm_attention
+from ..attention import attention, heads_first, heads_last
 
 
 class RocmAttnProcessor:
@@ -50,15 +50,13 @@ class RocmAttnProcessor:
             hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
 
         query, key, value = self._projections(attn, hidden_states, encoder_hidden_states)
-        head_dim = key.shape[-1] // attn.heads
-        query, key, value = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2) for t in (query, key, value))
+        query, key, value = (heads_first(t, attn.heads) for t in (query, key, value))
         if attn.norm_q is not None:
             query = attn.norm_q(query)
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        hidden_states = rocm_attention(query, key, value, attention_mask)
-        hidden_states = hidden_states.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim).to(query.dtype)
+        hidden_states = heads_last(attention(query, key, value, attention_mask)).to(query.dtype)
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
         if input_ndim == 4:
             hidden_states = hidden_states.transpose(-1, -2).reshape(batch, channel, height, width)

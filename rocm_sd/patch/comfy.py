@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import attention as rocm_attention
+from ..attention import attention, heads_first, heads_last, spatial_attention
 from .swap import group_norm_copy, layer_norm_copy
 
 
@@ -54,11 +54,6 @@ def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[s
 
 # ---- attention ---------------------------------------------------------------------------------------------
 
-def _to_heads(t, heads: int):
-    b, length, inner = t.shape
-    return t.view(b, length, heads, inner // heads).transpose(1, 2)
-
-
 def _mask_4d(mask):
     """ComfyUI's mask conventions: [Lq, Lk] for all, [B, Lq, Lk] per image, or already [B, H, Lq, Lk]."""
     if mask is None:
@@ -74,12 +69,9 @@ def comfy_attention(q, k, v, heads, mask=None, skip_reshape=False, skip_output_r
     """ComfyUI's attention contract: (B, L, heads*D) unless skip_reshape (then (B, H, L, D)); output
     (B, L, heads*D) unless skip_output_reshape."""
     if not skip_reshape:
-        q, k, v = (_to_heads(t, heads) for t in (q, k, v))
-    out = rocm_attention(q, k, v, _mask_4d(mask))
-    if skip_output_reshape:
-        return out
-    b, h, length, d = out.shape
-    return out.transpose(1, 2).reshape(b, length, h * d)
+        q, k, v = (heads_first(t, heads) for t in (q, k, v))
+    out = attention(q, k, v, _mask_4d(mask))
+    return out if skip_output_reshape else heads_last(out)
 
 
 def attention_override(original, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -98,12 +90,8 @@ def attention_replace(q, k, v, extra_options):
     return comfy_attention(q, k, v, extra_options["n_heads"])
 
 
-def vae_attention(q, k, v):
-    """The VAE AttnBlock's attention function: q, k, v (B, C, H, W), one head of C channels."""
-    shape = q.shape
-    b, c = shape[:2]
-    q, k, v = (t.reshape(b, 1, c, -1).transpose(2, 3) for t in (q, k, v))
-    return rocm_attention(q, k, v).transpose(2, 3).reshape(shape)
+# The VAE AttnBlock's per-instance attention function: q, k, v (B, C, H, W), one head of C channels.
+vae_attention = spatial_attention
 
 
 def _override_supported() -> bool:

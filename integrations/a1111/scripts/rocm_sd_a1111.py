@@ -20,6 +20,7 @@ log = logging.getLogger("rocm_sd.a1111")
 
 try:
     from rocm_sd.attention import attention as rocm_attention
+    from rocm_sd.attention import heads_first, heads_last, spatial_attention
     from rocm_sd.patch.comfy import patch_model_patcher
     UNAVAILABLE = None
 except ImportError as exc:
@@ -27,25 +28,20 @@ except ImportError as exc:
     log.warning("rocm_sd: %s", UNAVAILABLE)
 
 
-def _heads_first(t, heads):
-    b, length, inner = t.shape
-    return t.view(b, length, heads, inner // heads).transpose(1, 2)
-
-
 def cross_attention_forward(self, x, context=None, mask=None, **kwargs):
     """ldm/sgm CrossAttention.forward through rocm_sd's attention, as the webui's SDP forward computes it."""
-    batch, length, _ = x.shape
+    batch = x.shape[0]
     q_in = self.to_q(x)
     context = x if context is None else context
     context_k, context_v = hypernetwork.apply_hypernetworks(shared.loaded_hypernetworks, context)
     k_in, v_in = self.to_k(context_k), self.to_v(context_v)
-    q, k, v = (_heads_first(t, self.heads) for t in (q_in, k_in, v_in))
+    q, k, v = (heads_first(t, self.heads) for t in (q_in, k_in, v_in))
     if mask is not None:
         mask = mask.view(batch, 1, -1, mask.shape[-1]) if mask.dim() == 3 else mask
     dtype = q.dtype
     if shared.opts.upcast_attn:
         q, k, v = q.float(), k.float(), v.float()
-    out = rocm_attention(q, k, v, mask).transpose(1, 2).reshape(batch, length, -1).to(dtype)
+    out = heads_last(rocm_attention(q, k, v, mask)).to(dtype)
     return self.to_out[1](self.to_out[0](out))
 
 
@@ -53,13 +49,10 @@ def attnblock_forward(self, x):
     """The VAE's AttnBlock.forward (one head of C channels over H*W positions) through rocm_sd's attention."""
     h_ = self.norm(x)
     q, k, v = self.q(h_), self.k(h_), self.v(h_)
-    b, c, h, w = q.shape
-    q, k, v = (t.reshape(b, 1, c, h * w).transpose(2, 3) for t in (q, k, v))
     dtype = q.dtype
     if shared.opts.upcast_attn:
         q, k, v = q.float(), k.float(), v.float()
-    out = rocm_attention(q, k, v).to(dtype).transpose(2, 3).reshape(b, c, h, w)
-    return x + self.proj_out(out)
+    return x + self.proj_out(spatial_attention(q, k, v).to(dtype))
 
 
 def _attention_modules():
