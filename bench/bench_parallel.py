@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import write_results  # noqa: E402
+from rocm_sd.bench import psnr  # noqa: E402
 
 SUBJECTS = ["a lighthouse", "a red fox", "snowy mountains", "a bowl of fruit", "a city street", "an old ship",
             "a forest path", "a desert town"]
@@ -53,11 +53,6 @@ def generate(workdir: str, name: str, gpus: int, prompt_list: list[str], *args: 
     with open(os.path.join(out, "run.json")) as f:
         run = json.load(f)
     return run, [np.asarray(Image.open(os.path.join(out, n))) for n in run["images"]]
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
 
 
 def split_bound(model: str, size: int, repeats: int = 20) -> dict:
@@ -153,7 +148,7 @@ def main() -> None:
             single, ref = generate(work, f"lat1-{model}", 1, prompts(spec["prompts"]), *lat)
             cfg, got = generate(work, f"cfg2-{model}", 2, prompts(spec["prompts"]), *lat, "--mode", "cfg")
             s1, s2 = single["timings"]["median_round_s"], cfg["timings"]["median_round_s"]
-            quality = min(psnr(a, b) for a, b in zip(ref, got))
+            quality = min(psnr(a / 255.0, b / 255.0) for a, b in zip(ref, got))  # PNGs: 8-bit
             bound = split_bound(model, spec["size"])
             bounds.append(f"- {model} {spec['size']}x{spec['size']}: UNet step {bound['unet_b2_ms']:.2f} ms on the CFG "
                           f"batch of 2, {bound['unet_b1_ms']:.2f} ms on half of it "

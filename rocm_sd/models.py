@@ -7,6 +7,7 @@ tiny-xl, the same block types at toy width for CPU tests and the CPU demo.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -106,8 +107,6 @@ def load_pipeline(model: str, device, dtype):
     """An architecture name from ARCHITECTURES (random weights) or a local diffusers model folder."""
     if model in ARCHITECTURES:
         return build_sd_pipeline(model, device, dtype)
-    import os
-
     if not os.path.isdir(model):
         raise ValueError(f"--model {model!r} is neither an architecture ({', '.join(sorted(ARCHITECTURES))}) "
                          "nor a local diffusers model folder")

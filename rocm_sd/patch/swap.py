@@ -21,7 +21,7 @@ def _never(module: nn.Module) -> bool:
     return False
 
 
-def _needs_grad(module: nn.Module, x: torch.Tensor) -> bool:
+def needs_grad(module: nn.Module, x: torch.Tensor) -> bool:
     """The kernels are forward-only: calls that build a graph for backward take the host's path."""
     return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
 
@@ -32,13 +32,13 @@ def _subclass(base: type, kind: str) -> type:
         if kind == "group_norm":
             def forward(self, x):
                 silu = self.rocm_sd_act == "silu"
-                if self.rocm_sd_host_path(self) or x.dim() < 2 or _needs_grad(self, x):
+                if self.rocm_sd_host_path(self) or x.dim() < 2 or needs_grad(self, x):
                     y = base.forward(self, x)
                     return F.silu(y) if silu else y
                 return torch.ops.rocm_sd.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
         else:
             def forward(self, x):
-                if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1 or _needs_grad(self, x):
+                if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1 or needs_grad(self, x):
                     return base.forward(self, x)
                 return torch.ops.rocm_sd.layer_norm(x, self.weight, self.bias, self.eps)
         _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from . import active, problems
 from .db import TuningDB, default_location
 from .device_key import device_key, validators
 from .harvest import harvest
+from ..parallel.mesh import shutdown
 from .measure import measure
 
 HARVEST_STEPS = 2
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     pipe = patch.optimize(models.load_pipeline(args.model, device, dtype))
     conditioning = models.conditioning(pipe, ["a photograph of a lighthouse at dawn"] * args.batch)
     folder = db.path.parent
-    with vendor_tuning(folder, key.file_stem) if measuring else _nothing() as notes:
+    with vendor_tuning(folder, key.file_stem) if measuring else nullcontext([]) as notes:
         calls = harvest(lambda: pipe(**conditioning, height=args.height, width=args.width,
                                      num_inference_steps=HARVEST_STEPS, output_type="np"))
     del pipe
@@ -160,15 +161,11 @@ def main(argv=None) -> int:
         db.record(k, outcome.as_result(count))
         done.append(k)
     active.reload()
+    shutdown()  # leaves the torchrun job cleanly when _rank_share joined one; nothing otherwise
     _print_table(db, done)
     if stopped:
         print(f"budget reached: {stopped} problems left; run again with --resume to go on")
     return 0
-
-
-@contextmanager
-def _nothing():
-    yield []
 
 
 def _print_table(db: TuningDB, keys: list[str]) -> None:
