@@ -5,6 +5,8 @@ import weakref
 
 import torch
 
+from .. import _ext
+
 # Codes of rsd::DType and rsd::Layout in hip/include/rocm_sd/api.h.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 NCHW, NHWC = 0, 1
@@ -81,6 +83,19 @@ class PlanCache(dict):
                 self.clear()
             value = self[key] = compute()
         return value
+
+
+def kernel_reasons(device: torch.device, input_reasons: list[str], check) -> list[str]:
+    """Every op's supports() rule: why _C cannot run on `device` (with the argument reasons, so the user
+    sees all of them), else the argument reasons, else what the kernel's own check() says (C++ shape and
+    occupancy limits, asked only for arguments that passed the Python checks)."""
+    unavailable = _ext.unavailable_reason(device)
+    if unavailable:
+        return [unavailable] + input_reasons
+    if input_reasons:
+        return input_reasons
+    why = check()
+    return [why] if why else []
 
 
 def tuned_choice_for(op: str, device: torch.device, args: tuple) -> str | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, stream_handle, tensor_key, tuned_choice_for
+from ._common import (DTYPE_CODES, NHWC, PlanCache, kernel_reasons, layout_of, output_like, stream_handle, tensor_key,
+                      tuned_choice_for)
 
 OP = "bias_residual"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -46,14 +47,10 @@ def _args(x, residual, bias, y, scale):
 
 
 def supports(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> list[str]:
-    reasons = input_reasons(x, residual, bias)
-    unavailable = _ext.unavailable_reason(x.device)
-    if unavailable:
-        return [unavailable] + reasons
-    if reasons:
-        return reasons
-    why = _ext._C.bias_residual_forward(*_args(x, residual, bias, x, scale), 0, x.device.index, True)
-    return [why] if why else []
+    """Reasons the kernel cannot run this call; empty when it can."""
+    return kernel_reasons(x.device, input_reasons(x, residual, bias),  # check_only=True: validates, launches nothing
+                          lambda: _ext._C.bias_residual_forward(*_args(x, residual, bias, x, scale), 0, x.device.index,
+                                                                True))
 
 
 def bias_residual_kernel(x, residual, bias, scale, out=None):

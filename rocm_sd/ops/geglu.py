@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, stream_handle, tensor_key, tuned_choice_for
+from ._common import DTYPE_CODES, PlanCache, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
 
 OP = "geglu"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,14 +43,7 @@ def _kernel_args(x: torch.Tensor, y: torch.Tensor):
 
 def supports(x: torch.Tensor) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
-    reasons = input_reasons(x)
-    unavailable = _ext.unavailable_reason(x.device)
-    if unavailable:
-        return [unavailable] + reasons
-    if reasons:
-        return reasons
-    why = _ext._C.geglu_check(*_kernel_args(x, x), x.device.index)
-    return [why] if why else []
+    return kernel_reasons(x.device, input_reasons(x), lambda: _ext._C.geglu_check(*_kernel_args(x, x), x.device.index))
 
 
 def _output(x: torch.Tensor) -> torch.Tensor:

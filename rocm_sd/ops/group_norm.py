@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._common import (DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, param_reasons, stream_handle, tensor_key,
-                      tuned_choice_for)
+                      kernel_reasons, tuned_choice_for)
 
 OP = "group_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -68,14 +68,8 @@ def _input_bias_reasons(x: torch.Tensor, input_bias: torch.Tensor | None) -> lis
 def supports(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
              eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
-    reasons = input_reasons(x, num_groups, weight, bias) + _input_bias_reasons(x, input_bias)
-    unavailable = _ext.unavailable_reason(x.device)
-    if unavailable:
-        return [unavailable] + reasons
-    if reasons:
-        return reasons
-    why = _ext._C.group_norm_check(*_kernel_args(x, x, num_groups, weight, bias, eps, silu))
-    return [why] if why else []
+    return kernel_reasons(x.device, input_reasons(x, num_groups, weight, bias) + _input_bias_reasons(x, input_bias),
+                          lambda: _ext._C.group_norm_check(*_kernel_args(x, x, num_groups, weight, bias, eps, silu)))
 
 
 def _kernel_args(x, y, num_groups, weight, bias, eps, silu):

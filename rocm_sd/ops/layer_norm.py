@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, param_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import DTYPE_CODES, PlanCache, kernel_reasons, param_reasons, stream_handle, tensor_key, tuned_choice_for
 
 OP = "layer_norm"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -39,14 +39,9 @@ def _args(x, y, weight, bias, eps):
 
 
 def supports(x, weight, bias, eps) -> list[str]:
-    reasons = input_reasons(x, weight, bias)
-    unavailable = _ext.unavailable_reason(x.device)
-    if unavailable:
-        return [unavailable] + reasons
-    if reasons:
-        return reasons
-    why = _ext._C.layer_norm_forward(*_args(x, x, weight, bias, eps), 0, x.device.index, True)
-    return [why] if why else []
+    """Reasons the kernel cannot run this call; empty when it can."""
+    return kernel_reasons(x.device, input_reasons(x, weight, bias),  # check_only=True: validates, launches nothing
+                          lambda: _ext._C.layer_norm_forward(*_args(x, x, weight, bias, eps), 0, x.device.index, True))
 
 
 def layer_norm_kernel(x, weight, bias, eps, out=None):
