@@ -1,6 +1,7 @@
 // PYBIND11_MODULE(_C): the Python face of the kernels. Pointers and streams travel as integers;
 // no torch and no GPU runtime headers here (see rocm_sd/api.h).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <stdexcept>
 
@@ -40,6 +41,34 @@ rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, ui
 
 void raise_if(const std::string& error) {
   if (!error.empty()) throw std::runtime_error(error);
+}
+
+// sizes: (batch, heads, q_len, kv_len, head_dim); strides: 4 x (batch, sequence, head) for q, k, v, out.
+rsd::AttentionArgs attention_args(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype,
+                                  const std::vector<int64_t>& sizes, const std::vector<std::vector<int64_t>>& strides,
+                                  double scale, uintptr_t stream, int device, const std::string& instance) {
+  if (sizes.size() != 5 || strides.size() != 4) throw std::invalid_argument("attention: 5 sizes and 4 stride triples");
+  rsd::AttentionArgs a;
+  a.q = as_ptr(q);
+  a.k = as_ptr(k);
+  a.v = as_ptr(v);
+  a.out = as_mut_ptr(out);
+  a.dtype = static_cast<rsd::DType>(dtype);
+  a.batch = sizes[0];
+  a.heads = sizes[1];
+  a.q_len = sizes[2];
+  a.kv_len = sizes[3];
+  a.head_dim = sizes[4];
+  int64_t* targets[4] = {a.q_stride, a.k_stride, a.v_stride, a.out_stride};
+  for (int t = 0; t < 4; ++t) {
+    if (strides[t].size() != 3) throw std::invalid_argument("attention: stride triples are (batch, sequence, head)");
+    for (int i = 0; i < 3; ++i) targets[t][i] = strides[t][i];
+  }
+  a.scale = static_cast<float>(scale);
+  a.stream = as_mut_ptr(stream);
+  a.device = device;
+  a.instance = instance;
+  return a;
 }
 
 }  // namespace
@@ -184,4 +213,24 @@ PYBIND11_MODULE(_C, m) {
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
       py::arg("rows"), py::arg("c"), py::arg("eps"), py::arg("stream"), py::arg("device"), py::arg("check_only") = false,
       "LayerNorm over the last dimension; with check_only, only says why the kernel would refuse (or '').");
+
+  m.def("attention_instances", &rsd::attention_instances,
+        "Names of the compiled attention instances: dtype, padded head dim, waves of 16 queries, keys per tile.");
+
+  m.def(
+      "attention",
+      [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype, const std::vector<int64_t>& sizes,
+         const std::vector<std::vector<int64_t>>& strides, double scale, uintptr_t stream, int device,
+         const std::string& instance, const std::string& mode) {
+        const rsd::AttentionArgs a = attention_args(q, k, v, out, dtype, sizes, strides, scale, stream, device, instance);
+        if (mode == "check") return rsd::attention_check(a);
+        if (mode == "describe") return rsd::attention_describe(a);
+        if (mode != "run") throw std::invalid_argument("attention mode is run, check or describe, not " + mode);
+        raise_if(rsd::attention_forward(a));
+        return std::string();
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"), py::arg("strides"),
+      py::arg("scale"), py::arg("stream"), py::arg("device"), py::arg("instance") = "", py::arg("mode") = "run",
+      "out = softmax(q k^T * scale) v over [batch, seq, heads, head_dim] views. mode 'check': why the kernel would "
+      "refuse (or ''); 'describe': the instance and grid it would run.");
 }

@@ -1,20 +1,28 @@
 """rocm_sd's attention entry point for host apps: q, k, v as [B, H, L, D] (strided views welcome).
 
-Today it is PyTorch's scaled_dot_product_attention (flash / memory-efficient / math as torch picks, on
-ROCm AOTriton's kernels): rocm_sd has no attention kernel of its own yet (the flash-attention issue).
-Host shims (ComfyUI's attention override, the A1111 optimization) call this one function, so the kernel
-and the tuner's per-shape choice land in every host at once when they exist.
+Host shims (ComfyUI's attention override, the A1111 optimization, RocmAttnProcessor) call this one
+function. Without a mask it goes to the rocm_sd::attention op (rocm_sd/ops/attention.py), which runs
+rocm_sd's flash-attention kernel where the tuning database measured it faster and PyTorch's
+scaled_dot_product_attention elsewhere; host apps hand q, k, v over as per-head views of [B, L, H*D]
+projections, which the op takes without copies. Masked calls go to SDPA directly.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+from . import ops
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v over [B, H, L, D]; mask broadcastable to [B, H, Lq, Lk] (bool: keep)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
+    if mask is not None or q.dim() != 4:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale).transpose(1, 2)
 
 
 def heads_first(t: torch.Tensor, heads: int) -> torch.Tensor:

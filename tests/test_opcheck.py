@@ -3,7 +3,7 @@ torch.compile(fullgraph=True)."""
 import pytest
 import torch
 
-from rocm_sd import config
+from rocm_sd import config, dispatch
 
 CASES = {
     "group_norm": lambda device, dtype, cl: (
@@ -15,6 +15,11 @@ CASES = {
     "layer_norm": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
                                              torch.rand(33 if cl else 320, device=device, dtype=dtype),
                                              torch.randn(33 if cl else 320, device=device, dtype=dtype), 1e-5),
+    # attention: separate q, k, v; the `cl` variant is a packed QKV projection's per-head views.
+    "attention": lambda device, dtype, cl: (
+        tuple(torch.randn(2, 16, 3, 2, 64, device=device, dtype=dtype).unbind(2)) if cl else
+        (torch.randn(2, 16, 2, 40, device=device, dtype=dtype), torch.randn(2, 9, 2, 40, device=device, dtype=dtype),
+         torch.randn(2, 9, 2, 40, device=device, dtype=dtype))) + (0.125,),
     "bias_residual": lambda device, dtype, cl: tuple(
         t.to(memory_format=torch.channels_last if cl and t.dim() == 4 else torch.contiguous_format) if t.dim() == 4 else t
         for t in (torch.randn(2, 64, 8, 8, device=device, dtype=dtype), torch.randn(2, 64, 8, 8, device=device, dtype=dtype),
@@ -45,7 +50,8 @@ def test_compile_fullgraph_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_opcheck_gpu(dtype):
-    with config.override(strict=True):
+    # attention's kernel runs where tuned; forced here so that opcheck exercises it, not SDPA
+    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"):
         run_opcheck("cuda", dtype)
 
 

@@ -1,7 +1,8 @@
 """rocm_sd custom ops. Importing this package registers every `torch.ops.rocm_sd.*` op."""
+from .attention import attention, attention_ref  # noqa: F401
 from .bias_add import bias_residual, bias_residual_ref  # noqa: F401
 from .geglu import geglu, geglu_ref  # noqa: F401
 from .group_norm import group_norm, group_norm_ref  # noqa: F401
 from .layer_norm import layer_norm, layer_norm_ref  # noqa: F401
 
-ALL_OPS = {"group_norm": group_norm, "geglu": geglu, "bias_residual": bias_residual, "layer_norm": layer_norm}
+ALL_OPS = {"attention": attention, "group_norm": group_norm, "geglu": geglu, "bias_residual": bias_residual, "layer_norm": layer_norm}

@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     db = TuningDB(key, validators(device if on_gpu else None),
                   location=default_location() if args.db is None else Path(args.db))
     start = time.monotonic()
-    pipe = patch.optimize(models.load_pipeline(args.model, device, dtype))
+    # attention=True: the attention calls go through rocm_sd::attention, so the tuner sees and measures them
+    pipe = patch.optimize(models.load_pipeline(args.model, device, dtype), attention=True)
     conditioning = models.conditioning(pipe, ["a photograph of a lighthouse at dawn"] * args.batch)
     folder = db.path.parent
     with vendor_tuning(folder, key.file_stem) if measuring else nullcontext([]) as notes:

@@ -12,6 +12,10 @@ from typing import Callable
 
 import torch
 
+from ..ops.attention import attention_kernel, attention_ref
+from ..ops.attention import input_reasons as attention_input_reasons
+from ..ops.attention import instances as attention_instances
+from ..ops.attention import supports as attention_supports
 from ..ops.bias_add import bias_residual_kernel, bias_residual_ref
 from ..ops.bias_add import supports as bias_residual_supports
 from ..ops.geglu import geglu_kernel, geglu_ref
@@ -97,18 +101,38 @@ def _bias_residual_key(x, residual, bias, scale) -> str:
     return problem_key("bias_residual", _dtype(x), _layout(x), N=x.shape[0], C=x.shape[1], HW=_spatial(x))
 
 
+def _attention_key(q, k, v, scale) -> str:
+    q, k = _meta(q), _meta(k)
+    return problem_key("attention", _dtype(q), "bshd", B=q.shape[0], H=q.shape[2], Lq=q.shape[1], Lk=k.shape[1],
+                       D=q.shape[3])
+
+
+def _attention_candidates(q, k, v, scale) -> dict:
+    """SDPA, and each compiled kernel instance that holds the head dim and dtype (block shapes differ)."""
+    candidates = {TORCH: attention_ref}
+    meta = [_meta(t) for t in (q, k, v)]
+    if not attention_input_reasons(*meta, scale):
+        dtype = "f16" if meta[0].dtype == torch.float16 else "bf16"
+        for name in attention_instances():
+            padded = int(name.split("_d")[1].split("_")[0])
+            if name.startswith(dtype + "_") and padded >= meta[0].shape[-1]:
+                candidates[f"rocm_sd:{name}"] = lambda *a, _name=name: attention_kernel(*a, instance=_name)
+    return candidates
+
+
 def _one_kernel(reference, kernel):
     return lambda *args: {TORCH: reference, "rocm_sd": kernel}
 
 
 OPS: dict[str, OpTuning] = {
+    "attention": OpTuning(_attention_key, _attention_candidates, attention_ref),
     "group_norm": OpTuning(_group_norm_key, _group_norm_candidates, group_norm_ref),
     "geglu": OpTuning(_geglu_key, _one_kernel(geglu_ref, geglu_kernel), geglu_ref),
     "layer_norm": OpTuning(_layer_norm_key, _one_kernel(layer_norm_ref, layer_norm_kernel), layer_norm_ref),
     "bias_residual": OpTuning(_bias_residual_key, _one_kernel(bias_residual_ref, bias_residual_kernel),
                               bias_residual_ref),
 }
-SUPPORTS = {"group_norm": group_norm_supports, "geglu": geglu_supports, "layer_norm": layer_norm_supports,
+SUPPORTS = {"attention": attention_supports, "group_norm": group_norm_supports, "geglu": geglu_supports, "layer_norm": layer_norm_supports,
             "bias_residual": bias_residual_supports}
 
 

@@ -119,6 +119,30 @@ std::string layer_norm_check(const LayerNormArgs& a);
 std::string layer_norm_forward(const LayerNormArgs& a);
 
 // ---------------------------------------------------------------------------------------------
+// attention.hip: out = softmax(q k^T * scale) v, flash-style (online softmax, no Lq x Lk matrix),
+// on the matrix units (hip/include/rocm_sd/wave_mma.h). fp16 / bf16, head dim a multiple of 8 up to 160.
+struct AttentionArgs {
+  const void* q;        // [batch, q_len, heads, head_dim] with the strides below (head dim contiguous)
+  const void* k;        // [batch, kv_len, heads, head_dim]
+  const void* v;        // [batch, kv_len, heads, head_dim]
+  void* out;            // [batch, q_len, heads, head_dim]
+  DType dtype;          // of all four
+  int64_t batch, heads, q_len, kv_len, head_dim;
+  int64_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];  // batch, sequence, head; in elements
+  float scale;          // > 0, typically 1 / sqrt(head_dim)
+  void* stream;
+  int device;
+  std::string instance;  // a name from attention_instances(), or empty for the documented heuristic
+};
+// Every compiled instance, named by its parameters: "f16_d64_w4_n64" (dtype, padded head dim, waves of 16
+// queries per block, keys per tile).
+std::vector<std::string> attention_instances();
+std::string attention_check(const AttentionArgs& a);
+// The instance and grid these arguments get, or "error: ...".
+std::string attention_describe(const AttentionArgs& a);
+std::string attention_forward(const AttentionArgs& a);
+
+// ---------------------------------------------------------------------------------------------
 // ck_backend.hip: the Composable Kernel instances built into _C (ROCm builds with CK headers only;
 // elsewhere the list is empty). GroupNorm(+SiLU) over channels_last fp16 x, fp16 gamma/beta.
 struct CkGroupNormInstance {

@@ -1,0 +1,335 @@
+// Flash-style attention forward for the SD UNet's and VAE's attention:
+//
+//   out[b, i, h, :] = sum_j softmax_j(scale * q[b, i, h, :] . k[b, j, h, :]) v[b, j, h, :]
+//
+// q, k, v and out are [batch, seq, heads, head_dim] with any batch / sequence / head strides (the
+// layout diffusers' and ComfyUI's projections produce, so no transpose copies are needed, and packed
+// QKV / KV projections are strided views). One block owns kBlockM = 16 * kWaves queries of one
+// (batch, head); each wave owns 16 of them and walks the keys kBlockN at a time: K and V tiles go
+// through shared memory, Q stays in registers, scores and the output accumulate on the matrix units
+// (wave_mma.h) in fp32, and the softmax is online (running max and sum per query, the output rescaled
+// when the max grows), so no Lq x Lk matrix exists anywhere. The head dim is zero-padded in shared
+// memory to DP, a multiple of 16 (SD1.5's 40 runs as 48).
+//
+// Instances (padded head dim x block shape x dtype) are listed by attention_instances() for the tuner;
+// without one named, the heuristic in pick_instance() chooses.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rocm_sd/api.h"
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#include "rocm_sd/device.h"
+#include "rocm_sd/launch.h"
+#include "rocm_sd/wave_mma.h"
+
+namespace rsd {
+namespace {
+
+constexpr int kMaxHeadDim = 160;
+
+template <class T>
+struct AttentionParams {
+  const T* q;
+  const T* k;
+  const T* v;
+  T* out;
+  int64_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];
+  int q_len, kv_len, head_dim;
+  float scale_log2;  // scale * log2(e): the softmax runs on exp2
+};
+
+// rows x head_dim elements from global (row stride `stride`, 16-byte vectors) into shared rows of LD
+// elements; rows at or past `valid` are written as zeros (a finite V row times a zero probability).
+template <class T, int LD>
+__device__ __forceinline__ void load_rows(T* smem, const T* src, int64_t stride, int valid, int rows, int head_dim,
+                                          int tid, int threads) {
+  const int vectors_per_row = head_dim / 8;
+  for (int idx = tid; idx < rows * vectors_per_row; idx += threads) {
+    const int row = idx / vectors_per_row, col = (idx - row * vectors_per_row) * 8;
+    Bytes16 value = {{0u, 0u, 0u, 0u}};
+    if (row < valid) value = *reinterpret_cast<const Bytes16*>(src + row * stride + col);
+    *reinterpret_cast<Bytes16*>(smem + row * LD + col) = value;
+  }
+}
+
+template <class T, int DP, int kWaves, int kBlockN>
+__global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const AttentionParams<T> p) {
+#if defined(RSD_HAS_WAVE_MMA)
+  using Mma = WaveMma;
+  constexpr int LD = DP + 8;  // 16 bytes of padding: rows start on different banks
+  constexpr int kBlockM = 16 * kWaves, kThreads = kWaves * RSD_WAVE;
+  constexpr int kSlices = DP / 16, kKeyTiles = kBlockN / 16, kSlots = Mma::kSlots;
+  static_assert(kBlockM <= 2 * kBlockN, "the Q tile is staged in the K and V tiles' shared memory");
+  __shared__ __align__(16) uint16_t storage[2 * kBlockN * LD];
+  T* const keys = reinterpret_cast<T*>(storage);
+  T* const values = keys + kBlockN * LD;
+
+  const int tid = threadIdx.x, wave = rsd::wave_id();
+  const int64_t batch = blockIdx.z, head = blockIdx.y;
+  const int q0 = blockIdx.x * kBlockM;
+  const T* q = p.q + batch * p.q_stride[0] + head * p.q_stride[2] + int64_t(q0) * p.q_stride[1];
+  const T* k = p.k + batch * p.k_stride[0] + head * p.k_stride[2];
+  const T* v = p.v + batch * p.v_stride[0] + head * p.v_stride[2];
+
+  // Columns head_dim..DP-1 are zero in every row for the whole kernel: Q K^T and P V ignore them.
+  if (p.head_dim < DP) {
+    const int pad = DP - p.head_dim;
+    for (int idx = tid; idx < 2 * kBlockN * pad; idx += kThreads) storage[(idx / pad) * LD + p.head_dim + idx % pad] = 0;
+  }
+  load_rows<T, LD>(keys, q, p.q_stride[1], min(kBlockM, p.q_len - q0), kBlockM, p.head_dim, tid, kThreads);
+  __syncthreads();
+  typename Mma::QFrag q_frag[kSlices];
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s) q_frag[s] = Mma::template load_q<T>(keys + 16 * wave * LD, LD, 16 * s);
+  __syncthreads();
+
+  float row_max[kSlots], row_sum[kSlots];
+#pragma unroll
+  for (int r = 0; r < kSlots; ++r) {
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.f;  // this lane's share; summed across the row's lanes at the end
+  }
+  typename Mma::Acc out[kSlices];
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+    for (auto& x : out[s].v) x = 0.f;
+
+  for (int key0 = 0; key0 < p.kv_len; key0 += kBlockN) {
+    const int valid = min(kBlockN, p.kv_len - key0);
+    load_rows<T, LD>(keys, k + int64_t(key0) * p.k_stride[1], p.k_stride[1], valid, kBlockN, p.head_dim, tid, kThreads);
+    load_rows<T, LD>(values, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid, kBlockN, p.head_dim, tid, kThreads);
+    __syncthreads();
+
+    typename Mma::Acc scores[kKeyTiles];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (auto& x : scores[n].v) x = 0.f;
+#pragma unroll
+      for (int s = 0; s < kSlices; ++s) Mma::template scores<T>(scores[n], q_frag[s], keys, LD, 16 * n, 16 * s);
+    }
+
+    // Online softmax: scale into log2 units, mask keys past the end, new running max per query.
+    float tile_max[kSlots];
+#pragma unroll
+    for (int r = 0; r < kSlots; ++r) tile_max[r] = row_max[r];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < int(sizeof(scores[n].v) / sizeof(float)); ++i) {
+        float x = scores[n].v[i] * p.scale_log2;
+        if (valid < kBlockN && 16 * n + Mma::s_key(i) >= valid) x = -INFINITY;
+        scores[n].v[i] = x;
+        tile_max[Mma::s_slot(i)] = fmaxf(tile_max[Mma::s_slot(i)], x);
+      }
+    float rescale[kSlots];
+#pragma unroll
+    for (int r = 0; r < kSlots; ++r) {
+      const float new_max = Mma::row_max(tile_max[r]);
+      rescale[r] = fast_exp2(row_max[r] - new_max);  // 0 on the first tile (row_max = -inf)
+      row_max[r] = new_max;
+      row_sum[r] *= rescale[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < int(sizeof(scores[n].v) / sizeof(float)); ++i) {
+        const float prob = fast_exp2(scores[n].v[i] - row_max[Mma::s_slot(i)]);
+        scores[n].v[i] = prob;
+        row_sum[Mma::s_slot(i)] += prob;
+      }
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+      for (int i = 0; i < int(sizeof(out[s].v) / sizeof(float)); ++i) out[s].v[i] *= rescale[Mma::o_slot(i)];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+      const typename Mma::PFrag probs = Mma::template to_p<T>(scores[n]);
+#pragma unroll
+      for (int s = 0; s < kSlices; ++s) Mma::template pv<T>(out[s], probs, values, LD, 16 * n, 16 * s);
+    }
+    __syncthreads();  // the next tile overwrites keys and values
+  }
+
+  float inv_sum[kSlots];
+#pragma unroll
+  for (int r = 0; r < kSlots; ++r) inv_sum[r] = 1.f / Mma::row_sum(row_sum[r]);
+  T* o = p.out + batch * p.out_stride[0] + head * p.out_stride[2];
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+    for (int i = 0; i < int(sizeof(out[s].v) / sizeof(float)); ++i) {
+      const int query = q0 + 16 * wave + Mma::slot_row(Mma::o_slot(i)), dim = 16 * s + Mma::o_dim(i);
+      if (query < p.q_len && dim < p.head_dim)
+        o[int64_t(query) * p.out_stride[1] + dim] = from_float<T>(out[s].v[i] * inv_sum[Mma::o_slot(i)]);
+    }
+#else
+  rsd::trap();  // no matrix-unit policy for this target: attention_check refuses it on the host
+#endif
+}
+
+// ---- instances ------------------------------------------------------------------------------------
+
+struct Instance {
+  const char* name;
+  DType dtype;
+  int padded_dim, waves, block_n;
+  void (*launch)(const AttentionArgs&, int wave_size, hipStream_t);
+};
+
+template <class T, int DP, int kWaves, int kBlockN>
+void launch_instance(const AttentionArgs& a, int wave_size, hipStream_t stream) {
+  AttentionParams<T> p;
+  p.q = static_cast<const T*>(a.q);
+  p.k = static_cast<const T*>(a.k);
+  p.v = static_cast<const T*>(a.v);
+  p.out = static_cast<T*>(a.out);
+  for (int i = 0; i < 3; ++i) {
+    p.q_stride[i] = a.q_stride[i];
+    p.k_stride[i] = a.k_stride[i];
+    p.v_stride[i] = a.v_stride[i];
+    p.out_stride[i] = a.out_stride[i];
+  }
+  p.q_len = int(a.q_len);
+  p.kv_len = int(a.kv_len);
+  p.head_dim = int(a.head_dim);
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  const dim3 grid(unsigned(ceil_div(a.q_len, 16 * kWaves)), unsigned(a.heads), unsigned(a.batch));
+  attention_kernel<T, DP, kWaves, kBlockN><<<grid, kWaves * wave_size, 0, stream>>>(p);
+}
+
+#define RSD_ATTENTION_INSTANCE(TYPE, CODE, NAME, DP, WAVES, BLOCK_N)                                             \
+  Instance {                                                                                                  \
+    #NAME "_d" #DP "_w" #WAVES "_n" #BLOCK_N, DType::CODE, DP, WAVES, BLOCK_N, &launch_instance<TYPE, DP, WAVES, BLOCK_N> \
+  }
+#define RSD_ATTENTION_DIM(DP)                                                                               \
+  RSD_ATTENTION_INSTANCE(__half, f16, f16, DP, 4, 64), RSD_ATTENTION_INSTANCE(__half, f16, f16, DP, 4, 32), \
+      RSD_ATTENTION_INSTANCE(bf16, bf16, bf16, DP, 4, 64), RSD_ATTENTION_INSTANCE(bf16, bf16, bf16, DP, 4, 32)
+
+const Instance kInstances[] = {RSD_ATTENTION_DIM(32),  RSD_ATTENTION_DIM(48),  RSD_ATTENTION_DIM(64),
+                               RSD_ATTENTION_DIM(80),  RSD_ATTENTION_DIM(96),  RSD_ATTENTION_DIM(128),
+                               RSD_ATTENTION_DIM(160)};
+
+int padded_dim(int64_t head_dim) {
+  for (int dp : {32, 48, 64, 80, 96, 128, 160})
+    if (head_dim <= dp) return dp;
+  return 0;
+}
+
+// The heuristic until the tuner says otherwise: the smallest padded head dim that holds the head, and
+// 64 keys a tile while the accumulators leave registers for it (head dims up to 96), else 32.
+const Instance* pick_instance(const AttentionArgs& a) {
+  const int dp = padded_dim(a.head_dim);
+  const int block_n = dp <= 96 ? 64 : 32;
+  for (const Instance& inst : kInstances)
+    if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.block_n == block_n) return &inst;
+  return nullptr;
+}
+
+const Instance* find_instance(const AttentionArgs& a, std::string* why) {
+  if (a.instance.empty()) return pick_instance(a);
+  for (const Instance& inst : kInstances) {
+    if (a.instance != inst.name) continue;
+    if (inst.dtype != a.dtype) *why = "instance " + a.instance + " is for another dtype";
+    else if (inst.padded_dim < a.head_dim) *why = "instance " + a.instance + " holds a smaller head dim";
+    return why->empty() ? &inst : nullptr;
+  }
+  *why = "no attention instance named " + a.instance;
+  return nullptr;
+}
+
+// Which matrix-unit policy the device's architecture has (wave_mma.h), asked once per device.
+enum class MatrixUnits : int { unknown = 0, none, nv, cdna, rdna3 };
+
+MatrixUnits matrix_units(int device, std::string* arch_out) {
+  static std::array<std::atomic<int>, 64> cache{};
+  static std::array<std::string, 64> arch_names;
+  if (device >= 0 && device < 64 && cache[device].load() != 0) {
+    *arch_out = arch_names[device];
+    return static_cast<MatrixUnits>(cache[device].load());
+  }
+  DeviceInfo info;
+  if (!device_info(device, &info).empty()) return MatrixUnits::unknown;
+  const std::string arch = info.arch.substr(0, info.arch.find(':'));
+  MatrixUnits units = MatrixUnits::none;
+#if defined(RSD_PLATFORM_CUDA)
+  if (arch.rfind("sm_", 0) == 0 && std::atoi(arch.c_str() + 3) >= 80) units = MatrixUnits::nv;
+#else
+  for (const char* a : {"gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
+    if (arch == a) units = MatrixUnits::cdna;
+  for (const char* a : {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151"})
+    if (arch == a) units = MatrixUnits::rdna3;
+#endif
+  *arch_out = arch;
+  if (device >= 0 && device < 64) {
+    arch_names[device] = arch;
+    cache[device].store(static_cast<int>(units));
+  }
+  return units;
+}
+
+bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
+
+}  // namespace
+
+std::vector<std::string> attention_instances() {
+  std::vector<std::string> names;
+  for (const Instance& inst : kInstances) names.emplace_back(inst.name);
+  return names;
+}
+
+std::string attention_check(const AttentionArgs& a) {
+  if (a.dtype == DType::f32) return "float32 (the matrix-unit kernel takes float16 and bfloat16)";
+  if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0 || a.kv_len <= 0 || a.head_dim <= 0) return "empty tensor";
+  if (a.head_dim % 8 != 0) return "head dim " + std::to_string(a.head_dim) + " is not a multiple of 8";
+  if (a.head_dim > kMaxHeadDim)
+    return "head dim " + std::to_string(a.head_dim) + " > " + std::to_string(kMaxHeadDim) +
+           " (the accumulators would not fit in registers)";
+  if (a.batch > 65535 || a.heads > 65535) return "batch or heads > 65535 (grid limit)";
+  if (a.q_len >= (int64_t(1) << 30) || a.kv_len >= (int64_t(1) << 30)) return "sequence of 2^30 or more";
+  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return "scale is not a positive finite number";
+  for (const void* ptr : {a.q, a.k, a.v, static_cast<const void*>(a.out)})
+    if (!aligned(ptr, 16)) return "a data pointer is not 16-byte aligned";
+  if (!stride_ok(a.q_stride) || !stride_ok(a.k_stride) || !stride_ok(a.v_stride) || !stride_ok(a.out_stride))
+    return "batch, sequence or head strides not multiples of 8 elements (16-byte rows)";
+  std::string arch;
+  switch (matrix_units(a.device, &arch)) {
+    case MatrixUnits::unknown: return "the runtime could not describe device " + std::to_string(a.device);
+    case MatrixUnits::none: return "no matrix-unit attention policy for " + arch + " (mma sm_80+, MFMA gfx90a/gfx94x, WMMA gfx11)";
+    default: break;
+  }
+  std::string why;
+  if (!find_instance(a, &why)) return why.empty() ? "no instance for these arguments" : why;
+  return std::string();
+}
+
+std::string attention_describe(const AttentionArgs& a) {
+  const std::string why = attention_check(a);
+  if (!why.empty()) return "error: " + why;
+  std::string unused;
+  const Instance* inst = find_instance(a, &unused);
+  return std::string(inst->name) + " grid=" + std::to_string(ceil_div(a.q_len, 16 * inst->waves)) + "x" +
+         std::to_string(a.heads) + "x" + std::to_string(a.batch);
+}
+
+std::string attention_forward(const AttentionArgs& a) {
+  const std::string why = attention_check(a);
+  if (!why.empty()) return why;
+  DeviceGuard guard(a.device);
+  if (!guard.error().empty()) return guard.error();
+  std::string unused;
+  const Instance* inst = find_instance(a, &unused);
+  inst->launch(a, device_attribute(a.device, Attr::wave_size, 64), static_cast<hipStream_t>(a.stream));
+  const hipError_t err = hipGetLastError();
+  if (err != hipSuccess) return std::string("attention launch failed: ") + hipGetErrorString(err);
+  return std::string();
+}
+
+}  // namespace rsd

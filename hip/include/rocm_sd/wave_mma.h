@@ -1,0 +1,341 @@
+// Wave-level matrix-unit tiles for attention (hip/attention.hip), one policy per instruction family:
+//
+//   NvMma16816   NVIDIA sm_80+   mma.sync m16n8k16 (two per 16x16 tile), wave 32
+//   CdnaMfma16   AMD CDNA        v_mfma_f32_16x16x16{f16,bf16_1k} (gfx90a/94x/950), wave 64
+//   Rdna3Wmma16  AMD RDNA3       v_wmma_f32_16x16x16_{f16,bf16}_w32 (gfx11), wave 32
+//
+// Every policy computes, for the 16 query rows a wave owns, 16x16 tiles of
+//   S = Q K^T   (scores: 16 queries x 16 keys, head-dim slice of 16 as the reduction)
+//   O += P V    (16 queries x 16 head dims, 16 keys as the reduction)
+// from row-major shared-memory tiles (row stride `ld` elements, rows 16-byte aligned), with fp32
+// accumulation. The kernel never assumes a register layout: it asks the policy which query slot
+// (s_slot / o_slot) and which key or head-dim column (s_key / o_dim) each accumulator element of the
+// lane holds, and reduces a row across the lanes that share it (row_max / row_sum).
+//
+// The AMD policies compute the transposed products S^T = K Q^T and O^T = V^T P^T: with MFMA's and
+// WMMA's layouts the transposed score accumulator is already (nearly) the operand layout P takes
+// next, so P never goes through shared memory, and every lane keeps the softmax state of one query.
+// Their layouts follow AMD's instruction documentation (CDNA3 ISA section 7, the AMD Matrix
+// Instruction Calculator; RDNA3 ISA section 7.9 / GPUOpen's WMMA guide); rocm_sd has had no AMD GPU to run them on
+// (compile-checked only), which is why the dispatcher uses this kernel on AMD only where the tuner
+// validated it on the user's GPU (rocm_sd/ops/attention.py).
+#pragma once
+
+#include <type_traits>
+
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+
+#if defined(RSD_PLATFORM_CUDA)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define RSD_WAVE_MMA_NV 1
+#endif
+#elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || \
+    defined(__gfx942__) || defined(__gfx950__)
+#define RSD_WAVE_MMA_CDNA 1
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
+    defined(__gfx1150__) || defined(__gfx1151__)
+#define RSD_WAVE_MMA_RDNA3 1
+#endif
+
+// Host and device passes alike: whether this compilation pass has a policy (the host pass of a HIP
+// build has none of the arch macros; it launches by the device's arch, see attention.hip).
+#if defined(RSD_WAVE_MMA_NV) || defined(RSD_WAVE_MMA_CDNA) || defined(RSD_WAVE_MMA_RDNA3)
+#define RSD_HAS_WAVE_MMA 1
+#endif
+
+namespace rsd {
+
+// 2^x for softmax: the hardware's approximate exp2 (2 ulp), as flash-attention uses.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(RSD_PLATFORM_CUDA)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return __builtin_exp2f(x);  // llvm.exp2: v_exp_f32
+#endif
+}
+
+template <class T>
+__device__ __forceinline__ uint16_t bits_of(T v) {
+  return *reinterpret_cast<const uint16_t*>(&v);
+}
+
+// Two 16-bit elements in one 32-bit register, `lo` in the low half (the lower column index).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return uint32_t(bits_of(from_float<T>(lo))) | (uint32_t(bits_of(from_float<T>(hi))) << 16);
+}
+
+#if defined(RSD_WAVE_MMA_NV)
+// ---- NVIDIA: mma.sync.m16n8k16, lane = 4 * g + t (g: group 0..7, t: thread in group 0..3) ------------
+// A (16x16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
+// B (16x8, k x n):      b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
+// C (16x8, fp32):       c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// A 16x16 tile is two m16n8 products (n = columns 0..7 and 8..15): element i of a fragment is in
+// product i / 4, row slot (i % 4) / 2 (row g or g + 8), column 8 * (i / 4) + 2t + i % 2.
+struct NvMma16816 {
+  static constexpr int kSlots = 2;  // query rows per lane: g and g + 8
+  struct QFrag { uint32_t r[4]; };
+  struct Acc { float v[8]; };       // a 16x16 fp32 tile (scores or output)
+  struct PFrag { uint32_t r[4]; };
+
+  __device__ static int slot_row(int slot) { return rsd::lane_id() / 4 + 8 * slot; }
+  __device__ static constexpr int acc_slot(int i) { return (i % 4) / 2; }
+  __device__ static int acc_col(int i) { return 8 * (i / 4) + 2 * (rsd::lane_id() % 4) + i % 2; }
+  __device__ static int s_key(int i) { return acc_col(i); }
+  __device__ static int o_dim(int i) { return acc_col(i); }
+  __device__ static constexpr int s_slot(int i) { return acc_slot(i); }
+  __device__ static constexpr int o_slot(int i) { return acc_slot(i); }
+
+  template <class T>
+  __device__ static QFrag load_q(const T* q, int ld, int d0) {
+    const int g = rsd::lane_id() / 4, t = rsd::lane_id() % 4;
+    auto word = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(q + row * ld + d0 + col); };
+    return QFrag{{word(g, 2 * t), word(g + 8, 2 * t), word(g, 2 * t + 8), word(g + 8, 2 * t + 8)}};
+  }
+
+  template <class T>
+  __device__ static void mma(float* c, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (sizeof(T) == 2 && std::is_same<T, __half>::value) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  }
+
+  // s += Q[16 x (d0..d0+15)] K[key0..key0+15, d0..d0+15]^T; k: the key tile, row-major [key][dim].
+  template <class T>
+  __device__ static void scores(Acc& s, const QFrag& q, const T* k, int ld, int key0, int d0) {
+    const int g = rsd::lane_id() / 4, t = rsd::lane_id() % 4;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const T* row = k + (key0 + 8 * n + g) * ld + d0 + 2 * t;
+      mma<T>(s.v + 4 * n, q.r, *reinterpret_cast<const uint32_t*>(row), *reinterpret_cast<const uint32_t*>(row + 8));
+    }
+  }
+
+  // The probabilities of a 16x16 score tile as the A operand of P V (the C layout of two m16n8 products
+  // is the A layout of one m16k16: no data moves between lanes).
+  template <class T>
+  __device__ static PFrag to_p(const Acc& p) {
+    return PFrag{{pack2<T>(p.v[0], p.v[1]), pack2<T>(p.v[2], p.v[3]), pack2<T>(p.v[4], p.v[5]),
+                  pack2<T>(p.v[6], p.v[7])}};
+  }
+
+  // o += P[16 x (key0..key0+15)] V[key0..key0+15, d0..d0+15]; v row-major [key][dim]. ldmatrix.trans
+  // hands each lane the (k, n) pairs of B straight from V's rows.
+  template <class T>
+  __device__ static void pv(Acc& o, const PFrag& p, const T* v, int ld, int key0, int d0) {
+    const int lane = rsd::lane_id(), m = lane / 8;
+    const T* row = v + (key0 + lane % 8 + 8 * (m % 2)) * ld + d0 + 8 * (m / 2);
+    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    uint32_t b[4];
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(address));
+    mma<T>(o.v, p.r, b[0], b[1]);
+    mma<T>(o.v + 4, p.r, b[2], b[3]);
+  }
+
+  // Lanes 4g..4g+3 hold the same two rows.
+  __device__ static float row_max(float x) {
+    x = fmaxf(x, rsd::shfl_xor(x, 1));
+    return fmaxf(x, rsd::shfl_xor(x, 2));
+  }
+  __device__ static float row_sum(float x) {
+    x += rsd::shfl_xor(x, 1);
+    return x + rsd::shfl_xor(x, 2);
+  }
+};
+using WaveMma = NvMma16816;
+
+#elif defined(RSD_WAVE_MMA_CDNA)
+// ---- AMD CDNA: v_mfma_f32_16x16x16, wave 64, lane = 16 * q + i (i: 0..15, q: 0..3) ---------------------
+// A (16x16, m x k): lane holds A[i][4q..4q+3];  B (k x n): B[4q..4q+3][i];  C (m x n): C[4q..4q+3][i].
+// S^T = K Q^T: A = K rows (key i, dims 4q..), B = Q rows (query i, dims 4q..) -> lane holds
+// S[query i][keys 4q..4q+3], which is B of O^T = V^T P^T (k = key, n = query) as it stands; A = V^T
+// (lane: V[keys 4q..4q+3][dim i]); the result O^T lane holds O[query i][dims 4q..4q+3].
+struct CdnaMfma16 {
+  static constexpr int kSlots = 1;  // every lane owns query i
+  typedef _Float16 half4 __attribute__((ext_vector_type(4)));
+  typedef short short4 __attribute__((ext_vector_type(4)));
+  typedef float float4_ __attribute__((ext_vector_type(4)));
+  struct QFrag { uint16_t h[4]; };
+  struct Acc { float v[4]; };
+  struct PFrag { uint16_t h[4]; };
+
+  __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
+  __device__ static constexpr int s_slot(int) { return 0; }
+  __device__ static constexpr int o_slot(int) { return 0; }
+  __device__ static int s_key(int i) { return 4 * (rsd::lane_id() / 16) + i; }
+  __device__ static int o_dim(int i) { return 4 * (rsd::lane_id() / 16) + i; }
+
+  template <class T>
+  __device__ static QFrag load_q(const T* q, int ld, int d0) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(q + (rsd::lane_id() % 16) * ld + d0 + 4 * (rsd::lane_id() / 16));
+    return QFrag{{p[0], p[1], p[2], p[3]}};
+  }
+
+  template <class T>
+  __device__ static void mma(float (&c)[4], const uint16_t (&a)[4], const uint16_t (&b)[4]) {
+    float4_ acc = {c[0], c[1], c[2], c[3]};
+    if constexpr (std::is_same<T, __half>::value) {
+      half4 av, bv;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        av[k] = __builtin_bit_cast(_Float16, a[k]);
+        bv[k] = __builtin_bit_cast(_Float16, b[k]);
+      }
+      acc = __builtin_amdgcn_mfma_f32_16x16x16f16(av, bv, acc, 0, 0, 0);
+    } else {
+      short4 av, bv;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        av[k] = short(a[k]);
+        bv[k] = short(b[k]);
+      }
+      acc = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[k] = acc[k];
+  }
+
+  template <class T>
+  __device__ static void scores(Acc& s, const QFrag& q, const T* k, int ld, int key0, int d0) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(k + (key0 + rsd::lane_id() % 16) * ld + d0 + 4 * (rsd::lane_id() / 16));
+    const uint16_t a[4] = {p[0], p[1], p[2], p[3]};
+    mma<T>(s.v, a, q.h);
+  }
+
+  template <class T>
+  __device__ static PFrag to_p(const Acc& p) {
+    PFrag f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) f.h[k] = bits_of(from_float<T>(p.v[k]));
+    return f;
+  }
+
+  template <class T>
+  __device__ static void pv(Acc& o, const PFrag& p, const T* v, int ld, int key0, int d0) {
+    const uint16_t* col = reinterpret_cast<const uint16_t*>(v + (key0 + 4 * (rsd::lane_id() / 16)) * ld + d0 + rsd::lane_id() % 16);
+    const uint16_t a[4] = {col[0], col[ld], col[2 * ld], col[3 * ld]};
+    mma<T>(o.v, a, p.h);
+  }
+
+  // Lanes i, i + 16, i + 32, i + 48 hold the same query.
+  __device__ static float row_max(float x) {
+    x = fmaxf(x, rsd::shfl_xor(x, 16));
+    return fmaxf(x, rsd::shfl_xor(x, 32));
+  }
+  __device__ static float row_sum(float x) {
+    x += rsd::shfl_xor(x, 16);
+    return x + rsd::shfl_xor(x, 32);
+  }
+};
+using WaveMma = CdnaMfma16;
+
+#elif defined(RSD_WAVE_MMA_RDNA3)
+// ---- AMD RDNA3: v_wmma_f32_16x16x16_*_w32, wave 32, lane = 16 * h + i (i: 0..15, h: 0..1) ---------------
+// A (m x k): lane holds A[i][0..15] (both halves of the wave the same); B (k x n): B[0..15][i];
+// C (m x n, 8 floats): element e is C[2e + h][i].
+// S^T = K Q^T: lane holds S[query i][keys 2e + h]. O^T = V^T P^T needs B = P^T with all 16 keys of
+// query i in one lane: the other 8 come from lane i + 16 (h flipped) by one shuffle per element.
+struct Rdna3Wmma16 {
+  static constexpr int kSlots = 1;
+  typedef _Float16 half16 __attribute__((ext_vector_type(16)));
+  typedef short short16 __attribute__((ext_vector_type(16)));
+  typedef float float8_ __attribute__((ext_vector_type(8)));
+  struct QFrag { uint16_t h[16]; };
+  struct Acc { float v[8]; };
+  struct PFrag { uint16_t h[16]; };
+
+  __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
+  __device__ static constexpr int s_slot(int) { return 0; }
+  __device__ static constexpr int o_slot(int) { return 0; }
+  __device__ static int s_key(int e) { return 2 * e + rsd::lane_id() / 16; }
+  __device__ static int o_dim(int e) { return 2 * e + rsd::lane_id() / 16; }
+
+  template <class T>
+  __device__ static QFrag load_q(const T* q, int ld, int d0) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(q + (rsd::lane_id() % 16) * ld + d0);
+    QFrag f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) f.h[k] = p[k];
+    return f;
+  }
+
+  template <class T>
+  __device__ static void mma(float (&c)[8], const uint16_t (&a)[16], const uint16_t (&b)[16]) {
+    float8_ acc;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = c[k];
+    if constexpr (std::is_same<T, __half>::value) {
+      half16 av, bv;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        av[k] = __builtin_bit_cast(_Float16, a[k]);
+        bv[k] = __builtin_bit_cast(_Float16, b[k]);
+      }
+      acc = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(av, bv, acc);
+    } else {
+      short16 av, bv;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        av[k] = short(a[k]);
+        bv[k] = short(b[k]);
+      }
+      acc = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(av, bv, acc);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) c[k] = acc[k];
+  }
+
+  template <class T>
+  __device__ static void scores(Acc& s, const QFrag& q, const T* k, int ld, int key0, int d0) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(k + (key0 + rsd::lane_id() % 16) * ld + d0);
+    uint16_t a[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a[j] = p[j];
+    mma<T>(s.v, a, q.h);
+  }
+
+  template <class T>
+  __device__ static PFrag to_p(const Acc& p) {
+    const bool upper = rsd::lane_id() >= 16;
+    PFrag f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float mine = p.v[e], other = rsd::shfl_xor(p.v[e], 16);  // keys 2e + h and 2e + 1 - h
+      f.h[2 * e] = bits_of(from_float<T>(upper ? other : mine));
+      f.h[2 * e + 1] = bits_of(from_float<T>(upper ? mine : other));
+    }
+    return f;
+  }
+
+  template <class T>
+  __device__ static void pv(Acc& o, const PFrag& p, const T* v, int ld, int key0, int d0) {
+    const uint16_t* col = reinterpret_cast<const uint16_t*>(v + key0 * ld + d0 + rsd::lane_id() % 16);
+    uint16_t a[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a[j] = col[j * ld];
+    mma<T>(o.v, a, p.h);
+  }
+
+  // Lanes i and i + 16 hold the same query.
+  __device__ static float row_max(float x) { return fmaxf(x, rsd::shfl_xor(x, 16)); }
+  __device__ static float row_sum(float x) { return x + rsd::shfl_xor(x, 16); }
+};
+using WaveMma = Rdna3Wmma16;
+#endif
+
+}  // namespace rsd

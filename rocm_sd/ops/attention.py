@@ -1,0 +1,136 @@
+"""rocm_sd::attention: flash-style attention forward on the matrix units (hip/attention.hip).
+
+    out[b, i, h] = sum_j softmax_j(scale * q[b, i, h] . k[b, j, h]) v[b, j, h]
+
+q, k, v as [batch, seq, heads, head_dim] with any batch / sequence / head strides (head dim contiguous):
+the projections' outputs viewed per head, packed QKV or KV included, so nothing is copied on the way in;
+out comes back contiguous [batch, q_len, heads, head_dim], which the output projection takes as a free
+view. The PyTorch path is scaled_dot_product_attention (cuDNN / flash on NVIDIA, AOTriton on ROCm).
+
+Which runs: a forced backend, then the tuning database's measured choice for the shape; untuned shapes
+use PyTorch's SDPA. The kernel is the default nowhere without a measurement because vendors' attention
+is strong (on the H200, cuDNN's is faster at most SD shapes: bench/results/) and because on AMD the
+kernel is compile-checked only by its authors: `python -m rocm_sd.tune` validates it against a float64
+truth on the user's GPU before it is ever chosen there.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import _ext, dispatch
+from ._common import DTYPE_CODES, PlanCache, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+
+OP = "attention"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 160  # kMaxHeadDim in hip/attention.hip
+
+
+def default_scale(q: torch.Tensor) -> float:
+    return 1.0 / math.sqrt(q.shape[-1])
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """PyTorch's SDPA on the same [B, L, H, D] views; contiguous [B, Lq, H, D] out (float64 works: the
+    math path, the tuner's truth)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2).contiguous()
+
+
+def input_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> list[str]:
+    """Reasons in the arguments themselves that the kernel cannot take (no GPU needed to ask)."""
+    reasons = []
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return [f"q, k, v must be 4-D [batch, seq, heads, head_dim], got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D"]
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtypes {q.dtype}, {k.dtype}, {v.dtype} (supported: one of float16, bfloat16 for all three)")
+    if not (q.device == k.device == v.device):
+        reasons.append(f"q, k, v on different devices ({q.device}, {k.device}, {v.device})")
+    batch, _, heads, dim = q.shape
+    if k.shape[0] != batch or k.shape[2] != heads or k.shape[3] != dim or v.shape[:3] != k.shape[:3]:
+        reasons.append(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: batch, heads, head dim "
+                       "or k/v lengths differ")
+    elif v.shape[3] != dim:
+        reasons.append(f"v head dim {v.shape[3]} differs from q/k head dim {dim}")
+    if q.numel() == 0 or k.numel() == 0:
+        reasons.append("empty tensor")
+    if dim % 8 or dim > MAX_HEAD_DIM:
+        reasons.append(f"head dim {dim} (the kernel takes multiples of 8 up to {MAX_HEAD_DIM})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() == 4 and t.stride(-1) != 1 and t.shape[-1] > 1:
+            reasons.append(f"{name} head dim is not contiguous (strides {tuple(t.stride())})")
+    if not (scale > 0 and math.isfinite(scale)):
+        reasons.append(f"scale {scale} is not a positive finite number")
+    return reasons
+
+
+def _strides(t: torch.Tensor) -> list[int]:
+    return [t.stride(0), t.stride(1), t.stride(2)]
+
+
+def _kernel_args(q, k, v, out_ptr: int, out_strides: list[int], scale: float) -> tuple:
+    sizes = [q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.shape[3]]
+    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr, DTYPE_CODES[q.dtype], sizes,
+            [_strides(q), _strides(k), _strides(v), out_strides], float(scale))
+
+
+def _output(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def _call(q, k, v, scale, out: torch.Tensor | None, instance: str, mode: str, stream: int = 0) -> str:
+    if out is None:  # checks only: the output the op allocates is contiguous and 256-byte aligned
+        out_ptr, out_strides = q.data_ptr(), [q.shape[1] * q.shape[2] * q.shape[3], q.shape[2] * q.shape[3], q.shape[3]]
+    else:
+        out_ptr, out_strides = out.data_ptr(), _strides(out)
+    return _ext._C.attention(*_kernel_args(q, k, v, out_ptr, out_strides, scale), stream, q.device.index, instance, mode)
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, instance: str = "") -> list[str]:
+    """Reasons the kernel (or the named instance) cannot run this call; empty when it can."""
+    return kernel_reasons(q.device, input_reasons(q, k, v, scale), lambda: _call(q, k, v, scale, None, instance, "check"))
+
+
+def instances() -> list[str]:
+    """The compiled kernel instances (the tuner's candidates); [] without _C."""
+    return list(_ext._C.attention_instances()) if _ext._C is not None else []
+
+
+def describe(q, k, v, scale: float, instance: str = "") -> str:
+    """The instance and grid the kernel would run for this call, or 'error: <why>'."""
+    return _call(q, k, v, scale, None, instance, "describe")
+
+
+def attention_kernel(q, k, v, scale: float, out: torch.Tensor | None = None, instance: str = "") -> torch.Tensor:
+    """The HIP kernel itself, no dispatch (tests call it with a poisoned `out`; the tuner names instances)."""
+    y = _output(q) if out is None else out
+    _call(q, k, v, scale, y, instance, "run", stream_handle(q.device))
+    return y
+
+
+_plans = PlanCache()
+
+
+def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
+    """(reasons against the kernel, the choice, the kernel instance) for one shape. Untuned shapes take the
+    vendor's SDPA (module docstring): a policy, counted as torch with no notice."""
+    tuned = tuned_choice_for(OP, q.device, (q, k, v, scale))
+    choice = tuned if tuned is not None else dispatch.TORCH
+    instance = choice.partition(":")[2] if choice.startswith(dispatch.KERNEL + ":") else ""
+    return supports(q, k, v, scale, instance), choice, instance
+
+
+@torch.library.custom_op("rocm_sd::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    key = (tensor_key(q), tensor_key(k), tensor_key(v), scale)
+    reasons, choice, instance = _plans.get_or_compute(key, lambda: _plan(q, k, v, scale))
+    if dispatch.choose(OP, reasons, choice) == dispatch.KERNEL:
+        return attention_kernel(q, k, v, scale, instance=instance)
+    return attention_ref(q, k, v, scale)
+
+
+@attention.register_fake
+def _(q, k, v, scale):
+    return _output(q)

@@ -1,0 +1,208 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rocm_sd.attention
+from rocm_sd import config, dispatch
+from rocm_sd.ops._common import within_tolerance
+from rocm_sd.ops.attention import attention_kernel, attention_ref, describe, input_reasons, instances, supports
+
+# (batch, q_len, kv_len, heads, head_dim): the attention calls of SD1.5 (512x512, CFG batch 2), SDXL (1024x1024)
+# and SD2.1 (768x768), self and cross; then awkward ones: seq 1, 77, 1025, batch 3, head dims 8 / 72 / 128.
+SD_SHAPES = [
+    (2, 4096, 4096, 8, 40), (2, 4096, 77, 8, 40), (2, 1024, 1024, 8, 80), (2, 1024, 77, 8, 80),
+    (2, 256, 256, 8, 160), (2, 64, 77, 8, 160),                                   # SD1.5
+    (2, 4096, 4096, 10, 64), (2, 4096, 77, 10, 64), (2, 1024, 1024, 20, 64), (2, 1024, 154, 20, 64),  # SDXL
+    (2, 9216, 77, 5, 64), (2, 2304, 2304, 10, 64),                                # SD2.1 768
+]
+AWKWARD_SHAPES = [(1, 1, 1, 1, 64), (3, 77, 77, 2, 40), (1, 1025, 1025, 3, 80), (3, 1, 1025, 1, 128),
+                  (1, 33, 17, 2, 8), (2, 100, 300, 3, 72), (1, 16, 1, 1, 160)]
+
+
+def make_qkv(batch, q_len, kv_len, heads, dim, dtype, device, packed=False):
+    """q, k, v as [B, L, H, D] views; packed: q, k, v are slices of one (B, L, 3 * H * D) projection (self-attn)."""
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.float32).to(dtype)
+
+    if packed:
+        assert q_len == kv_len
+        qkv = rand(batch, q_len, 3, heads, dim)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    return rand(batch, q_len, heads, dim), rand(batch, kv_len, heads, dim), rand(batch, kv_len, heads, dim)
+
+
+def sdpa_bhld(q, k, v, scale):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+
+
+# ------------------------------------------------------------------------------------------- CPU
+
+def test_reference_is_sdpa_in_bshd_layout():
+    q, k, v = make_qkv(2, 7, 5, 3, 16, torch.float32, "cpu")
+    out = attention_ref(q, k, v, 0.3)
+    assert out.shape == q.shape and out.is_contiguous()
+    assert torch.equal(out, sdpa_bhld(q, k, v, 0.3).transpose(1, 2))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * 0.3
+    truth = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.double())
+    assert torch.allclose(attention_ref(q.double(), k.double(), v.double(), 0.3), truth, atol=1e-12)
+
+
+def test_cpu_call_takes_sdpa_untuned_without_notice():
+    q, k, v = make_qkv(1, 9, 9, 2, 8, torch.float32, "cpu", packed=True)
+    with config.override(strict=True):  # an untuned shape's SDPA is a policy, not a fallback: no error
+        out = torch.ops.rocm_sd.attention(q, k, v, 0.5)
+    assert torch.equal(out, attention_ref(q, k, v, 0.5))
+    assert dispatch.stats()["attention"] == {"torch": 1}
+
+
+def test_host_entry_point_matches_sdpa_with_and_without_mask():
+    q, k, v = (t.transpose(1, 2) for t in make_qkv(2, 12, 6, 4, 16, torch.float32, "cpu"))  # [B, H, L, D] views
+    out = rocm_sd.attention.attention(q, k, v)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v), atol=1e-6)
+    assert dispatch.stats()["attention"] == {"torch": 1}
+    mask = torch.rand(2, 1, 12, 6) > 0.3
+    mask[..., 0] = True
+    masked = rocm_sd.attention.attention(q, k, v, mask, scale=0.2)
+    assert torch.equal(masked, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2))
+    assert dispatch.stats()["attention"] == {"torch": 1}  # masks go to SDPA directly
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("float32", "dtypes torch.float32"), ("mixed", "dtypes torch.float16, torch.bfloat16"),
+    ("dim", "head dim 512"), ("odd_dim", "head dim 36"), ("heads", "batch, heads, head dim"),
+    ("v_dim", "v head dim 32"), ("empty", "empty tensor"), ("strided_dim", "head dim is not contiguous"),
+    ("scale", "scale nan"), ("rank", "must be 4-D"),
+])
+def test_unsupported_arguments_are_named(case, expected):
+    q, k, v = make_qkv(2, 8, 8, 2, 64, torch.float16, "cpu")
+    scale = 0.125
+    if case == "float32":
+        q, k, v = q.float(), k.float(), v.float()
+    elif case == "mixed":
+        k = k.bfloat16()
+    elif case == "dim":
+        q, k, v = make_qkv(1, 4, 4, 1, 512, torch.float16, "cpu")
+    elif case == "odd_dim":
+        q, k, v = (t[..., :36] for t in (q, k, v))
+    elif case == "heads":
+        k, v = k[:, :, :1], v[:, :, :1]
+    elif case == "v_dim":
+        v = v[..., :32]
+    elif case == "empty":
+        q = q[:, :0]
+    elif case == "strided_dim":
+        q = torch.randn(2, 8, 2, 128, dtype=torch.float16)[..., ::2]
+    elif case == "scale":
+        scale = float("nan")
+    elif case == "rank":
+        q = q[0]
+    reasons = input_reasons(q, k, v, scale)
+    assert any(expected in r for r in reasons), reasons
+    assert any(expected in r for r in supports(q, k, v, scale))
+
+
+def test_forced_kernel_on_cpu_raises_with_the_reason():
+    q, k, v = make_qkv(1, 4, 4, 1, 64, torch.float16, "cpu")
+    with dispatch.force_backend("attention", "rocm_sd"), pytest.raises(dispatch.FallbackError, match="rocm_sd::attention"):
+        torch.ops.rocm_sd.attention(q, k, v, 0.125)
+
+
+def test_tuning_problem_key_and_candidates():
+    from rocm_sd.tune import problems
+
+    q, k, v = make_qkv(2, 16, 77, 8, 40, torch.float16, "cpu")
+    key = problems.OPS["attention"].key(q, k, v, 0.1)
+    assert key.startswith("attention|float16|bshd|") and "Lq=16" in key and "Lk=77" in key and "D=40" in key
+    candidates = problems.OPS["attention"].candidates(q, k, v, 0.1)
+    assert problems.TORCH in candidates
+    # Instances listed only where _C exists; each named one must hold the head dim and dtype.
+    for name in candidates:
+        if name != problems.TORCH:
+            assert name.startswith("rocm_sd:f16_d") and int(name.split("_d")[1].split("_")[0]) >= 40
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+def check_kernel(shape, dtype, packed=False, instance=""):
+    batch, q_len, kv_len, heads, dim = shape
+    q, k, v = make_qkv(batch, q_len, kv_len, heads, dim, dtype, "cuda", packed=packed)
+    scale = 1.0 / math.sqrt(dim)
+    assert not supports(q, k, v, scale, instance), supports(q, k, v, scale, instance)
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # poisoned: every element must be written
+    y = attention_kernel(q, k, v, scale, out=out, instance=instance)
+    truth = attention_ref(q.double(), k.double(), v.double(), scale)
+    ok, err, allowed = within_tolerance(y, truth, attention_ref(q, k, v, scale))
+    assert ok, f"{shape} {dtype} {instance or describe(q, k, v, scale)}: max err {err:.3g} > {allowed:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SD_SHAPES + AWKWARD_SHAPES, ids=str)
+def test_kernel_matches_truth(shape, dtype):
+    check_kernel(shape, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 8, 40), (1, 77, 77, 3, 64), (2, 256, 256, 4, 160)], ids=str)
+def test_kernel_takes_packed_qkv_views(shape):
+    check_kernel(shape, torch.float16, packed=True)
+
+
+@pytest.mark.gpu
+def test_every_instance_is_correct():
+    for name in instances():
+        dtype = torch.float16 if name.startswith("f16_") else torch.bfloat16
+        padded = int(name.split("_d")[1].split("_")[0])
+        for dim in {padded, padded - 8}:
+            check_kernel((1, 130, 97, 2, dim), dtype, instance=name)
+
+
+@pytest.mark.gpu
+def test_instance_refusals_are_named():
+    q, k, v = make_qkv(1, 16, 16, 1, 64, torch.float16, "cuda")
+    assert any("another dtype" in r for r in supports(q, k, v, 0.1, "bf16_d64_w4_n64"))
+    assert any("smaller head dim" in r for r in supports(q, k, v, 0.1, "f16_d48_w4_n64"))
+    assert any("no attention instance named" in r for r in supports(q, k, v, 0.1, "f16_d64_w9_n1"))
+    misaligned = torch.randn(1 + 16 * 64, device="cuda", dtype=torch.float16)[1:].view(1, 16, 1, 64)
+    assert any("16-byte" in r for r in supports(misaligned, k, v, 0.1))
+    assert describe(q, k, v, 0.1).startswith("f16_d64_w4_n64 grid=1x1x1")
+
+
+@pytest.mark.gpu
+def test_nan_in_a_key_poisons_every_query_and_only_that_batch():
+    q, k, v = make_qkv(2, 64, 64, 2, 64, torch.float16, "cuda")
+    k[1, 5, 0, 3] = float("nan")  # batch 1, head 0: every score row of that head sees it
+    y = attention_kernel(q, k, v, 0.125)
+    assert torch.isnan(y[1, :, 0]).all() and not torch.isnan(y[0]).any() and not torch.isnan(y[1, :, 1]).any()
+
+
+@pytest.mark.gpu
+def test_op_runs_the_kernel_when_forced_or_tuned_and_in_a_graph():
+    q, k, v = make_qkv(2, 256, 77, 8, 80, torch.float16, "cuda")
+    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"):
+        y = torch.ops.rocm_sd.attention(q, k, v, 0.1)
+        graph = torch.cuda.CUDAGraph()
+        static_q = q.clone()
+        with torch.cuda.graph(graph):
+            static_y = torch.ops.rocm_sd.attention(static_q, k, v, 0.1)
+    assert dispatch.stats()["attention"] == {"rocm_sd": 2}
+    static_q.copy_(q * 0.5)
+    graph.replay()
+    assert torch.equal(static_y, attention_kernel(q * 0.5, k, v, 0.1)) and not torch.equal(static_y, y)
+    assert torch.equal(y, attention_kernel(q, k, v, 0.1))
+
+
+@pytest.mark.gpu
+def test_host_entry_point_runs_the_kernel_on_head_views_without_copies():
+    q, k, v = make_qkv(2, 1024, 1024, 8, 40, torch.float16, "cuda", packed=True)
+    heads_first = [t.transpose(1, 2) for t in (q, k, v)]  # what host apps hand over: [B, H, L, D] views
+    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"):
+        out = rocm_sd.attention.attention(*heads_first)
+    assert dispatch.stats()["attention"] == {"rocm_sd": 1}
+    merged = rocm_sd.attention.heads_last(out)
+    assert merged.data_ptr() == out.data_ptr()  # the output projection's input is a view, not a copy
+    ok, err, allowed = within_tolerance(out, F.scaled_dot_product_attention(*(t.double() for t in heads_first)),
+                                        F.scaled_dot_product_attention(*heads_first))
+    assert ok, (err, allowed)
