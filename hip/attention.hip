@@ -6,7 +6,8 @@
 // layout diffusers' and ComfyUI's projections produce, so no transpose copies are needed, and packed
 // QKV / KV projections are strided views). One block owns kBlockM = 16 * kWaves queries of one
 // (batch, head); each wave owns 16 of them and walks the keys kBlockN at a time: K and V tiles go
-// through shared memory, Q stays in registers, scores and the output accumulate on the matrix units
+// through shared memory, double-buffered where two stages fit (the next tile's copy, cp.async on NVIDIA,
+// runs while this one computes), Q stays in registers, scores and the output accumulate on the matrix units
 // (wave_mma.h) in fp32, and the softmax is online (running max and sum per query, the output rescaled
 // when the max grows), so no Lq x Lk matrix exists anywhere. The head dim is zero-padded in shared
 // memory to DP, a multiple of 16 (SD1.5's 40 runs as 48).
@@ -44,18 +45,25 @@ struct AttentionParams {
   float scale_log2;  // scale * log2(e): the softmax runs on exp2
 };
 
-// rows x head_dim elements from global (row stride `stride`, 16-byte vectors) into shared rows of LD
-// elements; rows at or past `valid` are written as zeros (a finite V row times a zero probability).
-template <class T, int LD>
+// rows x DP elements from global (row stride `stride`, 16-byte vectors) into shared rows of LD elements,
+// asynchronously where the target can (compat.h). Rows at or past `valid` and columns at or past head_dim
+// are written as zeros: padding that Q K^T and P V then ignore, and finite V rows for a zero probability.
+template <class T, int DP, int LD>
 __device__ __forceinline__ void load_rows(T* smem, const T* src, int64_t stride, int valid, int rows, int head_dim,
                                           int tid, int threads) {
-  const int vectors_per_row = head_dim / 8;
-  for (int idx = tid; idx < rows * vectors_per_row; idx += threads) {
-    const int row = idx / vectors_per_row, col = (idx - row * vectors_per_row) * 8;
-    Bytes16 value = {{0u, 0u, 0u, 0u}};
-    if (row < valid) value = *reinterpret_cast<const Bytes16*>(src + row * stride + col);
-    *reinterpret_cast<Bytes16*>(smem + row * LD + col) = value;
+  constexpr int kVectors = DP / 8;
+  for (int idx = tid; idx < rows * kVectors; idx += threads) {
+    const int row = idx / kVectors, col = (idx % kVectors) * 8;
+    const bool inside = row < valid && col < head_dim;
+    copy16_async(smem + row * LD + col, inside ? src + row * stride + col : src, inside);
   }
+}
+
+// Shared-memory stages: two (the next K and V tiles load while this one computes) where two fit in the
+// 48 KiB of static shared memory every target grants, else one.
+template <int DP, int kBlockN>
+__host__ __device__ constexpr int stages_for() {
+  return 2 * 2 * kBlockN * (DP + 8) * 2 <= 48 * 1024 ? 2 : 1;
 }
 
 template <class T, int DP, int kWaves, int kBlockN>
@@ -63,12 +71,12 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
 #if defined(RSD_HAS_WAVE_MMA)
   using Mma = WaveMma;
   constexpr int LD = DP + 8;  // 16 bytes of padding: rows start on different banks
-  constexpr int kBlockM = 16 * kWaves, kThreads = kWaves * RSD_WAVE;
+  constexpr int kBlockM = 16 * kWaves, kThreads = kWaves * RSD_WAVE, kStages = stages_for<DP, kBlockN>();
   constexpr int kSlices = DP / 16, kKeyTiles = kBlockN / 16, kSlots = Mma::kSlots;
-  static_assert(kBlockM <= 2 * kBlockN, "the Q tile is staged in the K and V tiles' shared memory");
-  __shared__ __align__(16) uint16_t storage[2 * kBlockN * LD];
-  T* const keys = reinterpret_cast<T*>(storage);
-  T* const values = keys + kBlockN * LD;
+  constexpr int kTile = kBlockN * LD;  // elements of one K or V tile
+  static_assert(kBlockM <= 2 * kBlockN, "the Q tile is staged in the first stage's shared memory");
+  __shared__ __align__(16) uint16_t storage[kStages * 2 * kTile];
+  T* const tiles = reinterpret_cast<T*>(storage);  // stage s: keys at 2 s kTile, values at (2 s + 1) kTile
 
   const int tid = threadIdx.x, wave = rsd::wave_id();
   const int64_t batch = blockIdx.z, head = blockIdx.y;
@@ -77,17 +85,23 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
   const T* k = p.k + batch * p.k_stride[0] + head * p.k_stride[2];
   const T* v = p.v + batch * p.v_stride[0] + head * p.v_stride[2];
 
-  // Columns head_dim..DP-1 are zero in every row for the whole kernel: Q K^T and P V ignore them.
-  if (p.head_dim < DP) {
-    const int pad = DP - p.head_dim;
-    for (int idx = tid; idx < 2 * kBlockN * pad; idx += kThreads) storage[(idx / pad) * LD + p.head_dim + idx % pad] = 0;
-  }
-  load_rows<T, LD>(keys, q, p.q_stride[1], min(kBlockM, p.q_len - q0), kBlockM, p.head_dim, tid, kThreads);
+  load_rows<T, DP, LD>(tiles, q, p.q_stride[1], min(kBlockM, p.q_len - q0), kBlockM, p.head_dim, tid, kThreads);
+  async_commit();
+  async_wait<0>();
   __syncthreads();
   typename Mma::QFrag q_frag[kSlices];
 #pragma unroll
-  for (int s = 0; s < kSlices; ++s) q_frag[s] = Mma::template load_q<T>(keys + 16 * wave * LD, LD, 16 * s);
+  for (int s = 0; s < kSlices; ++s) q_frag[s] = Mma::template load_q<T>(tiles + 16 * wave * LD, LD, 16 * s);
   __syncthreads();
+
+  auto load_tile = [&](int key0, int stage) {
+    const int valid = min(kBlockN, p.kv_len - key0);
+    T* keys = tiles + 2 * stage * kTile;
+    load_rows<T, DP, LD>(keys, k + int64_t(key0) * p.k_stride[1], p.k_stride[1], valid, kBlockN, p.head_dim, tid, kThreads);
+    load_rows<T, DP, LD>(keys + kTile, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid, kBlockN, p.head_dim,
+                         tid, kThreads);
+    async_commit();
+  };
 
   float row_max[kSlots], row_sum[kSlots];
 #pragma unroll
@@ -101,11 +115,21 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
 #pragma unroll
     for (auto& x : out[s].v) x = 0.f;
 
-  for (int key0 = 0; key0 < p.kv_len; key0 += kBlockN) {
+  if (kStages == 2) load_tile(0, 0);
+  for (int key0 = 0, stage = 0; key0 < p.kv_len; key0 += kBlockN, stage ^= (kStages - 1)) {
     const int valid = min(kBlockN, p.kv_len - key0);
-    load_rows<T, LD>(keys, k + int64_t(key0) * p.k_stride[1], p.k_stride[1], valid, kBlockN, p.head_dim, tid, kThreads);
-    load_rows<T, LD>(values, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid, kBlockN, p.head_dim, tid, kThreads);
+    if (kStages == 1) {
+      load_tile(key0, 0);
+      async_wait<0>();
+    } else if (key0 + kBlockN < p.kv_len) {
+      load_tile(key0 + kBlockN, stage ^ 1);  // in flight while this tile computes
+      async_wait<1>();
+    } else {
+      async_wait<0>();
+    }
     __syncthreads();
+    const T* keys = tiles + 2 * stage * kTile;
+    const T* values = keys + kTile;
 
     typename Mma::Acc scores[kKeyTiles];
 #pragma unroll
@@ -155,7 +179,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
 #pragma unroll
       for (int s = 0; s < kSlices; ++s) Mma::template pv<T>(out[s], probs, values, LD, 16 * n, 16 * s);
     }
-    __syncthreads();  // the next tile overwrites keys and values
+    __syncthreads();  // the next loads overwrite this stage
   }
 
   float inv_sum[kSlots];

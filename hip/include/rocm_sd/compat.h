@@ -163,6 +163,35 @@ __device__ __forceinline__ bool wait_at_least(const unsigned* counter, unsigned 
   return false;
 }
 
+// ---- global -> shared copies that may complete asynchronously ----
+// NVIDIA sm_80+: cp.async (the copy proceeds while the wave computes; async_wait<N> waits until at most N
+// committed groups are still in flight). Elsewhere a plain 16-byte load and store, done at once, so
+// the same double-buffered kernel code is correct (without the overlap) on every target.
+// `valid` false writes 16 zero bytes and reads nothing (cp.async with source size 0).
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool valid) {
+#if defined(RSD_PLATFORM_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" : : "r"(address), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+#else
+  Bytes16 value = {{0u, 0u, 0u, 0u}};
+  if (valid) value = *static_cast<const Bytes16*>(gmem);
+  *static_cast<Bytes16*>(smem) = value;
+#endif
+}
+
+__device__ __forceinline__ void async_commit() {
+#if defined(RSD_PLATFORM_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.commit_group;" : : : "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void async_wait() {
+#if defined(RSD_PLATFORM_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.wait_group %0;" : : "n"(kPending) : "memory");
+#endif
+}
+
 __device__ __forceinline__ void trap() {
 #if defined(RSD_PLATFORM_CUDA)
   __trap();
