@@ -66,8 +66,12 @@ def test_tune_end_to_end_then_resume(tmp_path, capsys):
     assert "| op | dtype | layout | shape | choice |" in out
     db = TuningDB(device_key(), validators(), location=tmp_path)
     assert len(db) >= 10 and not db.notes
+    from rocm_sd.ops.attention import instances
+
+    kernel_choices = {"rocm_sd", "rocm_sd:resident", "rocm_sd:split"} | {f"rocm_sd:{n}" for n in instances()}
+    assert any(key.startswith("attention|") for key in db.results)  # harvested through optimize(attention=True)
     for key, result in db.results.items():
-        assert result["choice"] in ("torch", "rocm_sd", "rocm_sd:resident", "rocm_sd:split"), key
+        assert result["choice"] == "torch" or result["choice"] in kernel_choices, (key, result["choice"])
         assert result["ms"] > 0 and result["torch_ms"] > 0 and result["speedup_vs_torch"] > 0
     assert tune_main(["--model", "tiny", "--dtype", "float16", "--db", str(tmp_path), "--resume"]) == 0
     assert f"--resume: {len(db)} problems already tuned" in capsys.readouterr().out
@@ -85,6 +89,25 @@ def test_a_wrong_candidate_is_never_chosen(monkeypatch):
     call = OpCall("geglu", (TensorSpec((2, 64, 640), (40960, 640, 1), torch.float16),))
     outcome = measure_module.measure(call, torch.device("cuda"), l2_bytes=1 << 20)
     assert outcome.choice == "torch" and "inaccurate" in outcome.rejected["rocm_sd"]
+
+
+@pytest.mark.gpu
+def test_attention_follows_a_tuned_instance(tmp_path):
+    q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    key = problems.OPS["attention"].key(q, k, v, 0.125)
+    db = TuningDB(device_key(), validators(), location=tmp_path)
+    with config.override(tune_db=str(tmp_path), strict=True):
+        try:
+            torch.ops.rocm_sd.attention(q, k, v, 0.125)  # untuned: SDPA, by policy (no error in strict mode)
+            db.record(key, {"choice": "rocm_sd:f16_d80_w4_n32"})
+            active.reload()
+            y = torch.ops.rocm_sd.attention(q, k, v, 0.125)
+            assert rocm_sd.stats()["attention"] == {dispatch.TORCH: 1, dispatch.KERNEL: 1}
+            from rocm_sd.ops.attention import attention_kernel
+
+            assert torch.equal(y, attention_kernel(q, k, v, 0.125, instance="f16_d80_w4_n32"))
+        finally:
+            active.reload()
 
 
 @pytest.mark.gpu
