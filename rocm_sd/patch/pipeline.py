@@ -80,7 +80,7 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
 
 def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer_norm: bool = True,
              geglu: bool = True, channels_last: bool = True, pointwise_gemm: bool = True, fuse_qkv: bool = False,
-             attention: bool = False, cuda_graph: bool = True):
+             attention: bool = True, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
@@ -100,8 +100,11 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
       fuse_qkv    one projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections).
                   Off by default: it adds `to_qkv` weights (state-dict keys, memory) while optimized.
       attention   diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor, the same
-                  steps with the attention through rocm_sd.attention. Off by default: that is PyTorch SDPA
-                  until rocm_sd's attention kernel exists, so it changes nothing yet but the processor.
+                  steps with the attention through rocm_sd::attention on [B, L, H, D] views (no transpose
+                  copies; the output is already the projection's layout). Per shape it runs rocm_sd's
+                  flash-attention kernel where `python -m rocm_sd.tune` measured it faster, else PyTorch's
+                  SDPA; on the H200 it is 0.343 vs 0.351 s per SD1.5 image with SDPA throughout
+                  (bench/results/2026-11-21-sd15-34643c4-h200.md).
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
                   input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
                   Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)

@@ -6,7 +6,7 @@ rocm_sd's attention, computing what the webui's own SDP optimization computes: h
 the keys' and values' context, and the "upcast cross attention layer to float32" setting is honoured.
 undo() is SdOptimization's own, which restores the webui's forwards. On Forge, which never applies
 SdOptimizations, RocmSdForge patches a clone of the UNet patcher before each sampling instead. A thin shim: the attention itself
-is rocm_sd.attention (PyTorch SDPA until rocm_sd's kernel exists). Without rocm_sd nothing is registered,
+is rocm_sd.attention (rocm_sd's kernel where tuned faster, else PyTorch SDPA). Without rocm_sd nothing is registered,
 and one log line says why.
 """
 import logging
