@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
 from rocm_sd.ops.attention import attention_kernel, attention_ref, describe, instances, supports  # noqa: E402
-from tests.ops.test_attention import SD_SHAPES  # noqa: E402
+from tests.shapes import ATTENTION_SD  # noqa: E402
 
 
 def make_inputs(shape, dtype):
@@ -43,7 +43,7 @@ def main() -> None:
     lines = ["FLOPs: 4 B H Lq Lk D. Device time from graph replays over rotating inputs; TFLOP/s in parentheses.", "",
              "| B, Lq, Lk, H, D | SDPA ms (TF/s) | rocm_sd heuristic ms (TF/s) | best instance | best ms (TF/s) | "
              "best / SDPA | pick |", "|---|---:|---:|---|---:|---:|---|"]
-    for shape in SD_SHAPES:
+    for shape in ATTENTION_SD:
         batch, q_len, kv_len, heads, dim = shape
         flops = 4 * batch * heads * q_len * kv_len * dim
         inputs = make_inputs(shape, dtype)

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -269,19 +270,23 @@ const Instance* find_instance(const AttentionArgs& a, std::string* why) {
   return nullptr;
 }
 
-// Which matrix-unit policy the device's architecture has (wave_mma.h), asked once per device.
+// The device's architecture name without feature suffixes ("gfx942", "sm_90"), or "" if the runtime cannot say.
+std::string arch_of(int device) {
+  DeviceInfo info;
+  if (!device_info(device, &info).empty()) return std::string();
+  return info.arch.substr(0, info.arch.find(':'));
+}
+
+// Which matrix-unit policy (wave_mma.h) the device's architecture has. Asked on every check, so cached
+// per device (hipGetDeviceProperties is slow); a racing first call just computes the same value twice.
 enum class MatrixUnits : int { unknown = 0, none, nv, cdna, rdna3 };
 
-MatrixUnits matrix_units(int device, std::string* arch_out) {
+MatrixUnits matrix_units(int device) {
   static std::array<std::atomic<int>, 64> cache{};
-  static std::array<std::string, 64> arch_names;
-  if (device >= 0 && device < 64 && cache[device].load() != 0) {
-    *arch_out = arch_names[device];
-    return static_cast<MatrixUnits>(cache[device].load());
-  }
-  DeviceInfo info;
-  if (!device_info(device, &info).empty()) return MatrixUnits::unknown;
-  const std::string arch = info.arch.substr(0, info.arch.find(':'));
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable && cache[device].load() != 0) return static_cast<MatrixUnits>(cache[device].load());
+  const std::string arch = arch_of(device);
+  if (arch.empty()) return MatrixUnits::unknown;
   MatrixUnits units = MatrixUnits::none;
 #if defined(RSD_PLATFORM_CUDA)
   if (arch.rfind("sm_", 0) == 0 && std::atoi(arch.c_str() + 3) >= 80) units = MatrixUnits::nv;
@@ -291,11 +296,7 @@ MatrixUnits matrix_units(int device, std::string* arch_out) {
   for (const char* a : {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151"})
     if (arch == a) units = MatrixUnits::rdna3;
 #endif
-  *arch_out = arch;
-  if (device >= 0 && device < 64) {
-    arch_names[device] = arch;
-    cache[device].store(static_cast<int>(units));
-  }
+  if (cacheable) cache[device].store(static_cast<int>(units));
   return units;
 }
 
@@ -323,10 +324,10 @@ std::string attention_check(const AttentionArgs& a) {
     if (!aligned(ptr, 16)) return "a data pointer is not 16-byte aligned";
   if (!stride_ok(a.q_stride) || !stride_ok(a.k_stride) || !stride_ok(a.v_stride) || !stride_ok(a.out_stride))
     return "batch, sequence or head strides not multiples of 8 elements (16-byte rows)";
-  std::string arch;
-  switch (matrix_units(a.device, &arch)) {
+  switch (matrix_units(a.device)) {
     case MatrixUnits::unknown: return "the runtime could not describe device " + std::to_string(a.device);
-    case MatrixUnits::none: return "no matrix-unit attention policy for " + arch + " (mma sm_80+, MFMA gfx90a/gfx94x, WMMA gfx11)";
+    case MatrixUnits::none:
+      return "no matrix-unit attention policy for " + arch_of(a.device) + " (mma sm_80+, MFMA gfx90a/gfx94x, WMMA gfx11)";
     default: break;
   }
   std::string why;

@@ -8,12 +8,11 @@ projections, which the op takes without copies. Masked calls go to SDPA directly
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from . import ops
+from .ops.attention import default_scale
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -21,7 +20,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     """softmax(q k^T * scale + mask) v over [B, H, L, D]; mask broadcastable to [B, H, Lq, Lk] (bool: keep)."""
     if mask is not None or q.dim() != 4:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = scale if scale is not None else default_scale(q)
     return ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale).transpose(1, 2)
 
 

@@ -5,4 +5,5 @@ from .geglu import geglu, geglu_ref  # noqa: F401
 from .group_norm import group_norm, group_norm_ref  # noqa: F401
 from .layer_norm import layer_norm, layer_norm_ref  # noqa: F401
 
-ALL_OPS = {"attention": attention, "group_norm": group_norm, "geglu": geglu, "bias_residual": bias_residual, "layer_norm": layer_norm}
+ALL_OPS = {"attention": attention, "group_norm": group_norm, "geglu": geglu, "bias_residual": bias_residual,
+           "layer_norm": layer_norm}

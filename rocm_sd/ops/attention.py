@@ -98,6 +98,12 @@ def instances() -> list[str]:
     return list(_ext._C.attention_instances()) if _ext._C is not None else []
 
 
+def instance_fits(name: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether instance `name` ("f16_d64_w4_n64": dtype, padded head dim, ...) takes this dtype and head dim."""
+    code, padded = name.split("_")[:2]
+    return code == {torch.float16: "f16", torch.bfloat16: "bf16"}.get(dtype) and int(padded[1:]) >= head_dim
+
+
 def describe(q, k, v, scale: float, instance: str = "") -> str:
     """The instance and grid the kernel would run for this call, or 'error: <why>'."""
     return _call(q, k, v, scale, None, instance, "describe")

@@ -14,6 +14,7 @@ import torch
 
 from ..ops.attention import attention_kernel, attention_ref
 from ..ops.attention import input_reasons as attention_input_reasons
+from ..ops.attention import instance_fits as attention_instance_fits
 from ..ops.attention import instances as attention_instances
 from ..ops.attention import supports as attention_supports
 from ..ops.bias_add import bias_residual_kernel, bias_residual_ref
@@ -112,10 +113,8 @@ def _attention_candidates(q, k, v, scale) -> dict:
     candidates = {TORCH: attention_ref}
     meta = [_meta(t) for t in (q, k, v)]
     if not attention_input_reasons(*meta, scale):
-        dtype = "f16" if meta[0].dtype == torch.float16 else "bf16"
         for name in attention_instances():
-            padded = int(name.split("_d")[1].split("_")[0])
-            if name.startswith(dtype + "_") and padded >= meta[0].shape[-1]:
+            if attention_instance_fits(name, meta[0].dtype, meta[0].shape[-1]):
                 candidates[f"rocm_sd:{name}"] = lambda *a, _name=name: attention_kernel(*a, instance=_name)
     return candidates
 

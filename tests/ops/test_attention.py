@@ -7,18 +7,10 @@ import torch.nn.functional as F
 import rocm_sd.attention
 from rocm_sd import config, dispatch
 from rocm_sd.ops._common import within_tolerance
-from rocm_sd.ops.attention import attention_kernel, attention_ref, describe, input_reasons, instances, supports
+from rocm_sd.ops.attention import (attention_kernel, attention_ref, describe, input_reasons, instance_fits, instances,
+                                   supports)
+from tests.shapes import ATTENTION_AWKWARD, ATTENTION_SD
 
-# (batch, q_len, kv_len, heads, head_dim): the attention calls of SD1.5 (512x512, CFG batch 2), SDXL (1024x1024)
-# and SD2.1 (768x768), self and cross; then awkward ones: seq 1, 77, 1025, batch 3, head dims 8 / 72 / 128.
-SD_SHAPES = [
-    (2, 4096, 4096, 8, 40), (2, 4096, 77, 8, 40), (2, 1024, 1024, 8, 80), (2, 1024, 77, 8, 80),
-    (2, 256, 256, 8, 160), (2, 64, 77, 8, 160),                                   # SD1.5
-    (2, 4096, 4096, 10, 64), (2, 4096, 77, 10, 64), (2, 1024, 1024, 20, 64), (2, 1024, 154, 20, 64),  # SDXL
-    (2, 9216, 77, 5, 64), (2, 2304, 2304, 10, 64),                                # SD2.1 768
-]
-AWKWARD_SHAPES = [(1, 1, 1, 1, 64), (3, 77, 77, 2, 40), (1, 1025, 1025, 3, 80), (3, 1, 1025, 1, 128),
-                  (1, 33, 17, 2, 8), (2, 100, 300, 3, 72), (1, 16, 1, 1, 160)]
 
 
 def make_qkv(batch, q_len, kv_len, heads, dim, dtype, device, packed=False):
@@ -115,12 +107,15 @@ def test_tuning_problem_key_and_candidates():
     q, k, v = make_qkv(2, 16, 77, 8, 40, torch.float16, "cpu")
     key = problems.OPS["attention"].key(q, k, v, 0.1)
     assert key.startswith("attention|float16|bshd|") and "Lq=16" in key and "Lk=77" in key and "D=40" in key
+    assert instance_fits("f16_d48_w4_n64", torch.float16, 40) and instance_fits("bf16_d160_w4_n32", torch.bfloat16, 160)
+    assert not instance_fits("f16_d32_w4_n64", torch.float16, 40) and not instance_fits("bf16_d48_w4_n64", torch.float16, 40)
+    assert not instance_fits("f16_d64_w4_n64", torch.float32, 64)
     candidates = problems.OPS["attention"].candidates(q, k, v, 0.1)
     assert problems.TORCH in candidates
     # Instances listed only where _C exists; each named one must hold the head dim and dtype.
     for name in candidates:
         if name != problems.TORCH:
-            assert name.startswith("rocm_sd:f16_d") and int(name.split("_d")[1].split("_")[0]) >= 40
+            assert instance_fits(name.removeprefix("rocm_sd:"), torch.float16, 40), name
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -139,7 +134,7 @@ def check_kernel(shape, dtype, packed=False, instance=""):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", SD_SHAPES + AWKWARD_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", ATTENTION_SD + ATTENTION_AWKWARD, ids=str)
 def test_kernel_matches_truth(shape, dtype):
     check_kernel(shape, dtype)
 
@@ -154,8 +149,8 @@ def test_kernel_takes_packed_qkv_views(shape):
 def test_every_instance_is_correct():
     for name in instances():
         dtype = torch.float16 if name.startswith("f16_") else torch.bfloat16
-        padded = int(name.split("_d")[1].split("_")[0])
-        for dim in {padded, padded - 8}:
+        fitting = [dim for dim in range(8, 161, 8) if instance_fits(name, dtype, dim)]
+        for dim in {fitting[-1], fitting[-2]}:  # the padded head dim itself, and one padded by 8
             check_kernel((1, 130, 97, 2, dim), dtype, instance=name)
 
 

@@ -159,7 +159,52 @@ struct NvMma16816 {
 };
 using WaveMma = NvMma16816;
 
-#elif defined(RSD_WAVE_MMA_CDNA)
+#endif
+
+#if defined(RSD_WAVE_MMA_CDNA) || defined(RSD_WAVE_MMA_RDNA3)
+namespace amd {
+// The AMD matrix builtins take clang vectors: _Float16 for f16, short (raw bits) for bf16, float for the
+// accumulator. Fragments are kept as plain arrays; these convert at the builtin call.
+template <int N>
+using half_vec = _Float16 __attribute__((ext_vector_type(N)));
+template <int N>
+using short_vec = short __attribute__((ext_vector_type(N)));
+template <int N>
+using float_vec = float __attribute__((ext_vector_type(N)));
+
+// N 16-bit values as the builtin's operand vector for element type T (__half -> _Float16, bf16 -> short).
+template <class T, int N>
+__device__ __forceinline__ auto operand(const uint16_t (&bits)[N]) {
+  if constexpr (std::is_same<T, __half>::value) {
+    half_vec<N> v;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = __builtin_bit_cast(_Float16, bits[k]);
+    return v;
+  } else {
+    short_vec<N> v;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = short(bits[k]);
+    return v;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ float_vec<N> accumulator(const float (&c)[N]) {
+  float_vec<N> v;
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = c[k];
+  return v;
+}
+
+template <int N, class Vector>  // Vector: the builtin's float vector result (not deducible as float_vec<N>)
+__device__ __forceinline__ void store(float (&c)[N], const Vector& v) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) c[k] = v[k];
+}
+}  // namespace amd
+#endif
+
+#if defined(RSD_WAVE_MMA_CDNA)
 // ---- AMD CDNA: v_mfma_f32_16x16x16, wave 64, lane = 16 * q + i (i: 0..15, q: 0..3) ---------------------
 // A (16x16, m x k): lane holds A[i][4q..4q+3];  B (k x n): B[4q..4q+3][i];  C (m x n): C[4q..4q+3][i].
 // S^T = K Q^T: A = K rows (key i, dims 4q..), B = Q rows (query i, dims 4q..) -> lane holds
@@ -167,9 +212,6 @@ using WaveMma = NvMma16816;
 // (lane: V[keys 4q..4q+3][dim i]); the result O^T lane holds O[query i][dims 4q..4q+3].
 struct CdnaMfma16 {
   static constexpr int kSlots = 1;  // every lane owns query i
-  typedef _Float16 half4 __attribute__((ext_vector_type(4)));
-  typedef short short4 __attribute__((ext_vector_type(4)));
-  typedef float float4_ __attribute__((ext_vector_type(4)));
   struct QFrag { uint16_t h[4]; };
   struct Acc { float v[4]; };
   struct PFrag { uint16_t h[4]; };
@@ -188,26 +230,11 @@ struct CdnaMfma16 {
 
   template <class T>
   __device__ static void mma(float (&c)[4], const uint16_t (&a)[4], const uint16_t (&b)[4]) {
-    float4_ acc = {c[0], c[1], c[2], c[3]};
-    if constexpr (std::is_same<T, __half>::value) {
-      half4 av, bv;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        av[k] = __builtin_bit_cast(_Float16, a[k]);
-        bv[k] = __builtin_bit_cast(_Float16, b[k]);
-      }
-      acc = __builtin_amdgcn_mfma_f32_16x16x16f16(av, bv, acc, 0, 0, 0);
-    } else {
-      short4 av, bv;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        av[k] = short(a[k]);
-        bv[k] = short(b[k]);
-      }
-      acc = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc, 0, 0, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) c[k] = acc[k];
+    const amd::float_vec<4> acc = amd::accumulator(c);
+    if constexpr (std::is_same<T, __half>::value)
+      amd::store(c, __builtin_amdgcn_mfma_f32_16x16x16f16(amd::operand<T>(a), amd::operand<T>(b), acc, 0, 0, 0));
+    else
+      amd::store(c, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(amd::operand<T>(a), amd::operand<T>(b), acc, 0, 0, 0));
   }
 
   template <class T>
@@ -252,9 +279,6 @@ using WaveMma = CdnaMfma16;
 // query i in one lane: the other 8 come from lane i + 16 (h flipped) by one shuffle per element.
 struct Rdna3Wmma16 {
   static constexpr int kSlots = 1;
-  typedef _Float16 half16 __attribute__((ext_vector_type(16)));
-  typedef short short16 __attribute__((ext_vector_type(16)));
-  typedef float float8_ __attribute__((ext_vector_type(8)));
   struct QFrag { uint16_t h[16]; };
   struct Acc { float v[8]; };
   struct PFrag { uint16_t h[16]; };
@@ -276,28 +300,11 @@ struct Rdna3Wmma16 {
 
   template <class T>
   __device__ static void mma(float (&c)[8], const uint16_t (&a)[16], const uint16_t (&b)[16]) {
-    float8_ acc;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) acc[k] = c[k];
-    if constexpr (std::is_same<T, __half>::value) {
-      half16 av, bv;
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        av[k] = __builtin_bit_cast(_Float16, a[k]);
-        bv[k] = __builtin_bit_cast(_Float16, b[k]);
-      }
-      acc = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(av, bv, acc);
-    } else {
-      short16 av, bv;
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        av[k] = short(a[k]);
-        bv[k] = short(b[k]);
-      }
-      acc = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(av, bv, acc);
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) c[k] = acc[k];
+    const amd::float_vec<8> acc = amd::accumulator(c);
+    if constexpr (std::is_same<T, __half>::value)
+      amd::store(c, __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(amd::operand<T>(a), amd::operand<T>(b), acc));
+    else
+      amd::store(c, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(amd::operand<T>(a), amd::operand<T>(b), acc));
   }
 
   template <class T>
