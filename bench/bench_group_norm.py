@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench.harness import copy_ceiling_gbps, device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
+from bench.harness import (copy_ceiling_gbps, device_ms, kernel_bench_args, rotating_inputs, same_bytes_copy_ms,  # noqa: E402
+                           write_results)
 from rocm_sd.ops.group_norm import describe, group_norm_kernel, supports  # noqa: E402
 from tests.shapes import GROUP_NORM_SD  # noqa: E402
 
@@ -54,6 +55,7 @@ def main() -> None:
                 "rocm_sd": device_ms(lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True), inputs),
             }
             path = describe(inputs[0], 32)
+            copy_ms = same_bytes_copy_ms(2 * nbytes)
             for forced in FORCED_PATHS if layout == "nchw" else ():  # each NCHW path, for comparison
                 if not describe(inputs[0], 32, forced).startswith("error"):
                     times[f"rocm_sd-{forced}"] = device_ms(
@@ -62,16 +64,18 @@ def main() -> None:
                 gbps = 2 * nbytes / ms / 1e6
                 rows.append({"op": "group_norm+silu", "shape": str(shape), "layout": layout, "dtype": args.dtype,
                              "backend": backend, "ms": round(ms, 4), "gbps": round(gbps, 1),
-                             "pct_copy": round(100 * gbps / ceiling, 1),
+                             "pct_copy": round(100 * gbps / ceiling, 1), "same_bytes_copy_ms": round(copy_ms, 4),
+                             "pct_same_bytes_copy": round(100 * copy_ms / ms, 1),
                              **({"path": path} if backend == "rocm_sd" else {})})
             print(f"{shape} {layout}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items()), flush=True)
 
     lines = [f"Copy ceiling (read + write): {ceiling:.0f} GB/s. Device time from graph replays over rotating inputs.",
              "GB/s counts one read of x and one write of y. The last columns force each NCHW path, for comparison",
-             "(- : the path cannot take the shape; see hip/group_norm.hip).",
-             "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy | path | "
-             + " | ".join(f"{p} ms" for p in FORCED_PATHS) + " |",
-             "|---|---|---:|---:|---:|---:|---:|---|" + "---:|" * len(FORCED_PATHS)]
+             "(- : the path cannot take the shape; see hip/group_norm.hip). 'same-bytes copy': a streaming copy",
+             "kernel moving the same bytes at this size; '% same-bytes' is its time over rocm_sd's.",
+             "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy | same-bytes copy ms | "
+             "% same-bytes | path | " + " | ".join(f"{p} ms" for p in FORCED_PATHS) + " |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * len(FORCED_PATHS)]
     by_case = {}
     for row in rows:
         by_case.setdefault((row["shape"], row["layout"]), {})[row["backend"]] = row
@@ -79,7 +83,8 @@ def main() -> None:
         t, k = r["torch"], r["rocm_sd"]
         forced = " | ".join(f"{r[f'rocm_sd-{p}']['ms']:.4f}" if f"rocm_sd-{p}" in r else "-" for p in FORCED_PATHS)
         lines.append(f"| {shape} | {layout} | {t['ms']:.4f} | {k['ms']:.4f} | {t['ms'] / k['ms']:.1f}x | "
-                     f"{k['gbps']:.0f} | {k['pct_copy']:.1f} | {k['path']} | {forced} |")
+                     f"{k['gbps']:.0f} | {k['pct_copy']:.1f} | {k['same_bytes_copy_ms']:.4f} | "
+                     f"{k['pct_same_bytes_copy']:.1f} | {k['path']} | {forced} |")
     # Host cost of one eager call at a small UNet shape, where the GPU work is a few microseconds.
     x = torch.randn(2, 1280, 8, 8, device="cuda", dtype=dtype)
     w = torch.rand(1280, device="cuda", dtype=dtype)

@@ -4,8 +4,9 @@
 //
 // q, k, v and out are [batch, seq, heads, head_dim] with any batch / sequence / head strides (the
 // layout diffusers' and ComfyUI's projections produce, so no transpose copies are needed, and packed
-// QKV / KV projections are strided views). One block owns kBlockM = 16 * kWaves queries of one
-// (batch, head); each wave owns 16 of them and walks the keys kBlockN at a time: K and V tiles go
+// QKV / KV projections are strided views). One block owns kBlockM = 16 * kRows * kWaves queries of one
+// (batch, head); each wave owns kRows tiles of 16 of them and walks the keys kBlockN at a time (each K / V
+// fragment read from shared memory serves all the wave's query tiles): K and V tiles go
 // through shared memory, double-buffered where two stages fit (the next tile's copy, cp.async on NVIDIA,
 // runs while this one computes), Q stays in registers, scores and the output accumulate on the matrix units
 // (wave_mma.h) in fp32, and the softmax is online (running max and sum per query, the output rescaled
@@ -67,15 +68,16 @@ __host__ __device__ constexpr int stages_for() {
   return 2 * 2 * kBlockN * (DP + 8) * 2 <= 48 * 1024 ? 2 : 1;
 }
 
-template <class T, int DP, int kWaves, int kBlockN>
+template <class T, int DP, int kWaves, int kRows, int kBlockN>
 __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const AttentionParams<T> p) {
 #if defined(RSD_HAS_WAVE_MMA)
   using Mma = WaveMma;
   constexpr int LD = DP + 8;  // 16 bytes of padding: rows start on different banks
-  constexpr int kBlockM = 16 * kWaves, kThreads = kWaves * RSD_WAVE, kStages = stages_for<DP, kBlockN>();
+  constexpr int kWaveRows = 16 * kRows, kBlockM = kWaveRows * kWaves, kThreads = kWaves * RSD_WAVE;
+  constexpr int kStages = stages_for<DP, kBlockN>();
   constexpr int kSlices = DP / 16, kKeyTiles = kBlockN / 16, kSlots = Mma::kSlots;
   constexpr int kTile = kBlockN * LD;  // elements of one K or V tile
-  static_assert(kBlockM <= 2 * kBlockN, "the Q tile is staged in the first stage's shared memory");
+  static_assert(kBlockM <= 2 * kStages * kBlockN, "the Q tile is staged in the K / V shared memory");
   __shared__ __align__(16) uint16_t storage[kStages * 2 * kTile];
   T* const tiles = reinterpret_cast<T*>(storage);  // stage s: keys at 2 s kTile, values at (2 s + 1) kTile
 
@@ -90,9 +92,13 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
   async_commit();
   async_wait<0>();
   __syncthreads();
-  typename Mma::QFrag q_frag[kSlices];
+  // The wave's kRows tiles of 16 queries: rows kWaveRows * wave + 16 * r of the block.
+  typename Mma::QFrag q_frag[kRows][kSlices];
 #pragma unroll
-  for (int s = 0; s < kSlices; ++s) q_frag[s] = Mma::template load_q<T>(tiles + 16 * wave * LD, LD, 16 * s);
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s)
+      q_frag[r][s] = Mma::template load_q<T>(tiles + (kWaveRows * wave + 16 * r) * LD, LD, 16 * s);
   __syncthreads();
 
   auto load_tile = [&](int key0, int stage) {
@@ -104,17 +110,22 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
     async_commit();
   };
 
-  float row_max[kSlots], row_sum[kSlots];
+  // Softmax state in raw score units (scale > 0 commutes with max); the scale is applied inside exp2's
+  // argument as one fma: exp2(s * scale_log2 - max * scale_log2).
+  float row_max[kRows][kSlots], row_sum[kRows][kSlots];
+  typename Mma::Acc out[kRows][kSlices];
 #pragma unroll
-  for (int r = 0; r < kSlots; ++r) {
-    row_max[r] = -INFINITY;
-    row_sum[r] = 0.f;  // this lane's share; summed across the row's lanes at the end
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      row_max[r][slot] = -INFINITY;
+      row_sum[r][slot] = 0.f;  // this lane's share; summed across the row's lanes at the end
+    }
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+      for (auto& x : out[r][s].v) x = 0.f;
   }
-  typename Mma::Acc out[kSlices];
-#pragma unroll
-  for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-    for (auto& x : out[s].v) x = 0.f;
 
   if (kStages == 2) load_tile(0, 0);
   for (int key0 = 0, stage = 0; key0 < p.kv_len; key0 += kBlockN, stage ^= (kStages - 1)) {
@@ -132,69 +143,87 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
     const T* keys = tiles + 2 * stage * kTile;
     const T* values = keys + kTile;
 
-    typename Mma::Acc scores[kKeyTiles];
+    typename Mma::Acc scores[kRows][kKeyTiles];
 #pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
+    for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (auto& x : scores[n].v) x = 0.f;
+      for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
-      for (int s = 0; s < kSlices; ++s) Mma::template scores<T>(scores[n], q_frag[s], keys, LD, 16 * n, 16 * s);
-    }
+        for (auto& x : scores[r][n].v) x = 0.f;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int s = 0; s < kSlices; ++s) {
+        const typename Mma::KFrag key_frag = Mma::template load_k<T>(keys, LD, 16 * n, 16 * s);  // shared by the rows
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][n], q_frag[r][s], key_frag);
+      }
 
-    // Online softmax: scale into log2 units, mask keys past the end, new running max per query.
-    float tile_max[kSlots];
 #pragma unroll
-    for (int r = 0; r < kSlots; ++r) tile_max[r] = row_max[r];
+    for (int r = 0; r < kRows; ++r) {
+      // Online softmax: mask keys past the end, new running max per query, rescale what came before.
+      float tile_max[kSlots];
 #pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n)
+      for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = row_max[r][slot];
 #pragma unroll
-      for (int i = 0; i < int(sizeof(scores[n].v) / sizeof(float)); ++i) {
-        float x = scores[n].v[i] * p.scale_log2;
-        if (valid < kBlockN && 16 * n + Mma::s_key(i) >= valid) x = -INFINITY;
-        scores[n].v[i] = x;
-        tile_max[Mma::s_slot(i)] = fmaxf(tile_max[Mma::s_slot(i)], x);
+      for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < int(sizeof(scores[r][n].v) / sizeof(float)); ++i) {
+          if (valid < kBlockN && 16 * n + Mma::s_key(i) >= valid) scores[r][n].v[i] = -INFINITY;
+          tile_max[Mma::s_slot(i)] = fmaxf(tile_max[Mma::s_slot(i)], scores[r][n].v[i]);
+        }
+      float rescale[kSlots], max_scaled[kSlots];
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) {
+        const float new_max = Mma::row_max(tile_max[slot]);
+        rescale[slot] = fast_exp2((row_max[r][slot] - new_max) * p.scale_log2);  // 0 on the first tile (-inf)
+        row_max[r][slot] = new_max;
+        max_scaled[slot] = new_max * p.scale_log2;
+        row_sum[r][slot] *= rescale[slot];
       }
-    float rescale[kSlots];
 #pragma unroll
-    for (int r = 0; r < kSlots; ++r) {
-      const float new_max = Mma::row_max(tile_max[r]);
-      rescale[r] = fast_exp2(row_max[r] - new_max);  // 0 on the first tile (row_max = -inf)
-      row_max[r] = new_max;
-      row_sum[r] *= rescale[r];
+      for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < int(sizeof(scores[r][n].v) / sizeof(float)); ++i) {
+          const float prob = fast_exp2(fmaf(scores[r][n].v[i], p.scale_log2, -max_scaled[Mma::s_slot(i)]));
+          scores[r][n].v[i] = prob;
+          row_sum[r][Mma::s_slot(i)] += prob;
+        }
+#pragma unroll
+      for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+        for (int i = 0; i < int(sizeof(out[r][s].v) / sizeof(float)); ++i) out[r][s].v[i] *= rescale[Mma::o_slot(i)];
     }
 #pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n)
-#pragma unroll
-      for (int i = 0; i < int(sizeof(scores[n].v) / sizeof(float)); ++i) {
-        const float prob = fast_exp2(scores[n].v[i] - row_max[Mma::s_slot(i)]);
-        scores[n].v[i] = prob;
-        row_sum[Mma::s_slot(i)] += prob;
-      }
-#pragma unroll
-    for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-      for (int i = 0; i < int(sizeof(out[s].v) / sizeof(float)); ++i) out[s].v[i] *= rescale[Mma::o_slot(i)];
-#pragma unroll
     for (int n = 0; n < kKeyTiles; ++n) {
-      const typename Mma::PFrag probs = Mma::template to_p<T>(scores[n]);
+      typename Mma::PFrag probs[kRows];
 #pragma unroll
-      for (int s = 0; s < kSlices; ++s) Mma::template pv<T>(out[s], probs, values, LD, 16 * n, 16 * s);
+      for (int r = 0; r < kRows; ++r) probs[r] = Mma::template to_p<T>(scores[r][n]);
+#pragma unroll
+      for (int s = 0; s < kSlices; ++s) {
+        const typename Mma::VFrag value_frag = Mma::template load_v<T>(values, LD, 16 * n, 16 * s);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) Mma::template pv<T>(out[r][s], probs[r], value_frag);
+      }
     }
     __syncthreads();  // the next loads overwrite this stage
   }
 
-  float inv_sum[kSlots];
-#pragma unroll
-  for (int r = 0; r < kSlots; ++r) inv_sum[r] = 1.f / Mma::row_sum(row_sum[r]);
   T* o = p.out + batch * p.out_stride[0] + head * p.out_stride[2];
 #pragma unroll
-  for (int s = 0; s < kSlices; ++s)
+  for (int r = 0; r < kRows; ++r) {
+    float inv_sum[kSlots];
 #pragma unroll
-    for (int i = 0; i < int(sizeof(out[s].v) / sizeof(float)); ++i) {
-      const int query = q0 + 16 * wave + Mma::slot_row(Mma::o_slot(i)), dim = 16 * s + Mma::o_dim(i);
-      if (query < p.q_len && dim < p.head_dim)
-        o[int64_t(query) * p.out_stride[1] + dim] = from_float<T>(out[s].v[i] * inv_sum[Mma::o_slot(i)]);
-    }
+    for (int slot = 0; slot < kSlots; ++slot) inv_sum[slot] = 1.f / Mma::row_sum(row_sum[r][slot]);
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+      for (int i = 0; i < int(sizeof(out[r][s].v) / sizeof(float)); ++i) {
+        const int query = q0 + kWaveRows * wave + 16 * r + Mma::slot_row(Mma::o_slot(i)), dim = 16 * s + Mma::o_dim(i);
+        if (query < p.q_len && dim < p.head_dim)
+          o[int64_t(query) * p.out_stride[1] + dim] = from_float<T>(out[r][s].v[i] * inv_sum[Mma::o_slot(i)]);
+      }
+  }
 #else
   rsd::trap();  // no matrix-unit policy for this target: attention_check refuses it on the host
 #endif
@@ -205,11 +234,13 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
 struct Instance {
   const char* name;
   DType dtype;
-  int padded_dim, waves, block_n;
+  int padded_dim, waves, rows, block_n;  // rows: 16-query tiles per wave
+
+  int block_m() const { return 16 * rows * waves; }
   void (*launch)(const AttentionArgs&, int wave_size, hipStream_t);
 };
 
-template <class T, int DP, int kWaves, int kBlockN>
+template <class T, int DP, int kWaves, int kRows, int kBlockN>
 void launch_instance(const AttentionArgs& a, int wave_size, hipStream_t stream) {
   AttentionParams<T> p;
   p.q = static_cast<const T*>(a.q);
@@ -226,21 +257,26 @@ void launch_instance(const AttentionArgs& a, int wave_size, hipStream_t stream) 
   p.kv_len = int(a.kv_len);
   p.head_dim = int(a.head_dim);
   p.scale_log2 = a.scale * 1.4426950408889634f;
-  const dim3 grid(unsigned(ceil_div(a.q_len, 16 * kWaves)), unsigned(a.heads), unsigned(a.batch));
-  attention_kernel<T, DP, kWaves, kBlockN><<<grid, kWaves * wave_size, 0, stream>>>(p);
+  const dim3 grid(unsigned(ceil_div(a.q_len, 16 * kRows * kWaves)), unsigned(a.heads), unsigned(a.batch));
+  attention_kernel<T, DP, kWaves, kRows, kBlockN><<<grid, kWaves * wave_size, 0, stream>>>(p);
 }
 
-#define RSD_ATTENTION_INSTANCE(TYPE, CODE, NAME, DP, WAVES, BLOCK_N)                                             \
-  Instance {                                                                                                  \
-    #NAME "_d" #DP "_w" #WAVES "_n" #BLOCK_N, DType::CODE, DP, WAVES, BLOCK_N, &launch_instance<TYPE, DP, WAVES, BLOCK_N> \
+#define RSD_ATTENTION_INSTANCE(TYPE, CODE, DP, WAVES, ROWS, BLOCK_N)                                        \
+  Instance {                                                                                             \
+    #CODE "_d" #DP "_w" #WAVES "_r" #ROWS "_n" #BLOCK_N, DType::CODE, DP, WAVES, ROWS, BLOCK_N,              \
+        &launch_instance<TYPE, DP, WAVES, ROWS, BLOCK_N>                                                 \
   }
-#define RSD_ATTENTION_DIM(DP)                                                                               \
-  RSD_ATTENTION_INSTANCE(__half, f16, f16, DP, 4, 64), RSD_ATTENTION_INSTANCE(__half, f16, f16, DP, 4, 32), \
-      RSD_ATTENTION_INSTANCE(bf16, bf16, bf16, DP, 4, 64), RSD_ATTENTION_INSTANCE(bf16, bf16, bf16, DP, 4, 32)
+#define RSD_ATTENTION_SHAPE(DP, ROWS, BLOCK_N) \
+  RSD_ATTENTION_INSTANCE(__half, f16, DP, 4, ROWS, BLOCK_N), RSD_ATTENTION_INSTANCE(bf16, bf16, DP, 4, ROWS, BLOCK_N)
+#define RSD_ATTENTION_DIM(DP) RSD_ATTENTION_SHAPE(DP, 1, 64), RSD_ATTENTION_SHAPE(DP, 1, 32)
+// Two query tiles a wave (32 queries) halve the shared-memory reads per product. Their accumulators fit in
+// the registers (no spills on sm_90) with 64 keys a tile up to head dim 80 (SD's 40 / 64 / 80, the large
+// self-attentions), with 32 keys up to 96.
+#define RSD_ATTENTION_DIM_R2(DP) RSD_ATTENTION_DIM(DP), RSD_ATTENTION_SHAPE(DP, 2, 64), RSD_ATTENTION_SHAPE(DP, 2, 32)
 
-const Instance kInstances[] = {RSD_ATTENTION_DIM(32),  RSD_ATTENTION_DIM(48),  RSD_ATTENTION_DIM(64),
-                               RSD_ATTENTION_DIM(80),  RSD_ATTENTION_DIM(96),  RSD_ATTENTION_DIM(128),
-                               RSD_ATTENTION_DIM(160)};
+const Instance kInstances[] = {RSD_ATTENTION_DIM_R2(32), RSD_ATTENTION_DIM_R2(48), RSD_ATTENTION_DIM_R2(64),
+                               RSD_ATTENTION_DIM_R2(80), RSD_ATTENTION_DIM(96),
+                               RSD_ATTENTION_DIM(128),   RSD_ATTENTION_DIM(160)};
 
 int padded_dim(int64_t head_dim) {
   for (int dp : {32, 48, 64, 80, 96, 128, 160})
@@ -248,13 +284,14 @@ int padded_dim(int64_t head_dim) {
   return 0;
 }
 
-// The heuristic until the tuner says otherwise: the smallest padded head dim that holds the head, and
-// 64 keys a tile while the accumulators leave registers for it (head dims up to 96), else 32.
+// The heuristic until the tuner says otherwise: the smallest padded head dim that holds the head; up to
+// head dim 80, two query tiles a wave and 64 keys a tile (the registers hold both), beyond it one query
+// tile and 32 keys.
 const Instance* pick_instance(const AttentionArgs& a) {
   const int dp = padded_dim(a.head_dim);
-  const int block_n = dp <= 96 ? 64 : 32;
+  const int rows = dp <= 80 ? 2 : 1, block_n = dp <= 80 ? 64 : 32;
   for (const Instance& inst : kInstances)
-    if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.block_n == block_n) return &inst;
+    if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.rows == rows && inst.block_n == block_n) return &inst;
   return nullptr;
 }
 
@@ -340,7 +377,7 @@ std::string attention_describe(const AttentionArgs& a) {
   if (!why.empty()) return "error: " + why;
   std::string unused;
   const Instance* inst = find_instance(a, &unused);
-  return std::string(inst->name) + " grid=" + std::to_string(ceil_div(a.q_len, 16 * inst->waves)) + "x" +
+  return std::string(inst->name) + " grid=" + std::to_string(ceil_div(a.q_len, inst->block_m())) + "x" +
          std::to_string(a.heads) + "x" + std::to_string(a.batch);
 }
 

@@ -202,17 +202,20 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "layer_norm_forward",
       [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int64_t rows, int64_t c,
-         double eps, uintptr_t stream, int device, bool check_only) {
+         double eps, uintptr_t stream, int device, bool check_only, uintptr_t residual, uintptr_t sum) {
         rsd::LayerNormArgs a{as_ptr(x), as_mut_ptr(y), gamma ? as_ptr(gamma) : nullptr, beta ? as_ptr(beta) : nullptr,
                              static_cast<rsd::DType>(dtype), static_cast<rsd::DType>(param_dtype), rows, c,
-                             static_cast<float>(eps), as_mut_ptr(stream), device};
+                             static_cast<float>(eps), as_mut_ptr(stream), device,
+                             residual ? as_ptr(residual) : nullptr, sum ? as_mut_ptr(sum) : nullptr};
         if (check_only) return rsd::layer_norm_check(a);
         raise_if(rsd::layer_norm_forward(a));
         return std::string();
       },
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
       py::arg("rows"), py::arg("c"), py::arg("eps"), py::arg("stream"), py::arg("device"), py::arg("check_only") = false,
-      "LayerNorm over the last dimension; with check_only, only says why the kernel would refuse (or '').");
+      py::arg("residual") = 0, py::arg("sum") = 0,
+      "LayerNorm over the last dimension (of x + residual, written to sum, when residual is given); with "
+      "check_only, only says why the kernel would refuse (or '').");
 
   m.def("attention_instances", &rsd::attention_instances,
         "Names of the compiled attention instances: dtype, padded head dim, waves of 16 queries, keys per tile.");

@@ -2,6 +2,11 @@
 //
 //   y[m, :] = (x[m, :] - mean_m) * rstd_m * gamma + beta        x: (M, C) rows, C <= 16 vectors a lane
 //
+// and its residual form (SkipLayerNorm), the transformer block's "h = attn_out + h; norm2(h)" as one pass:
+//
+//   sum[m, :] = x[m, :] + residual[m, :]   (rounded to the storage type, as torch's add)
+//   y[m, :]   = LayerNorm(sum[m, :])        (statistics of the rounded sum, as torch's layer_norm of it)
+//
 // The transformer blocks of SD normalise (B * HW, C) activations with C = 320..1280: rows of 0.6-2.5 KB.
 // A wave loads its row once (up to kMaxVecsPerLane 16-byte vectors a lane), reduces the mean with
 // shuffles, then the variance about that mean from the same registers (two-pass: exact, no E[x^2]
@@ -21,12 +26,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxVecsPerLane = 16;
 
-int pick_vec(const LayerNormArgs& a) { return widest_vec(a.dtype, a.c, {a.x, a.y}); }
+int pick_vec(const LayerNormArgs& a) { return widest_vec(a.dtype, a.c, {a.x, a.y, a.residual, a.sum}); }
 
-template <class T, class P, int VEC, int VECS>
+template <class T, class P, int VEC, int VECS, bool kResidual>
 __global__ void __launch_bounds__(kThreads)
-    layer_norm_rows(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma, const P* __restrict__ beta,
-                    int64_t rows, int c, float eps) {
+    layer_norm_rows(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ sum_out, T* __restrict__ y,
+                    const P* __restrict__ gamma, const P* __restrict__ beta, int64_t rows, int c, float eps) {
   const int waves_per_block = kThreads / RSD_WAVE;
   const int64_t row = int64_t(blockIdx.x) * waves_per_block + wave_id();
   if (row >= rows) return;  // whole waves leave together: row is uniform within a wave
@@ -39,6 +44,12 @@ __global__ void __launch_bounds__(kThreads)
     const int j = lane_id() + k * RSD_WAVE;
     if (j < vectors) {
       v[k] = load_vec<T, VEC>(xr + j * VEC);
+      if constexpr (kResidual) {
+        const Vec<T, VEC> r = load_vec<T, VEC>(residual + row * c + j * VEC);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[k].v[e] = from_float<T>(to_float(v[k].v[e]) + to_float(r.v[e]));
+        store_vec(sum_out + row * c + j * VEC, v[k], false);
+      }
 #pragma unroll
       for (int e = 0; e < VEC; ++e) sum += to_float(v[k].v[e]);
     }
@@ -83,21 +94,32 @@ int vecs_per_lane(const LayerNormArgs& a, int vec) {
   return count;
 }
 
-template <class T, class P, int VEC>
+template <class T, class P, int VEC, bool kResidual>
 void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
   const int waves = kThreads / device_attribute(a.device, Attr::wave_size, 32);
   const unsigned blocks = unsigned((a.rows + waves - 1) / waves);
   const T* x = static_cast<const T*>(a.x);
+  const T* r = static_cast<const T*>(a.residual);
+  T* sum = static_cast<T*>(a.sum);
   T* y = static_cast<T*>(a.y);
   const P* g = static_cast<const P*>(a.gamma);
   const P* b = static_cast<const P*>(a.beta);
+  const int c = int(a.c);
   switch (vecs) {
-    case 1: layer_norm_rows<T, P, VEC, 1><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
-    case 2: layer_norm_rows<T, P, VEC, 2><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
-    case 4: layer_norm_rows<T, P, VEC, 4><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
-    case 8: layer_norm_rows<T, P, VEC, 8><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
-    default: layer_norm_rows<T, P, VEC, 16><<<blocks, kThreads, 0, stream>>>(x, y, g, b, a.rows, int(a.c), a.eps); break;
+    case 1: layer_norm_rows<T, P, VEC, 1, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
+    case 2: layer_norm_rows<T, P, VEC, 2, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
+    case 4: layer_norm_rows<T, P, VEC, 4, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
+    case 8: layer_norm_rows<T, P, VEC, 8, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
+    default: layer_norm_rows<T, P, VEC, 16, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
   }
+}
+
+template <class T, class P, int VEC>
+void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
+  if (a.residual)
+    launch_vecs<T, P, VEC, true>(a, vecs, stream);
+  else
+    launch_vecs<T, P, VEC, false>(a, vecs, stream);
 }
 
 template <class T, class P>
@@ -125,7 +147,9 @@ void launch_params(const LayerNormArgs& a, hipStream_t stream) {
 std::string layer_norm_check(const LayerNormArgs& a) {
   if (a.rows <= 0 || a.c <= 0) return "empty tensor";
   if (a.param_dtype != a.dtype && a.param_dtype != DType::f32) return "weight/bias dtype must be the input's or float32";
-  if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.y, elem_bytes(a.dtype))) return "misaligned data pointer";
+  if ((a.residual == nullptr) != (a.sum == nullptr)) return "residual and sum come together";
+  for (const void* ptr : {a.x, static_cast<const void*>(a.y), a.residual, static_cast<const void*>(a.sum)})
+    if (!aligned(ptr, elem_bytes(a.dtype))) return "misaligned data pointer";
   if (a.rows * a.c >= (int64_t(1) << 40)) return "tensor too large";
   if (vecs_per_lane(a, pick_vec(a)) > kMaxVecsPerLane)
     return "normalized size " + std::to_string(a.c) + " is too large for the one-wave-per-row kernel";

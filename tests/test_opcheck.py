@@ -15,6 +15,10 @@ CASES = {
     "layer_norm": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
                                              torch.rand(33 if cl else 320, device=device, dtype=dtype),
                                              torch.randn(33 if cl else 320, device=device, dtype=dtype), 1e-5),
+    "add_layer_norm": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
+                                                 torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
+                                                 torch.rand(33 if cl else 320, device=device, dtype=dtype),
+                                                 torch.randn(33 if cl else 320, device=device, dtype=dtype), 1e-5),
     # attention: separate q, k, v; the `cl` variant is a packed QKV projection's per-head views.
     "attention": lambda device, dtype, cl: (
         tuple(torch.randn(2, 16, 3, 2, 64, device=device, dtype=dtype).unbind(2)) if cl else

@@ -85,6 +85,27 @@ def test_optimize_a_single_model_and_unknown_models():
     assert any(k.startswith("skipped") for k in rocm_sd.report(other)["Sequential"])  # ... and reported
 
 
+def test_transformer_blocks_fold_their_residual_adds_into_the_norms(tiny_pipe):
+    pipe = tiny_pipe
+    blocks = [m for m in pipe.unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, channels_last=False, cuda_graph=False)
+        assert rocm_sd.report(pipe)["unet"]["transformer block fused"] == len(blocks) > 0
+        run_pipe(pipe, steps=2)  # two UNet evaluations (CFG batched), two fused adds per block in each
+        assert rocm_sd.stats()["add_layer_norm"] == {"torch": 2 * 2 * len(blocks)}
+        # Calls the fused forward does not cover run diffusers' own (its cross_attention_kwargs check).
+        rocm_sd.reset_stats()
+        x = torch.randn(2, 16, blocks[0].norm1.normalized_shape[0])
+        context = torch.randn(2, 7, blocks[0].attn2.to_k.in_features)
+        with torch.no_grad():
+            fused = blocks[0](x, encoder_hidden_states=context)
+            own = blocks[0](x, encoder_hidden_states=context, cross_attention_kwargs={"unused": 1})
+        assert rocm_sd.stats()["add_layer_norm"] == {"torch": 2}  # the fused call's two; none from the other
+        assert torch.equal(fused, own)
+    rocm_sd.revert(pipe)
+    assert all("forward" not in block.__dict__ for block in blocks)
+
+
 @pytest.mark.gpu
 def test_optimized_pipeline_on_gpu_matches_reference():
     pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
@@ -94,6 +115,7 @@ def test_optimized_pipeline_on_gpu_matches_reference():
     with config.override(strict=True):
         optimized = run_pipe(pipe)
     assert rocm_sd.stats()["group_norm"] == {"rocm_sd": rocm_sd.stats()["group_norm"]["rocm_sd"]}
+    assert rocm_sd.stats()["add_layer_norm"] == {"rocm_sd": rocm_sd.stats()["add_layer_norm"]["rocm_sd"]}
     rocm_sd.revert(pipe)
     assert torch.equal(run_pipe(pipe), same_precision_again)
     rel = (optimized.float() - reference.float()).norm() / reference.float().norm()

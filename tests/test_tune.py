@@ -23,7 +23,7 @@ def test_harvest_records_every_distinct_op_call_of_a_pipeline():
     kw = models.prompt_kwargs(pipe, "a fox")
     calls = harvest(lambda: pipe(**kw, num_inference_steps=2, output_type="np"))
     ops = {call.op for call in calls}
-    assert ops == {"group_norm", "geglu", "layer_norm", "bias_residual", "attention"}
+    assert ops == {"group_norm", "geglu", "layer_norm", "add_layer_norm", "bias_residual", "attention"}
     gn = next(c for c in calls if c.op == "group_norm")
     x = gn.args[0]
     assert isinstance(x, TensorSpec) and x.dtype == torch.float32 and x.stride[1] == 1  # channels_last, as run
@@ -99,13 +99,13 @@ def test_attention_follows_a_tuned_instance(tmp_path):
     with config.override(tune_db=str(tmp_path), strict=True):
         try:
             torch.ops.rocm_sd.attention(q, k, v, 0.125)  # untuned: SDPA, by policy (no error in strict mode)
-            db.record(key, {"choice": "rocm_sd:f16_d80_w4_n32"})
+            db.record(key, {"choice": "rocm_sd:f16_d80_w4_r2_n32"})
             active.reload()
             y = torch.ops.rocm_sd.attention(q, k, v, 0.125)
             assert rocm_sd.stats()["attention"] == {dispatch.TORCH: 1, dispatch.KERNEL: 1}
             from rocm_sd.ops.attention import attention_kernel
 
-            assert torch.equal(y, attention_kernel(q, k, v, 0.125, instance="f16_d80_w4_n32"))
+            assert torch.equal(y, attention_kernel(q, k, v, 0.125, instance="f16_d80_w4_r2_n32"))
         finally:
             active.reload()
 

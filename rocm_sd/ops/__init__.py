@@ -3,7 +3,7 @@ from .attention import attention, attention_ref  # noqa: F401
 from .bias_add import bias_residual, bias_residual_ref  # noqa: F401
 from .geglu import geglu, geglu_ref  # noqa: F401
 from .group_norm import group_norm, group_norm_ref  # noqa: F401
-from .layer_norm import layer_norm, layer_norm_ref  # noqa: F401
+from .layer_norm import add_layer_norm, add_layer_norm_ref, layer_norm, layer_norm_ref  # noqa: F401
 
 ALL_OPS = {"attention": attention, "group_norm": group_norm, "geglu": geglu, "bias_residual": bias_residual,
-           "layer_norm": layer_norm}
+           "layer_norm": layer_norm, "add_layer_norm": add_layer_norm}

@@ -99,7 +99,7 @@ def instances() -> list[str]:
 
 
 def instance_fits(name: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether instance `name` ("f16_d64_w4_n64": dtype, padded head dim, ...) takes this dtype and head dim."""
+    """Whether instance `name` ("f16_d64_w4_r2_n64": dtype, padded head dim, ...) takes this dtype and head dim."""
     code, padded = name.split("_")[:2]
     return code == {torch.float16: "f16", torch.bfloat16: "bf16"}.get(dtype) and int(padded[1:]) >= head_dim
 

@@ -1,6 +1,11 @@
 """rocm_sd::layer_norm: LayerNorm over the last dimension, one wave per row (hip/layer_norm.hip).
 
     y = (x - mean) / sqrt(var + eps) * weight + bias       x: (..., C) contiguous, C up to 4096 (fp16 on wave32)
+
+rocm_sd::add_layer_norm: its residual form (ONNX Runtime's SkipLayerNorm), the transformer block's
+"h = attn_out + h; n = norm2(h)" in one pass over the rows instead of an add and a norm:
+
+    h = x + residual;  y = layer_norm(h)          returns (h, y)
 """
 from __future__ import annotations
 
@@ -30,12 +35,16 @@ def input_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
     return reasons + param_reasons(x, weight, bias, x.shape[-1] if x.dim() else None)
 
 
-def _args(x, y, weight, bias, eps):
+def _args(x, y, weight, bias, eps, residual=None, total=None):
     params = weight if weight is not None else bias
     c = x.shape[-1]
     return (x.data_ptr(), y.data_ptr(), weight.data_ptr() if weight is not None else 0,
             bias.data_ptr() if bias is not None else 0, DTYPE_CODES[x.dtype],
             DTYPE_CODES[params.dtype] if params is not None else DTYPE_CODES[x.dtype], x.numel() // c, c, float(eps))
+
+
+def _residual_args(residual, total):
+    return {"residual": residual.data_ptr(), "sum": total.data_ptr()} if residual is not None else {}
 
 
 def supports(x, weight, bias, eps) -> list[str]:
@@ -70,3 +79,67 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 @layer_norm.register_fake
 def _(x, weight, bias, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# ---- add_layer_norm ---------------------------------------------------------------------------------------
+
+ADD_OP = "add_layer_norm"
+
+
+def add_layer_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                       bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, layer_norm(x + residual)): what the unpatched transformer block computes."""
+    total = x + residual
+    return total, layer_norm_ref(total, weight, bias, eps)
+
+
+def _residual_reasons(x: torch.Tensor, residual: torch.Tensor) -> list[str]:
+    reasons = []
+    if residual.shape != x.shape:
+        reasons.append(f"residual of shape {tuple(residual.shape)} differs from the input's {tuple(x.shape)}")
+    if residual.dtype != x.dtype:
+        reasons.append(f"residual dtype {residual.dtype} differs from the input's {x.dtype}")
+    if residual.device != x.device:
+        reasons.append(f"residual on {residual.device}, input on {x.device}")
+    if not residual.is_contiguous():
+        reasons.append(f"residual strides {tuple(residual.stride())} are not contiguous")
+    return reasons
+
+
+def add_layer_norm_supports(x, residual, weight, bias, eps) -> list[str]:
+    """Reasons the kernel cannot run this call; empty when it can."""
+    return kernel_reasons(x.device, input_reasons(x, weight, bias) + _residual_reasons(x, residual),
+                          lambda: _ext._C.layer_norm_forward(*_args(x, x, weight, bias, eps), 0, x.device.index, True,
+                                                             **_residual_args(residual, x)))
+
+
+def add_layer_norm_kernel(x, residual, weight, bias, eps, out=None):
+    """The HIP kernel itself, no dispatch; `out`: (sum, y) to write into."""
+    total, y = (torch.empty_like(x), torch.empty_like(x)) if out is None else out
+    _ext._C.layer_norm_forward(*_args(x, y, weight, bias, eps), stream_handle(x.device), x.device.index, False,
+                               **_residual_args(residual, total))
+    return total, y
+
+
+_add_plans = PlanCache()
+
+
+@torch.library.custom_op("rocm_sd::add_layer_norm", mutates_args=())
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (tensor_key(x), tensor_key(residual), tensor_key(weight), tensor_key(bias))
+    reasons, tuned = _add_plans.get_or_compute(key, lambda: (
+        add_layer_norm_supports(x, residual, weight, bias, eps),
+        tuned_choice_for(ADD_OP, x.device, (x, residual, weight, bias, eps))))
+    if dispatch.choose(ADD_OP, reasons, tuned) == dispatch.KERNEL:
+        return add_layer_norm_kernel(x, residual, weight, bias, eps)
+    total = (x + residual).contiguous()
+    params = weight if weight is not None else bias
+    if params is not None and params.dtype != total.dtype:
+        return total, layer_norm_ref(total.float(), weight, bias, eps).to(total.dtype).contiguous()
+    return total, layer_norm_ref(total, weight, bias, eps).contiguous()
+
+
+@add_layer_norm.register_fake
+def _(x, residual, weight, bias, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -15,6 +15,7 @@ from .layer_norm import patch_layer_norms
 from .layout import patch_transformer_layouts
 from .pointwise import patch_pointwise_convs
 from .resnet import patch_resnets
+from .transformer import patch_transformer_blocks
 
 log = logging.getLogger("rocm_sd")
 
@@ -79,7 +80,7 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
 
 
 def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer_norm: bool = True,
-             geglu: bool = True, channels_last: bool = True, pointwise_gemm: bool = True, fuse_qkv: bool = False,
+             fuse_transformer: bool = True, geglu: bool = True, channels_last: bool = True, pointwise_gemm: bool = True, fuse_qkv: bool = False,
              attention: bool = True, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
@@ -90,6 +91,9 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                   GroupNorm (input bias) and one bias+residual kernel (patch/resnet.py); needs group_norm.
                   Additions in another order: results differ from PyTorch's by rounding.
       layer_norm  nn.LayerNorm over the last dimension (the transformer blocks' norms) -> rocm_sd::layer_norm.
+      fuse_transformer  BasicTransformerBlock's residual adds after self- and cross-attention folded into
+                  the LayerNorm that follows each (rocm_sd::add_layer_norm, patch/transformer.py); needs
+                  layer_norm. Same math and rounding.
       geglu       the feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel.
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
                   convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
@@ -132,6 +136,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                     patch_resnets(model, record)
             if layer_norm:
                 patch_layer_norms(model, record)
+                if fuse_transformer:
+                    patch_transformer_blocks(model, record)
             if geglu:
                 patch_geglus(model, record)
             if pointwise_gemm:

@@ -23,6 +23,7 @@ from ..ops.geglu import geglu_kernel, geglu_ref
 from ..ops.geglu import supports as geglu_supports
 from ..ops.group_norm import ck_instances, ck_reasons, group_norm_ck, group_norm_kernel, group_norm_ref
 from ..ops.group_norm import supports as group_norm_supports
+from ..ops.layer_norm import add_layer_norm_kernel, add_layer_norm_ref, add_layer_norm_supports
 from ..ops.layer_norm import layer_norm_kernel, layer_norm_ref
 from ..ops.layer_norm import supports as layer_norm_supports
 from ..ops._common import NHWC, layout_of
@@ -97,6 +98,10 @@ def _layer_norm_key(x, weight, bias, eps) -> str:
                        affine=int(weight is not None))
 
 
+def _add_layer_norm_key(x, residual, weight, bias, eps) -> str:
+    return _layer_norm_key(x, weight, bias, eps).replace("layer_norm", "add_layer_norm", 1)
+
+
 def _bias_residual_key(x, residual, bias, scale) -> str:
     x = _meta(x)
     return problem_key("bias_residual", _dtype(x), _layout(x), N=x.shape[0], C=x.shape[1], HW=_spatial(x))
@@ -128,10 +133,13 @@ OPS: dict[str, OpTuning] = {
     "group_norm": OpTuning(_group_norm_key, _group_norm_candidates, group_norm_ref),
     "geglu": OpTuning(_geglu_key, _one_kernel(geglu_ref, geglu_kernel), geglu_ref),
     "layer_norm": OpTuning(_layer_norm_key, _one_kernel(layer_norm_ref, layer_norm_kernel), layer_norm_ref),
+    "add_layer_norm": OpTuning(_add_layer_norm_key, _one_kernel(add_layer_norm_ref, add_layer_norm_kernel),
+                               add_layer_norm_ref),
     "bias_residual": OpTuning(_bias_residual_key, _one_kernel(bias_residual_ref, bias_residual_kernel),
                               bias_residual_ref),
 }
-SUPPORTS = {"attention": attention_supports, "group_norm": group_norm_supports, "geglu": geglu_supports, "layer_norm": layer_norm_supports,
+SUPPORTS = {"attention": attention_supports, "group_norm": group_norm_supports, "geglu": geglu_supports,
+            "layer_norm": layer_norm_supports, "add_layer_norm": add_layer_norm_supports,
             "bias_residual": bias_residual_supports}
 
 
@@ -144,5 +152,5 @@ def candidate_reasons(op: str, args: tuple) -> list[str]:
     return SUPPORTS[op](*args)
 
 
-def truth(op: str, args: tuple) -> torch.Tensor:
+def truth(op: str, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
     return OPS[op].reference(*_double(args))

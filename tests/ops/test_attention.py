@@ -107,9 +107,9 @@ def test_tuning_problem_key_and_candidates():
     q, k, v = make_qkv(2, 16, 77, 8, 40, torch.float16, "cpu")
     key = problems.OPS["attention"].key(q, k, v, 0.1)
     assert key.startswith("attention|float16|bshd|") and "Lq=16" in key and "Lk=77" in key and "D=40" in key
-    assert instance_fits("f16_d48_w4_n64", torch.float16, 40) and instance_fits("bf16_d160_w4_n32", torch.bfloat16, 160)
-    assert not instance_fits("f16_d32_w4_n64", torch.float16, 40) and not instance_fits("bf16_d48_w4_n64", torch.float16, 40)
-    assert not instance_fits("f16_d64_w4_n64", torch.float32, 64)
+    assert instance_fits("f16_d48_w4_r1_n64", torch.float16, 40) and instance_fits("bf16_d160_w4_r1_n32", torch.bfloat16, 160)
+    assert not instance_fits("f16_d32_w4_r2_n64", torch.float16, 40) and not instance_fits("bf16_d48_w4_r1_n64", torch.float16, 40)
+    assert not instance_fits("f16_d64_w4_r1_n64", torch.float32, 64)
     candidates = problems.OPS["attention"].candidates(q, k, v, 0.1)
     assert problems.TORCH in candidates
     # Instances listed only where _C exists; each named one must hold the head dim and dtype.
@@ -157,12 +157,12 @@ def test_every_instance_is_correct():
 @pytest.mark.gpu
 def test_instance_refusals_are_named():
     q, k, v = make_qkv(1, 16, 16, 1, 64, torch.float16, "cuda")
-    assert any("another dtype" in r for r in supports(q, k, v, 0.1, "bf16_d64_w4_n64"))
-    assert any("smaller head dim" in r for r in supports(q, k, v, 0.1, "f16_d48_w4_n64"))
+    assert any("another dtype" in r for r in supports(q, k, v, 0.1, "bf16_d64_w4_r2_n64"))
+    assert any("smaller head dim" in r for r in supports(q, k, v, 0.1, "f16_d48_w4_r1_n64"))
     assert any("no attention instance named" in r for r in supports(q, k, v, 0.1, "f16_d64_w9_n1"))
     misaligned = torch.randn(1 + 16 * 64, device="cuda", dtype=torch.float16)[1:].view(1, 16, 1, 64)
     assert any("16-byte" in r for r in supports(misaligned, k, v, 0.1))
-    assert describe(q, k, v, 0.1).startswith("f16_d64_w4_n64 grid=1x1x1")
+    assert describe(q, k, v, 0.1).startswith("f16_d64_w4_r2_n64 grid=1x1x1")
 
 
 @pytest.mark.gpu

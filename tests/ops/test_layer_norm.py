@@ -6,7 +6,8 @@ from rocm_sd import config, dispatch
 from rocm_sd.modules import LayerNormFused
 from rocm_sd.ops._common import within_tolerance
 from tests.shapes import LAYER_NORM_SD
-from rocm_sd.ops.layer_norm import input_reasons, layer_norm_kernel, layer_norm_ref, supports
+from rocm_sd.ops.layer_norm import (add_layer_norm_kernel, add_layer_norm_ref, add_layer_norm_supports, input_reasons,
+                                     layer_norm_kernel, layer_norm_ref, supports)
 
 LAYER_NORM_AWKWARD = [(3, 7, 33), (1, 1, 8), (5, 2048), (4, 77, 768)]
 
@@ -67,3 +68,44 @@ def test_too_wide_rows_fall_back_with_a_reason():
     assert any("too large" in r for r in supports(x, w, b, 1e-5))
     with config.override(strict=False, log_fallbacks=False):  # the GPU suite runs with ROCM_SD_STRICT=1
         assert torch.equal(torch.ops.rocm_sd.layer_norm(x, w, b, 1e-5), layer_norm_ref(x, w, b, 1e-5))
+
+
+# ---- add_layer_norm (SkipLayerNorm) ---------------------------------------------------------------------
+
+def test_add_layer_norm_falls_back_exactly_and_names_bad_residuals():
+    x, w, b = make((2, 8, 64), torch.float16, "cpu")
+    r = torch.randn_like(x)
+    with config.override(log_fallbacks=False):
+        total, y = torch.ops.rocm_sd.add_layer_norm(x, r, w, b, 1e-5)
+    ref_total, ref_y = add_layer_norm_ref(x, r, w, b, 1e-5)
+    assert torch.equal(total, ref_total) and torch.equal(y, ref_y)
+    assert any("residual dtype" in why for why in add_layer_norm_supports(x, r.float(), w, b, 1e-5))
+    assert any("residual of shape" in why for why in add_layer_norm_supports(x, r[:1], w, b, 1e-5))
+    assert any("residual strides" in why for why in add_layer_norm_supports(x, r.transpose(0, 1).contiguous().transpose(0, 1), w, b, 1e-5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", LAYER_NORM_SD + LAYER_NORM_AWKWARD, ids=str)
+def test_add_layer_norm_kernel_matches_truth(shape, dtype):
+    x, w, b = make(shape, dtype, "cuda")
+    r = torch.randn_like(x)
+    assert not add_layer_norm_supports(x, r, w, b, 1e-5), add_layer_norm_supports(x, r, w, b, 1e-5)
+    poisoned = (torch.full_like(x, float("nan")), torch.full_like(x, float("nan")))
+    total, y = add_layer_norm_kernel(x, r, w, b, 1e-5, out=poisoned)
+    # The sum is rounded to the dtype exactly as torch's add rounds it.
+    assert torch.equal(total, x + r)
+    # The norm is judged against the float64 norm of that rounded sum, as the unfused block computes it.
+    ok, err, allowed = within_tolerance(y, layer_norm_ref(total.double(), w.double(), b.double(), 1e-5),
+                                        layer_norm_ref(total, w, b, 1e-5))
+    assert ok, f"{shape} {dtype}: max err {err:.3g} > allowed {allowed:.3g}"
+
+
+@pytest.mark.gpu
+def test_add_layer_norm_nan_stays_in_its_row():
+    x, w, b = make((4, 320), torch.float16, "cuda")
+    r = torch.randn_like(x)
+    r[2, 17] = float("nan")
+    total, y = torch.ops.rocm_sd.add_layer_norm(x, r, w, b, 1e-5)
+    assert torch.isnan(total[2, 17]) and torch.isnan(y[2]).all()
+    assert not torch.isnan(y[[0, 1, 3]]).any() and torch.isnan(total).sum() == 1

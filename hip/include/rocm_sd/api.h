@@ -102,7 +102,8 @@ std::string bias_residual_check(const BiasResidualArgs& a);
 std::string bias_residual_forward(const BiasResidualArgs& a);
 
 // ---------------------------------------------------------------------------------------------
-// layer_norm.hip: LayerNorm over the last dimension of x, (rows, c) contiguous
+// layer_norm.hip: LayerNorm over the last dimension of x, (rows, c) contiguous; with a residual,
+// of sum = x + residual, which is written too (SkipLayerNorm)
 struct LayerNormArgs {
   const void* x;
   void* y;
@@ -114,6 +115,8 @@ struct LayerNormArgs {
   float eps;
   void* stream;
   int device;
+  const void* residual = nullptr;  // (rows, c) contiguous, or nullptr
+  void* sum = nullptr;             // (rows, c) contiguous: x + residual; set exactly when residual is
 };
 std::string layer_norm_check(const LayerNormArgs& a);
 std::string layer_norm_forward(const LayerNormArgs& a);

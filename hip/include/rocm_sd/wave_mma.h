@@ -8,7 +8,8 @@
 //   S = Q K^T   (scores: 16 queries x 16 keys, head-dim slice of 16 as the reduction)
 //   O += P V    (16 queries x 16 head dims, 16 keys as the reduction)
 // from row-major shared-memory tiles (row stride `ld` elements, rows 16-byte aligned), with fp32
-// accumulation. The kernel never assumes a register layout: it asks the policy which query slot
+// accumulation. K and V operands are fetched (load_k / load_v) apart from the products (scores / pv)
+// so that a wave owning several 16-row query tiles reads each K / V fragment from shared memory once. The kernel never assumes a register layout: it asks the policy which query slot
 // (s_slot / o_slot) and which key or head-dim column (s_key / o_dim) each accumulator element of the
 // lane holds, and reduces a row across the lanes that share it (row_max / row_sum).
 //
@@ -80,6 +81,8 @@ struct NvMma16816 {
   struct QFrag { uint32_t r[4]; };
   struct Acc { float v[8]; };       // a 16x16 fp32 tile (scores or output)
   struct PFrag { uint32_t r[4]; };
+  struct KFrag { uint32_t r[4]; };  // B operands of two m16n8k16 products (keys 0..7 and 8..15)
+  struct VFrag { uint32_t r[4]; };  // B operands of two m16n8k16 products (dims 0..7 and 8..15)
 
   __device__ static int slot_row(int slot) { return rsd::lane_id() / 4 + 8 * slot; }
   __device__ static constexpr int acc_slot(int i) { return (i % 4) / 2; }
@@ -113,15 +116,24 @@ struct NvMma16816 {
     }
   }
 
-  // s += Q[16 x (d0..d0+15)] K[key0..key0+15, d0..d0+15]^T; k: the key tile, row-major [key][dim].
+  // The 16 keys key0.. x dims d0.. of the key tile (row-major [key][dim]) as the B operands of S = Q K^T:
+  // one ldmatrix.x4 (rows = keys) hands lane 4g + t key g's dims 2t.. and 2t + 8.. for both 8-key halves.
   template <class T>
-  __device__ static void scores(Acc& s, const QFrag& q, const T* k, int ld, int key0, int d0) {
-    const int g = rsd::lane_id() / 4, t = rsd::lane_id() % 4;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const T* row = k + (key0 + 8 * n + g) * ld + d0 + 2 * t;
-      mma<T>(s.v + 4 * n, q.r, *reinterpret_cast<const uint32_t*>(row), *reinterpret_cast<const uint32_t*>(row + 8));
-    }
+  __device__ static KFrag load_k(const T* k, int ld, int key0, int d0) {
+    const int lane = rsd::lane_id(), m = lane / 8;
+    const T* row = k + (key0 + lane % 8 + 8 * (m / 2)) * ld + d0 + 8 * (m % 2);
+    KFrag f;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+                 : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+    return f;
+  }
+
+  // s += Q[16 x (d0..d0+15)] K[key0..key0+15, d0..d0+15]^T
+  template <class T>
+  __device__ static void scores(Acc& s, const QFrag& q, const KFrag& k) {
+    mma<T>(s.v, q.r, k.r[0], k.r[1]);
+    mma<T>(s.v + 4, q.r, k.r[2], k.r[3]);
   }
 
   // The probabilities of a 16x16 score tile as the A operand of P V (the C layout of two m16n8 products
@@ -132,19 +144,24 @@ struct NvMma16816 {
                   pack2<T>(p.v[6], p.v[7])}};
   }
 
-  // o += P[16 x (key0..key0+15)] V[key0..key0+15, d0..d0+15]; v row-major [key][dim]. ldmatrix.trans
-  // hands each lane the (k, n) pairs of B straight from V's rows.
+  // The 16 keys key0.. x dims d0.. of the value tile (row-major [key][dim]) as the B operands of O += P V:
+  // ldmatrix.trans hands each lane the (k, n) pairs of B straight from V's rows.
   template <class T>
-  __device__ static void pv(Acc& o, const PFrag& p, const T* v, int ld, int key0, int d0) {
+  __device__ static VFrag load_v(const T* v, int ld, int key0, int d0) {
     const int lane = rsd::lane_id(), m = lane / 8;
     const T* row = v + (key0 + lane % 8 + 8 * (m % 2)) * ld + d0 + 8 * (m / 2);
-    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-    uint32_t b[4];
+    VFrag f;
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(address));
-    mma<T>(o.v, p.r, b[0], b[1]);
-    mma<T>(o.v + 4, p.r, b[2], b[3]);
+                 : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+                 : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+    return f;
+  }
+
+  // o += P[16 x (key0..key0+15)] V[key0..key0+15, d0..d0+15]
+  template <class T>
+  __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) {
+    mma<T>(o.v, p.r, v.r[0], v.r[1]);
+    mma<T>(o.v + 4, p.r, v.r[2], v.r[3]);
   }
 
   // Lanes 4g..4g+3 hold the same two rows.
@@ -215,6 +232,8 @@ struct CdnaMfma16 {
   struct QFrag { uint16_t h[4]; };
   struct Acc { float v[4]; };
   struct PFrag { uint16_t h[4]; };
+  struct KFrag { uint16_t h[4]; };  // A of S^T = K Q^T: key i, dims 4q..4q+3
+  struct VFrag { uint16_t h[4]; };  // A of O^T = V^T P^T: dim i, keys 4q..4q+3
 
   __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
   __device__ static constexpr int s_slot(int) { return 0; }
@@ -238,11 +257,13 @@ struct CdnaMfma16 {
   }
 
   template <class T>
-  __device__ static void scores(Acc& s, const QFrag& q, const T* k, int ld, int key0, int d0) {
+  __device__ static KFrag load_k(const T* k, int ld, int key0, int d0) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(k + (key0 + rsd::lane_id() % 16) * ld + d0 + 4 * (rsd::lane_id() / 16));
-    const uint16_t a[4] = {p[0], p[1], p[2], p[3]};
-    mma<T>(s.v, a, q.h);
+    return KFrag{{p[0], p[1], p[2], p[3]}};
   }
+
+  template <class T>
+  __device__ static void scores(Acc& s, const QFrag& q, const KFrag& k) { mma<T>(s.v, k.h, q.h); }
 
   template <class T>
   __device__ static PFrag to_p(const Acc& p) {
@@ -253,11 +274,13 @@ struct CdnaMfma16 {
   }
 
   template <class T>
-  __device__ static void pv(Acc& o, const PFrag& p, const T* v, int ld, int key0, int d0) {
+  __device__ static VFrag load_v(const T* v, int ld, int key0, int d0) {
     const uint16_t* col = reinterpret_cast<const uint16_t*>(v + (key0 + 4 * (rsd::lane_id() / 16)) * ld + d0 + rsd::lane_id() % 16);
-    const uint16_t a[4] = {col[0], col[ld], col[2 * ld], col[3 * ld]};
-    mma<T>(o.v, a, p.h);
+    return VFrag{{col[0], col[ld], col[2 * ld], col[3 * ld]}};
   }
+
+  template <class T>
+  __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma<T>(o.v, v.h, p.h); }
 
   // Lanes i, i + 16, i + 32, i + 48 hold the same query.
   __device__ static float row_max(float x) {
@@ -282,6 +305,8 @@ struct Rdna3Wmma16 {
   struct QFrag { uint16_t h[16]; };
   struct Acc { float v[8]; };
   struct PFrag { uint16_t h[16]; };
+  struct KFrag { uint16_t h[16]; };  // A of S^T = K Q^T: key i, dims 0..15
+  struct VFrag { uint16_t h[16]; };  // A of O^T = V^T P^T: dim i, keys 0..15
 
   __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
   __device__ static constexpr int s_slot(int) { return 0; }
@@ -308,13 +333,16 @@ struct Rdna3Wmma16 {
   }
 
   template <class T>
-  __device__ static void scores(Acc& s, const QFrag& q, const T* k, int ld, int key0, int d0) {
+  __device__ static KFrag load_k(const T* k, int ld, int key0, int d0) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(k + (key0 + rsd::lane_id() % 16) * ld + d0);
-    uint16_t a[16];
+    KFrag f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) a[j] = p[j];
-    mma<T>(s.v, a, q.h);
+    for (int j = 0; j < 16; ++j) f.h[j] = p[j];
+    return f;
   }
+
+  template <class T>
+  __device__ static void scores(Acc& s, const QFrag& q, const KFrag& k) { mma<T>(s.v, k.h, q.h); }
 
   template <class T>
   __device__ static PFrag to_p(const Acc& p) {
@@ -330,13 +358,16 @@ struct Rdna3Wmma16 {
   }
 
   template <class T>
-  __device__ static void pv(Acc& o, const PFrag& p, const T* v, int ld, int key0, int d0) {
+  __device__ static VFrag load_v(const T* v, int ld, int key0, int d0) {
     const uint16_t* col = reinterpret_cast<const uint16_t*>(v + key0 * ld + d0 + rsd::lane_id() % 16);
-    uint16_t a[16];
+    VFrag f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) a[j] = col[j * ld];
-    mma<T>(o.v, a, p.h);
+    for (int j = 0; j < 16; ++j) f.h[j] = col[j * ld];
+    return f;
   }
+
+  template <class T>
+  __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma<T>(o.v, v.h, p.h); }
 
   // Lanes i and i + 16 hold the same query.
   __device__ static float row_max(float x) { return fmaxf(x, rsd::shfl_xor(x, 16)); }
