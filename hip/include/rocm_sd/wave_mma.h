@@ -116,16 +116,26 @@ struct NvMma16816 {
     }
   }
 
+  // Four 8x8 16-bit matrices from shared memory: lane l names row l % 8 of matrix l / 8 and receives, of
+  // each matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (of the transpose with kTrans).
+  template <bool kTrans, class T>
+  __device__ static void ldmatrix_x4(uint32_t (&r)[4], const T* row) {
+    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    if constexpr (kTrans)
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+    else
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+  }
+
   // The 16 keys key0.. x dims d0.. of the key tile (row-major [key][dim]) as the B operands of S = Q K^T:
   // one ldmatrix.x4 (rows = keys) hands lane 4g + t key g's dims 2t.. and 2t + 8.. for both 8-key halves.
   template <class T>
   __device__ static KFrag load_k(const T* k, int ld, int key0, int d0) {
     const int lane = rsd::lane_id(), m = lane / 8;
-    const T* row = k + (key0 + lane % 8 + 8 * (m / 2)) * ld + d0 + 8 * (m % 2);
     KFrag f;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
-                 : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+    ldmatrix_x4<false>(f.r, k + (key0 + lane % 8 + 8 * (m / 2)) * ld + d0 + 8 * (m % 2));
     return f;
   }
 
@@ -149,11 +159,8 @@ struct NvMma16816 {
   template <class T>
   __device__ static VFrag load_v(const T* v, int ld, int key0, int d0) {
     const int lane = rsd::lane_id(), m = lane / 8;
-    const T* row = v + (key0 + lane % 8 + 8 * (m % 2)) * ld + d0 + 8 * (m / 2);
     VFrag f;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
-                 : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+    ldmatrix_x4<true>(f.r, v + (key0 + lane % 8 + 8 * (m % 2)) * ld + d0 + 8 * (m / 2));
     return f;
   }
 
