@@ -122,75 +122,43 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
 }
 
 // Grid (splits, n). x: (N, HW, C). Thread (row r, column t) reads channels [t*VEC, t*VEC+VEC) of
-// pixels r, r + rows_per_iter, ...: its channels are fixed, so it keeps sums per channel (about the
-// chunk's first pixel, against cancellation), and its VEC channels lie in at most two groups (VEC is
-// at most a group wide): `lo`, the group of its first channel, and `lo + 1`.
+// pixels r, r + rows_per_iter, ...: its vectors all lie in one group (VEC divides C / groups).
 template <class T, int VEC, int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
                                                               int64_t chunk, int threads_per_row, int rows_per_iter,
                                                               WelfordStats* __restrict__ partials,
                                                               const T* __restrict__ input_bias) {
-  __shared__ WelfordStats per_thread[2][MAX_THREADS];  // this thread's channels of group lo / lo + 1
+  __shared__ WelfordStats per_thread[MAX_THREADS];
   const int64_t n = blockIdx.y;
   const int col = threadIdx.x % threads_per_row;
   const int row = threadIdx.x / threads_per_row;
-  const int cg = c / groups, c0 = col * VEC, lo = c0 / cg;
   const int64_t begin = int64_t(blockIdx.x) * chunk;
   const int64_t end = min64(begin + chunk, hw);
-  const T* base = x + n * hw * c + c0;
-  float shift[VEC], sum[VEC], sumsq[VEC];  // sums of x - shift, shift = the chunk's first pixel
-  {
-    const Vec<T, VEC> first = load_vec<T, VEC>(base + begin * c);
+  const T* base = x + n * hw * c + col * VEC;
+  ShiftedSums acc;
+  acc.shift = to_float(base[begin * c]);
+  float bias[VEC];  // this thread's channels are fixed: their input biases are loaded once
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      shift[k] = to_float(first.v[k]);
-      sum[k] = sumsq[k] = 0.f;
-    }
-  }
+  for (int k = 0; k < VEC; ++k) bias[k] = input_bias_of(input_bias ? input_bias + n * c : nullptr, col * VEC + k);
   int64_t r = begin + row;
   const int64_t step = rows_per_iter;
-  int count = 0;
-  auto add = [&](const Vec<T, VEC>& v) {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float d = to_float(v.v[k]) - shift[k];
-      sum[k] += d;
-      sumsq[k] = fmaf(d, d, sumsq[k]);
-    }
-  };
   for (; r + (kUnroll - 1) * step < end; r += kUnroll * step) {
     Vec<T, VEC> v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) add(v[u]);
-    count += kUnroll;
+    for (int u = 0; u < kUnroll; ++u) acc.add(v[u], bias);
   }
-  for (; r < end; r += step, ++count) add(load_vec<T, VEC>(base + r * c));
-  // Per channel (count, mean, M2) of x + input bias (the bias moves the mean, not the spread), merged
-  // into the thread's (at most) two groups.
-  WelfordStats mine[2] = {{0.f, 0.f, 0.f}, {0.f, 0.f, 0.f}};
-  if (count > 0) {
-    const float cnt = float(count);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float mean_d = sum[k] / cnt;
-      const float bias = input_bias_of(input_bias ? input_bias + n * c : nullptr, c0 + k);
-      const WelfordStats s = {cnt, shift[k] + mean_d + bias, fmaxf(sumsq[k] - sum[k] * mean_d, 0.f)};
-      const int which = (c0 + k) / cg - lo;  // 0 or 1
-      mine[which] = welford_merge(mine[which], s);
-    }
-  }
-  per_thread[0][threadIdx.x] = mine[0];
-  per_thread[1][threadIdx.x] = mine[1];
+  for (; r < end; r += step) acc.add(load_vec<T, VEC>(base + r * c), bias);
+  per_thread[threadIdx.x] = acc.stats();
   __syncthreads();
-  // One thread per group merges the entries of the columns that hold its channels, over all rows.
+  // One thread per group merges the (rows_per_iter x cols_per_group) thread results of the group.
+  const int cols_per_group = c / groups / VEC;
   for (int g = threadIdx.x; g < groups; g += blockDim.x) {
     WelfordStats s = {0.f, 0.f, 0.f};
-    const int first_col = g * cg / VEC, last_col = ((g + 1) * cg - 1) / VEC;
     for (int rr = 0; rr < rows_per_iter; ++rr)
-      for (int column = first_col; column <= last_col; ++column)  // group g is its lo or lo + 1
-        s = welford_merge(s, per_thread[g - column * VEC / cg][rr * threads_per_row + column]);
+      for (int k = 0; k < cols_per_group; ++k)
+        s = welford_merge(s, per_thread[rr * threads_per_row + g * cols_per_group + k]);
     partials[(n * groups + g) * gridDim.x + blockIdx.x] = s;
   }
 }
@@ -281,11 +249,11 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
   const int64_t n = block / gridDim.x;
   const int col = threadIdx.x % threads_per_row;
   const int row = threadIdx.x / threads_per_row;
-  const int c0 = col * VEC, cg = c / groups;
-  float a[VEC], b[VEC];  // this thread's channels are fixed (their groups: at most two)
+  const int c0 = col * VEC;
+  const float2 mr = mean_rstd[n * groups + c0 / (c / groups)];
+  float a[VEC], b[VEC];
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const float2 mr = mean_rstd[n * groups + (c0 + k) / cg];
     scale_shift(gamma, beta, c0 + k, mr, a[k], b[k], input_bias_of(input_bias ? input_bias + n * c : nullptr, c0 + k));
   }
   const int64_t begin = split * chunk;

@@ -19,15 +19,10 @@ namespace gn {
 
 inline int64_t tensor_bytes(const GroupNormArgs& a) { return a.n * a.c * a.hw * elem_bytes(a.dtype); }
 
-// Widest access (at most 16 bytes) such that x and y are aligned for it and every vector stays inside
-// one channel (NCHW), or (NHWC) divides a pixel row of C channels and spans at most two groups (no
-// wider than a group): SD's 10-channel groups (C 320, 960) read 16-byte vectors straddling a group
-// boundary instead of 4-byte ones.
+// Widest access (at most 16 bytes) such that every vector stays inside one channel (NCHW) or
+// one group (NHWC) and x and y are aligned for it.
 inline int pick_vec(const GroupNormArgs& a) {
-  if (a.layout == Layout::nchw) return widest_vec(a.dtype, a.hw, {a.x, a.y});
-  int vec = widest_vec(a.dtype, a.c, {a.x, a.y});
-  while (vec > a.c / a.groups) vec /= 2;
-  return vec;
+  return widest_vec(a.dtype, a.layout == Layout::nchw ? a.hw : a.c / a.groups, {a.x, a.y});
 }
 
 // Streaming stores only pay when y cannot stay in L2 for its consumer anyway.
