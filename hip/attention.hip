@@ -284,12 +284,16 @@ int padded_dim(int64_t head_dim) {
   return 0;
 }
 
-// The heuristic until the tuner says otherwise: the smallest padded head dim that holds the head; up to
-// head dim 80, two query tiles a wave and 64 keys a tile (the registers hold both), beyond it one query
-// tile and 32 keys.
+// The heuristic until the tuner says otherwise (measured on the H200 at SD's shapes,
+// bench/notes/attention.md): the smallest padded head dim that holds the head; two query tiles a wave for
+// long self-attention up to head dim 64 (K / V reads amortised; shorter sequences want the grid of one
+// tile a wave); 64 keys a tile up to head dim 96 unless the keys are few (77 or 154 text tokens waste
+// less padding in tiles of 32), else 32.
 const Instance* pick_instance(const AttentionArgs& a) {
   const int dp = padded_dim(a.head_dim);
-  const int rows = dp <= 80 ? 2 : 1, block_n = dp <= 80 ? 64 : 32;
+  const bool many_keys = a.kv_len > 160;
+  const int rows = dp <= 64 && many_keys && a.q_len >= 2048 ? 2 : 1;
+  const int block_n = dp <= 96 && many_keys ? 64 : 32;
   for (const Instance& inst : kInstances)
     if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.rows == rows && inst.block_n == block_n) return &inst;
   return nullptr;

@@ -162,7 +162,7 @@ def test_instance_refusals_are_named():
     assert any("no attention instance named" in r for r in supports(q, k, v, 0.1, "f16_d64_w9_n1"))
     misaligned = torch.randn(1 + 16 * 64, device="cuda", dtype=torch.float16)[1:].view(1, 16, 1, 64)
     assert any("16-byte" in r for r in supports(misaligned, k, v, 0.1))
-    assert describe(q, k, v, 0.1).startswith("f16_d64_w4_r2_n64 grid=1x1x1")
+    assert describe(q, k, v, 0.1).startswith("f16_d64_w4_r1_n32 grid=1x1x1")
 
 
 @pytest.mark.gpu
