@@ -4,14 +4,15 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python bench/sanitize_kernels.py
 
 Small shapes keep the sanitizers fast; each still takes the multi-block paths (group exchange, split
-statistics, finalize) and the vector widths 8/4/2/1. Results go to bench/results/<date>-sanitizer-*.md.
+statistics, finalize), the vector widths 8/4/2/1, and every attention instance with partial tiles. Results go to bench/results/<date>-sanitizer-*.md.
 """
 import torch
 
+from rocm_sd.ops.attention import attention_kernel, instance_fits, instances
 from rocm_sd.ops.bias_add import bias_residual_kernel
 from rocm_sd.ops.geglu import geglu_kernel
 from rocm_sd.ops.group_norm import group_norm_kernel
-from rocm_sd.ops.layer_norm import layer_norm_kernel
+from rocm_sd.ops.layer_norm import add_layer_norm_kernel, layer_norm_kernel
 
 
 def main() -> None:
@@ -30,9 +31,18 @@ def main() -> None:
     for rows, c in ((64, 320), (7, 33), (3, 2048)):
         x = torch.randn(rows, c, device=dev, dtype=h)
         layer_norm_kernel(x, torch.rand(c, device=dev, dtype=h), None, 1e-5)
+        add_layer_norm_kernel(x, torch.randn_like(x), torch.rand(c, device=dev, dtype=h), None, 1e-5)
         geglu_kernel(torch.randn(rows, 2 * c, device=dev, dtype=h))
     x = torch.randn(2, 64, 16, 16, device=dev, dtype=torch.float32)
     group_norm_kernel(x, 32, None, None, 1e-5, True)
+    # Attention: every instance at its padded head dim, with query and key tails (130 queries, 97 keys)
+    # and packed K / V views.
+    for name in instances():
+        dtype = torch.float16 if name.startswith("f16_") else torch.bfloat16
+        dim = max(d for d in range(8, 161, 8) if instance_fits(name, dtype, d))
+        q = torch.randn(1, 130, 2, dim, device=dev, dtype=dtype)
+        kv = torch.randn(1, 97, 2, 2, dim, device=dev, dtype=dtype)
+        attention_kernel(q, kv[:, :, 0], kv[:, :, 1], dim ** -0.5, instance=name)
     torch.cuda.synchronize()
     print("all kernels ran")
 
