@@ -107,8 +107,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                   steps with the attention through rocm_sd::attention on [B, L, H, D] views (no transpose
                   copies; the output is already the projection's layout). Per shape it runs rocm_sd's
                   flash-attention kernel where `python -m rocm_sd.tune` measured it faster, else PyTorch's
-                  SDPA; on the H200 it is 0.343 vs 0.351 s per SD1.5 image with SDPA throughout
-                  (bench/results/2026-11-21-sd15-34643c4-h200.md).
+                  SDPA; on the H200 it is 0.340 vs 0.348 s per SD1.5 image with SDPA throughout
+                  (bench/results/2026-11-21-sd15-51cf360-h200.md).
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
                   input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
                   Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)
