@@ -217,6 +217,9 @@ def test_fused_resnets_match_within_rounding(arch):
     with config.override(log_fallbacks=False):
         rocm_sd.optimize(pipe, channels_last=False)
         report = rocm_sd.report(pipe)
+        # Every resnet of the VAE decoder is fused, its up blocks' ("group", no time embedding) included.
+        decoder_resnets = [m for m in pipe.vae.decoder.modules() if type(m).__name__ == "ResnetBlock2D"]
+        assert decoder_resnets and all("forward" in m.__dict__ and m.norm1.act == "silu" for m in decoder_resnets)
         fused = run_pipe(pipe, output_type="pt")
     rocm_sd.revert(pipe)
     assert report["unet"]["resnet fused"] > 0 and report["vae"]["resnet fused"] > 0

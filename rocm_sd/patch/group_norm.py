@@ -1,7 +1,8 @@
 """Swaps GroupNorm (+ SiLU) in diffusers models for rocm_sd::group_norm.
 
 Fusions, each only where the module's forward is known to apply the two in sequence:
-  - ResnetBlock2D (time_embedding_norm "default", SiLU nonlinearity): norm1 and norm2 become
+  - ResnetBlock2D (time_embedding_norm "default", or the VAE decoder's "group" without a time embedding;
+    SiLU nonlinearity): norm1 and norm2 become
     GroupNorm+SiLU and `nonlinearity` becomes Identity; the one other use of `nonlinearity`, on the
     time embedding, moves into a forward pre-hook of `time_emb_proj`, so the block computes the same.
   - conv_norm_out followed by conv_act (UNet2DConditionModel, UNet2DModel, the VAE's Encoder and
@@ -15,6 +16,7 @@ from torch import nn
 
 from ..modules.group_norm import GroupNormAct
 from .core import PatchRecord
+from .resnet import plain_time_embedding
 
 # Classes whose forward runs `conv_act(conv_norm_out(x))` and uses conv_act nowhere else.
 NORM_OUT_THEN_ACT = {"UNet2DConditionModel", "UNet2DModel", "Encoder", "Decoder"}
@@ -29,7 +31,7 @@ def _is_plain_group_norm(m) -> bool:
 
 
 def _fuse_resnet(block: nn.Module, record: PatchRecord) -> bool:
-    if not (getattr(block, "time_embedding_norm", None) == "default" and isinstance(block.nonlinearity, nn.SiLU)
+    if not (plain_time_embedding(block) and isinstance(block.nonlinearity, nn.SiLU)
             and _is_plain_group_norm(block.norm1) and _is_plain_group_norm(block.norm2)):
         return False
     record.replace_child(block, "norm1", GroupNormAct.from_group_norm(block.norm1, act="silu"))

@@ -1,6 +1,7 @@
 """ResnetBlock2D with its elementwise passes fused into the kernels around its convolutions.
 
-diffusers' forward (time_embedding_norm "default", no up/down sampling), after the GroupNorm patch:
+diffusers' forward (time_embedding_norm "default", or the VAE's "group" without a time embedding; no
+up/down sampling), after the GroupNorm patch:
     h = silu(norm1(x)); h = conv1(h) [+ bias, a separate broadcast kernel on the cuDNN path]
     h = h + temb; h = silu(norm2(h)); h = conv2(h) [+ bias]; out = (shortcut(x) + h) / scale
 Fused: conv1 and conv2 run without bias; norm2 takes conv1's bias plus the time embedding as its
@@ -24,8 +25,16 @@ def _plain_conv(conv) -> bool:
     return type(conv) is nn.Conv2d and conv.padding_mode == "zeros" and conv.bias is not None
 
 
+def plain_time_embedding(block: nn.Module) -> bool:
+    """Whether the block's forward runs norm2(h [+ time embedding]) then its nonlinearity: mode "default",
+    or any mode but "scale_shift" without a time-embedding projection (the VAE decoder's up blocks are
+    built with "group" and no time embedding: their forward takes the same path)."""
+    mode = getattr(block, "time_embedding_norm", None)
+    return mode == "default" or (mode not in (None, "scale_shift") and getattr(block, "time_emb_proj", 0) is None)
+
+
 def fusable(block: nn.Module) -> bool:
-    return (block.upsample is None and block.downsample is None and block.time_embedding_norm == "default"
+    return (block.upsample is None and block.downsample is None and plain_time_embedding(block)
             and isinstance(block.norm1, GroupNormAct) and block.norm1.act == "silu"
             and isinstance(block.norm2, GroupNormAct) and block.norm2.act == "silu"
             and isinstance(block.nonlinearity, nn.Identity) and _plain_conv(block.conv1) and _plain_conv(block.conv2)
