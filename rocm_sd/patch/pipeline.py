@@ -98,6 +98,9 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
                   convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
                   transformer blocks hand back channels_last without a copy (patch/layout.py).
+                  Turn it off with group_norm: PyTorch's own channels_last GroupNorm is slow enough that
+                  channels_last with group_norm=False decodes slower than eager (VAE 512x512 27.0 vs
+                  20.9 ms on the H200, bench/results/2026-11-21-vae-decode-c44c9e4-h200.md).
       pointwise_gemm  1x1 convolutions (SD1.x's proj_in/proj_out, resnet shortcuts) on channels_last
                   activations as one GEMM with the bias fused, instead of a convolution and a separate
                   bias add (patch/pointwise.py). Different summation order: rounding-level differences.
