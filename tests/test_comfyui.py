@@ -235,9 +235,23 @@ def test_vae_node(comfy, nodes):
     assert optimized is not vae and vae.patcher.object_patches == {}
     assert "decoder.mid.attn_1.optimized_attention" in optimized.patcher.object_patches
     assert "decoder.norm_out" in optimized.patcher.object_patches
+    # The resnet blocks' GroupNorm and the SiLU after it run as one call: norms with SiLU, swish gone.
+    patches = optimized.patcher.object_patches
+    for block in ("decoder.mid.block_1", "decoder.mid.block_2"):
+        assert patches[f"{block}.norm1"].rocm_sd_act == "silu" and patches[f"{block}.norm2"].rocm_sd_act == "silu"
+        assert isinstance(patches[f"{block}.swish"], torch.nn.Identity)
     with torch.inference_mode():
         torch.testing.assert_close(optimized.decode(z), reference, rtol=1e-5, atol=1e-5)
         assert torch.equal(vae.decode(z), reference)  # the original still decodes as before
+
+
+def test_resnet_blocks_with_a_time_embedding_keep_their_own_silu(comfy):
+    # swish also activates the time embedding there: only the norms are swapped, each without SiLU.
+    from comfy.ldm.modules.diffusionmodules.model import ResnetBlock
+
+    swaps = comfy_patch.norm_swaps(ResnetBlock(32, temb_channels=8))
+    assert set(swaps) == {"norm1", "norm2"} and all(m.rocm_sd_act is None for m in swaps.values())
+    assert set(comfy_patch.norm_swaps(ResnetBlock(32))) == {"norm1", "norm2", "swish"}
 
 
 def test_without_rocm_sd_the_nodes_pass_through(comfy, monkeypatch):

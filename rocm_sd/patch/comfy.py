@@ -27,7 +27,9 @@ def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[s
 
     A GroupNorm directly followed by nn.SiLU inside an nn.Sequential is run as one fused call, with the
     SiLU replaced by Identity, except in a ResBlock's out_layers when it uses scale-shift norm (there the
-    SiLU comes after the scale and shift). Every other GroupNorm, and every LayerNorm, is swapped alone.
+    SiLU comes after the scale and shift). So are the VAE ResnetBlock's norm1 and norm2, whose forward
+    applies its `swish` module right after each and nowhere else when the block has no time embedding
+    (no `temb_proj`: the VAE's blocks). Every other GroupNorm, and every LayerNorm, is swapped alone.
     """
     swaps: dict[str, object] = {}
     if group_norm:
@@ -42,6 +44,14 @@ def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[s
                     if isinstance(module, nn.GroupNorm) and type(following) is nn.SiLU:
                         swaps[f"{path}.{name}"] = group_norm_copy(module, "silu", _host_casts)
                         swaps[f"{path}.{next_name}"] = nn.Identity()
+        for name, block in root.named_modules():
+            norms = [getattr(block, n, None) for n in ("norm1", "norm2")]
+            if (type(getattr(block, "swish", None)) is nn.SiLU and not hasattr(block, "temb_proj")
+                    and all(isinstance(norm, nn.GroupNorm) for norm in norms)):
+                prefix = f"{name}." if name else ""
+                swaps[prefix + "norm1"] = group_norm_copy(norms[0], "silu", _host_casts)
+                swaps[prefix + "norm2"] = group_norm_copy(norms[1], "silu", _host_casts)
+                swaps[prefix + "swish"] = nn.Identity()
         for name, module in root.named_modules():
             if isinstance(module, nn.GroupNorm) and name not in swaps:
                 swaps[name] = group_norm_copy(module, None, _host_casts)

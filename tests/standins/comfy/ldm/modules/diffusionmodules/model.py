@@ -42,15 +42,25 @@ class AttnBlock(nn.Module):
 
 
 class ResnetBlock(nn.Module):
-    def __init__(self, channels):
+    """As ComfyUI's: the activation is the module `swish` (an in-place SiLU), also applied to the time
+    embedding when the block has one (`temb_proj`, temb_channels > 0; the VAE's blocks have none)."""
+
+    def __init__(self, channels, temb_channels=0):
         super().__init__()
+        self.swish = nn.SiLU(inplace=True)
         self.norm1, self.norm2 = Normalize(channels), Normalize(channels)
         self.conv1 = ops.disable_weight_init.Conv2d(channels, channels, 3, padding=1)
+        if temb_channels > 0:
+            self.temb_proj = ops.disable_weight_init.Linear(temb_channels, channels)
+        self.dropout = nn.Dropout(0.0, inplace=True)
         self.conv2 = ops.disable_weight_init.Conv2d(channels, channels, 3, padding=1)
 
-    def forward(self, x):
-        h = self.conv1(nonlinearity(self.norm1(x)))
-        return x + self.conv2(nonlinearity(self.norm2(h)))
+    def forward(self, x, temb=None):
+        h = self.conv1(self.swish(self.norm1(x)))
+        if temb is not None:
+            h = h + self.temb_proj(self.swish(temb))[:, :, None, None]
+        h = self.conv2(self.dropout(self.swish(self.norm2(h))))
+        return x + h
 
 
 class Decoder(nn.Module):
@@ -64,5 +74,5 @@ class Decoder(nn.Module):
         self.conv_out = ops.disable_weight_init.Conv2d(channels, 3, 3, padding=1)
 
     def forward(self, z):
-        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
+        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z), None)), None)
         return self.conv_out(nonlinearity(self.norm_out(h)))
