@@ -20,6 +20,16 @@ namespace {
 
 constexpr int kThreads = 256;         // threads per block of the NCHW kernels
 constexpr int kUnroll = 4;            // independent vector loads in flight per thread
+// channels_last rows read vectors no wider than a group: SD's 10-channel groups (C 320, 960) take 4-byte
+// vectors, so the NHWC kernels keep kBytesInFlight per thread in flight instead (16 loads of 4 bytes),
+// enough outstanding reads to cover DRAM latency; not in the 1024-thread instantiations, whose 64
+// registers a thread would spill.
+constexpr int kBytesInFlight = 64;
+template <class T, int VEC, int MAX_THREADS>
+__host__ __device__ constexpr int nhwc_unroll() {
+  return MAX_THREADS <= 512 && kBytesInFlight / (VEC * int(sizeof(T))) > kUnroll ? kBytesInFlight / (VEC * int(sizeof(T)))
+                                                                                  : kUnroll;
+}
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
 constexpr int kMinBlocksPerSm = 2;    // split groups further until the grid covers the GPU twice
 // NHWC blocks hold one pixel row of C / vec threads at least (kMaxThreadsNhwc in group_norm_impl.h).
@@ -142,12 +152,13 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
   for (int k = 0; k < VEC; ++k) bias[k] = input_bias_of(input_bias ? input_bias + n * c : nullptr, col * VEC + k);
   int64_t r = begin + row;
   const int64_t step = rows_per_iter;
-  for (; r + (kUnroll - 1) * step < end; r += kUnroll * step) {
-    Vec<T, VEC> v[kUnroll];
+  constexpr int kU = nhwc_unroll<T, VEC, MAX_THREADS>();
+  for (; r + (kU - 1) * step < end; r += kU * step) {
+    Vec<T, VEC> v[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
+    for (int u = 0; u < kU; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc.add(v[u], bias);
+    for (int u = 0; u < kU; ++u) acc.add(v[u], bias);
   }
   for (; r < end; r += step) acc.add(load_vec<T, VEC>(base + r * c), bias);
   per_thread[threadIdx.x] = acc.stats();
@@ -261,12 +272,13 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
   const int64_t offset = n * hw * c + c0;
   const int64_t step = rows_per_iter;
   int64_t r = begin + row;
-  for (; r + (kUnroll - 1) * step < end; r += kUnroll * step) {
-    Vec<T, VEC> v[kUnroll];
+  constexpr int kU = nhwc_unroll<T, VEC, MAX_THREADS>();
+  for (; r + (kU - 1) * step < end; r += kU * step) {
+    Vec<T, VEC> v[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(x + offset + (r + u * step) * c);
+    for (int u = 0; u < kU; ++u) v[u] = load_vec<T, VEC>(x + offset + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < kU; ++u)
       store_vec(y + offset + (r + u * step) * c, normalize<T, VEC, SILU>(v[u], a, b), streaming);
   }
   for (; r < end; r += step) {
