@@ -49,11 +49,12 @@ def test_optimized_output_and_revert_are_exact_on_cpu(tiny_pipe):
     # On the CPU every op falls back to PyTorch's own ops in the same order: the fused modules and the
     # time-embedding hook must then reproduce the untouched pipeline bit for bit (in the same memory
     # layout: channels_last picks other convolution algorithms, see test_channels_last_flag_and_revert;
-    # and without fuse_resnet, which adds in another order, see test_fused_resnets_match_within_rounding).
+    # and without fuse_resnet and fold_upsample, which add in another order, see
+    # test_fused_resnets_match_within_rounding).
     pipe = tiny_pipe
     reference = run_pipe(pipe)
     with config.override(log_fallbacks=False):
-        rocm_sd.optimize(pipe, channels_last=False, fuse_resnet=False)
+        rocm_sd.optimize(pipe, channels_last=False, fuse_resnet=False, fold_upsample=False)
         optimized = run_pipe(pipe)
     assert rocm_sd.stats()["group_norm"]["torch"] > 0
     rocm_sd.revert(pipe)
@@ -196,7 +197,7 @@ def test_every_architecture_patches_and_reverts_exactly(arch):
     pipe = models.build_sd_pipeline(arch, "cpu", torch.float32)
     reference, reference_image = run_pipe(pipe), run_pipe(pipe, output_type="pt")
     with config.override(log_fallbacks=False):
-        rocm_sd.optimize(pipe, channels_last=False, fuse_resnet=False)
+        rocm_sd.optimize(pipe, channels_last=False, fuse_resnet=False, fold_upsample=False)
         report = rocm_sd.report(pipe)
         optimized, optimized_image = run_pipe(pipe), run_pipe(pipe, output_type="pt")
     rocm_sd.revert(pipe)
@@ -223,6 +224,7 @@ def test_fused_resnets_match_within_rounding(arch):
         fused = run_pipe(pipe, output_type="pt")
     rocm_sd.revert(pipe)
     assert report["unet"]["resnet fused"] > 0 and report["vae"]["resnet fused"] > 0
+    assert report["unet"]["upsample+conv folded"] > 0 and report["vae"]["upsample+conv folded"] > 0
     assert (fused - reference).abs().max() < 1e-4
     assert torch.equal(run_pipe(pipe, output_type="pt"), reference)
 
