@@ -240,9 +240,29 @@ def test_vae_node(comfy, nodes):
     for block in ("decoder.mid.block_1", "decoder.mid.block_2"):
         assert patches[f"{block}.norm1"].rocm_sd_act == "silu" and patches[f"{block}.norm2"].rocm_sd_act == "silu"
         assert isinstance(patches[f"{block}.swish"], torch.nn.Identity)
+    # The upsampler runs the folded 2x2 convolution, sharing the original's convolution (weight patches).
+    assert patches["decoder.up.0.upsample"].conv is vae.first_stage_model.decoder.up[0].upsample.conv
     with torch.inference_mode():
         torch.testing.assert_close(optimized.decode(z), reference, rtol=1e-5, atol=1e-5)
         assert torch.equal(vae.decode(z), reference)  # the original still decodes as before
+
+
+def test_vae_upsampler_folded_and_host_casts_take_comfy_path(comfy, nodes):
+    from comfy.ldm.modules.diffusionmodules.model import Upsample
+
+    module = Upsample(8, with_conv=True)
+    x = torch.randn(2, 8, 5, 6)
+    (folded,) = comfy_patch.upsample_swaps(module).values()
+    with torch.inference_mode():
+        reference = module(x)
+        torch.testing.assert_close(folded(x), reference, rtol=1e-5, atol=1e-5)
+        assert folded.rocm_sd_folded  # the folded kernels were made and cached
+        module.conv.comfy_cast_weights = True  # low-VRAM mode: ComfyUI casts the weights per call
+        assert torch.equal(folded(x), module(x))
+    assert comfy_patch.upsample_swaps(Upsample(8, with_conv=False)) == {}
+    vae = comfy["VAE"]()
+    (optimized,) = nodes.RocmSDOptimizeVAE().optimize(vae, fold_upsample=False)
+    assert "decoder.up.0.upsample" not in optimized.patcher.object_patches
 
 
 def test_resnet_blocks_with_a_time_embedding_keep_their_own_silu(comfy):

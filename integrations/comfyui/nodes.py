@@ -17,7 +17,7 @@ log = logging.getLogger("rocm_sd.comfyui")
 try:
     import torch
 
-    from rocm_sd.patch.comfy import norm_swaps, patch_model_patcher, vae_attention
+    from rocm_sd.patch.comfy import norm_swaps, patch_model_patcher, upsample_swaps, vae_attention
     UNAVAILABLE = None
 except ImportError as exc:  # the node must load in any ComfyUI, even one without rocm_sd installed
     UNAVAILABLE = f"rocm_sd is not importable ({exc}); install it into ComfyUI's Python environment"
@@ -63,7 +63,8 @@ class RocmSDOptimizeModel:
 
 class RocmSDOptimizeVAE:
     """VAE -> VAE: the decoder's GroupNorms and its attention through rocm_sd (the VAE's attention does
-    not go through the model override); the input VAE is not changed."""
+    not go through the model override), and each upsampler's nearest 2x + 3x3 convolution folded into one
+    2x2 convolution at the low resolution; the input VAE is not changed."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -71,14 +72,15 @@ class RocmSDOptimizeVAE:
             "vae": ("VAE",),
             "attention": ("BOOLEAN", {"default": True}),
             "group_norm": ("BOOLEAN", {"default": True}),
+            "fold_upsample": ("BOOLEAN", {"default": True}),
         }}
 
     RETURN_TYPES = ("VAE",)
     FUNCTION = "optimize"
     CATEGORY = CATEGORY
-    DESCRIPTION = "Runs the VAE's GroupNorms and attention through rocm_sd (AMD GPUs)."
+    DESCRIPTION = "Runs the VAE's GroupNorms, attention and upsamplers through rocm_sd (AMD GPUs)."
 
-    def optimize(self, vae, attention=True, group_norm=True):
+    def optimize(self, vae, attention=True, group_norm=True, fold_upsample=True):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the VAE passes through unchanged")
             return (vae,)
@@ -86,6 +88,8 @@ class RocmSDOptimizeVAE:
         patched.patcher = vae.patcher.clone()
         root = vae.first_stage_model
         for path, module in norm_swaps(root, group_norm, layer_norm=False).items():
+            patched.patcher.add_object_patch(path, module)
+        for path, module in (upsample_swaps(root) if fold_upsample else {}).items():
             patched.patcher.add_object_patch(path, module)
         if attention:
             for name, module in root.named_modules():

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from ..attention import attention, heads_first, heads_last, spatial_attention
-from .swap import group_norm_copy, layer_norm_copy
+from .swap import group_norm_copy, layer_norm_copy, upsample_copy
+from .upsample import conv_foldable
 
 
 def _host_casts(module) -> bool:
@@ -60,6 +61,15 @@ def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[s
             if isinstance(module, nn.LayerNorm):
                 swaps[name] = layer_norm_copy(module, _host_casts)
     return swaps
+
+
+def upsample_swaps(root) -> dict[str, object]:
+    """{dotted path: replacement} for the VAE's Upsample modules (nearest 2x interpolation, then a 3x3 `conv`
+    when `with_conv`): the folded 2x2 convolution of patch/upsample.py. Weights ComfyUI casts per call take its
+    own forward."""
+    return {name: upsample_copy(module, _host_casts) for name, module in root.named_modules()
+            if type(module).__name__ == "Upsample" and getattr(module, "with_conv", False)
+            and conv_foldable(getattr(module, "conv", None))}
 
 
 # ---- attention ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Kernel-backed copies of a host app's own norm modules, for hosts that patch by object replacement
+"""Kernel-backed copies of a host app's own modules (norms, upsamplers), for hosts that patch by object replacement
 (ComfyUI's object patches, A1111's module hijacks) rather than by rocm_sd's in-place optimize().
 
 The copy keeps the module's class (a subclass is made on the fly), its attributes and its very
@@ -43,6 +43,28 @@ def _subclass(base: type, kind: str) -> type:
                 return torch.ops.rocm_sd.layer_norm(x, self.weight, self.bias, self.eps)
         _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
     return _SUBCLASSES[key]
+
+
+def _folded_upsample_subclass(base: type) -> type:
+    key = (base, "upsample")
+    if key not in _SUBCLASSES:
+        from .upsample import folded_upsample_conv
+
+        def forward(self, x):
+            if (self.rocm_sd_host_path(self.conv) or x.dim() != 4 or x.dtype != self.conv.weight.dtype
+                    or needs_grad(self.conv, x)):
+                return base.forward(self, x)
+            return folded_upsample_conv(x, self.conv, self.rocm_sd_folded)
+        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
+    return _SUBCLASSES[key]
+
+
+def upsample_copy(module: nn.Module, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
+    """A host's nearest-2x-then-conv upsampler (`conv`, a 3x3 nn.Conv2d, after interpolation) running the folded
+    2x2 convolution of patch/upsample.py, unless host_path(conv)."""
+    new = copy_as(module, _folded_upsample_subclass(type(module)))
+    new.rocm_sd_host_path, new.rocm_sd_folded = host_path, {}
+    return new
 
 
 def copy_as(module: nn.Module, cls: type) -> nn.Module:

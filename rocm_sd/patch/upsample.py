@@ -9,8 +9,9 @@ by one pixel, and four strided copies put each parity's pixels in place (the "pi
 kernels are summed in fp32 and cached per weight version; results differ from diffusers' by rounding.
 
 Covered: diffusers' Upsample2D with a 3x3, stride 1, padding 1 convolution after nearest 2x interpolation
-(the SD UNet's and the VAE decoder's up blocks). Anything else (an explicit output size other than 2x,
-norms, transposed convolutions, autograd) runs diffusers' own forward.
+(the SD UNet's and the VAE decoder's up blocks), and ComfyUI's VAE Upsample through patch/comfy.py. Anything
+else (an explicit output size other than 2x, norms, transposed convolutions, autograd) runs the host's own
+forward.
 """
 from __future__ import annotations
 
@@ -33,12 +34,17 @@ def _conv_of(module: nn.Module):
     return module.conv if module.name == "conv" else module.Conv2d_0
 
 
+def conv_foldable(conv) -> bool:
+    """A 3x3, stride 1, padding 1 convolution (any nn.Conv2d subclass; callers decide which they accept)."""
+    return (isinstance(conv, nn.Conv2d) and conv.kernel_size == (3, 3) and conv.stride == (1, 1)
+            and conv.padding == (1, 1) and conv.dilation == (1, 1) and conv.groups == 1
+            and conv.padding_mode == "zeros")
+
+
 def fusable(module: nn.Module) -> bool:
     conv = getattr(module, "conv", None) if getattr(module, "name", None) == "conv" else getattr(module, "Conv2d_0", None)
     return (module.use_conv and not module.use_conv_transpose and module.interpolate and module.norm is None
-            and type(conv) is nn.Conv2d and conv.kernel_size == (3, 3) and conv.stride == (1, 1)
-            and conv.padding == (1, 1) and conv.dilation == (1, 1) and conv.groups == 1
-            and conv.padding_mode == "zeros")
+            and type(conv) is nn.Conv2d and conv_foldable(conv))
 
 
 def fold_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -52,11 +58,10 @@ def fold_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.cat(blocks).to(weight.dtype)
 
 
-def _folded(module: nn.Module, conv: nn.Conv2d, memory_format) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _folded(cache: dict, conv: nn.Conv2d, memory_format) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The folded kernel and the repeated bias, recomputed when the weights change (e.g. a LoRA is fused)."""
     key = (conv.weight.data_ptr(), conv.weight._version, conv.weight.dtype, conv.weight.device, memory_format,
            None if conv.bias is None else (conv.bias.data_ptr(), conv.bias._version))
-    cache = getattr(module, CACHE_ATTR)
     if cache.get("key") != key:
         cache["weight"] = fold_weight(conv.weight.detach()).contiguous(memory_format=memory_format)
         cache["bias"] = None if conv.bias is None else conv.bias.detach().repeat(4)
@@ -64,24 +69,29 @@ def _folded(module: nn.Module, conv: nn.Conv2d, memory_format) -> tuple[torch.Te
     return cache["weight"], cache["bias"]
 
 
-def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
-    conv = _conv_of(self)
-    n, _, h, w = hidden_states.shape if hidden_states.dim() == 4 else (0, 0, 0, 0)
-    if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
-            or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states)):
-        return type(self).forward(self, hidden_states, output_size, *args, **kwargs)
-    channels_last = hidden_states.is_contiguous(memory_format=torch.channels_last) and not hidden_states.is_contiguous()
+def folded_upsample_conv(x: torch.Tensor, conv: nn.Conv2d, cache: dict) -> torch.Tensor:
+    """conv(nearest_2x(x)) for a 4-D x of conv's dtype, through the folded 2x2 kernels; `cache` keeps them."""
+    n, _, h, w = x.shape
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    weight, bias = _folded(self, conv, memory_format)
-    parities = F.conv2d(hidden_states, weight, bias, padding=1)  # (N, 4 C_out, H + 1, W + 1)
+    weight, bias = _folded(cache, conv, memory_format)
+    parities = F.conv2d(x, weight, bias, padding=1)  # (N, 4 C_out, H + 1, W + 1)
     c = conv.out_channels
-    out = torch.empty((n, c, 2 * h, 2 * w), device=hidden_states.device, dtype=hidden_states.dtype,
-                      memory_format=memory_format)
+    out = torch.empty((n, c, 2 * h, 2 * w), device=x.device, dtype=x.dtype, memory_format=memory_format)
     for a in (0, 1):
         for b in (0, 1):
             block = 2 * a + b
             out[:, :, a::2, b::2].copy_(parities[:, block * c:(block + 1) * c, a:a + h, b:b + w])
     return out
+
+
+def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
+    conv = _conv_of(self)
+    h, w = hidden_states.shape[-2:] if hidden_states.dim() == 4 else (0, 0)
+    if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
+            or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states)):
+        return type(self).forward(self, hidden_states, output_size, *args, **kwargs)
+    return folded_upsample_conv(hidden_states, conv, getattr(self, CACHE_ATTR))
 
 
 def patch_upsamplers(model: nn.Module, record: PatchRecord) -> None:

@@ -1,5 +1,5 @@
 """comfy.ldm.modules.diffusionmodules.model: the VAE's AttnBlock with its per-instance attention function,
-and a decoder reduced to the modules the rocm_sd VAE node touches."""
+ResnetBlock, Upsample, and a decoder reduced to the modules the rocm_sd VAE node touches."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,6 +63,20 @@ class ResnetBlock(nn.Module):
         return x + h
 
 
+class Upsample(nn.Module):
+    """As ComfyUI's: nearest 2x interpolation, then a 3x3 convolution when with_conv."""
+
+    def __init__(self, in_channels, with_conv):
+        super().__init__()
+        self.with_conv = with_conv
+        if with_conv:
+            self.conv = ops.disable_weight_init.Conv2d(in_channels, in_channels, kernel_size=3, stride=1, padding=1)
+
+    def forward(self, x):
+        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        return self.conv(x) if self.with_conv else x
+
+
 class Decoder(nn.Module):
     def __init__(self, channels=16):
         super().__init__()
@@ -70,9 +84,12 @@ class Decoder(nn.Module):
         self.mid = nn.Module()
         self.mid.block_1, self.mid.attn_1, self.mid.block_2 = (ResnetBlock(channels), AttnBlock(channels),
                                                                 ResnetBlock(channels))
+        self.up = nn.ModuleList([nn.Module()])
+        self.up[0].upsample = Upsample(channels, with_conv=True)
         self.norm_out = Normalize(channels)
         self.conv_out = ops.disable_weight_init.Conv2d(channels, 3, 3, padding=1)
 
     def forward(self, z):
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z), None)), None)
+        h = self.up[0].upsample(h)
         return self.conv_out(nonlinearity(self.norm_out(h)))
