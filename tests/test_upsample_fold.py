@@ -63,6 +63,14 @@ def test_weights_changed_in_place_are_refolded_and_other_calls_run_diffusers():
     assert x.grad is not None
 
 
+def test_torch_compile_traces_the_hosts_own_forward():
+    module, x = make()
+    patch_upsamplers(module, PatchRecord())
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), type(module).forward(module, x))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_folded_upsample_on_gpu_at_a_vae_shape(dtype):

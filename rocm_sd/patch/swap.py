@@ -48,11 +48,11 @@ def _subclass(base: type, kind: str) -> type:
 def _folded_upsample_subclass(base: type) -> type:
     key = (base, "upsample")
     if key not in _SUBCLASSES:
-        from .upsample import folded_upsample_conv
+        from .upsample import folded_upsample_conv, tracing
 
         def forward(self, x):
             if (self.rocm_sd_host_path(self.conv) or x.dim() != 4 or x.dtype != self.conv.weight.dtype
-                    or needs_grad(self.conv, x)):
+                    or needs_grad(self.conv, x) or tracing()):
                 return base.forward(self, x)
             return folded_upsample_conv(x, self.conv, self.rocm_sd_folded)
         _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})

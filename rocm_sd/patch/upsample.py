@@ -10,8 +10,8 @@ kernels are summed in fp32 and cached per weight version; results differ from di
 
 Covered: diffusers' Upsample2D with a 3x3, stride 1, padding 1 convolution after nearest 2x interpolation
 (the SD UNet's and the VAE decoder's up blocks), and ComfyUI's VAE Upsample through patch/comfy.py. Anything
-else (an explicit output size other than 2x, norms, transposed convolutions, autograd) runs the host's own
-forward.
+else (an explicit output size other than 2x, norms, transposed convolutions, autograd, torch.compile tracing)
+runs the host's own forward.
 """
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ CACHE_ATTR = "_rocm_sd_folded_conv"
 
 # Which 3x3 kernel rows (or columns) fold into each of the two taps of parity 0 and parity 1.
 _TAPS = {0: ((0,), (1, 2)), 1: ((0, 1), (2,))}
+
+
+def tracing() -> bool:
+    """torch.compile is tracing: the weight cache (data pointers, versions) cannot be traced, and the
+    compiler fuses the upsampling its own way."""
+    return torch.compiler.is_compiling()
 
 
 def _conv_of(module: nn.Module):
@@ -89,7 +95,7 @@ def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **
     conv = _conv_of(self)
     h, w = hidden_states.shape[-2:] if hidden_states.dim() == 4 else (0, 0)
     if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
-            or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states)):
+            or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states) or tracing()):
         return type(self).forward(self, hidden_states, output_size, *args, **kwargs)
     return folded_upsample_conv(hidden_states, conv, getattr(self, CACHE_ATTR))
 
