@@ -229,6 +229,25 @@ def test_fused_resnets_match_within_rounding(arch):
     assert torch.equal(run_pipe(pipe, output_type="pt"), reference)
 
 
+def test_time_projection_takes_the_folded_bias_unless_hooked(tiny_pipe):
+    from rocm_sd.patch.resnet import TIME_BIAS_ATTR
+
+    pipe = tiny_pipe
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, channels_last=False, cuda_graph=False)
+        resnets = [m for m in pipe.unet.modules() if type(m).__name__ == "ResnetBlock2D" and "forward" in m.__dict__]
+        run_pipe(pipe, steps=1)
+        assert resnets and all(getattr(m, TIME_BIAS_ATTR).get("bias") is not None for m in resnets)
+        # A user's hook on the projection (a LoRA tool, a probe) is honoured: the module itself runs.
+        seen = []
+        handle = resnets[0].time_emb_proj.register_forward_hook(lambda *_: seen.append(1))
+        run_pipe(pipe, steps=1)
+        handle.remove()
+        assert seen
+    rocm_sd.revert(pipe)
+    assert all(TIME_BIAS_ATTR not in m.__dict__ for m in resnets)
+
+
 def test_img2img_and_controlnet_pipelines_patch_and_revert():
     # Variants that share the components: the VAE encoder (img2img) and a ControlNet are patched too.
     from diffusers import ControlNetModel, StableDiffusionControlNetPipeline, StableDiffusionImg2ImgPipeline

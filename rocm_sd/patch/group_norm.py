@@ -11,19 +11,14 @@ Every other nn.GroupNorm becomes a plain rocm_sd GroupNorm.
 """
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import nn
 
 from ..modules.group_norm import GroupNormAct
 from .core import PatchRecord
-from .resnet import plain_time_embedding
+from .resnet import plain_time_embedding, silu_input
 
 # Classes whose forward runs `conv_act(conv_norm_out(x))` and uses conv_act nowhere else.
 NORM_OUT_THEN_ACT = {"UNet2DConditionModel", "UNet2DModel", "Encoder", "Decoder"}
-
-
-def _silu_input(module, args):
-    return (F.silu(args[0]),) + tuple(args[1:])
 
 
 def _is_plain_group_norm(m) -> bool:
@@ -38,7 +33,7 @@ def _fuse_resnet(block: nn.Module, record: PatchRecord) -> bool:
     record.replace_child(block, "norm2", GroupNormAct.from_group_norm(block.norm2, act="silu"))
     record.replace_child(block, "nonlinearity", nn.Identity())
     if block.time_emb_proj is not None and not block.skip_time_act:
-        record.add_hook(block.time_emb_proj.register_forward_pre_hook(_silu_input))
+        record.add_hook(block.time_emb_proj.register_forward_pre_hook(silu_input))
     record.counts["group_norm+silu"] += 2
     return True
 

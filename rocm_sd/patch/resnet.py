@@ -5,8 +5,9 @@ up/down sampling), after the GroupNorm patch:
     h = silu(norm1(x)); h = conv1(h) [+ bias, a separate broadcast kernel on the cuDNN path]
     h = h + temb; h = silu(norm2(h)); h = conv2(h) [+ bias]; out = (shortcut(x) + h) / scale
 Fused: conv1 and conv2 run without bias; norm2 takes conv1's bias plus the time embedding as its
-per-(image, channel) input bias (rocm_sd::group_norm input_bias); conv2's bias, the residual add and
-the scale are one rocm_sd::bias_residual. Four fewer passes over the activation per block.
+per-(image, channel) input bias (rocm_sd::group_norm input_bias), conv1's bias folded into the time
+projection's GEMM bias (summed once per weight version); conv2's bias, the residual add and the scale are
+one rocm_sd::bias_residual. Four fewer passes over the activation per block, one fewer small add.
 Same math; the additions happen in another order, so results differ by rounding.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from ..modules.group_norm import GroupNormAct
 from .core import PatchRecord
+from .swap import needs_grad
 
 
 def _plain_conv(conv) -> bool:
@@ -41,15 +43,49 @@ def fusable(block: nn.Module) -> bool:
             and (block.conv_shortcut is None or isinstance(block.conv_shortcut, nn.Conv2d)))
 
 
+TIME_BIAS_ATTR = "_rocm_sd_time_bias"
+
+
+def silu_input(module, args):
+    """The forward pre-hook the GroupNorm patch puts on time_emb_proj: the SiLU the block's nonlinearity
+    applied to the time embedding before it became Identity."""
+    return (F.silu(args[0]),) + tuple(args[1:])
+
+
+def _plain_projection(proj: nn.Module, temb: torch.Tensor) -> bool:
+    """time_emb_proj is a plain nn.Linear (no LoRA wrapper) whose only hook is silu_input, and nothing needs
+    gradients or is being traced: its projection can take the folded bias."""
+    return (type(proj) is nn.Linear and proj.bias is not None and not proj._forward_hooks
+            and all(hook is silu_input for hook in proj._forward_pre_hooks.values())
+            and temb.dtype == proj.weight.dtype and not needs_grad(proj, temb) and not torch.compiler.is_compiling())
+
+
+def _time_bias(block: nn.Module) -> torch.Tensor:
+    """time_emb_proj.bias + conv1.bias, summed in fp32 once per weight version: both are added to every
+    image's projection, so folding them into the GEMM's bias saves one add kernel per block and call."""
+    proj_bias, conv_bias = block.time_emb_proj.bias, block.conv1.bias
+    key = (proj_bias.data_ptr(), proj_bias._version, conv_bias.data_ptr(), conv_bias._version, proj_bias.dtype,
+           proj_bias.device)
+    cache = getattr(block, TIME_BIAS_ATTR)
+    if cache.get("key") != key:
+        cache["bias"] = (proj_bias.detach().float() + conv_bias.detach().float()).to(proj_bias.dtype)
+        cache["key"] = key
+    return cache["bias"]
+
+
 def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
     hidden = _conv_without_bias(self.conv1, self.norm1(input_tensor))
-    if self.time_emb_proj is not None and temb is not None:
+    proj = self.time_emb_proj
+    if proj is not None and temb is not None and _plain_projection(proj, temb):
+        # The projection with conv1's bias folded into its own (the GEMM epilogue adds both).
+        input_bias = F.linear(F.silu(temb) if proj._forward_pre_hooks else temb, proj.weight, _time_bias(self))
+    elif proj is not None and temb is not None:
         # time_emb_proj carries the SiLU pre-hook of the GroupNorm patch (when the block applies one).
-        input_bias = self.time_emb_proj(temb) + self.conv1.bias
+        input_bias = proj(temb) + self.conv1.bias
     else:
         input_bias = self.conv1.bias.expand(hidden.shape[0], -1)
     hidden = self.norm2(hidden, input_bias=input_bias.to(hidden.dtype).contiguous())
@@ -63,5 +99,6 @@ def patch_resnets(model: nn.Module, record: PatchRecord) -> None:
 
     for block in model.modules():
         if type(block) is ResnetBlock2D and fusable(block):
+            record.set_attr(block, TIME_BIAS_ATTR, {})
             record.set_attr(block, "forward", types.MethodType(fused_forward, block))
             record.counts["resnet fused"] += 1
