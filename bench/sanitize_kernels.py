@@ -13,6 +13,7 @@ from rocm_sd.ops.bias_add import bias_residual_kernel
 from rocm_sd.ops.geglu import geglu_kernel
 from rocm_sd.ops.group_norm import group_norm_kernel
 from rocm_sd.ops.layer_norm import add_layer_norm_kernel, layer_norm_kernel
+from rocm_sd.ops.parity_shuffle import parity_shuffle_kernel
 
 
 def main() -> None:
@@ -35,6 +36,9 @@ def main() -> None:
         geglu_kernel(torch.randn(rows, 2 * c, device=dev, dtype=h))
     x = torch.randn(2, 64, 16, 16, device=dev, dtype=torch.float32)
     group_norm_kernel(x, 32, None, None, 1e-5, True)
+    for c in (16, 12, 3):  # vector widths 8, 4 and 1
+        parities = torch.randn(2, 4 * c, 6, 8, device=dev, dtype=h).contiguous(memory_format=torch.channels_last)
+        parity_shuffle_kernel(parities, torch.randn(c, device=dev, dtype=h))
     # Attention: every instance at its padded head dim, with query and key tails (130 queries, 97 keys)
     # and packed K / V views.
     for name in instances():

@@ -184,6 +184,20 @@ PYBIND11_MODULE(_C, m) {
       py::arg("device"));
 
   m.def(
+      "parity_shuffle_forward",
+      [](uintptr_t parities, uintptr_t bias, uintptr_t out, int dtype, int64_t n, int64_t h, int64_t w, int64_t c,
+         uintptr_t stream, int device, bool check_only) {
+        rsd::ParityShuffleArgs a{as_ptr(parities), bias ? as_ptr(bias) : nullptr, as_mut_ptr(out),
+                                 static_cast<rsd::DType>(dtype), n, h, w, c, as_mut_ptr(stream), device};
+        if (check_only) return rsd::parity_shuffle_check(a);
+        raise_if(rsd::parity_shuffle_forward(a));
+        return std::string();
+      },
+      py::arg("parities"), py::arg("bias"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("h"),
+      py::arg("w"), py::arg("c"), py::arg("stream"), py::arg("device"), py::arg("check_only") = false,
+      "The folded upsampling's pixel shuffle with bias (NHWC); with check_only, only why it would refuse (or '').");
+
+  m.def(
       "bias_residual_forward",
       [](uintptr_t x, uintptr_t residual, uintptr_t bias, uintptr_t y, int dtype, int layout, int64_t n, int64_t c,
          int64_t hw, double scale, uintptr_t stream, int device, bool check_only) {

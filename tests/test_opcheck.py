@@ -19,6 +19,9 @@ CASES = {
                                                  torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
                                                  torch.rand(33 if cl else 320, device=device, dtype=dtype),
                                                  torch.randn(33 if cl else 320, device=device, dtype=dtype), 1e-5),
+    "parity_shuffle": lambda device, dtype, cl: (
+        torch.randn(2, 4 * (3 if cl else 16), 5, 6, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last),
+        torch.randn(3 if cl else 16, device=device, dtype=dtype)),
     # attention: separate q, k, v; the `cl` variant is a packed QKV projection's per-head views.
     "attention": lambda device, dtype, cl: (
         tuple(torch.randn(2, 16, 3, 2, 64, device=device, dtype=dtype).unbind(2)) if cl else

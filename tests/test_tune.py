@@ -23,7 +23,7 @@ def test_harvest_records_every_distinct_op_call_of_a_pipeline():
     kw = models.prompt_kwargs(pipe, "a fox")
     calls = harvest(lambda: pipe(**kw, num_inference_steps=2, output_type="np"))
     ops = {call.op for call in calls}
-    assert ops == {"group_norm", "geglu", "layer_norm", "add_layer_norm", "bias_residual", "attention"}
+    assert ops == {"group_norm", "geglu", "layer_norm", "add_layer_norm", "bias_residual", "attention", "parity_shuffle"}
     gn = next(c for c in calls if c.op == "group_norm")
     x = gn.args[0]
     assert isinstance(x, TensorSpec) and x.dtype == torch.float32 and x.stride[1] == 1  # channels_last, as run

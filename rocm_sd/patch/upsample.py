@@ -5,7 +5,8 @@ Nearest 2x upsampling repeats each input pixel in a 2x2 block, so output pixel (
 3x3 convolution sees input rows {i - 1, i} (a = 0) or {i, i + 1} (a = 1), and likewise columns: its 3x3
 taps fold into a 2x2 kernel per parity (a, b) (e.g. for a = 0 the kernel rows are W[0] and W[1] + W[2]).
 The four parities' 2x2 kernels run as one convolution with 4 x C_out output channels over the input padded
-by one pixel, and four strided copies put each parity's pixels in place (the "pixel shuffle"). The folded
+by one pixel, and the "pixel shuffle" puts each parity's pixels in place: rocm_sd::parity_shuffle (one pass,
+with the bias) for channels_last activations, four strided copies otherwise. The folded
 kernels are summed in fp32 and cached per weight version; results differ from diffusers' by rounding.
 
 Covered: diffusers' Upsample2D with a 3x3, stride 1, padding 1 convolution after nearest 2x interpolation
@@ -81,6 +82,8 @@ def folded_upsample_conv(x: torch.Tensor, conv: nn.Conv2d, cache: dict) -> torch
     channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     weight, bias = _folded(cache, conv, memory_format)
+    if channels_last:  # one kernel: the shuffle adds the bias (ops/parity_shuffle.py)
+        return torch.ops.rocm_sd.parity_shuffle(F.conv2d(x, weight, None, padding=1), conv.bias)
     parities = F.conv2d(x, weight, bias, padding=1)  # (N, 4 C_out, H + 1, W + 1)
     c = conv.out_channels
     out = torch.empty((n, c, 2 * h, 2 * w), device=x.device, dtype=x.dtype, memory_format=memory_format)

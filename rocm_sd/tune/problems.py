@@ -26,6 +26,8 @@ from ..ops.group_norm import supports as group_norm_supports
 from ..ops.layer_norm import add_layer_norm_kernel, add_layer_norm_ref, add_layer_norm_supports
 from ..ops.layer_norm import layer_norm_kernel, layer_norm_ref
 from ..ops.layer_norm import supports as layer_norm_supports
+from ..ops.parity_shuffle import parity_shuffle_kernel, parity_shuffle_ref
+from ..ops.parity_shuffle import supports as parity_shuffle_supports
 from ..ops._common import NHWC, layout_of
 from .db import problem_key
 from .harvest import OpCall, TensorSpec
@@ -107,6 +109,12 @@ def _bias_residual_key(x, residual, bias, scale) -> str:
     return problem_key("bias_residual", _dtype(x), _layout(x), N=x.shape[0], C=x.shape[1], HW=_spatial(x))
 
 
+def _parity_shuffle_key(parities, bias) -> str:
+    p = _meta(parities)
+    return problem_key("parity_shuffle", _dtype(p), _layout(p), N=p.shape[0], C=p.shape[1] // 4, H=p.shape[2] - 1,
+                       W=p.shape[3] - 1, bias=int(bias is not None))
+
+
 def _attention_key(q, k, v, scale) -> str:
     q, k = _meta(q), _meta(k)
     return problem_key("attention", _dtype(q), "bshd", B=q.shape[0], H=q.shape[2], Lq=q.shape[1], Lk=k.shape[1],
@@ -135,12 +143,14 @@ OPS: dict[str, OpTuning] = {
     "layer_norm": OpTuning(_layer_norm_key, _one_kernel(layer_norm_ref, layer_norm_kernel), layer_norm_ref),
     "add_layer_norm": OpTuning(_add_layer_norm_key, _one_kernel(add_layer_norm_ref, add_layer_norm_kernel),
                                add_layer_norm_ref),
+    "parity_shuffle": OpTuning(_parity_shuffle_key, _one_kernel(parity_shuffle_ref, parity_shuffle_kernel),
+                               parity_shuffle_ref),
     "bias_residual": OpTuning(_bias_residual_key, _one_kernel(bias_residual_ref, bias_residual_kernel),
                               bias_residual_ref),
 }
 SUPPORTS = {"attention": attention_supports, "group_norm": group_norm_supports, "geglu": geglu_supports,
             "layer_norm": layer_norm_supports, "add_layer_norm": add_layer_norm_supports,
-            "bias_residual": bias_residual_supports}
+            "parity_shuffle": parity_shuffle_supports, "bias_residual": bias_residual_supports}
 
 
 def key_of(call: OpCall) -> str:

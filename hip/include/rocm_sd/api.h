@@ -102,6 +102,20 @@ std::string bias_residual_check(const BiasResidualArgs& a);
 std::string bias_residual_forward(const BiasResidualArgs& a);
 
 // ---------------------------------------------------------------------------------------------
+// parity_shuffle.hip: out[n, 2i + a, 2j + b, c] = parities[n, i + a, j + b, (2a + b) C + c] + bias[c], NHWC
+struct ParityShuffleArgs {
+  const void* parities;  // (N, H + 1, W + 1, 4C) dense
+  const void* bias;      // (C,) or nullptr, dtype of parities
+  void* out;             // (N, 2H, 2W, C) dense
+  DType dtype;
+  int64_t n, h, w, c;    // h, w: the input resolution; c: output channels
+  void* stream;
+  int device;
+};
+std::string parity_shuffle_check(const ParityShuffleArgs& a);
+std::string parity_shuffle_forward(const ParityShuffleArgs& a);
+
+// ---------------------------------------------------------------------------------------------
 // layer_norm.hip: LayerNorm over the last dimension of x, (rows, c) contiguous; with a residual,
 // of sum = x + residual, which is written too (SkipLayerNorm)
 struct LayerNormArgs {

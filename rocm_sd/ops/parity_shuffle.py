@@ -1,0 +1,89 @@
+"""rocm_sd::parity_shuffle: the pixel shuffle of the folded upsampling convolution, with its bias
+(hip/parity_shuffle.hip; rocm_sd/patch/upsample.py makes the parities).
+
+    out[n, c, 2i + a, 2j + b] = parities[n, (2a + b) C + c, i + a, j + b] + bias[c]
+
+parities: (N, 4C, H + 1, W + 1) channels_last, the folded 2x2 convolution's output; out: (N, C, 2H, 2W)
+channels_last. One pass instead of four strided copies and the convolution's bias pass.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _ext, dispatch
+from ._common import DTYPE_CODES, NHWC, PlanCache, kernel_reasons, layout_of, stream_handle, tensor_key, tuned_choice_for
+
+OP = "parity_shuffle"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _output(parities: torch.Tensor) -> torch.Tensor:
+    n, c4, h1, w1 = parities.shape
+    return torch.empty((n, c4 // 4, 2 * (h1 - 1), 2 * (w1 - 1)), device=parities.device, dtype=parities.dtype,
+                       memory_format=torch.channels_last)
+
+
+def parity_shuffle_ref(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Four strided copies (one per output parity), then the bias: the definition, in PyTorch ops."""
+    out = _output(parities)
+    c, h, w = out.shape[1], parities.shape[2] - 1, parities.shape[3] - 1
+    for a in (0, 1):
+        for b in (0, 1):
+            block = 2 * a + b
+            out[:, :, a::2, b::2].copy_(parities[:, block * c:(block + 1) * c, a:a + h, b:b + w])
+    return out if bias is None else out.add_(bias.reshape(1, c, 1, 1))
+
+
+def input_reasons(parities: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
+    reasons = []
+    if parities.dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtype {parities.dtype} (supported: float16, bfloat16, float32)")
+    if parities.dim() != 4 or parities.shape[1] % 4 or parities.shape[2] < 2 or parities.shape[3] < 2:
+        reasons.append(f"parities of shape {tuple(parities.shape)} are not (N, 4C, H + 1, W + 1) with H, W >= 1")
+    elif parities.numel() == 0:
+        reasons.append("empty tensor")
+    elif layout_of(parities) != NHWC or parities.is_contiguous():
+        reasons.append(f"strides {tuple(parities.stride())} are not a dense channels_last layout")
+    if bias is not None and (bias.dim() != 1 or parities.dim() != 4 or bias.shape[0] * 4 != parities.shape[1]
+                             or bias.dtype != parities.dtype or bias.device != parities.device
+                             or not bias.is_contiguous()):
+        reasons.append(f"bias {tuple(bias.shape)} {bias.dtype} is not a contiguous (C,) vector of the input's dtype")
+    return reasons
+
+
+def _args(parities, bias, out):
+    n, c4, h1, w1 = parities.shape
+    return (parities.data_ptr(), bias.data_ptr() if bias is not None else 0, out.data_ptr(), DTYPE_CODES[parities.dtype],
+            n, h1 - 1, w1 - 1, c4 // 4)
+
+
+def supports(parities: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
+    """Reasons the kernel cannot run this call; empty when it can."""
+    return kernel_reasons(parities.device, input_reasons(parities, bias),
+                          lambda: _ext._C.parity_shuffle_forward(*_args(parities, bias, parities), 0,
+                                                                 parities.device.index, True))
+
+
+def parity_shuffle_kernel(parities, bias, out=None):
+    """The HIP kernel itself, no dispatch."""
+    y = _output(parities) if out is None else out
+    _ext._C.parity_shuffle_forward(*_args(parities, bias, y), stream_handle(parities.device), parities.device.index)
+    return y
+
+
+_plans = PlanCache()
+
+
+@torch.library.custom_op("rocm_sd::parity_shuffle", mutates_args=())
+def parity_shuffle(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    key = (tensor_key(parities), tensor_key(bias))
+    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(parities, bias),
+                                                         tuned_choice_for(OP, parities.device, (parities, bias))))
+    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
+        return parity_shuffle_kernel(parities, bias)
+    return parity_shuffle_ref(parities, bias)
+
+
+@parity_shuffle.register_fake
+def _(parities, bias):
+    return _output(parities)
