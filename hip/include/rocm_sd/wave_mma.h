@@ -58,6 +58,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
+// Max / sum of x over the lanes whose ids differ from this lane's only in the bits of kOffsets: the lanes
+// that hold the same query row in a policy's accumulator layout.
+template <int... kOffsets>
+__device__ __forceinline__ float xor_max(float x) {
+  ((x = fmaxf(x, rsd::shfl_xor(x, kOffsets))), ...);
+  return x;
+}
+template <int... kOffsets>
+__device__ __forceinline__ float xor_sum(float x) {
+  ((x += rsd::shfl_xor(x, kOffsets)), ...);
+  return x;
+}
+
 template <class T>
 __device__ __forceinline__ uint16_t bits_of(T v) {
   return *reinterpret_cast<const uint16_t*>(&v);
@@ -172,14 +185,8 @@ struct NvMma16816 {
   }
 
   // Lanes 4g..4g+3 hold the same two rows.
-  __device__ static float row_max(float x) {
-    x = fmaxf(x, rsd::shfl_xor(x, 1));
-    return fmaxf(x, rsd::shfl_xor(x, 2));
-  }
-  __device__ static float row_sum(float x) {
-    x += rsd::shfl_xor(x, 1);
-    return x + rsd::shfl_xor(x, 2);
-  }
+  __device__ static float row_max(float x) { return xor_max<1, 2>(x); }
+  __device__ static float row_sum(float x) { return xor_sum<1, 2>(x); }
 };
 using WaveMma = NvMma16816;
 
@@ -290,14 +297,8 @@ struct CdnaMfma16 {
   __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma<T>(o.v, v.h, p.h); }
 
   // Lanes i, i + 16, i + 32, i + 48 hold the same query.
-  __device__ static float row_max(float x) {
-    x = fmaxf(x, rsd::shfl_xor(x, 16));
-    return fmaxf(x, rsd::shfl_xor(x, 32));
-  }
-  __device__ static float row_sum(float x) {
-    x += rsd::shfl_xor(x, 16);
-    return x + rsd::shfl_xor(x, 32);
-  }
+  __device__ static float row_max(float x) { return xor_max<16, 32>(x); }
+  __device__ static float row_sum(float x) { return xor_sum<16, 32>(x); }
 };
 using WaveMma = CdnaMfma16;
 
@@ -377,8 +378,8 @@ struct Rdna3Wmma16 {
   __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma<T>(o.v, v.h, p.h); }
 
   // Lanes i and i + 16 hold the same query.
-  __device__ static float row_max(float x) { return fmaxf(x, rsd::shfl_xor(x, 16)); }
-  __device__ static float row_sum(float x) { return x + rsd::shfl_xor(x, 16); }
+  __device__ static float row_max(float x) { return xor_max<16>(x); }
+  __device__ static float row_sum(float x) { return xor_sum<16>(x); }
 };
 using WaveMma = Rdna3Wmma16;
 #endif
