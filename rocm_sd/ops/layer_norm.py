@@ -35,7 +35,7 @@ def input_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
     return reasons + param_reasons(x, weight, bias, x.shape[-1] if x.dim() else None)
 
 
-def _args(x, y, weight, bias, eps, residual=None, total=None):
+def _args(x, y, weight, bias, eps):
     params = weight if weight is not None else bias
     c = x.shape[-1]
     return (x.data_ptr(), y.data_ptr(), weight.data_ptr() if weight is not None else 0,
@@ -70,6 +70,12 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
                                                          tuned_choice_for(OP, x.device, (x, weight, bias, eps))))
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return layer_norm_kernel(x, weight, bias, eps)
+    return _torch_layer_norm(x, weight, bias, eps)
+
+
+def _torch_layer_norm(x, weight, bias, eps):
+    """The PyTorch path of both ops, in x's dtype and contiguous as the kernel's output; fp32 parameters with a
+    16-bit input (mixed precision) compute in fp32, as autocast would."""
     params = weight if weight is not None else bias
     if params is not None and params.dtype != x.dtype:
         return layer_norm_ref(x.float(), weight, bias, eps).to(x.dtype).contiguous()
@@ -134,10 +140,7 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     if dispatch.choose(ADD_OP, reasons, tuned) == dispatch.KERNEL:
         return add_layer_norm_kernel(x, residual, weight, bias, eps)
     total = (x + residual).contiguous()
-    params = weight if weight is not None else bias
-    if params is not None and params.dtype != total.dtype:
-        return total, layer_norm_ref(total.float(), weight, bias, eps).to(total.dtype).contiguous()
-    return total, layer_norm_ref(total, weight, bias, eps).contiguous()
+    return total, _torch_layer_norm(total, weight, bias, eps)
 
 
 @add_layer_norm.register_fake
