@@ -3,8 +3,8 @@
 
     out[n, c, 2i + a, 2j + b] = parities[n, (2a + b) C + c, i + a, j + b] + bias[c]
 
-parities: (N, 4C, H + 1, W + 1) channels_last, the folded 2x2 convolution's output; out: (N, C, 2H, 2W)
-channels_last. One pass instead of four strided copies and the convolution's bias pass.
+parities: (N, 4C, H + 1, W + 1), the folded 2x2 convolution's output; out: (N, C, 2H, 2W) in the same
+layout. The kernel takes channels_last: one pass instead of four strided copies and the bias pass.
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _output(parities: torch.Tensor) -> torch.Tensor:
+    """The upsampled image, in the parities' layout (channels_last, which the kernel takes, or NCHW)."""
     n, c4, h1, w1 = parities.shape
+    channels_last = layout_of(parities) == NHWC and not parities.is_contiguous()
     return torch.empty((n, c4 // 4, 2 * (h1 - 1), 2 * (w1 - 1)), device=parities.device, dtype=parities.dtype,
-                       memory_format=torch.channels_last)
+                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def parity_shuffle_ref(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,10 +1,12 @@
 """Reversible edits of a model: every change records how to undo itself."""
 from __future__ import annotations
 
+import types
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 from torch import nn
 
 RECORD_ATTR = "_rocm_sd_record"
@@ -27,6 +29,14 @@ class PatchRecord:
         setattr(obj, name, value)
         self.undo.append(lambda: setattr(obj, name, old) if old is not _MISSING else delattr(obj, name))
 
+    def replace_forward(self, module: nn.Module, forward: Callable, count: str, **state) -> None:
+        """module.forward = `forward` bound to module, with fresh per-module `state` attributes (caches);
+        undo removes both."""
+        for name, value in state.items():
+            self.set_attr(module, name, value)
+        self.set_attr(module, "forward", types.MethodType(forward, module))
+        self.counts[count] += 1
+
     def replace_child(self, parent: nn.Module, name: str, new: nn.Module) -> None:
         old = getattr(parent, name)
         setattr(parent, name, new)
@@ -38,3 +48,15 @@ class PatchRecord:
     def revert(self) -> None:
         while self.undo:
             self.undo.pop()()
+
+
+def derived(store: dict, name: str, sources: tuple, make: Callable[[], torch.Tensor], *extra) -> torch.Tensor:
+    """make(), computed once and kept in store[name] until a source tensor (a weight or bias) is replaced or
+    changed in place (its data pointer or version moves, e.g. a LoRA fused into it) or `extra` changes.
+    For tensors derived from weights (folded kernels, summed biases) that patched forwards would otherwise
+    recompute on every call."""
+    key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in sources) + extra
+    entry = store.get(name)
+    if entry is None or entry[0] != key:
+        entry = store[name] = (key, make())
+    return entry[1]

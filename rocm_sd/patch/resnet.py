@@ -12,14 +12,12 @@ Same math; the additions happen in another order, so results differ by rounding.
 """
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..modules.group_norm import GroupNormAct
-from .core import PatchRecord
+from .core import PatchRecord, derived
 from .swap import needs_grad
 
 
@@ -43,7 +41,7 @@ def fusable(block: nn.Module) -> bool:
             and (block.conv_shortcut is None or isinstance(block.conv_shortcut, nn.Conv2d)))
 
 
-TIME_BIAS_ATTR = "_rocm_sd_time_bias"
+CACHE_ATTR = "_rocm_sd_resnet_cache"  # tensors derived from the block's weights (core.derived)
 
 
 def silu_input(module, args):
@@ -64,13 +62,8 @@ def _time_bias(block: nn.Module) -> torch.Tensor:
     """time_emb_proj.bias + conv1.bias, summed in fp32 once per weight version: both are added to every
     image's projection, so folding them into the GEMM's bias saves one add kernel per block and call."""
     proj_bias, conv_bias = block.time_emb_proj.bias, block.conv1.bias
-    key = (proj_bias.data_ptr(), proj_bias._version, conv_bias.data_ptr(), conv_bias._version, proj_bias.dtype,
-           proj_bias.device)
-    cache = getattr(block, TIME_BIAS_ATTR)
-    if cache.get("key") != key:
-        cache["bias"] = (proj_bias.detach().float() + conv_bias.detach().float()).to(proj_bias.dtype)
-        cache["key"] = key
-    return cache["bias"]
+    return derived(getattr(block, CACHE_ATTR), "time_bias", (proj_bias, conv_bias),
+                   lambda: (proj_bias.detach().float() + conv_bias.detach().float()).to(proj_bias.dtype))
 
 
 def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
@@ -86,8 +79,10 @@ def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *
     elif proj is not None and temb is not None:
         # time_emb_proj carries the SiLU pre-hook of the GroupNorm patch (when the block applies one).
         input_bias = proj(temb) + self.conv1.bias
-    else:
-        input_bias = self.conv1.bias.expand(hidden.shape[0], -1)
+    else:  # no time embedding (the VAE): conv1's bias for every image, made once per batch size
+        bias, n = self.conv1.bias, hidden.shape[0]
+        input_bias = derived(getattr(self, CACHE_ATTR), "conv1_bias_rows", (bias,),
+                             lambda: bias.detach().expand(n, -1).contiguous(), n)
     hidden = self.norm2(hidden, input_bias=input_bias.to(hidden.dtype).contiguous())
     hidden = _conv_without_bias(self.conv2, self.dropout(hidden))
     shortcut = self.conv_shortcut(input_tensor) if self.conv_shortcut is not None else input_tensor
@@ -99,6 +94,4 @@ def patch_resnets(model: nn.Module, record: PatchRecord) -> None:
 
     for block in model.modules():
         if type(block) is ResnetBlock2D and fusable(block):
-            record.set_attr(block, TIME_BIAS_ATTR, {})
-            record.set_attr(block, "forward", types.MethodType(fused_forward, block))
-            record.counts["resnet fused"] += 1
+            record.replace_forward(block, fused_forward, "resnet fused", **{CACHE_ATTR: {}})

@@ -36,6 +36,14 @@ def _subclass(base: type, kind: str) -> type:
                     y = base.forward(self, x)
                     return F.silu(y) if silu else y
                 return torch.ops.rocm_sd.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
+        elif kind == "upsample":
+            from .upsample import folded_upsample_conv
+
+            def forward(self, x):
+                if (self.rocm_sd_host_path(self.conv) or x.dim() != 4 or x.dtype != self.conv.weight.dtype
+                        or needs_grad(self.conv, x) or torch.compiler.is_compiling()):
+                    return base.forward(self, x)
+                return folded_upsample_conv(x, self.conv, self.rocm_sd_folded)
         else:
             def forward(self, x):
                 if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1 or needs_grad(self, x):
@@ -45,24 +53,10 @@ def _subclass(base: type, kind: str) -> type:
     return _SUBCLASSES[key]
 
 
-def _folded_upsample_subclass(base: type) -> type:
-    key = (base, "upsample")
-    if key not in _SUBCLASSES:
-        from .upsample import folded_upsample_conv, tracing
-
-        def forward(self, x):
-            if (self.rocm_sd_host_path(self.conv) or x.dim() != 4 or x.dtype != self.conv.weight.dtype
-                    or needs_grad(self.conv, x) or tracing()):
-                return base.forward(self, x)
-            return folded_upsample_conv(x, self.conv, self.rocm_sd_folded)
-        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
-    return _SUBCLASSES[key]
-
-
 def upsample_copy(module: nn.Module, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
     """A host's nearest-2x-then-conv upsampler (`conv`, a 3x3 nn.Conv2d, after interpolation) running the folded
     2x2 convolution of patch/upsample.py, unless host_path(conv)."""
-    new = copy_as(module, _folded_upsample_subclass(type(module)))
+    new = copy_as(module, _subclass(type(module), "upsample"))
     new.rocm_sd_host_path, new.rocm_sd_folded = host_path, {}
     return new
 

@@ -13,8 +13,6 @@ autograd, 4-D hidden states) run diffusers' own forward.
 """
 from __future__ import annotations
 
-import types
-
 import torch
 from torch import nn
 
@@ -58,5 +56,4 @@ def patch_transformer_blocks(model: nn.Module, record: PatchRecord) -> None:
 
     for block in model.modules():
         if type(block) is BasicTransformerBlock and fusable(block):
-            record.set_attr(block, "forward", types.MethodType(fused_forward, block))
-            record.counts["transformer block fused"] += 1
+            record.replace_forward(block, fused_forward, "transformer block fused")

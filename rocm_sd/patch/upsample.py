@@ -5,8 +5,8 @@ Nearest 2x upsampling repeats each input pixel in a 2x2 block, so output pixel (
 3x3 convolution sees input rows {i - 1, i} (a = 0) or {i, i + 1} (a = 1), and likewise columns: its 3x3
 taps fold into a 2x2 kernel per parity (a, b) (e.g. for a = 0 the kernel rows are W[0] and W[1] + W[2]).
 The four parities' 2x2 kernels run as one convolution with 4 x C_out output channels over the input padded
-by one pixel, and the "pixel shuffle" puts each parity's pixels in place: rocm_sd::parity_shuffle (one pass,
-with the bias) for channels_last activations, four strided copies otherwise. The folded
+by one pixel, and the "pixel shuffle" puts each parity's pixels in place and adds the bias:
+rocm_sd::parity_shuffle (one pass) for channels_last activations, its PyTorch reference otherwise. The folded
 kernels are summed in fp32 and cached per weight version; results differ from diffusers' by rounding.
 
 Covered: diffusers' Upsample2D with a 3x3, stride 1, padding 1 convolution after nearest 2x interpolation
@@ -16,25 +16,18 @@ runs the host's own forward.
 """
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import PatchRecord
+from ..ops.parity_shuffle import parity_shuffle_ref
+from .core import PatchRecord, derived
 from .swap import needs_grad
 
 CACHE_ATTR = "_rocm_sd_folded_conv"
 
 # Which 3x3 kernel rows (or columns) fold into each of the two taps of parity 0 and parity 1.
 _TAPS = {0: ((0,), (1, 2)), 1: ((0, 1), (2,))}
-
-
-def tracing() -> bool:
-    """torch.compile is tracing: the weight cache (data pointers, versions) cannot be traced, and the
-    compiler fuses the upsampling its own way."""
-    return torch.compiler.is_compiling()
 
 
 def _conv_of(module: nn.Module):
@@ -49,7 +42,7 @@ def conv_foldable(conv) -> bool:
 
 
 def fusable(module: nn.Module) -> bool:
-    conv = getattr(module, "conv", None) if getattr(module, "name", None) == "conv" else getattr(module, "Conv2d_0", None)
+    conv = _conv_of(module)
     return (module.use_conv and not module.use_conv_transpose and module.interpolate and module.norm is None
             and type(conv) is nn.Conv2d and conv_foldable(conv))
 
@@ -65,40 +58,25 @@ def fold_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.cat(blocks).to(weight.dtype)
 
 
-def _folded(cache: dict, conv: nn.Conv2d, memory_format) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The folded kernel and the repeated bias, recomputed when the weights change (e.g. a LoRA is fused)."""
-    key = (conv.weight.data_ptr(), conv.weight._version, conv.weight.dtype, conv.weight.device, memory_format,
-           None if conv.bias is None else (conv.bias.data_ptr(), conv.bias._version))
-    if cache.get("key") != key:
-        cache["weight"] = fold_weight(conv.weight.detach()).contiguous(memory_format=memory_format)
-        cache["bias"] = None if conv.bias is None else conv.bias.detach().repeat(4)
-        cache["key"] = key
-    return cache["weight"], cache["bias"]
-
-
 def folded_upsample_conv(x: torch.Tensor, conv: nn.Conv2d, cache: dict) -> torch.Tensor:
-    """conv(nearest_2x(x)) for a 4-D x of conv's dtype, through the folded 2x2 kernels; `cache` keeps them."""
-    n, _, h, w = x.shape
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    weight, bias = _folded(cache, conv, memory_format)
-    if channels_last:  # one kernel: the shuffle adds the bias (ops/parity_shuffle.py)
-        return torch.ops.rocm_sd.parity_shuffle(F.conv2d(x, weight, None, padding=1), conv.bias)
-    parities = F.conv2d(x, weight, bias, padding=1)  # (N, 4 C_out, H + 1, W + 1)
-    c = conv.out_channels
-    out = torch.empty((n, c, 2 * h, 2 * w), device=x.device, dtype=x.dtype, memory_format=memory_format)
-    for a in (0, 1):
-        for b in (0, 1):
-            block = 2 * a + b
-            out[:, :, a::2, b::2].copy_(parities[:, block * c:(block + 1) * c, a:a + h, b:b + w])
-    return out
+    """conv(nearest_2x(x)) for a 4-D x of conv's dtype, through the folded 2x2 kernels; `cache` keeps them
+    (core.derived: refolded when the weights change, e.g. a LoRA is fused)."""
+    memory_format = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() \
+        else torch.contiguous_format
+    weight = derived(cache, "folded_weight", (conv.weight,),
+                     lambda: fold_weight(conv.weight.detach()).contiguous(memory_format=memory_format), memory_format)
+    parities = F.conv2d(x, weight, None, padding=1)  # (N, 4 C_out, H + 1, W + 1), x's layout
+    if memory_format == torch.channels_last:  # one kernel, the bias added on the way
+        return torch.ops.rocm_sd.parity_shuffle(parities, conv.bias)
+    return parity_shuffle_ref(parities, conv.bias)  # NCHW: the kernel takes channels_last only
 
 
 def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
     conv = _conv_of(self)
     h, w = hidden_states.shape[-2:] if hidden_states.dim() == 4 else (0, 0)
     if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
-            or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states) or tracing()):
+            or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states)
+            or torch.compiler.is_compiling()):  # the weight cache cannot be traced; the compiler fuses its own way
         return type(self).forward(self, hidden_states, output_size, *args, **kwargs)
     return folded_upsample_conv(hidden_states, conv, getattr(self, CACHE_ATTR))
 
@@ -108,6 +86,4 @@ def patch_upsamplers(model: nn.Module, record: PatchRecord) -> None:
 
     for module in model.modules():
         if type(module) is Upsample2D and fusable(module):
-            record.set_attr(module, CACHE_ATTR, {})
-            record.set_attr(module, "forward", types.MethodType(fused_forward, module))
-            record.counts["upsample+conv folded"] += 1
+            record.replace_forward(module, fused_forward, "upsample+conv folded", **{CACHE_ATTR: {}})
