@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
-from rocm_sd.ops.attention import attention_kernel, attention_ref, describe, instances, supports  # noqa: E402
+from rocm_sd.ops.attention import attention_kernel, attention_ref, describe, instance_fits, instances, supports  # noqa: E402
 from tests.shapes import ATTENTION_SD  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def main() -> None:
         heuristic = describe(q, k, v, scale).split()[0]
         per_instance = {}
         for name in instances():
-            if not supports(q, k, v, scale, name):
+            if instance_fits(name, dtype, dim) and not supports(q, k, v, scale, name):
                 per_instance[name] = timed(lambda *a, _n=name: attention_kernel(*a, instance=_n), inputs)
         best = min(per_instance, key=per_instance.get)
         tf = lambda ms: flops / ms / 1e9  # noqa: E731

@@ -43,7 +43,7 @@ def main() -> None:
     # and packed K / V views.
     for name in instances():
         dtype = torch.float16 if name.startswith("f16_") else torch.bfloat16
-        dim = max(d for d in range(8, 161, 8) if instance_fits(name, dtype, d))
+        dim = max(d for d in range(8, 513, 8) if instance_fits(name, dtype, d))
         q = torch.randn(1, 130, 2, dim, device=dev, dtype=dtype)
         kv = torch.randn(1, 97, 2, 2, dim, device=dev, dtype=dtype)
         attention_kernel(q, kv[:, :, 0], kv[:, :, 1], dim ** -0.5, instance=name)

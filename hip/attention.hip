@@ -13,8 +13,9 @@
 // when the max grows), so no Lq x Lk matrix exists anywhere. The head dim is zero-padded in shared
 // memory to DP, a multiple of 16 (SD1.5's 40 runs as 48).
 //
-// Instances (padded head dim x block shape x dtype) are listed by attention_instances() for the tuner;
-// without one named, the heuristic in pick_instance() chooses.
+// Head dims above 160 (the VAE's 512) run the wide family instead (attention_wide.hip), whose waves split
+// the head dim. Instances of both (padded head dim x block shape x dtype) are listed by
+// attention_instances() for the tuner; without one named, the heuristic in pick_instance() chooses.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -24,42 +25,19 @@
 #include <string>
 #include <vector>
 
-#include "rocm_sd/api.h"
-#include "rocm_sd/common.h"
-#include "rocm_sd/compat.h"
+#include "rocm_sd/attention_impl.h"
 #include "rocm_sd/device.h"
-#include "rocm_sd/launch.h"
 #include "rocm_sd/wave_mma.h"
 
 namespace rsd {
 namespace {
 
-constexpr int kMaxHeadDim = 160;
+using attn::Instance;
+using attn::load_rows;
+using attn::Params;
 
-template <class T>
-struct AttentionParams {
-  const T* q;
-  const T* k;
-  const T* v;
-  T* out;
-  int64_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];
-  int q_len, kv_len, head_dim;
-  float scale_log2;  // scale * log2(e): the softmax runs on exp2
-};
-
-// rows x DP elements from global (row stride `stride`, 16-byte vectors) into shared rows of LD elements,
-// asynchronously where the target can (compat.h). Rows at or past `valid` and columns at or past head_dim
-// are written as zeros: padding that Q K^T and P V then ignore, and finite V rows for a zero probability.
-template <class T, int DP, int LD>
-__device__ __forceinline__ void load_rows(T* smem, const T* src, int64_t stride, int valid, int rows, int head_dim,
-                                          int tid, int threads) {
-  constexpr int kVectors = DP / 8;
-  for (int idx = tid; idx < rows * kVectors; idx += threads) {
-    const int row = idx / kVectors, col = (idx % kVectors) * 8;
-    const bool inside = row < valid && col < head_dim;
-    copy16_async(smem + row * LD + col, inside ? src + row * stride + col : src, inside);
-  }
-}
+constexpr int kMaxNarrowDim = 160;  // the narrow family's largest padded head dim
+constexpr int kMaxHeadDim = 512;    // the wide family's
 
 // Shared-memory stages: two (the next K and V tiles load while this one computes) where two fit in the
 // 48 KiB of static shared memory every target grants, else one.
@@ -69,7 +47,7 @@ __host__ __device__ constexpr int stages_for() {
 }
 
 template <class T, int DP, int kWaves, int kRows, int kBlockN>
-__global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const AttentionParams<T> p) {
+__global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Params<T> p) {
 #if defined(RSD_HAS_WAVE_MMA)
   using Mma = WaveMma;
   constexpr int LD = DP + 8;  // 16 bytes of padding: rows start on different banks
@@ -231,39 +209,15 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Atte
 
 // ---- instances ------------------------------------------------------------------------------------
 
-struct Instance {
-  const char* name;
-  DType dtype;
-  int padded_dim, waves, rows, block_n;  // rows: 16-query tiles per wave
-
-  int block_m() const { return 16 * rows * waves; }
-  void (*launch)(const AttentionArgs&, int wave_size, hipStream_t);
-};
-
 template <class T, int DP, int kWaves, int kRows, int kBlockN>
 void launch_instance(const AttentionArgs& a, int wave_size, hipStream_t stream) {
-  AttentionParams<T> p;
-  p.q = static_cast<const T*>(a.q);
-  p.k = static_cast<const T*>(a.k);
-  p.v = static_cast<const T*>(a.v);
-  p.out = static_cast<T*>(a.out);
-  for (int i = 0; i < 3; ++i) {
-    p.q_stride[i] = a.q_stride[i];
-    p.k_stride[i] = a.k_stride[i];
-    p.v_stride[i] = a.v_stride[i];
-    p.out_stride[i] = a.out_stride[i];
-  }
-  p.q_len = int(a.q_len);
-  p.kv_len = int(a.kv_len);
-  p.head_dim = int(a.head_dim);
-  p.scale_log2 = a.scale * 1.4426950408889634f;
   const dim3 grid(unsigned(ceil_div(a.q_len, 16 * kRows * kWaves)), unsigned(a.heads), unsigned(a.batch));
-  attention_kernel<T, DP, kWaves, kRows, kBlockN><<<grid, kWaves * wave_size, 0, stream>>>(p);
+  attention_kernel<T, DP, kWaves, kRows, kBlockN><<<grid, kWaves * wave_size, 0, stream>>>(attn::make_params<T>(a));
 }
 
 #define RSD_ATTENTION_INSTANCE(TYPE, CODE, DP, WAVES, ROWS, BLOCK_N)                                        \
   Instance {                                                                                             \
-    #CODE "_d" #DP "_w" #WAVES "_r" #ROWS "_n" #BLOCK_N, DType::CODE, DP, WAVES, ROWS, BLOCK_N,              \
+    #CODE "_d" #DP "_w" #WAVES "_r" #ROWS "_n" #BLOCK_N, DType::CODE, DP, WAVES, ROWS, BLOCK_N, 16 * ROWS * WAVES, \
         &launch_instance<TYPE, DP, WAVES, ROWS, BLOCK_N>                                                 \
   }
 #define RSD_ATTENTION_SHAPE(DP, ROWS, BLOCK_N) \
@@ -274,12 +228,24 @@ void launch_instance(const AttentionArgs& a, int wave_size, hipStream_t stream) 
 // self-attentions), with 32 keys up to 96.
 #define RSD_ATTENTION_DIM_R2(DP) RSD_ATTENTION_DIM(DP), RSD_ATTENTION_SHAPE(DP, 2, 64), RSD_ATTENTION_SHAPE(DP, 2, 32)
 
-const Instance kInstances[] = {RSD_ATTENTION_DIM_R2(32), RSD_ATTENTION_DIM_R2(48), RSD_ATTENTION_DIM_R2(64),
-                               RSD_ATTENTION_DIM_R2(80), RSD_ATTENTION_DIM(96),
-                               RSD_ATTENTION_DIM(128),   RSD_ATTENTION_DIM(160)};
+const Instance kNarrow[] = {RSD_ATTENTION_DIM_R2(32), RSD_ATTENTION_DIM_R2(48), RSD_ATTENTION_DIM_R2(64),
+                            RSD_ATTENTION_DIM_R2(80), RSD_ATTENTION_DIM(96),
+                            RSD_ATTENTION_DIM(128),   RSD_ATTENTION_DIM(160)};
+
+// Both families, narrow first.
+const std::vector<Instance>& all_instances() {
+  static const std::vector<Instance> all = [] {
+    std::vector<Instance> list(std::begin(kNarrow), std::end(kNarrow));
+    int wide_count = 0;
+    const Instance* wide = attn::wide_instances(&wide_count);
+    list.insert(list.end(), wide, wide + wide_count);
+    return list;
+  }();
+  return all;
+}
 
 int padded_dim(int64_t head_dim) {
-  for (int dp : {32, 48, 64, 80, 96, 128, 160})
+  for (int dp : {32, 48, 64, 80, 96, 128, 160, 512})
     if (head_dim <= dp) return dp;
   return 0;
 }
@@ -288,20 +254,24 @@ int padded_dim(int64_t head_dim) {
 // bench/notes/attention.md): the smallest padded head dim that holds the head; two query tiles a wave for
 // long self-attention up to head dim 64 (K / V reads amortised; shorter sequences want the grid of one
 // tile a wave); 64 keys a tile up to head dim 96 unless the keys are few (77 or 154 text tokens waste
-// less padding in tiles of 32), else 32.
+// less padding in tiles of 32), else 32. Head dims above 160: the wide family's 4 waves of 128 dims with two
+// query tiles (the most work per barrier; 1.15x / 1.05x SDPA at the VAE's 4096 / 16384 tokens on the H200).
 const Instance* pick_instance(const AttentionArgs& a) {
   const int dp = padded_dim(a.head_dim);
   const bool many_keys = a.kv_len > 160;
-  const int rows = dp <= 64 && many_keys && a.q_len >= 2048 ? 2 : 1;
-  const int block_n = dp <= 96 && many_keys ? 64 : 32;
-  for (const Instance& inst : kInstances)
-    if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.rows == rows && inst.block_n == block_n) return &inst;
+  int waves = 4, rows = dp <= 64 && many_keys && a.q_len >= 2048 ? 2 : 1;
+  int block_n = dp <= 96 && many_keys ? 64 : 32;
+  if (dp > kMaxNarrowDim) rows = 2, block_n = 16;
+  for (const Instance& inst : all_instances())
+    if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.waves == waves && inst.rows == rows &&
+        inst.block_n == block_n)
+      return &inst;
   return nullptr;
 }
 
 const Instance* find_instance(const AttentionArgs& a, std::string* why) {
   if (a.instance.empty()) return pick_instance(a);
-  for (const Instance& inst : kInstances) {
+  for (const Instance& inst : all_instances()) {
     if (a.instance != inst.name) continue;
     if (inst.dtype != a.dtype) *why = "instance " + a.instance + " is for another dtype";
     else if (inst.padded_dim < a.head_dim) *why = "instance " + a.instance + " holds a smaller head dim";
@@ -347,7 +317,7 @@ bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 &&
 
 std::vector<std::string> attention_instances() {
   std::vector<std::string> names;
-  for (const Instance& inst : kInstances) names.emplace_back(inst.name);
+  for (const Instance& inst : all_instances()) names.emplace_back(inst.name);
   return names;
 }
 
@@ -357,7 +327,7 @@ std::string attention_check(const AttentionArgs& a) {
   if (a.head_dim % 8 != 0) return "head dim " + std::to_string(a.head_dim) + " is not a multiple of 8";
   if (a.head_dim > kMaxHeadDim)
     return "head dim " + std::to_string(a.head_dim) + " > " + std::to_string(kMaxHeadDim) +
-           " (the accumulators would not fit in registers)";
+           " (the wide family holds at most 512)";
   if (a.batch > 65535 || a.heads > 65535) return "batch or heads > 65535 (grid limit)";
   if (a.q_len >= (int64_t(1) << 30) || a.kv_len >= (int64_t(1) << 30)) return "sequence of 2^30 or more";
   if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return "scale is not a positive finite number";
@@ -381,7 +351,7 @@ std::string attention_describe(const AttentionArgs& a) {
   if (!why.empty()) return "error: " + why;
   std::string unused;
   const Instance* inst = find_instance(a, &unused);
-  return std::string(inst->name) + " grid=" + std::to_string(ceil_div(a.q_len, inst->block_m())) + "x" +
+  return std::string(inst->name) + " grid=" + std::to_string(ceil_div(a.q_len, inst->block_m)) + "x" +
          std::to_string(a.heads) + "x" + std::to_string(a.batch);
 }
 

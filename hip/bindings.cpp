@@ -232,7 +232,7 @@ PYBIND11_MODULE(_C, m) {
       "check_only, only says why the kernel would refuse (or '').");
 
   m.def("attention_instances", &rsd::attention_instances,
-        "Names of the compiled attention instances: dtype, padded head dim, waves of 16 queries, keys per tile.");
+        "Names of the compiled attention instances: dtype, padded head dim, waves, 16-query tiles a wave, keys a tile.");
 
   m.def(
       "attention",

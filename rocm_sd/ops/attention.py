@@ -25,7 +25,8 @@ from ._common import DTYPE_CODES, PlanCache, kernel_reasons, stream_handle, tens
 
 OP = "attention"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-MAX_HEAD_DIM = 160  # kMaxHeadDim in hip/attention.hip
+MAX_HEAD_DIM = 512  # kMaxHeadDim in hip/attention.hip
+MAX_NARROW_HEAD_DIM = 160  # above it the wide family runs (hip/attention_wide.hip)
 
 
 def default_scale(q: torch.Tensor) -> float:
@@ -99,8 +100,12 @@ def instances() -> list[str]:
 
 
 def instance_fits(name: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether instance `name` ("f16_d64_w4_r2_n64": dtype, padded head dim, ...) takes this dtype and head dim."""
+    """Whether instance `name` ("f16_d64_w4_r2_n64": dtype, padded head dim, ...) takes this dtype and head dim.
+    Wide instances ("..._wide") would run any head dim they hold, but are candidates only above the narrow
+    family's range, where nothing else can."""
     code, padded = name.split("_")[:2]
+    if name.endswith("_wide") and head_dim <= MAX_NARROW_HEAD_DIM:
+        return False
     return code == {torch.float16: "f16", torch.bfloat16: "bf16"}.get(dtype) and int(padded[1:]) >= head_dim
 
 

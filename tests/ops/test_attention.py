@@ -63,7 +63,7 @@ def test_host_entry_point_matches_sdpa_with_and_without_mask():
 
 @pytest.mark.parametrize("case, expected", [
     ("float32", "dtypes torch.float32"), ("mixed", "dtypes torch.float16, torch.bfloat16"),
-    ("dim", "head dim 512"), ("odd_dim", "head dim 36"), ("heads", "batch, heads, head dim"),
+    ("dim", "head dim 520"), ("odd_dim", "head dim 36"), ("heads", "batch, heads, head dim"),
     ("v_dim", "v head dim 32"), ("empty", "empty tensor"), ("strided_dim", "head dim is not contiguous"),
     ("scale", "scale nan"), ("rank", "must be 4-D"),
 ])
@@ -75,7 +75,7 @@ def test_unsupported_arguments_are_named(case, expected):
     elif case == "mixed":
         k = k.bfloat16()
     elif case == "dim":
-        q, k, v = make_qkv(1, 4, 4, 1, 512, torch.float16, "cpu")
+        q, k, v = make_qkv(1, 4, 4, 1, 520, torch.float16, "cpu")
     elif case == "odd_dim":
         q, k, v = (t[..., :36] for t in (q, k, v))
     elif case == "heads":
@@ -108,6 +108,7 @@ def test_tuning_problem_key_and_candidates():
     key = problems.OPS["attention"].key(q, k, v, 0.1)
     assert key.startswith("attention|float16|bshd|") and "Lq=16" in key and "Lk=77" in key and "D=40" in key
     assert instance_fits("f16_d48_w4_r1_n64", torch.float16, 40) and instance_fits("bf16_d160_w4_r1_n32", torch.bfloat16, 160)
+    assert instance_fits("f16_d512_w4_r1_n16_wide", torch.float16, 512) and instance_fits("f16_d512_w8_r1_n16_wide", torch.float16, 168)
     assert not instance_fits("f16_d32_w4_r2_n64", torch.float16, 40) and not instance_fits("bf16_d48_w4_r1_n64", torch.float16, 40)
     assert not instance_fits("f16_d64_w4_r1_n64", torch.float32, 64)
     candidates = problems.OPS["attention"].candidates(q, k, v, 0.1)
@@ -140,7 +141,8 @@ def test_kernel_matches_truth(shape, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2, 1024, 1024, 8, 40), (1, 77, 77, 3, 64), (2, 256, 256, 4, 160)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 8, 40), (1, 77, 77, 3, 64), (2, 256, 256, 4, 160),
+                                   (1, 300, 300, 2, 512)], ids=str)
 def test_kernel_takes_packed_qkv_views(shape):
     check_kernel(shape, torch.float16, packed=True)
 
@@ -149,7 +151,7 @@ def test_kernel_takes_packed_qkv_views(shape):
 def test_every_instance_is_correct():
     for name in instances():
         dtype = torch.float16 if name.startswith("f16_") else torch.bfloat16
-        fitting = [dim for dim in range(8, 161, 8) if instance_fits(name, dtype, dim)]
+        fitting = [dim for dim in range(8, 513, 8) if instance_fits(name, dtype, dim)]
         for dim in {fitting[-1], fitting[-2]}:  # the padded head dim itself, and one padded by 8
             check_kernel((1, 130, 97, 2, dim), dtype, instance=name)
 
@@ -163,6 +165,9 @@ def test_instance_refusals_are_named():
     misaligned = torch.randn(1 + 16 * 64, device="cuda", dtype=torch.float16)[1:].view(1, 16, 1, 64)
     assert any("16-byte" in r for r in supports(misaligned, k, v, 0.1))
     assert describe(q, k, v, 0.1).startswith("f16_d64_w4_r1_n32 grid=1x1x1")
+    wide = make_qkv(1, 4096, 4096, 1, 512, torch.float16, "cuda")  # the VAE's mid-block at 512x512
+    assert describe(*wide, 0.1).startswith("f16_d512_w4_r2_n16_wide grid=128x1x1")
+    assert any("smaller head dim" in r for r in supports(*wide, 0.1, "f16_d160_w4_r1_n32"))
 
 
 @pytest.mark.gpu

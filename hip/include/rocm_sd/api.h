@@ -151,8 +151,8 @@ struct AttentionArgs {
   int device;
   std::string instance;  // a name from attention_instances(), or empty for the documented heuristic
 };
-// Every compiled instance, named by its parameters: "f16_d64_w4_n64" (dtype, padded head dim, waves of 16
-// queries per block, keys per tile).
+// Every compiled instance, named by its parameters: "f16_d64_w4_r2_n64" (dtype, padded head dim, waves a
+// block, 16-query tiles a wave, keys a tile); the wide family (head dims above 160) ends in "_wide".
 std::vector<std::string> attention_instances();
 std::string attention_check(const AttentionArgs& a);
 // The instance and grid these arguments get, or "error: ...".
