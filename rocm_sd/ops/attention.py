@@ -33,11 +33,44 @@ def default_scale(q: torch.Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+# ROCm builds of PyTorch have long had no fused SDPA kernel above head dim 256 (pytorch/pytorch#148850), so SDPA
+# takes its math path there and materialises every score: 2.4 GB at the VAE mid-block of a 1024x1024 decode,
+# ~24 GB at 2048x2048 (ComfyUI turns PyTorch attention off for AMD VAEs for this reason). There the PyTorch
+# path runs in query chunks whose scores (and their fp32 softmax) stay within SCORE_BUDGET_BYTES.
+CHUNKED_ABOVE_HEAD_DIM = 256
+SCORE_BUDGET_BYTES = 256 << 20
+
+
+def _sdpa(q, k, v, scale):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+
+
+def query_chunk(q: torch.Tensor, kv_len: int, budget_bytes: int) -> int:
+    """Queries a chunk may hold so that its scores, stored and softmaxed in fp32, fit in `budget_bytes`."""
+    batch, _, heads, _ = q.shape
+    per_query = batch * heads * kv_len * (q.element_size() + 4)
+    return max(1, budget_bytes // max(1, per_query))
+
+
+def default_score_budget(head_dim: int, device_type: str, hip: bool) -> int | None:
+    """SCORE_BUDGET_BYTES where SDPA would materialise every score (ROCm GPUs above head dim 256), else None."""
+    return SCORE_BUDGET_BYTES if hip and device_type == "cuda" and head_dim > CHUNKED_ABOVE_HEAD_DIM else None
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  budget_bytes: int | None = None) -> torch.Tensor:
     """PyTorch's SDPA on the same [B, L, H, D] views; contiguous [B, Lq, H, D] out (float64 works: the
-    math path, the tuner's truth)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
-    return out.transpose(1, 2).contiguous()
+    math path, the tuner's truth). In query chunks when `budget_bytes` is given, or by default on ROCm above
+    head dim 256 (see SCORE_BUDGET_BYTES): the same result, chunk by chunk."""
+    if budget_bytes is None:
+        budget_bytes = default_score_budget(q.shape[-1], q.device.type, torch.version.hip is not None)
+    chunk = query_chunk(q, k.shape[1], budget_bytes) if budget_bytes is not None else q.shape[1]
+    if chunk >= q.shape[1]:
+        return _sdpa(q, k, v, scale).transpose(1, 2).contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for start in range(0, q.shape[1], chunk):
+        out[:, start:start + chunk] = _sdpa(q[:, start:start + chunk], k, v, scale).transpose(1, 2)
+    return out
 
 
 def input_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> list[str]:

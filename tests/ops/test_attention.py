@@ -41,6 +41,25 @@ def test_reference_is_sdpa_in_bshd_layout():
     assert torch.allclose(attention_ref(q.double(), k.double(), v.double(), 0.3), truth, atol=1e-12)
 
 
+def test_query_chunks_bound_the_scores_and_give_the_same_result():
+    from rocm_sd.ops.attention import SCORE_BUDGET_BYTES, default_score_budget, query_chunk
+
+    q, k, v = make_qkv(2, 37, 23, 3, 16, torch.float64, "cpu")
+    per_query = 2 * 3 * 23 * (8 + 4)
+    assert query_chunk(q, 23, 5 * per_query) == 5 and query_chunk(q, 23, 1) == 1
+    whole = attention_ref(q, k, v, 0.3)
+    for budget in (1, 5 * per_query, 36 * per_query):  # one query a chunk, 5 (a partial last chunk), 36
+        chunked = attention_ref(q, k, v, 0.3, budget_bytes=budget)
+        assert chunked.is_contiguous() and torch.allclose(chunked, whole, rtol=0, atol=1e-12), budget
+    # The default: chunks only where SDPA has no fused kernel (ROCm GPUs above head dim 256).
+    assert default_score_budget(512, "cuda", hip=True) == SCORE_BUDGET_BYTES
+    assert default_score_budget(256, "cuda", hip=True) is None and default_score_budget(512, "cuda", hip=False) is None
+    assert default_score_budget(512, "cpu", hip=True) is None
+    # The VAE mid-block of a 1024x1024 decode: 16384 queries in chunks of at most 256 MB of scores.
+    vae = torch.empty(1, 16384, 1, 512, dtype=torch.float16, device="meta")
+    assert query_chunk(vae, 16384, SCORE_BUDGET_BYTES) * 16384 * 6 <= SCORE_BUDGET_BYTES
+
+
 def test_cpu_call_takes_sdpa_untuned_without_notice():
     q, k, v = make_qkv(1, 9, 9, 2, 8, torch.float32, "cpu", packed=True)
     with config.override(strict=True):  # an untuned shape's SDPA is a policy, not a fallback: no error
