@@ -60,9 +60,10 @@ def test_hip_sources_compile_for_amd_and_contain_kernels(tmp_path):
         wave = 64 if target.startswith("gfx9") else 32
         assert f".wavefront_size: {wave}" in asm, f"{target}: expected wave{wave} code"
         assert "global_load_dwordx4" in asm, f"{target}: no 16-byte loads in the GroupNorm kernels"
-        attention = (tmp_path / f"attention-{target}.s").read_text()
-        if target in ("gfx90a", "gfx940"):  # CDNA: the flash-attention kernel runs on MFMA
-            assert "v_mfma_f32_16x16x16" in attention, f"{target}: attention without MFMA instructions"
+        for family in ("attention", "attention_wide"):
+            attention = (tmp_path / f"{family}-{target}.s").read_text()
+            if target in ("gfx90a", "gfx940"):  # CDNA: the flash-attention kernels run on MFMA
+                assert "v_mfma_f32_16x16x16" in attention, f"{target}: {family} without MFMA instructions"
 
 
 def test_attention_compiles_for_rdna3_wmma(tmp_path):
@@ -70,12 +71,13 @@ def test_attention_compiles_for_rdna3_wmma(tmp_path):
     # the attention kernel needs none (-nogpulib), and must use WMMA there.
     hipcc = need("hipcc")
     env = {**os.environ, "HIP_PLATFORM": "amd"}
-    out = tmp_path / "attention-gfx1100.s"
+    sources = [ROOT / "hip" / "attention.hip", ROOT / "hip" / "attention_wide.hip"]  # both families
     compile_all([Cmd([hipcc, "-x", "hip", *FLAGS, "-nogpulib", "--offload-arch=gfx1100", "--cuda-device-only", "-S",
-                      ROOT / "hip" / "attention.hip", "-o", out], env)])
-    asm = out.read_text()
-    assert "v_wmma_f32_16x16x16_f16" in asm and "v_wmma_f32_16x16x16_bf16" in asm
-    assert ".wavefront_size: 32" in asm
+                      src, "-o", tmp_path / f"{src.stem}-gfx1100.s"], env) for src in sources])
+    for src in sources:
+        asm = (tmp_path / f"{src.stem}-gfx1100.s").read_text()
+        assert "v_wmma_f32_16x16x16_f16" in asm and "v_wmma_f32_16x16x16_bf16" in asm, src.name
+        assert ".wavefront_size: 32" in asm, src.name
 
 
 def test_hip_sources_compile_for_nvidia(tmp_path):

@@ -27,6 +27,10 @@ CASES = {
         tuple(torch.randn(2, 16, 3, 2, 64, device=device, dtype=dtype).unbind(2)) if cl else
         (torch.randn(2, 16, 2, 40, device=device, dtype=dtype), torch.randn(2, 9, 2, 40, device=device, dtype=dtype),
          torch.randn(2, 9, 2, 40, device=device, dtype=dtype))) + (0.125,),
+    # layout_copy: NCHW -> channels_last, and (the `cl` variant) back, at C 16 x 8x8 and an odd C 3 x 5x7.
+    "layout_copy": lambda device, dtype, cl: (
+        torch.randn(2, 3, 5, 7, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last) if cl
+        else torch.randn(2, 16, 8, 8, device=device, dtype=dtype), not cl),
     "bias_residual": lambda device, dtype, cl: tuple(
         t.to(memory_format=torch.channels_last if cl and t.dim() == 4 else torch.contiguous_format) if t.dim() == 4 else t
         for t in (torch.randn(2, 64, 8, 8, device=device, dtype=dtype), torch.randn(2, 64, 8, 8, device=device, dtype=dtype),

@@ -1,0 +1,119 @@
+// The coalesced copy between NCHW and NHWC (channels_last): a batched transpose
+//
+//   out[n, s, r] = in[n, r, s]        NCHW -> NHWC: r = channel, s = pixel;  NHWC -> NCHW: r = pixel, s = channel
+//
+// without shared memory: each thread moves one VEC x VEC block (VEC elements make one 16-byte vector where the
+// sizes and pointers allow) through its registers: VEC vector loads along s, a register transpose, VEC
+// vector stores along r. The thread at (a, b) of the block (b = tid % 8 fastest) owns rows r0 + VEC b and
+// columns s0 + VEC a, so among the lanes of a wave (32 or 64) eight consecutive b cover 8 VEC contiguous
+// elements of one output row (128 bytes at 16-byte vectors), and each input row is read in runs of
+// (wave / 8) vectors: every 32-byte sector is used whole on both sides.
+#include <cstdint>
+#include <string>
+
+#include "rocm_sd/api.h"
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#include "rocm_sd/launch.h"
+
+namespace rsd {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowThreads = 8;                       // threads along r (fastest)
+constexpr int kColThreads = kThreads / kRowThreads;  // threads along s
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    layout_copy_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t cols, int64_t row_tiles,
+                       int64_t col_tiles) {
+  constexpr int kTileR = kRowThreads * VEC, kTileS = kColThreads * VEC;
+  const int64_t tile = blockIdx.x;
+  const int64_t n = tile / (row_tiles * col_tiles);
+  const int64_t within = tile - n * row_tiles * col_tiles;
+  const int64_t tile_r = within / col_tiles, tile_s = within - tile_r * col_tiles;
+  const int b = threadIdx.x % kRowThreads, a = threadIdx.x / kRowThreads;
+  const int64_t r0 = tile_r * kTileR + int64_t(b) * VEC, s0 = tile_s * kTileS + int64_t(a) * VEC;
+  if (r0 >= rows || s0 >= cols) return;  // VEC divides rows and cols: a block is all in or all out
+  const T* src = in + n * rows * cols;
+  T* dst = out + n * rows * cols;
+  Vec<T, VEC> block[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) block[i] = load_vec<T, VEC>(src + (r0 + i) * cols + s0);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    Vec<T, VEC> column;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) column.v[i] = block[i].v[j];
+    store_vec(dst + (s0 + j) * rows + r0, column, false);
+  }
+}
+
+template <class T, int VEC>
+void launch_vec(const LayoutCopyArgs& a, int64_t rows, int64_t cols, hipStream_t stream) {
+  const int64_t row_tiles = ceil_div(rows, kRowThreads * VEC), col_tiles = ceil_div(cols, kColThreads * VEC);
+  layout_copy_kernel<T, VEC><<<unsigned(a.n * row_tiles * col_tiles), kThreads, 0, stream>>>(
+      static_cast<const T*>(a.in), static_cast<T*>(a.out), rows, cols, row_tiles, col_tiles);
+}
+
+template <class T>
+void launch(const LayoutCopyArgs& a, int64_t rows, int64_t cols, int vec, hipStream_t stream) {
+  switch (vec) {
+    case 8: if constexpr (sizeof(T) == 2) launch_vec<T, 8>(a, rows, cols, stream); break;
+    case 4: launch_vec<T, 4>(a, rows, cols, stream); break;
+    case 2: launch_vec<T, 2>(a, rows, cols, stream); break;
+    default: launch_vec<T, 1>(a, rows, cols, stream); break;
+  }
+}
+
+// (rows, cols) of each image's [rows, cols] input matrix.
+void matrix_of(const LayoutCopyArgs& a, int64_t* rows, int64_t* cols) {
+  *rows = a.to_channels_last ? a.c : a.hw;
+  *cols = a.to_channels_last ? a.hw : a.c;
+}
+
+// A vector is VEC consecutive elements of a row on both sides: VEC divides both sizes.
+int pick_vec(const LayoutCopyArgs& a) {
+  const int along_c = widest_vec(a.dtype, a.c, {a.in, a.out}), along_hw = widest_vec(a.dtype, a.hw, {a.in, a.out});
+  return along_c < along_hw ? along_c : along_hw;
+}
+
+}  // namespace
+
+std::string layout_copy_check(const LayoutCopyArgs& a) {
+  if (a.n <= 0 || a.c <= 0 || a.hw <= 0) return "empty tensor";
+  const int eb = elem_bytes(a.dtype);
+  if (!aligned(a.in, eb) || !aligned(a.out, eb)) return "misaligned data pointer";
+  int64_t rows, cols;
+  matrix_of(a, &rows, &cols);
+  const int vec = pick_vec(a);
+  const int64_t blocks = a.n * ceil_div(rows, kRowThreads * vec) * ceil_div(cols, kColThreads * vec);
+  if (blocks >= (int64_t(1) << 31)) return "more than 2^31 blocks";
+  return std::string();
+}
+
+std::string layout_copy_describe(const LayoutCopyArgs& a) {
+  const std::string why = layout_copy_check(a);
+  return why.empty() ? "vec=" + std::to_string(pick_vec(a)) : "error: " + why;
+}
+
+std::string layout_copy_forward(const LayoutCopyArgs& a) {
+  std::string why = layout_copy_check(a);
+  if (!why.empty()) return why;
+  DeviceGuard guard(a.device);
+  if (!guard.error().empty()) return guard.error();
+  int64_t rows, cols;
+  matrix_of(a, &rows, &cols);
+  const int vec = pick_vec(a);
+  hipStream_t stream = static_cast<hipStream_t>(a.stream);
+  switch (a.dtype) {
+    case DType::f32: launch<float>(a, rows, cols, vec, stream); break;
+    case DType::f16: launch<__half>(a, rows, cols, vec, stream); break;
+    case DType::bf16: launch<bf16>(a, rows, cols, vec, stream); break;
+  }
+  const hipError_t err = hipGetLastError();
+  if (err != hipSuccess) return std::string("layout_copy launch failed: ") + hipGetErrorString(err);
+  return std::string();
+}
+
+}  // namespace rsd

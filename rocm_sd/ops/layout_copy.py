@@ -1,0 +1,92 @@
+"""rocm_sd::layout_copy: a 4-D tensor copied between NCHW and channels_last (NHWC) memory (hip/layout_copy.hip).
+
+    layout_copy(x, channels_last=True):  contiguous NCHW x  -> the same values, channels_last
+    layout_copy(x, channels_last=False): channels_last x    -> the same values, contiguous
+
+The kernel is a batched transpose through registers with 16-byte vectors on both sides where C and H*W allow
+(multiples of 8 elements for 2-byte types, 4 for float32), narrower vectors otherwise. The PyTorch path is
+`torch.empty(..., memory_format=...).copy_(x)`, which also takes every other stride pattern.
+
+rocm_sd.optimize keeps activations channels_last end to end, so no conversion is left on its hot path (the
+layout item of the kernel issue); this is the copy for the boundaries where one remains (a host app handing
+over NCHW tensors, NCHW outputs for code that wants them), measured against the copy ceiling by
+bench/bench_layout_copy.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _ext, dispatch
+from ._common import DTYPE_CODES, PlanCache, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+
+OP = "layout_copy"
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _output(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=_format(channels_last))
+
+
+def layout_copy_ref(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """PyTorch's strided copy into a new tensor of the requested memory format (never x itself)."""
+    return _output(x, channels_last).copy_(x)
+
+
+def input_reasons(x: torch.Tensor, channels_last: bool) -> list[str]:
+    reasons = []
+    if x.dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    if x.dim() != 4:
+        reasons.append(f"{x.dim()}-D tensor (the kernel takes (N, C, H, W))")
+    elif x.numel() == 0:
+        reasons.append("empty tensor")
+    elif channels_last and not x.is_contiguous():
+        reasons.append(f"strides {tuple(x.stride())} are not dense NCHW (the source of a copy to channels_last)")
+    elif not channels_last and not x.is_contiguous(memory_format=torch.channels_last):
+        reasons.append(f"strides {tuple(x.stride())} are not dense channels_last (the source of a copy to NCHW)")
+    return reasons
+
+
+def _call(x, out, channels_last, stream, mode):
+    n, c, h, w = x.shape
+    return _ext._C.layout_copy_forward(x.data_ptr(), out.data_ptr(), DTYPE_CODES[x.dtype], n, c, h * w, channels_last,
+                                       stream, x.device.index, mode)
+
+
+def supports(x: torch.Tensor, channels_last: bool) -> list[str]:
+    """Reasons the kernel cannot run this call; empty when it can."""
+    return kernel_reasons(x.device, input_reasons(x, channels_last), lambda: _call(x, x, channels_last, 0, "check"))
+
+
+def describe(x: torch.Tensor, channels_last: bool) -> str:
+    """The vector width the kernel takes for this call ("vec=8"), or 'error: <why>'."""
+    return _call(x, x, channels_last, 0, "describe")
+
+
+def layout_copy_kernel(x: torch.Tensor, channels_last: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The HIP kernel itself, no dispatch."""
+    y = _output(x, channels_last) if out is None else out
+    _call(x, y, channels_last, stream_handle(x.device), "run")
+    return y
+
+
+_plans = PlanCache()
+
+
+@torch.library.custom_op("rocm_sd::layout_copy", mutates_args=())
+def layout_copy(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    key = (tensor_key(x), channels_last)
+    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, channels_last),
+                                                         tuned_choice_for(OP, x.device, (x, channels_last))))
+    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
+        return layout_copy_kernel(x, channels_last)
+    return layout_copy_ref(x, channels_last)
+
+
+@layout_copy.register_fake
+def _(x, channels_last):
+    return _output(x, channels_last)
