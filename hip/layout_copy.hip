@@ -94,7 +94,12 @@ std::string layout_copy_check(const LayoutCopyArgs& a) {
 
 std::string layout_copy_describe(const LayoutCopyArgs& a) {
   const std::string why = layout_copy_check(a);
-  return why.empty() ? "vec=" + std::to_string(pick_vec(a)) : "error: " + why;
+  if (!why.empty()) return "error: " + why;
+  int64_t rows, cols;
+  matrix_of(a, &rows, &cols);
+  const int vec = pick_vec(a);
+  const int64_t blocks = a.n * ceil_div(rows, kRowThreads * vec) * ceil_div(cols, kColThreads * vec);
+  return "vec=" + std::to_string(vec) + " blocks=" + std::to_string(blocks);
 }
 
 std::string layout_copy_forward(const LayoutCopyArgs& a) {

@@ -61,8 +61,10 @@ def test_compile_fullgraph_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_opcheck_gpu(dtype):
-    # attention's kernel runs where tuned; forced here so that opcheck exercises it, not SDPA
-    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"):
+    # attention's and layout_copy's kernels run where tuned (or, for layout_copy, at large enough shapes);
+    # forced here so that opcheck exercises them, not the PyTorch paths
+    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"), \
+            dispatch.force_backend("layout_copy", "rocm_sd"):
         run_opcheck("cuda", dtype)
 
 

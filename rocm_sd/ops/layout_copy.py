@@ -63,8 +63,20 @@ def supports(x: torch.Tensor, channels_last: bool) -> list[str]:
 
 
 def describe(x: torch.Tensor, channels_last: bool) -> str:
-    """The vector width the kernel takes for this call ("vec=8"), or 'error: <why>'."""
+    """The vector width and grid the kernel takes for this call ("vec=8 blocks=40"), or 'error: <why>'."""
     return _call(x, x, channels_last, 0, "describe")
+
+
+# Untuned, the kernel runs where it beat PyTorch's copy on the H200 (bench/results/...-layout_copy-*): full
+# 16-byte vectors and a grid of at least MIN_BLOCKS blocks. Narrower vectors (C = 3 images, C = 4 fp16 latents)
+# and grids too small to fill the GPU take PyTorch's copy unless `python -m rocm_sd.tune` measured otherwise.
+MIN_BLOCKS = 32
+
+
+def default_choice(x: torch.Tensor, channels_last: bool) -> str:
+    fields = dict(item.split("=") for item in describe(x, channels_last).split())
+    full_vectors = int(fields["vec"]) * x.element_size() == 16
+    return dispatch.KERNEL if full_vectors and int(fields["blocks"]) >= MIN_BLOCKS else dispatch.TORCH
 
 
 def layout_copy_kernel(x: torch.Tensor, channels_last: bool, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -77,12 +89,21 @@ def layout_copy_kernel(x: torch.Tensor, channels_last: bool, out: torch.Tensor |
 _plans = PlanCache()
 
 
+def _plan(x, channels_last) -> tuple[list[str], str | None]:
+    """(reasons against the kernel, the choice): the tuning database's, else default_choice (a policy, counted
+    as torch with no notice)."""
+    reasons = supports(x, channels_last)
+    tuned = tuned_choice_for(OP, x.device, (x, channels_last))
+    if tuned is None and not reasons:
+        tuned = default_choice(x, channels_last)
+    return reasons, tuned
+
+
 @torch.library.custom_op("rocm_sd::layout_copy", mutates_args=())
 def layout_copy(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     key = (tensor_key(x), channels_last)
-    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, channels_last),
-                                                         tuned_choice_for(OP, x.device, (x, channels_last))))
-    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
+    reasons, choice = _plans.get_or_compute(key, lambda: _plan(x, channels_last))
+    if dispatch.choose(OP, reasons, choice) == dispatch.KERNEL:
         return layout_copy_kernel(x, channels_last)
     return layout_copy_ref(x, channels_last)
 

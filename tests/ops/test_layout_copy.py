@@ -54,17 +54,31 @@ def test_kernel_copies_exactly(shape, dtype, to_channels_last):
 
 @pytest.mark.gpu
 def test_vector_width_follows_the_sizes_and_the_op_runs_the_kernel():
-    assert describe(make((2, 320, 64, 64), torch.float16, "cuda", False), True) == "vec=8"
-    assert describe(make((2, 320, 64, 64), torch.float32, "cuda", False), True) == "vec=4"
-    assert describe(make((3, 12, 4, 4), torch.float16, "cuda", False), True) == "vec=4"
-    assert describe(make((1, 6, 5, 6), torch.float16, "cuda", True), False) == "vec=2"
-    assert describe(make((1, 3, 512, 512), torch.float16, "cuda", False), True) == "vec=1"
-    x = make((2, 64, 16, 16), torch.float16, "cuda", False)
+    assert describe(make((2, 320, 64, 64), torch.float16, "cuda", False), True) == "vec=8 blocks=160"
+    assert describe(make((2, 320, 64, 64), torch.float32, "cuda", False), True).startswith("vec=4 ")
+    assert describe(make((3, 12, 4, 4), torch.float16, "cuda", False), True).startswith("vec=4 ")
+    assert describe(make((1, 6, 5, 6), torch.float16, "cuda", True), False).startswith("vec=2 ")
+    assert describe(make((1, 3, 512, 512), torch.float16, "cuda", False), True).startswith("vec=1 ")
+    x = make((2, 320, 64, 64), torch.float16, "cuda", False)
     with config.override(strict=True):
         y = torch.ops.rocm_sd.layout_copy(x, True)
         back = torch.ops.rocm_sd.layout_copy(y, False)
     assert dispatch.stats()["layout_copy"] == {"rocm_sd": 2}
     assert torch.equal(y, x) and y.is_contiguous(memory_format=torch.channels_last) and torch.equal(back, x)
+
+
+@pytest.mark.gpu
+def test_untuned_narrow_or_tiny_copies_take_pytorch_as_a_policy():
+    # A decoded image (C = 3: 2-byte vectors at best) and a grid of 10 blocks: PyTorch's copy was faster.
+    image = make((1, 3, 512, 512), torch.float16, "cuda", False)
+    small = make((2, 1280, 8, 8), torch.float16, "cuda", True)
+    with config.override(strict=True):  # a policy, not a fallback: no error
+        assert torch.equal(torch.ops.rocm_sd.layout_copy(image, True), image)
+        assert torch.equal(torch.ops.rocm_sd.layout_copy(small, False), small)
+    assert dispatch.stats()["layout_copy"] == {"torch": 2}
+    with dispatch.force_backend("layout_copy", "rocm_sd"):  # the kernel still takes them when asked
+        assert torch.equal(torch.ops.rocm_sd.layout_copy(image, True), image)
+    assert dispatch.stats()["layout_copy"] == {"torch": 2, "rocm_sd": 1}
 
 
 @pytest.mark.gpu

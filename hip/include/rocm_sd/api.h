@@ -113,7 +113,7 @@ struct LayoutCopyArgs {
   int device;
 };
 std::string layout_copy_check(const LayoutCopyArgs& a);
-std::string layout_copy_describe(const LayoutCopyArgs& a);  // "vec=8", or "error: ..."
+std::string layout_copy_describe(const LayoutCopyArgs& a);  // "vec=8 blocks=40", or "error: ..."
 std::string layout_copy_forward(const LayoutCopyArgs& a);
 
 // ---------------------------------------------------------------------------------------------
