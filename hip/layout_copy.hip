@@ -37,15 +37,39 @@ __global__ void __launch_bounds__(kThreads)
   if (r0 >= rows || s0 >= cols) return;  // VEC divides rows and cols: a block is all in or all out
   const T* src = in + n * rows * cols;
   T* dst = out + n * rows * cols;
-  Vec<T, VEC> block[VEC];
+  if constexpr (sizeof(T) == 2 && VEC == 8) {
+    // 2-byte elements as 32-bit pairs: output rows 2k and 2k + 1 take the low and the high halves of word k of
+    // two input rows at a time, one byte permute per output word (16-bit element moves cost one each).
+    uint32_t words[8][4];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) block[i] = load_vec<T, VEC>(src + (r0 + i) * cols + s0);
+    for (int i = 0; i < 8; ++i) {
+      const Vec<uint32_t, 4> row = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(src + (r0 + i) * cols + s0));
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    Vec<T, VEC> column;
+      for (int k = 0; k < 4; ++k) words[i][k] = row.v[k];
+    }
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) column.v[i] = block[i].v[j];
-    store_vec(dst + (s0 + j) * rows + r0, column, false);
+    for (int k = 0; k < 4; ++k) {
+      Vec<uint32_t, 4> low, high;
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const uint32_t x = words[2 * m][k], y = words[2 * m + 1][k];
+        low.v[m] = (x & 0xffffu) | (y << 16);
+        high.v[m] = (x >> 16) | (y & 0xffff0000u);
+      }
+      store_vec(reinterpret_cast<uint32_t*>(dst + (s0 + 2 * k) * rows + r0), low, false);
+      store_vec(reinterpret_cast<uint32_t*>(dst + (s0 + 2 * k + 1) * rows + r0), high, false);
+    }
+  } else {
+    Vec<T, VEC> block[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) block[i] = load_vec<T, VEC>(src + (r0 + i) * cols + s0);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      Vec<T, VEC> column;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) column.v[i] = block[i].v[j];
+      store_vec(dst + (s0 + j) * rows + r0, column, false);
+    }
   }
 }
 
