@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
     async_commit();
   };
 
-  // Softmax state in raw score units (scale > 0 commutes with max); the scale is applied inside exp2's
-  // argument as one fma: exp2(s * scale_log2 - max * scale_log2).
+  // Online softmax state per query tile (attn::online_softmax).
   float row_max[kRows][kSlots], row_sum[kRows][kSlots];
   typename Mma::Acc out[kRows][kSlices];
 #pragma unroll
@@ -97,7 +96,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
       row_max[r][slot] = -INFINITY;
-      row_sum[r][slot] = 0.f;  // this lane's share; summed across the row's lanes at the end
+      row_sum[r][slot] = 0.f;
     }
 #pragma unroll
     for (int s = 0; s < kSlices; ++s)
@@ -138,40 +137,8 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
       }
 
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      // Online softmax: mask keys past the end, new running max per query, rescale what came before.
-      float tile_max[kSlots];
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = row_max[r][slot];
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n)
-#pragma unroll
-        for (int i = 0; i < int(sizeof(scores[r][n].v) / sizeof(float)); ++i) {
-          if (valid < kBlockN && 16 * n + Mma::s_key(i) >= valid) scores[r][n].v[i] = -INFINITY;
-          tile_max[Mma::s_slot(i)] = fmaxf(tile_max[Mma::s_slot(i)], scores[r][n].v[i]);
-        }
-      float rescale[kSlots], max_scaled[kSlots];
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) {
-        const float new_max = Mma::row_max(tile_max[slot]);
-        rescale[slot] = fast_exp2((row_max[r][slot] - new_max) * p.scale_log2);  // 0 on the first tile (-inf)
-        row_max[r][slot] = new_max;
-        max_scaled[slot] = new_max * p.scale_log2;
-        row_sum[r][slot] *= rescale[slot];
-      }
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n)
-#pragma unroll
-        for (int i = 0; i < int(sizeof(scores[r][n].v) / sizeof(float)); ++i) {
-          const float prob = fast_exp2(fmaf(scores[r][n].v[i], p.scale_log2, -max_scaled[Mma::s_slot(i)]));
-          scores[r][n].v[i] = prob;
-          row_sum[r][Mma::s_slot(i)] += prob;
-        }
-#pragma unroll
-      for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-        for (int i = 0; i < int(sizeof(out[r][s].v) / sizeof(float)); ++i) out[r][s].v[i] *= rescale[Mma::o_slot(i)];
-    }
+    for (int r = 0; r < kRows; ++r)
+      attn::online_softmax<Mma>(scores[r], valid, p.scale_log2, row_max[r], row_sum[r], out[r]);
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n) {
       typename Mma::PFrag probs[kRows];
@@ -189,19 +156,9 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
 
   T* o = p.out + batch * p.out_stride[0] + head * p.out_stride[2];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float inv_sum[kSlots];
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) inv_sum[slot] = 1.f / Mma::row_sum(row_sum[r][slot]);
-#pragma unroll
-    for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-      for (int i = 0; i < int(sizeof(out[r][s].v) / sizeof(float)); ++i) {
-        const int query = q0 + kWaveRows * wave + 16 * r + Mma::slot_row(Mma::o_slot(i)), dim = 16 * s + Mma::o_dim(i);
-        if (query < p.q_len && dim < p.head_dim)
-          o[int64_t(query) * p.out_stride[1] + dim] = from_float<T>(out[r][s].v[i] * inv_sum[Mma::o_slot(i)]);
-      }
-  }
+  for (int r = 0; r < kRows; ++r)
+    attn::store_output<Mma>(o, p.out_stride[1], q0 + kWaveRows * wave + 16 * r, 0, p.q_len, p.head_dim, out[r],
+                            row_sum[r]);
 #else
   rsd::trap();  // no matrix-unit policy for this target: attention_check refuses it on the host
 #endif

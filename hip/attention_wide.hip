@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) wide_attention_kernel(const
   };
   auto partial_at = [&](int w, int r, int i) -> float& { return partial[((w * kRows + r) * kAccElems + i) * RSD_WAVE + lane]; };
 
-  // Softmax state in raw score units, as in the narrow kernel (attention.hip).
+  // Online softmax state per query tile (attn::online_softmax).
   float row_max[kRows][kSlots], row_sum[kRows][kSlots];
   typename Mma::Acc out[kRows][kSlices];
 #pragma unroll
@@ -99,21 +99,21 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) wide_attention_kernel(const
     async_wait<1>();  // this tile's keys; its values may still be in flight
     __syncthreads();
 
-    typename Mma::Acc scores[kRows];
+    typename Mma::Acc scores[kRows][1];  // one 16-key tile
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (auto& x : scores[r].v) x = 0.f;
+      for (auto& x : scores[r][0].v) x = 0.f;
 #pragma unroll
     for (int s = 0; s < kSlices; ++s) {
       const typename Mma::KFrag key_frag = Mma::template load_k<T>(keys, LD, 0, d_first + 16 * s);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r], q_frag[r][s], key_frag);
+      for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][0], q_frag[r][s], key_frag);
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int i = 0; i < kAccElems; ++i) partial_at(wave, r, i) = scores[r].v[i];
+      for (int i = 0; i < kAccElems; ++i) partial_at(wave, r, i) = scores[r][0].v[i];
     __syncthreads();  // the partials are visible and the key tile is free
     if (more) load_keys(key0 + kBlockN);
 
@@ -124,39 +124,13 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) wide_attention_kernel(const
         float total = 0.f;
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) total += partial_at(w, r, i);  // one order for every wave
-        scores[r].v[i] = total;
+        scores[r][0].v[i] = total;
       }
-      float tile_max[kSlots];
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = row_max[r][slot];
-#pragma unroll
-      for (int i = 0; i < kAccElems; ++i) {
-        if (valid < kBlockN && Mma::s_key(i) >= valid) scores[r].v[i] = -INFINITY;
-        tile_max[Mma::s_slot(i)] = fmaxf(tile_max[Mma::s_slot(i)], scores[r].v[i]);
-      }
-      float rescale[kSlots], max_scaled[kSlots];
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) {
-        const float new_max = Mma::row_max(tile_max[slot]);
-        rescale[slot] = fast_exp2((row_max[r][slot] - new_max) * p.scale_log2);  // 0 on the first tile (-inf)
-        row_max[r][slot] = new_max;
-        max_scaled[slot] = new_max * p.scale_log2;
-        row_sum[r][slot] *= rescale[slot];
-      }
-#pragma unroll
-      for (int i = 0; i < kAccElems; ++i) {
-        const float prob = fast_exp2(fmaf(scores[r].v[i], p.scale_log2, -max_scaled[Mma::s_slot(i)]));
-        scores[r].v[i] = prob;
-        row_sum[r][Mma::s_slot(i)] += prob;
-      }
-#pragma unroll
-      for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-        for (int i = 0; i < kAccElems; ++i) out[r][s].v[i] *= rescale[Mma::o_slot(i)];
+      attn::online_softmax<Mma>(scores[r], valid, p.scale_log2, row_max[r], row_sum[r], out[r]);
     }
     typename Mma::PFrag probs[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) probs[r] = Mma::template to_p<T>(scores[r]);
+    for (int r = 0; r < kRows; ++r) probs[r] = Mma::template to_p<T>(scores[r][0]);
 
     if (more)
       async_wait<1>();  // this tile's values; the next keys may still be in flight
@@ -175,19 +149,8 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) wide_attention_kernel(const
 
   T* o = p.out + batch * p.out_stride[0] + head * p.out_stride[2];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float inv_sum[kSlots];
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) inv_sum[slot] = 1.f / Mma::row_sum(row_sum[r][slot]);
-#pragma unroll
-    for (int s = 0; s < kSlices; ++s)
-#pragma unroll
-      for (int i = 0; i < kAccElems; ++i) {
-        const int query = q0 + 16 * r + Mma::slot_row(Mma::o_slot(i)), dim = d_first + 16 * s + Mma::o_dim(i);
-        if (query < p.q_len && dim < p.head_dim)
-          o[int64_t(query) * p.out_stride[1] + dim] = from_float<T>(out[r][s].v[i] * inv_sum[Mma::o_slot(i)]);
-      }
-  }
+  for (int r = 0; r < kRows; ++r)
+    attn::store_output<Mma>(o, p.out_stride[1], q0 + 16 * r, d_first, p.q_len, p.head_dim, out[r], row_sum[r]);
 #else
   rsd::trap();  // no matrix-unit policy for this target: attention_check refuses it on the host
 #endif

@@ -11,6 +11,7 @@
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
+#include "rocm_sd/wave_mma.h"
 
 namespace rsd {
 namespace attn {
@@ -59,6 +60,71 @@ __device__ __forceinline__ void load_rows(T* smem, const T* src, int64_t stride,
     copy16_async(smem + row * LD + col, inside ? src + row * stride + col : src, inside);
   }
 }
+
+#if defined(RSD_HAS_WAVE_MMA)
+// One tile of keys through the online softmax, for one 16-query tile of a wave (both families): masks the keys at
+// or past `valid` (of kBlockN = 16 kKeyTiles), raises the running max, rescales the running sums and the output
+// accumulators by how much it grew, and turns the scores into probabilities (in place). The state is kept in raw
+// score units (scale > 0 commutes with max); the scale is applied inside exp2's argument as one fma.
+template <class Mma, int kKeyTiles, int kSlices>
+__device__ __forceinline__ void online_softmax(typename Mma::Acc (&scores)[kKeyTiles], int valid, float scale_log2,
+                                               float (&row_max)[Mma::kSlots], float (&row_sum)[Mma::kSlots],
+                                               typename Mma::Acc (&out)[kSlices]) {
+  constexpr int kBlockN = 16 * kKeyTiles, kSlots = Mma::kSlots;
+  constexpr int kElems = int(sizeof(typename Mma::Acc) / sizeof(float));
+  float tile_max[kSlots];
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = row_max[slot];
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) {
+      if (valid < kBlockN && 16 * n + Mma::s_key(i) >= valid) scores[n].v[i] = -INFINITY;
+      tile_max[Mma::s_slot(i)] = fmaxf(tile_max[Mma::s_slot(i)], scores[n].v[i]);
+    }
+  float rescale[kSlots], max_scaled[kSlots];
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) {
+    const float new_max = Mma::row_max(tile_max[slot]);
+    rescale[slot] = fast_exp2((row_max[slot] - new_max) * scale_log2);  // 0 on the first tile (-inf)
+    row_max[slot] = new_max;
+    max_scaled[slot] = new_max * scale_log2;
+    row_sum[slot] *= rescale[slot];
+  }
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) {
+      const float prob = fast_exp2(fmaf(scores[n].v[i], scale_log2, -max_scaled[Mma::s_slot(i)]));
+      scores[n].v[i] = prob;
+      row_sum[Mma::s_slot(i)] += prob;  // this lane's share; summed across the row's lanes at the end
+    }
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) out[s].v[i] *= rescale[Mma::o_slot(i)];
+}
+
+// The finished output of one 16-query tile: out / row sum, written at queries query0.. and dims dim0.. of `o`
+// (one (batch, head) of the output), inside q_len x head_dim.
+template <class Mma, int kSlices, class T>
+__device__ __forceinline__ void store_output(T* o, int64_t row_stride, int query0, int dim0, int q_len, int head_dim,
+                                             const typename Mma::Acc (&out)[kSlices],
+                                             const float (&row_sum)[Mma::kSlots]) {
+  constexpr int kElems = int(sizeof(typename Mma::Acc) / sizeof(float));
+  float inv_sum[Mma::kSlots];
+#pragma unroll
+  for (int slot = 0; slot < Mma::kSlots; ++slot) inv_sum[slot] = 1.f / Mma::row_sum(row_sum[slot]);
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s)
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) {
+      const int query = query0 + Mma::slot_row(Mma::o_slot(i)), dim = dim0 + 16 * s + Mma::o_dim(i);
+      if (query < q_len && dim < head_dim)
+        o[int64_t(query) * row_stride + dim] = from_float<T>(out[s].v[i] * inv_sum[Mma::o_slot(i)]);
+    }
+}
+#endif
 
 // One compiled kernel configuration, named by its parameters for the tuner:
 // "<dtype>_d<padded head dim>_w<waves>_r<16-query tiles a wave>_n<keys a tile>", wide ones "..._wide".
