@@ -9,11 +9,10 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, kernel_reasons, layout_of, output_like, stream_handle, tensor_key,
-                      tuned_choice_for)
+from ._common import (DTYPE_CODES, NHWC, PlanCache, dtype_reasons, kernel_reasons, layout_of, output_like, stream_handle,
+                      tensor_key, tuned_choice_for)
 
 OP = "bias_residual"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def bias_residual_ref(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
@@ -22,9 +21,7 @@ def bias_residual_ref(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tenso
 
 
 def input_reasons(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor) -> list[str]:
-    reasons = []
-    if x.dtype not in SUPPORTED_DTYPES:
-        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    reasons = dtype_reasons(x.dtype)
     if x.dim() != 4:
         reasons.append(f"input has {x.dim()} dims, needs (N, C, H, W)")
     if x.numel() == 0:

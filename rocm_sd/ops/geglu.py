@@ -10,10 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import DTYPE_CODES, PlanCache, dtype_reasons, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
 
 OP = "geglu"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def geglu_ref(x: torch.Tensor) -> torch.Tensor:
@@ -24,9 +23,7 @@ def geglu_ref(x: torch.Tensor) -> torch.Tensor:
 
 def input_reasons(x: torch.Tensor) -> list[str]:
     """Reasons in the argument itself that the kernel cannot take (no GPU needed to ask)."""
-    reasons = []
-    if x.dtype not in SUPPORTED_DTYPES:
-        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    reasons = dtype_reasons(x.dtype)
     if x.dim() == 0 or x.shape[-1] % 2:
         reasons.append(f"last dimension {tuple(x.shape)[-1:] or 'missing'} is not even")
     if x.numel() == 0:

@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, layout_of, output_like, param_reasons, stream_handle, tensor_key,
-                      kernel_reasons, tuned_choice_for)
+from ._common import (DTYPE_CODES, NHWC, PlanCache, dtype_reasons, kernel_reasons, layout_of, output_like, param_reasons,
+                      stream_handle, tensor_key, tuned_choice_for)
 
 OP = "group_norm"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and
 # benchmarks that must exercise or compare one path.
 PATHS = {"auto": 0, "resident": 1, "split": 2}
@@ -37,9 +36,7 @@ def group_norm_ref(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None
 
 def input_reasons(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None) -> list[str]:
     """Reasons in the arguments themselves that the kernel cannot take (no GPU needed to ask)."""
-    reasons = []
-    if x.dtype not in SUPPORTED_DTYPES:
-        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    reasons = dtype_reasons(x.dtype)
     if x.dim() < 2:
         reasons.append(f"input has {x.dim()} dims, needs (N, C, ...)")
     elif num_groups <= 0 or x.shape[1] % num_groups:

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, kernel_reasons, param_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import (DTYPE_CODES, PlanCache, dtype_reasons, kernel_reasons, param_reasons, stream_handle, tensor_key,
+                      tuned_choice_for)
 
 OP = "layer_norm"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -25,9 +25,7 @@ def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
 
 
 def input_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> list[str]:
-    reasons = []
-    if x.dtype not in SUPPORTED_DTYPES:
-        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    reasons = dtype_reasons(x.dtype)
     if x.dim() == 0 or x.numel() == 0:
         reasons.append("empty tensor")
     if not x.is_contiguous():

@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import DTYPE_CODES, PlanCache, dtype_reasons, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
 
 OP = "layout_copy"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _format(channels_last: bool) -> torch.memory_format:
@@ -37,9 +36,7 @@ def layout_copy_ref(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 
 
 def input_reasons(x: torch.Tensor, channels_last: bool) -> list[str]:
-    reasons = []
-    if x.dtype not in SUPPORTED_DTYPES:
-        reasons.append(f"dtype {x.dtype} (supported: float16, bfloat16, float32)")
+    reasons = dtype_reasons(x.dtype)
     if x.dim() != 4:
         reasons.append(f"{x.dim()}-D tensor (the kernel takes (N, C, H, W))")
     elif x.numel() == 0:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, NHWC, PlanCache, kernel_reasons, layout_of, stream_handle, tensor_key, tuned_choice_for
+from ._common import (DTYPE_CODES, NHWC, PlanCache, dtype_reasons, kernel_reasons, layout_of, stream_handle, tensor_key,
+                      tuned_choice_for)
 
 OP = "parity_shuffle"
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _output(parities: torch.Tensor) -> torch.Tensor:
@@ -37,9 +37,7 @@ def parity_shuffle_ref(parities: torch.Tensor, bias: torch.Tensor | None) -> tor
 
 
 def input_reasons(parities: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
-    reasons = []
-    if parities.dtype not in SUPPORTED_DTYPES:
-        reasons.append(f"dtype {parities.dtype} (supported: float16, bfloat16, float32)")
+    reasons = dtype_reasons(parities.dtype)
     if parities.dim() != 4 or parities.shape[1] % 4 or parities.shape[2] < 2 or parities.shape[3] < 2:
         reasons.append(f"parities of shape {tuple(parities.shape)} are not (N, 4C, H + 1, W + 1) with H, W >= 1")
     elif parities.numel() == 0:
