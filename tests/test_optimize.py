@@ -42,7 +42,7 @@ def test_optimize_swaps_every_group_norm_and_revert_restores(tiny_pipe):
     for name in ("unet", "vae"):
         assert count(getattr(pipe, name), nn.GroupNorm) == group_norms[name]
         assert count(getattr(pipe, name), GroupNormAct) == 0
-    assert rocm_sd.report(pipe) == {"unet": {}, "vae": {}}
+    assert rocm_sd.report(pipe) == {"unet": {}, "vae": {}, "text_encoder": {}}
 
 
 def test_optimized_output_and_revert_are_exact_on_cpu(tiny_pipe):
@@ -84,6 +84,44 @@ def test_optimize_a_single_model_and_unknown_models():
     rocm_sd.optimize(other)
     assert type(other[0]) is nn.GroupNorm  # unknown model classes are left untouched ...
     assert any(k.startswith("skipped") for k in rocm_sd.report(other)["Sequential"])  # ... and reported
+
+
+@pytest.mark.parametrize("arch", ["tiny", "tiny-xl"])
+def test_text_encoders_are_patched_exactly_and_reverted(arch):
+    pipe = models.build_sd_pipeline(arch, "cpu", torch.float32)
+    encoders = [name for name in ("text_encoder", "text_encoder_2") if getattr(pipe, name, None) is not None]
+    assert len(encoders) == (2 if arch == "tiny-xl" else 1)
+    norms = {name: count(getattr(pipe, name), nn.LayerNorm) for name in encoders}
+    reference = models.prompt_kwargs(pipe, "a photo of a cat")
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe)
+        report = rocm_sd.report(pipe)
+        optimized = models.prompt_kwargs(pipe, "a photo of a cat")
+        report_after = rocm_sd.report(pipe)
+    for name in encoders:
+        assert count(getattr(pipe, name), nn.LayerNorm) == 0, name
+        assert report[name]["layer_norm"] == norms[name] > 0 and report[name]["graphed: forward"] == 1
+        assert report_after[name]["forward: eager: no GPU tensor among the inputs"] > 0  # CPU: never graphed
+    for key in reference:  # on the CPU the LayerNorms fall back to PyTorch's: the same bits
+        assert torch.equal(optimized[key], reference[key]), key
+    rocm_sd.revert(pipe)
+    for name in encoders:
+        assert count(getattr(pipe, name), nn.LayerNorm) == norms[name] and "forward" not in getattr(pipe, name).__dict__
+    rocm_sd.optimize(pipe, text_encoder=False)
+    assert rocm_sd.report(pipe)["text_encoder"] == {"skipped: text_encoder=False": 1}
+    assert count(pipe.text_encoder, nn.LayerNorm) == norms["text_encoder"]
+    rocm_sd.revert(pipe)
+
+
+def test_components_rocm_sd_does_not_patch_are_reported_untouched(tiny_pipe):
+    pipe = tiny_pipe
+    pipe.register_modules(image_encoder=nn.Linear(2, 2))  # stands for a CLIP vision model (IP-Adapter)
+    try:
+        rocm_sd.optimize(pipe)
+        assert rocm_sd.report(pipe)["image_encoder"] == {"left untouched: Linear": 1}
+        rocm_sd.revert(pipe)
+    finally:
+        pipe.register_modules(image_encoder=None)
 
 
 def test_transformer_blocks_fold_their_residual_adds_into_the_norms(tiny_pipe):
@@ -143,6 +181,28 @@ def test_cuda_graph_flag_turns_off(tiny_pipe):
     assert "forward" not in pipe.unet.__dict__
     assert not any(key.startswith("graphed") for key in rocm_sd.report(pipe)["unet"])
     rocm_sd.revert(pipe)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["tiny", "tiny-xl"])
+def test_graphed_text_encoders_equal_eager_ones(arch):
+    pipe = models.build_sd_pipeline(arch, "cuda", torch.float16)
+    prompts = ("a photo of a cat", "a lighthouse at dawn")
+    rocm_sd.optimize(pipe, cuda_graph=False)
+    eager = [models.prompt_kwargs(pipe, p) for p in prompts]
+    rocm_sd.revert(pipe)
+    rocm_sd.optimize(pipe)
+    with config.override(strict=True):  # the LayerNorms run rocm_sd's kernel, inside the graph too
+        graphed = [models.prompt_kwargs(pipe, p) for p in prompts]
+    report = rocm_sd.report(pipe)
+    rocm_sd.revert(pipe)
+    for name in ("text_encoder", "text_encoder_2")[: 2 if arch == "tiny-xl" else 1]:
+        # one signature (prompt and negative prompt have the same shape): one capture, then replays
+        assert report[name]["forward: graph captures"] == 1, report[name]
+        assert report[name]["forward: graph replays"] == 2 * len(prompts), report[name]
+    for e, g in zip(eager, graphed):
+        for key in e:  # the same kernels replayed: the same bits
+            assert torch.equal(e[key], g[key]), key
 
 
 @pytest.mark.gpu

@@ -21,8 +21,12 @@ from .upsample import patch_upsamplers
 log = logging.getLogger("rocm_sd")
 
 # Pipeline attributes that hold models rocm_sd knows how to patch, and the model classes it accepts.
-COMPONENTS = ("unet", "vae", "controlnet")
-KNOWN_MODELS = {"UNet2DConditionModel", "UNet2DModel", "AutoencoderKL", "ControlNetModel"}
+COMPONENTS = ("unet", "vae", "controlnet", "text_encoder", "text_encoder_2")
+DIFFUSION_MODELS = {"UNet2DConditionModel", "UNet2DModel", "AutoencoderKL", "ControlNetModel"}
+# transformers' CLIP encoders (SD1.x/2.x and both of SDXL's): their LayerNorms and a graphed forward.
+# Encoding a prompt is a few hundred small launches, host-bound like a UNet step, once per prompt.
+TEXT_ENCODERS = {"CLIPTextModel", "CLIPTextModelWithProjection"}
+KNOWN_MODELS = DIFFUSION_MODELS | TEXT_ENCODERS
 
 
 def _models(target) -> dict[str, nn.Module]:
@@ -43,7 +47,18 @@ GRAPHED_CALLS = {
     "UNet2DModel": [("forward", ())],
     "ControlNetModel": [("forward", ())],
     "AutoencoderKL": [("decode", ("generator",))],
+    "CLIPTextModel": [("forward", ())],
+    "CLIPTextModelWithProjection": [("forward", ())],
 }
+
+
+def _untouched(target) -> dict[str, nn.Module]:
+    """A pipeline's models that optimize() does not patch (safety checker, image encoder, ...)."""
+    components = getattr(target, "components", None)
+    if isinstance(target, nn.Module) or not isinstance(components, dict):
+        return {}
+    return {name: model for name, model in components.items()
+            if isinstance(model, nn.Module) and name not in COMPONENTS}
 
 
 def _install_graphs(model: nn.Module, record: PatchRecord, pool: GraphPool) -> None:
@@ -83,7 +98,7 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
 def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer_norm: bool = True,
              fuse_transformer: bool = True, geglu: bool = True, channels_last: bool = True, pointwise_gemm: bool = True,
              fold_upsample: bool = True, fuse_qkv: bool = False,
-             attention: bool = True, cuda_graph: bool = True):
+             attention: bool = True, text_encoder: bool = True, cuda_graph: bool = True):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Flags, one per optimization, each can be turned off:
@@ -118,6 +133,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                   flash-attention kernel where `python -m rocm_sd.tune` measured it faster, else PyTorch's
                   SDPA; on the H200 it is 0.340 vs 0.348 s per SD1.5 image with SDPA throughout
                   (bench/results/2026-11-21-sd15-51cf360-h200.md).
+      text_encoder  the CLIP text encoder(s) too: their LayerNorms (with layer_norm) and a graphed
+                  forward (with cuda_graph). Their attention stays transformers' own (causal SDPA).
       cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
                   input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
                   Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)
@@ -125,7 +142,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                   rocm_sd cannot see (e.g. a LoRA scale), call invalidate_graphs(target).
     Ops fall back to PyTorch per call where a kernel cannot run (CPU tensors, unsupported dtype...);
     `rocm_sd.stats()` counts which backend ran. `report(target)` says what was replaced.
-    Unknown components are left untouched and listed in the report.
+    Unknown components (a safety checker, an image encoder, a model class rocm_sd does not know) are
+    left untouched and listed as such in the report.
     """
     models = _models(target)
     if not models:
@@ -138,6 +156,14 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
         record = PatchRecord()
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
+        elif type(model).__name__ in TEXT_ENCODERS:
+            if not text_encoder:
+                record.counts["skipped: text_encoder=False"] += 1
+            else:
+                if layer_norm:
+                    patch_layer_norms(model, record)
+                if cuda_graph:
+                    _install_graphs(model, record, pool)
         else:
             if group_norm:
                 patch_group_norms(model, record)
@@ -162,6 +188,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
             if cuda_graph:  # last: the graphs capture the patched model
                 _install_graphs(model, record, pool)
         setattr(model, RECORD_ATTR, record)
+    for name, model in _untouched(target).items():
+        log.info("rocm_sd.optimize: %s (%s) left untouched", name, type(model).__name__)
     return target
 
 
@@ -178,7 +206,8 @@ def revert(target):
 def report(target) -> dict[str, dict[str, int]]:
     """What optimize() replaced, per component, and how graphed calls ran so far:
     {'unet': {'group_norm+silu': 45, 'group_norm': 16, 'graphed: forward': 1,
-              'forward: graph replays': 20, 'forward: graph captures': 1}}."""
+              'forward: graph replays': 20, 'forward: graph captures': 1}, ...,
+     'safety_checker': {'left untouched: StableDiffusionSafetyChecker': 1}}."""
     out = {}
     for name, model in _models(target).items():
         record = getattr(model, RECORD_ATTR, None)
@@ -186,6 +215,8 @@ def report(target) -> dict[str, dict[str, int]]:
         for method, call in (record.graphed.items() if record is not None else ()):
             counts.update({f"{method}: {what}": n for what, n in call.stats.items()})
         out[name] = counts
+    for name, model in _untouched(target).items():
+        out[name] = {f"left untouched: {type(model).__name__}": 1}
     return out
 
 
