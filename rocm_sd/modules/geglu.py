@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import ops
 from ..ops.geglu import geglu_ref
 
 
@@ -25,7 +26,7 @@ class GEGLUFused(nn.Module):
         x = self.proj(hidden_states)
         if torch.is_grad_enabled() and x.requires_grad:
             return geglu_ref(x)
-        return torch.ops.rocm_sd.geglu(x)
+        return ops.geglu.call(x)
 
     def _get_name(self) -> str:
         return "RocmGEGLU"

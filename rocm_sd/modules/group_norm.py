@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import ops
 from ..ops.group_norm import group_norm_ref
 
 ACTIVATIONS = (None, "silu")
@@ -42,7 +43,7 @@ class GroupNormAct(nn.GroupNorm):
         silu = self.act == "silu"
         if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
             return group_norm_ref(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
-        return torch.ops.rocm_sd.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
+        return ops.group_norm.call(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", act={self.act}" if self.act else "")

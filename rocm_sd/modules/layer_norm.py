@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import ops
 from ..ops.layer_norm import layer_norm_ref
 
 
@@ -24,7 +25,7 @@ class LayerNormFused(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
             return layer_norm_ref(x, self.weight, self.bias, self.eps)
-        return torch.ops.rocm_sd.layer_norm(x, self.weight, self.bias, self.eps)
+        return ops.layer_norm.call(x, self.weight, self.bias, self.eps)
 
     def _get_name(self) -> str:
         return "RocmLayerNorm"

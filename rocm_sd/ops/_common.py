@@ -4,6 +4,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _ext
 
@@ -145,3 +146,40 @@ def within_tolerance(out, truth, torch_same_dtype) -> tuple[bool, float, float]:
     torch_err = (torch_same_dtype.double() - truth)[mask].abs().max().item() if mask.any() else 0.0
     allowed = ERROR_FACTOR * torch_err + ROUNDING_FLOOR[out.dtype] * max(1.0, truth[mask].abs().max().item() if mask.any() else 1.0)
     return err <= allowed, err, allowed
+
+
+# ---- calling an op without torch's dispatcher --------------------------------------------------------------
+
+_profiler_enabled = torch._C._autograd._profiler_enabled
+
+
+def dispatcher_needed() -> bool:
+    """Whether a call must go through torch's dispatcher: autograd is on (the kernels are forward-only; through
+    the dispatcher a backward through them raises instead of silently giving no gradient), torch.compile is
+    tracing (fake kernels), a dispatch mode is active (the tuner's recorder, FakeTensorMode, export), or the
+    profiler is on (its tables name the op)."""
+    return (torch.is_grad_enabled() or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or _profiler_enabled())
+
+
+def custom_op(name: str):
+    """torch.library.custom_op(name, mutates_args=()) whose result also has `.call`: what patched modules use.
+
+    A custom op written in Python costs ~16 us of host time per call through torch's dispatcher (its
+    boxed call into Python and output aliasing checks; bench/bench_dispatch_overhead.py), on top of the
+    op's own work. Hosts that run eagerly (ComfyUI, A1111, diffusers without graphs) make ~140 such calls
+    per UNet evaluation and are host-bound, so that cost alone made the patched model slower than the
+    original. `.call(*args)` runs the same function directly whenever dispatcher_needed() says nothing
+    requires the dispatcher, and the op itself otherwise, so torch.compile, opcheck and the tuner see it.
+    """
+    def wrap(fn):
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+
+        def call(*args):
+            return op(*args) if dispatcher_needed() else fn(*args)
+
+        call.__name__ = call.__qualname__ = fn.__name__ + ".call"
+        call.__doc__ = f"{name}, without torch's dispatcher where it is not needed (ops._common.custom_op)."
+        op.call = call
+        return op
+    return wrap

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, dtype_reasons, kernel_reasons, layout_of, output_like, stream_handle,
-                      tensor_key, tuned_choice_for)
+from ._common import (DTYPE_CODES, NHWC, PlanCache, custom_op, dtype_reasons, kernel_reasons, layout_of, output_like,
+                      stream_handle, tensor_key, tuned_choice_for)
 
 OP = "bias_residual"
 
@@ -60,7 +60,7 @@ def bias_residual_kernel(x, residual, bias, scale, out=None):
 _plans = PlanCache()
 
 
-@torch.library.custom_op("rocm_sd::bias_residual", mutates_args=())
+@custom_op("rocm_sd::bias_residual")
 def bias_residual(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     key = (tensor_key(x), tensor_key(residual), tensor_key(bias))
     reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, residual, bias, scale),

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, dtype_reasons, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, stream_handle, tensor_key,
+                      tuned_choice_for)
 
 OP = "geglu"
 
@@ -57,7 +58,7 @@ def geglu_kernel(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 _plans = PlanCache()
 
 
-@torch.library.custom_op("rocm_sd::geglu", mutates_args=())
+@custom_op("rocm_sd::geglu")
 def geglu(x: torch.Tensor) -> torch.Tensor:
     reasons, tuned = _plans.get_or_compute(tensor_key(x), lambda: (supports(x), tuned_choice_for(OP, x.device, (x,))))
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:

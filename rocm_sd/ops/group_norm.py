@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, dtype_reasons, kernel_reasons, layout_of, output_like, param_reasons,
-                      stream_handle, tensor_key, tuned_choice_for)
+from ._common import (DTYPE_CODES, NHWC, PlanCache, custom_op, dtype_reasons, kernel_reasons, layout_of, output_like,
+                      param_reasons, stream_handle, tensor_key, tuned_choice_for)
 
 OP = "group_norm"
 # Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and
@@ -164,7 +164,7 @@ def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
     return _plans.get_or_compute(key, compute)
 
 
-@torch.library.custom_op("rocm_sd::group_norm", mutates_args=())
+@custom_op("rocm_sd::group_norm")
 def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
     reasons, tuned, path, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu, input_bias)

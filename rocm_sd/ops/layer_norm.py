@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, PlanCache, dtype_reasons, kernel_reasons, param_reasons, stream_handle, tensor_key,
-                      tuned_choice_for)
+from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, param_reasons, stream_handle,
+                      tensor_key, tuned_choice_for)
 
 OP = "layer_norm"
 
@@ -61,7 +61,7 @@ def layer_norm_kernel(x, weight, bias, eps, out=None):
 _plans = PlanCache()
 
 
-@torch.library.custom_op("rocm_sd::layer_norm", mutates_args=())
+@custom_op("rocm_sd::layer_norm")
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     key = (tensor_key(x), tensor_key(weight), tensor_key(bias))
     reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, weight, bias, eps),
@@ -128,7 +128,7 @@ def add_layer_norm_kernel(x, residual, weight, bias, eps, out=None):
 _add_plans = PlanCache()
 
 
-@torch.library.custom_op("rocm_sd::add_layer_norm", mutates_args=())
+@custom_op("rocm_sd::add_layer_norm")
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     key = (tensor_key(x), tensor_key(residual), tensor_key(weight), tensor_key(bias))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, dtype_reasons, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, stream_handle, tensor_key,
+                      tuned_choice_for)
 
 OP = "layout_copy"
 
@@ -96,7 +97,7 @@ def _plan(x, channels_last) -> tuple[list[str], str | None]:
     return reasons, tuned
 
 
-@torch.library.custom_op("rocm_sd::layout_copy", mutates_args=())
+@custom_op("rocm_sd::layout_copy")
 def layout_copy(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     key = (tensor_key(x), channels_last)
     reasons, choice = _plans.get_or_compute(key, lambda: _plan(x, channels_last))

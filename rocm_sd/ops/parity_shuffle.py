@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, dtype_reasons, kernel_reasons, layout_of, stream_handle, tensor_key,
-                      tuned_choice_for)
+from ._common import (DTYPE_CODES, NHWC, PlanCache, custom_op, dtype_reasons, kernel_reasons, layout_of, stream_handle,
+                      tensor_key, tuned_choice_for)
 
 OP = "parity_shuffle"
 
@@ -74,7 +74,7 @@ def parity_shuffle_kernel(parities, bias, out=None):
 _plans = PlanCache()
 
 
-@torch.library.custom_op("rocm_sd::parity_shuffle", mutates_args=())
+@custom_op("rocm_sd::parity_shuffle")
 def parity_shuffle(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     key = (tensor_key(parities), tensor_key(bias))
     reasons, tuned = _plans.get_or_compute(key, lambda: (supports(parities, bias),

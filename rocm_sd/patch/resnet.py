@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops
 from ..modules.group_norm import GroupNormAct
 from .core import PatchRecord, derived
 from .swap import needs_grad
@@ -86,7 +87,7 @@ def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *
     hidden = self.norm2(hidden, input_bias=input_bias.to(hidden.dtype).contiguous())
     hidden = _conv_without_bias(self.conv2, self.dropout(hidden))
     shortcut = self.conv_shortcut(input_tensor) if self.conv_shortcut is not None else input_tensor
-    return torch.ops.rocm_sd.bias_residual(hidden, shortcut, self.conv2.bias, 1.0 / self.output_scale_factor)
+    return ops.bias_residual.call(hidden, shortcut, self.conv2.bias, 1.0 / self.output_scale_factor)
 
 
 def patch_resnets(model: nn.Module, record: PatchRecord) -> None:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops
+
 _SUBCLASSES: dict[tuple[type, str], type] = {}
 
 
@@ -35,7 +37,7 @@ def _subclass(base: type, kind: str) -> type:
                 if self.rocm_sd_host_path(self) or x.dim() < 2 or needs_grad(self, x):
                     y = base.forward(self, x)
                     return F.silu(y) if silu else y
-                return torch.ops.rocm_sd.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
+                return ops.group_norm.call(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
         elif kind == "upsample":
             from .upsample import folded_upsample_conv
 
@@ -48,7 +50,7 @@ def _subclass(base: type, kind: str) -> type:
             def forward(self, x):
                 if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1 or needs_grad(self, x):
                     return base.forward(self, x)
-                return torch.ops.rocm_sd.layer_norm(x, self.weight, self.bias, self.eps)
+                return ops.layer_norm.call(x, self.weight, self.bias, self.eps)
         _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
     return _SUBCLASSES[key]
 

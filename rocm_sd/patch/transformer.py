@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import ops
 from ..modules.layer_norm import LayerNormFused
 from .core import PatchRecord
 from .swap import needs_grad
@@ -32,7 +33,7 @@ def _add_norm(norm: LayerNormFused, x: torch.Tensor, residual: torch.Tensor) -> 
     if x.shape != residual.shape:  # a broadcasting add: leave it to torch
         total = x + residual
         return total, norm(total)
-    return torch.ops.rocm_sd.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
+    return ops.add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
 
 
 def fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, encoder_hidden_states=None,

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops
 from ..ops.parity_shuffle import parity_shuffle_ref
 from .core import PatchRecord, derived
 from .swap import needs_grad
@@ -67,7 +68,7 @@ def folded_upsample_conv(x: torch.Tensor, conv: nn.Conv2d, cache: dict) -> torch
                      lambda: fold_weight(conv.weight.detach()).contiguous(memory_format=memory_format), memory_format)
     parities = F.conv2d(x, weight, None, padding=1)  # (N, 4 C_out, H + 1, W + 1), x's layout
     if memory_format == torch.channels_last:  # one kernel, the bias added on the way
-        return torch.ops.rocm_sd.parity_shuffle(parities, conv.bias)
+        return ops.parity_shuffle.call(parities, conv.bias)
     return parity_shuffle_ref(parities, conv.bias)  # NCHW: the kernel takes channels_last only
 
 
