@@ -30,7 +30,8 @@ class FallbackError(RuntimeError):
     """Raised in strict mode, or for a forced backend, when the kernel cannot run a call."""
 
 
-def _forced_backend(op: str) -> str | None:
+def forced_backend(op: str) -> str | None:
+    """The backend asked for by name for `op` (force_backend, ROCM_SD_BACKEND), or None."""
     forced = _forced.get(op) or config.current.forced_backends.get(op) or config.current.forced_backends.get("*")
     if forced is not None and forced not in BACKENDS:
         raise ValueError(f"unknown backend {forced!r} for {op}; choose one of {BACKENDS}")
@@ -41,7 +42,7 @@ def choose(op: str, reasons: list[str], tuned: str | None = None) -> str:
     """Backend for one call of `op`, given the reasons the kernel cannot run it (empty: it can) and the
     tuning database's choice for its shape (`torch`, `rocm_sd[:variant]`, or None when untuned). A tuned
     `torch` is a measured choice, not a fallback: it is counted as torch, with no notice, even in strict mode."""
-    forced = _forced_backend(op)
+    forced = forced_backend(op)
     if forced == TORCH or (forced is None and tuned == TORCH):
         backend = TORCH
     elif not reasons:
@@ -57,8 +58,13 @@ def choose(op: str, reasons: list[str], tuned: str | None = None) -> str:
                 _logged.add((op, reason))
                 if config.current.log_fallbacks:
                     log.warning("rocm_sd::%s uses PyTorch: %s", op, reason)
-    _counts[op][backend] += 1
+    count(op, backend)
     return backend
+
+
+def count(op: str, backend: str) -> None:
+    """Count one call of `op` on `backend` (choose() does; so do callers that decided without it)."""
+    _counts[op][backend] += 1
 
 
 def fallback_reasons_seen() -> dict[str, list[str]]:

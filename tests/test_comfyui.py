@@ -3,6 +3,7 @@ tests/standins (ComfyUI is not on PyPI; see that folder's README). The node must
 ComfyUI checkout (README, "ComfyUI")."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -10,6 +11,8 @@ import sys
 import pytest
 import torch
 
+import rocm_sd
+from rocm_sd import config, dispatch
 from rocm_sd.patch import comfy as comfy_patch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,13 +181,17 @@ def _mask(kind, b, heads, lq, lk, device):
     return None
 
 
-@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32),
-                                          pytest.param("cuda", torch.float16, marks=pytest.mark.gpu),
-                                          pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device,dtype,kernel", [
+    ("cpu", torch.float32, False),
+    pytest.param("cuda", torch.float16, False, marks=pytest.mark.gpu),
+    pytest.param("cuda", torch.float16, True, marks=pytest.mark.gpu),
+    pytest.param("cuda", torch.bfloat16, True, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("skip_reshape,skip_output_reshape", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("mask_kind", MASKS)
-def test_attention_override_equals_comfyuis_attention(comfy, nodes, device, dtype, skip_reshape, skip_output_reshape,
-                                                      mask_kind):
+def test_attention_override_equals_comfyuis_attention(comfy, nodes, device, dtype, kernel, skip_reshape,
+                                                      skip_output_reshape, mask_kind):
+    # kernel: rocm_sd's attention kernel asked for by name (as a tuned choice would make it run); without it,
+    # and for masked calls, the override hands the call to ComfyUI's own function.
     b, heads, lq, lk, d = 2, 8, 77 if mask_kind == "none" else 64, 77, 40
     g = torch.Generator(device).manual_seed(2)
     if skip_reshape:
@@ -199,12 +206,27 @@ def test_attention_override_equals_comfyuis_attention(comfy, nodes, device, dtyp
     expected = attention_pytorch(q, k, v, heads, **kwargs, transformer_options={})
     calls = []
 
-    def spy(*args, **kw):
-        calls.append(1)
-        return comfy_patch.attention_override(*args, **kw)
+    handed_back = []
 
-    got = attention_pytorch(q, k, v, heads, **kwargs, transformer_options={"optimized_attention_override": spy})
+    def spy(original, *args, **kw):
+        calls.append(1)
+
+        def comfys_own(*a, **k):
+            handed_back.append(1)
+            return original(*a, **k)
+        return comfy_patch.attention_override(comfys_own, *args, **kw)
+
+    with contextlib.ExitStack() as stack:
+        if kernel:
+            stack.enter_context(config.override(strict=True))
+            stack.enter_context(dispatch.force_backend("attention", dispatch.KERNEL))
+        rocm_sd.reset_stats()
+        got = attention_pytorch(q, k, v, heads, **kwargs, transformer_options={"optimized_attention_override": spy})
+        stats = rocm_sd.stats()
     assert calls == [1] and got.shape == expected.shape
+    ours = kernel and mask is None
+    assert handed_back == ([] if ours else [1])
+    assert stats.get("attention", {}) == ({"rocm_sd": 1} if ours else {})
     truth = attention_pytorch(q.double(), k.double(), v.double(), heads, transformer_options={},
                               mask=mask if mask is None or mask.dtype == torch.bool else mask.double(),
                               skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import DTYPE_CODES, PlanCache, custom_op, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
 
 OP = "attention"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -155,6 +155,22 @@ def attention_kernel(q, k, v, scale: float, out: torch.Tensor | None = None, ins
 
 
 _plans = PlanCache()
+_kernel_chosen = PlanCache()  # device -> whether its tuning database chose the kernel for any attention problem
+
+
+def kernel_may_run(device: torch.device) -> bool:
+    """Whether any attention call on `device` could run rocm_sd's kernel: it is asked for by name, or the tuning
+    database chose it for some attention problem (its nearest-shape lookup may then pick it for other shapes too).
+    When not, every call is PyTorch's SDPA by this op's policy, and callers may call SDPA, or their host app's own
+    attention, directly: the same result without this op's host cost (~30 us a call on the H200 machine)."""
+    forced = dispatch.forced_backend(OP)
+    if forced is not None:
+        return forced == dispatch.KERNEL
+    if device.type != "cuda":
+        return False
+    from ..tune import active
+
+    return _kernel_chosen.get_or_compute(device, lambda: active.chose_anywhere(device, OP, dispatch.KERNEL))
 
 
 def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
@@ -166,7 +182,7 @@ def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
     return supports(q, k, v, scale, instance), choice, instance
 
 
-@torch.library.custom_op("rocm_sd::attention", mutates_args=())
+@custom_op("rocm_sd::attention")
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     key = (tensor_key(q), tensor_key(k), tensor_key(v), scale)
     reasons, choice, instance = _plans.get_or_compute(key, lambda: _plan(q, k, v, scale))

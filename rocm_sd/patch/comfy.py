@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import ops
 from ..attention import attention, heads_first, heads_last, spatial_attention
 from .swap import group_norm_copy, layer_norm_copy, upsample_copy
 from .upsample import conv_foldable
@@ -96,10 +97,14 @@ def comfy_attention(q, k, v, heads, mask=None, skip_reshape=False, skip_output_r
 
 def attention_override(original, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
                        skip_output_reshape=False, **kwargs):
-    """transformer_options["optimized_attention_override"]: rocm_sd's attention, or ComfyUI's own
-    function for what it does not take (other arguments a newer ComfyUI may pass, e.g. GQA)."""
+    """transformer_options["optimized_attention_override"]: rocm_sd's attention kernel where it may run (tuned,
+    or asked for by name), else ComfyUI's own function, which is also what runs masked calls and arguments this
+    one does not know (a newer ComfyUI's GQA...). Where rocm_sd would run PyTorch's SDPA anyway, ComfyUI's own
+    function is the better SDPA call: ComfyUI picks SDPA's backend order (cuDNN first on NVIDIA: 1.06 vs 1.81 ms
+    per SD1.5 UNet evaluation on the H200, bench/results/2026-11-22-comfyui-*) and costs no extra host time."""
     unknown = set(kwargs) - {"transformer_options", "_inside_attn_wrapper"}
-    if unknown or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if (unknown or mask is not None or q.dtype not in (torch.float16, torch.bfloat16)
+            or not ops.attention_kernel_may_run(q.device)):
         return original(q, k, v, heads, mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
                         skip_output_reshape=skip_output_reshape, **kwargs)
     return comfy_attention(q, k, v, heads, mask, skip_reshape, skip_output_reshape)

@@ -38,6 +38,18 @@ def tuned_choice(device: torch.device, key_fn) -> str | None:
     return hit["choice"] if hit else None
 
 
+def chose_anywhere(device: torch.device, op: str, backend: str) -> bool:
+    """Whether `device`'s database chose `backend` (or one of its variants, "backend:...") for any problem of `op`."""
+    if device.type != "cuda":
+        return False
+    db = _database(device.index if device.index is not None else torch.cuda.current_device())
+    if db is None:
+        return False
+    return any(key.startswith(op + "|") and (result.get("choice") == backend or
+                                            str(result.get("choice", "")).startswith(backend + ":"))
+               for table in (db.results, db.defaults) for key, result in table.items())
+
+
 def reload() -> None:
     from ..ops._common import PlanCache
 
