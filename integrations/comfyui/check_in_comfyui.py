@@ -24,6 +24,33 @@ def load_nodes():
     return package.NODE_CLASS_MAPPINGS
 
 
+def import_comfyui(path: str, cpu: bool = False):
+    """ComfyUI's `comfy` package from the checkout at `path`, its command line parsed as `main.py [--cpu]`."""
+    sys.argv = ["main.py"] + (["--cpu"] if cpu else [])
+    sys.path.insert(0, os.path.abspath(path))
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    import comfy.ldm.models.autoencoder
+    import comfy.ldm.modules.attention
+    import comfy.model_management
+    import comfy.model_patcher
+    import comfy.sd
+    import comfy.supported_models
+    return comfy
+
+
+def kernels_ran(torch, device, ops) -> tuple[bool, dict]:
+    """On a GPU: whether every call of `ops` since the last reset ran rocm_sd's kernel (the patches are in use,
+    not merely installed); on a CPU the ops run PyTorch by design, so only that they were called."""
+    import rocm_sd
+
+    stats = {op: rocm_sd.stats().get(op, {}) for op in ops}
+    if device.type == "cpu":
+        return all(stats.values()), stats
+    return all(counts and set(counts) == {"rocm_sd"} for counts in stats.values()), stats
+
+
 def check_model(torch, comfy, nodes, device, dtype):
     unet_config = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_res_blocks": [1, 1],
                    "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
@@ -54,15 +81,20 @@ def check_model(torch, comfy, nodes, device, dtype):
     if override is not None:
         optimized.model_options["transformer_options"]["optimized_attention_override"] = \
             lambda *a, **k: calls.append(1) or override(*a, **k)
+    import rocm_sd
+
+    rocm_sd.reset_stats()
     got = run(optimized)
+    ran, stats = kernels_ran(torch, device, ("group_norm", "layer_norm"))
     swapped = sum(type(m).__name__.startswith("Rocm") for m in optimized.model.modules())
     diff = (got.float() - reference.float()).abs().max().item() / reference.float().abs().max().item()
     again = run(patcher)
     restored = torch.equal(again, reference) and not any(type(m).__name__.startswith("Rocm") for m in model.modules())
     print(f"model: {len(optimized.object_patches)} object patches, {swapped} rocm_sd modules while loaded, "
-          f"attention override called {len(calls)}x, max relative difference {diff:.2e}, original restored: {restored}")
+          f"attention override called {len(calls)}x, max relative difference {diff:.2e}, original restored: {restored}, "
+          f"op calls {stats}")
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    return diff <= tolerance and swapped > 0 and (override is None or calls) and restored
+    return diff <= tolerance and swapped > 0 and (override is None or calls) and restored and ran
 
 
 def check_vae(torch, comfy, nodes):
@@ -75,12 +107,18 @@ def check_vae(torch, comfy, nodes):
     vae = comfy.sd.VAE(sd=state)
     (optimized,) = nodes["RocmSDOptimizeVAE"]().optimize(vae)
     z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(2))
-    reference = vae.decode(z)
-    diff = (optimized.decode(z).float() - reference.float()).abs().max().item()
-    restored = torch.equal(vae.decode(z), reference)
+    import rocm_sd
+
+    with torch.inference_mode():  # as ComfyUI runs every node; under autograd the patches take ComfyUI's path
+        reference = vae.decode(z)
+        rocm_sd.reset_stats()
+        got = optimized.decode(z)
+        ran, stats = kernels_ran(torch, comfy.model_management.get_torch_device(), ("group_norm",))
+        restored = torch.equal(vae.decode(z), reference)
+    diff = (got.float() - reference.float()).abs().max().item()
     print(f"vae: {len(optimized.patcher.object_patches)} object patches, max difference {diff:.2e}, "
-          f"original restored: {restored}")
-    return diff <= 2e-2 and restored
+          f"original restored: {restored}, op calls {stats}")
+    return diff <= 2e-2 and restored and ran
 
 
 def main():
@@ -88,18 +126,8 @@ def main():
     parser.add_argument("comfyui", help="a ComfyUI checkout (its requirements installed)")
     parser.add_argument("--cpu", action="store_true", help="run ComfyUI on the CPU")
     args = parser.parse_args()
-    sys.argv = ["main.py"] + (["--cpu"] if args.cpu else [])
-    sys.path.insert(0, os.path.abspath(args.comfyui))
-    import comfy.options
-
-    comfy.options.enable_args_parsing()
+    comfy = import_comfyui(args.comfyui, args.cpu)
     import torch
-
-    import comfy.ldm.modules.attention
-    import comfy.model_management
-    import comfy.model_patcher
-    import comfy.sd
-    import comfy.supported_models
 
     device = comfy.model_management.get_torch_device()
     dtype = torch.float32 if device.type == "cpu" else torch.float16
