@@ -201,17 +201,21 @@ def test_graphed_text_encoders_equal_eager_ones(arch):
         assert report[name]["forward: graph captures"] == 1, report[name]
         assert report[name]["forward: graph replays"] == 2 * len(prompts), report[name]
     for e, g in zip(eager, graphed):
-        for key in e:  # the same kernels replayed: the same bits
-            assert torch.equal(e[key], g[key]), key
+        for key in e:
+            # Not bit-equal: PyTorch's own CUDA graph of the untouched tiny CLIP (torch.cuda.graph, no rocm_sd)
+            # differs from its eager run by one fp16 ulp (9.8e-4) on the negative prompt, on the H200 with
+            # torch 2.11 (bench/results/2026-11-22-text-encoder-h200.md); the UNet and VAE graphs are bit-equal.
+            assert (e[key].float() - g[key].float()).abs().max().item() <= 2e-3, key
 
 
 @pytest.mark.gpu
 def test_graphed_pipeline_equals_eager_optimized_pipeline():
+    # The UNet's and the VAE's graphs replay bit for bit; the text encoder's graph may not (its own test).
     pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
-    rocm_sd.optimize(pipe, cuda_graph=False)
+    rocm_sd.optimize(pipe, cuda_graph=False, text_encoder=False)
     eager = [run_pipe(pipe, steps=3, seed=s, output_type="pt") for s in (0, 1)]
     rocm_sd.revert(pipe)
-    rocm_sd.optimize(pipe)
+    rocm_sd.optimize(pipe, text_encoder=False)
     with config.override(strict=True):
         graphed = [run_pipe(pipe, steps=3, seed=s, output_type="pt") for s in (0, 1)]
     report = rocm_sd.report(pipe)
