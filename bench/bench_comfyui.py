@@ -169,7 +169,9 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR", help="write each row's per-op profiler table into DIR")
     args = parser.parse_args()
     check = check_script()
-    comfy = check.import_comfyui(args.comfyui)
+    argv = list(sys.argv)
+    comfy = check.import_comfyui(args.comfyui)  # it sets sys.argv to ComfyUI's own command line
+    sys.argv = argv  # the results record this command
     import torch
 
     from bench.harness import write_results
