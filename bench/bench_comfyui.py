@@ -138,8 +138,10 @@ def bench_unet(torch, comfy, nodes, device, profile_dir):
     opt_kernel, got = kernel_ms(torch, lambda: evaluate(optimized), path("rocm_sd")), evaluate(optimized)
     base_ms, opt_ms = (statistics.median(samples[name]) for name in ("comfyui", "rocm_sd"))
     rel = ((got.float() - reference.float()).norm() / reference.float().norm()).item()
-    return [("SD1.5 UNet, CFG batch 2, 64x64 latent", "ComfyUI", base_ms, base_kernel, None),
-            ("SD1.5 UNet, CFG batch 2, 64x64 latent", "rocm_sd Optimize Model", opt_ms, opt_kernel, rel)]
+    print("UNet wall ms per round: " + ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(samples["comfyui"], samples["rocm_sd"]))
+          + " (ComfyUI / rocm_sd)")
+    return [("SD1.5 UNet, CFG batch 2, 64x64 latent", "ComfyUI", base_ms, base_kernel, None, samples["comfyui"]),
+            ("SD1.5 UNet, CFG batch 2, 64x64 latent", "rocm_sd Optimize Model", opt_ms, opt_kernel, rel, samples["rocm_sd"])]
 
 
 def bench_vae(torch, comfy, nodes, sizes, profile_dir):
@@ -157,7 +159,7 @@ def bench_vae(torch, comfy, nodes, sizes, profile_dir):
             opt_ms, opt_kernel, got = measure(torch, lambda: optimized.decode(z), 10, 2, path("rocm_sd"))
         rel = ((got.float() - reference.float()).norm() / reference.float().norm()).item()
         what = f"SD VAE decode {size}x{size} ({vae.vae_dtype})"
-        rows += [(what, "ComfyUI", base_ms, base_kernel, None), (what, "rocm_sd Optimize VAE", opt_ms, opt_kernel, rel)]
+        rows += [(what, "ComfyUI", base_ms, base_kernel, None, None), (what, "rocm_sd Optimize VAE", opt_ms, opt_kernel, rel, None)]
     return rows
 
 
@@ -184,9 +186,10 @@ def main() -> None:
     rows = bench_unet(torch, comfy, nodes, device, args.profile) + bench_vae(torch, comfy, nodes, sizes, args.profile)
     lines = ["| call | model | wall ms | kernel ms | vs ComfyUI | relative difference |", "|---|---|---:|---:|---:|---:|"]
     results = []
-    for i, (what, engine, ms, kernel, rel) in enumerate(rows):
+    for i, (what, engine, ms, kernel, rel, rounds) in enumerate(rows):
         base = rows[i - 1][2] if rel is not None else ms
-        results.append({"call": what, "engine": engine, "ms": round(ms, 3), "kernel_ms": round(kernel, 3), "rel_diff": rel})
+        results.append({"call": what, "engine": engine, "ms": round(ms, 3), "kernel_ms": round(kernel, 3), "rel_diff": rel,
+                        **({"rounds_ms": [round(r, 3) for r in rounds]} if rounds else {})})
         lines.append(f"| {what} | {engine} | {ms:.2f} | {kernel:.2f} | {base / ms:.2f}x | {'-' if rel is None else f'{rel:.1e}'} |")
     table = "\n".join(lines)
     print(table)
