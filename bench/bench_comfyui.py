@@ -8,8 +8,8 @@ KSampler makes per step) through `apply_model`, the model loaded once before as 
 one VAE decode through `comfy.sd.VAE.decode` (which loads the VAE itself, every call), each for the
 untouched model and for the output of "rocm_sd Optimize Model" / "rocm_sd Optimize VAE". ComfyUI runs
 eagerly (no graph capture), so this is the per-step time a ComfyUI user sees. Median of synchronized
-calls after warm-up (the UNet: the median of 6 alternating rounds of 10 calls per model); relative difference
-of the outputs against the untouched model's. The "kernel ms"
+calls after warm-up (the UNet: the median of 6 alternating rounds of 10 calls per model; `--ablation` adds
+one row per node option alone); relative difference of the outputs against the untouched model's. The "kernel ms"
 column is the summed time of one call's GPU kernels (torch.profiler): where it is far below the wall
 time, the call is host-bound. `--profile DIR` also writes each row's per-op table there.
 """
@@ -105,7 +105,7 @@ def measure(torch, fn, repeats: int, warmup: int, profile_path: str | None):
     return wall, kernel_ms(torch, fn, profile_path), out
 
 
-def bench_unet(torch, comfy, nodes, device, profile_dir):
+def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
     config = comfy.supported_models.SD15(dict(SD15_UNET))
     config.set_inference_dtype(torch.float16, None)
     model = config.get_model({}, device=device)
@@ -123,25 +123,29 @@ def bench_unet(torch, comfy, nodes, device, profile_dir):
 
     # KSampler loads the model once per sampling run (comfy.sampler_helpers.prepare_sampling), then calls it once per
     # step; loading re-applies a patcher's object patches, so it stays outside the timed calls. The host time of
-    # this machine drifts by 10-20% over minutes, so the two models are timed in alternating rounds (A/B/A/B...).
-    (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher)
-    samples = {"comfyui": [], "rocm_sd": []}
+    # this machine drifts by 10-20% over minutes, so the models are timed in alternating rounds (A/B/A/B...).
+    node = nodes["RocmSDOptimizeModel"]()
+    variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0]}
+    if ablation:  # one option of the node at a time: which part costs or saves what
+        for option in ("attention", "group_norm", "layer_norm"):
+            flags = {o: o == option for o in ("attention", "group_norm", "layer_norm")}
+            variants[f"rocm_sd Optimize Model, {option} only"] = node.optimize(patcher, **flags)[0]
+    samples = {name: [] for name in variants}
     for _ in range(ROUNDS):
-        for name, p in (("comfyui", patcher), ("rocm_sd", optimized)):
+        for name, p in variants.items():
             comfy.model_management.load_models_gpu([p])
             wall, _ = timed(torch, lambda: evaluate(p), 10, warmup=3)
             samples[name].append(wall)
-    path = (lambda name: os.path.join(profile_dir, f"profile-unet-{name}.txt")) if profile_dir else (lambda name: None)
-    comfy.model_management.load_models_gpu([patcher])
-    base_kernel, reference = kernel_ms(torch, lambda: evaluate(patcher), path("comfyui")), evaluate(patcher)
-    comfy.model_management.load_models_gpu([optimized])
-    opt_kernel, got = kernel_ms(torch, lambda: evaluate(optimized), path("rocm_sd")), evaluate(optimized)
-    base_ms, opt_ms = (statistics.median(samples[name]) for name in ("comfyui", "rocm_sd"))
-    rel = ((got.float() - reference.float()).norm() / reference.float().norm()).item()
-    print("UNet wall ms per round: " + ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(samples["comfyui"], samples["rocm_sd"]))
-          + " (ComfyUI / rocm_sd)")
-    return [("SD1.5 UNet, CFG batch 2, 64x64 latent", "ComfyUI", base_ms, base_kernel, None, samples["comfyui"]),
-            ("SD1.5 UNet, CFG batch 2, 64x64 latent", "rocm_sd Optimize Model", opt_ms, opt_kernel, rel, samples["rocm_sd"])]
+    what, rows, reference = "SD1.5 UNet, CFG batch 2, 64x64 latent", [], None
+    for i, (name, p) in enumerate(variants.items()):
+        comfy.model_management.load_models_gpu([p])
+        table = os.path.join(profile_dir, f"profile-unet-{i}.txt") if profile_dir else None
+        kernels, out = kernel_ms(torch, lambda: evaluate(p), table), evaluate(p)
+        reference = out if reference is None else reference
+        rel = None if i == 0 else ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+        rows.append((what, name, statistics.median(samples[name]), kernels, rel, samples[name]))
+        print(f"UNet wall ms per round, {name}: " + ", ".join(f"{w:.2f}" for w in samples[name]))
+    return rows
 
 
 def bench_vae(torch, comfy, nodes, sizes, profile_dir):
@@ -169,6 +173,7 @@ def main() -> None:
     parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     parser.add_argument("--sizes", default="512,1024", help="VAE decode sizes in pixels")
     parser.add_argument("--profile", metavar="DIR", help="write each row's per-op profiler table into DIR")
+    parser.add_argument("--ablation", action="store_true", help="UNet rows with one node option on at a time")
     args = parser.parse_args()
     check = check_script()
     argv = list(sys.argv)
@@ -183,11 +188,11 @@ def main() -> None:
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = bench_unet(torch, comfy, nodes, device, args.profile) + bench_vae(torch, comfy, nodes, sizes, args.profile)
+    rows = bench_unet(torch, comfy, nodes, device, args.profile, args.ablation) + bench_vae(torch, comfy, nodes, sizes, args.profile)
     lines = ["| call | model | wall ms | kernel ms | vs ComfyUI | relative difference |", "|---|---|---:|---:|---:|---:|"]
     results = []
-    for i, (what, engine, ms, kernel, rel, rounds) in enumerate(rows):
-        base = rows[i - 1][2] if rel is not None else ms
+    for what, engine, ms, kernel, rel, rounds in rows:
+        base = next(row[2] for row in rows if row[0] == what)  # the untouched model's row of the same call
         results.append({"call": what, "engine": engine, "ms": round(ms, 3), "kernel_ms": round(kernel, 3), "rel_diff": rel,
                         **({"rounds_ms": [round(r, 3) for r in rounds]} if rounds else {})})
         lines.append(f"| {what} | {engine} | {ms:.2f} | {kernel:.2f} | {base / ms:.2f}x | {'-' if rel is None else f'{rel:.1e}'} |")
