@@ -126,10 +126,10 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
     # this machine drifts by 10-20% over minutes, so the models are timed in alternating rounds (A/B/A/B...).
     node = nodes["RocmSDOptimizeModel"]()
     variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0]}
-    if ablation:  # one option of the node at a time: which part costs or saves what
-        for option in ("attention", "group_norm", "layer_norm"):
+    if ablation:  # one option of the node at a time: which part costs or saves what; none: the clone alone
+        for option in ("attention", "group_norm", "layer_norm", None):
             flags = {o: o == option for o in ("attention", "group_norm", "layer_norm")}
-            variants[f"rocm_sd Optimize Model, {option} only"] = node.optimize(patcher, **flags)[0]
+            variants[f"rocm_sd Optimize Model, {option or 'no option'} only"] = node.optimize(patcher, **flags)[0]
     samples = {name: [] for name in variants}
     for _ in range(ROUNDS):
         for name, p in variants.items():
