@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -86,9 +87,23 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
     return Mesh(rank=rank, world=world, local_rank=local_rank, cfg=cfg, device=device, cfg_group=cfg_group)
 
 
-def shutdown() -> None:
-    """Leave the job cleanly: every rank is done with the group before any rank tears it down (a gloo
-    rank destroying its group while a peer still finishes was seen to abort with SIGABRT)."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+def shutdown(wait_s: float = 60.0) -> None:
+    """Leave the job cleanly: every rank is done with the groups before any rank tears them down, and no rank
+    exits before every rank has torn them down. A gloo rank still tearing down when a peer's process exits
+    (its sockets close) aborts with SIGABRT: seen in CI on 2026-11-21 and again, with the barrier alone, on
+    2026-11-22 (4 processes, cfg mode). The second wait goes through the job's store, which outlives the groups."""
+    if not dist.is_initialized():
+        return
+    store, world = dist.distributed_c10d._get_default_store(), dist.get_world_size()
+    dist.barrier()
+    dist.destroy_process_group()
+    try:
+        store.add(_LEFT, 1)
+        deadline = time.monotonic() + wait_s
+        while store.add(_LEFT, 0) < world and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except Exception:  # noqa: BLE001 - the store's host (rank 0 outside torchrun) has left: so may we
+        pass
+
+
+_LEFT = "rocm_sd/ranks_left"  # counted in the job's store by shutdown()
