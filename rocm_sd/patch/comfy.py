@@ -75,23 +75,12 @@ def upsample_swaps(root) -> dict[str, object]:
 
 # ---- attention ---------------------------------------------------------------------------------------------
 
-def _mask_4d(mask):
-    """ComfyUI's mask conventions: [Lq, Lk] for all, [B, Lq, Lk] per image, or already [B, H, Lq, Lk]."""
-    if mask is None:
-        return None
-    if mask.ndim == 2:
-        mask = mask.unsqueeze(0)
-    if mask.ndim == 3:
-        mask = mask.unsqueeze(1)
-    return mask
-
-
-def comfy_attention(q, k, v, heads, mask=None, skip_reshape=False, skip_output_reshape=False):
-    """ComfyUI's attention contract: (B, L, heads*D) unless skip_reshape (then (B, H, L, D)); output
-    (B, L, heads*D) unless skip_output_reshape."""
+def comfy_attention(q, k, v, heads, skip_reshape=False, skip_output_reshape=False):
+    """ComfyUI's attention contract, unmasked (masked calls stay ComfyUI's own): (B, L, heads*D) unless
+    skip_reshape (then (B, H, L, D)); output (B, L, heads*D) unless skip_output_reshape."""
     if not skip_reshape:
         q, k, v = (heads_first(t, heads) for t in (q, k, v))
-    out = attention(q, k, v, _mask_4d(mask))
+    out = attention(q, k, v)
     return out if skip_output_reshape else heads_last(out)
 
 
@@ -107,11 +96,11 @@ def attention_override(original, q, k, v, heads, mask=None, attn_precision=None,
             or not ops.attention_kernel_may_run(q.device)):
         return original(q, k, v, heads, mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
                         skip_output_reshape=skip_output_reshape, **kwargs)
-    return comfy_attention(q, k, v, heads, mask, skip_reshape, skip_output_reshape)
+    return comfy_attention(q, k, v, heads, skip_reshape, skip_output_reshape)
 
 
 def attention_replace(q, k, v, extra_options):
-    """An attn1/attn2 replace patch (ComfyUI without the override): q, k, v are (B, L, heads*D)."""
+    """An attn1/attn2 replace patch (ComfyUI without the override): q, k, v are (B, L, heads*D), no mask."""
     return comfy_attention(q, k, v, extra_options["n_heads"])
 
 
