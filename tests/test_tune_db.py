@@ -147,3 +147,15 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert len(final) == 60 and not final.notes
     assert final.lookup(problem_key("op", "float16", "nhwc", worker=3, i=14))["choice"] == "3-14"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_chose_anywhere_says_whether_a_backend_won_any_problem_of_an_op(tmp_path):
+    # What rocm_sd.attention asks to skip its op where the kernel can never be chosen.
+    tuned = db(tmp_path)
+    assert not tuned.chose_anywhere("group_norm", "rocm_sd")
+    tuned.record(GN, {"choice": "torch"})
+    assert not tuned.chose_anywhere("group_norm", "rocm_sd") and tuned.chose_anywhere("group_norm", "torch")
+    tuned.record(problem_key("group_norm", "float16", "nhwc", N=1, C=512, HW=16384, G=32, act="silu"),
+                 {"choice": "rocm_sd:split"})
+    assert tuned.chose_anywhere("group_norm", "rocm_sd") and not tuned.chose_anywhere("group_norm_x", "rocm_sd")
+    assert not tuned.chose_anywhere("attention", "rocm_sd")

@@ -43,11 +43,7 @@ def chose_anywhere(device: torch.device, op: str, backend: str) -> bool:
     if device.type != "cuda":
         return False
     db = _database(device.index if device.index is not None else torch.cuda.current_device())
-    if db is None:
-        return False
-    return any(key.startswith(op + "|") and (result.get("choice") == backend or
-                                            str(result.get("choice", "")).startswith(backend + ":"))
-               for table in (db.results, db.defaults) for key, result in table.items())
+    return db is not None and db.chose_anywhere(op, backend)
 
 
 def reload() -> None:

@@ -188,6 +188,11 @@ class TuningDB:
                 return best  # the user's nearest over any shipped one
         return None
 
+    def chose_anywhere(self, op: str, backend: str) -> bool:
+        """Whether `backend` (or a variant of it, "backend:...") won any problem of `op`, user or shipped."""
+        return any(key.startswith(op + "|") and str(result.get("choice", "")).partition(":")[0] == backend
+                   for table in (self.results, self.defaults) for key, result in table.items())
+
     def __len__(self) -> int:
         return len(self.results)
 
