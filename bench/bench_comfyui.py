@@ -20,7 +20,6 @@ import importlib.util
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -58,19 +57,6 @@ def random_weights(torch, named_tensors) -> dict:
     return out
 
 
-def timed(torch, fn, repeats: int, warmup: int = 3):
-    for _ in range(warmup):
-        out = fn()
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), out
-
-
 ROUNDS = 6  # alternating timing rounds of the UNet rows
 
 
@@ -101,7 +87,9 @@ def kernel_ms(torch, fn, table_path: str | None = None) -> float:
 
 
 def measure(torch, fn, repeats: int, warmup: int, profile_path: str | None):
-    wall, out = timed(torch, fn, repeats, warmup)
+    from bench.harness import wall_ms
+
+    wall, out = wall_ms(fn, repeats, warmup)
     return wall, kernel_ms(torch, fn, profile_path), out
 
 
@@ -124,6 +112,8 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
     # KSampler loads the model once per sampling run (comfy.sampler_helpers.prepare_sampling), then calls it once per
     # step; loading re-applies a patcher's object patches, so it stays outside the timed calls. The host time of
     # this machine drifts by 10-20% over minutes, so the models are timed in alternating rounds (A/B/A/B...).
+    from bench.harness import wall_ms
+
     node = nodes["RocmSDOptimizeModel"]()
     variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0]}
     if ablation:  # one option of the node at a time: which part costs or saves what; none: the clone alone
@@ -134,7 +124,7 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
     for _ in range(ROUNDS):
         for name, p in variants.items():
             comfy.model_management.load_models_gpu([p])
-            wall, _ = timed(torch, lambda: evaluate(p), 10, warmup=3)
+            wall, _ = wall_ms(lambda: evaluate(p), 10, warmup=3)
             samples[name].append(wall)
     what, rows, reference = "SD1.5 UNet, CFG batch 2, 64x64 latent", [], None
     for i, (name, p) in enumerate(variants.items()):

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import types
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rocm_sd  # noqa: E402
-from bench.harness import write_results  # noqa: E402
+from bench.harness import wall_ms, write_results  # noqa: E402
 from rocm_sd import models  # noqa: E402
 
 PROMPT, NEGATIVE = "a lighthouse on a cliff at dawn, oil painting", "blurry"
@@ -44,16 +42,8 @@ def text_encoders(arch: str):
 def encode_ms(pipe, repeats: int = 20) -> tuple[float, dict]:
     with torch.no_grad():
         out = models.prompt_kwargs(pipe, PROMPT, NEGATIVE)  # first call: graph capture for rocm_sd
-        for _ in range(3):
-            models.prompt_kwargs(pipe, PROMPT, NEGATIVE)
-        samples = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            models.prompt_kwargs(pipe, PROMPT, NEGATIVE)
-            torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), out
+        ms, _ = wall_ms(lambda: models.prompt_kwargs(pipe, PROMPT, NEGATIVE), repeats)
+    return ms, out
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -24,6 +25,21 @@ ROTATE_BYTES = 256 << 20
 def rotating_inputs(make, bytes_per_input: int) -> list:
     count = max(2, min(64, -(-ROTATE_BYTES // max(1, bytes_per_input))))
     return [make() for _ in range(count)]
+
+
+def wall_ms(fn, repeats: int, warmup: int = 3):
+    """(median wall milliseconds of one synchronized fn() call after `warmup` calls, the last warm-up's result):
+    what a user waits for, host time included (whole model calls in eager hosts, graphed calls)."""
+    for _ in range(warmup):
+        out = fn()
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples), out
 
 
 def device_ms(fn, inputs: list, replays: int = 10, trials: int = 5) -> float:
