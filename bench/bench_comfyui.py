@@ -3,13 +3,14 @@
     python bench/bench_comfyui.py /path/to/ComfyUI [--out-dir bench/results] [--sizes 512,1024]
 
 ComfyUI's own SD1.5 UNet (its model_detection config) and SD VAE, random weights, loaded through its
-ModelPatcher and model management as a workflow would. Rows: one UNet evaluation (a CFG batch of 2, as
-KSampler makes per step) through `apply_model`, the model loaded once before as KSampler does per run, and
-one VAE decode through `comfy.sd.VAE.decode` (which loads the VAE itself, every call), each for the
-untouched model and for the output of "rocm_sd Optimize Model" / "rocm_sd Optimize VAE". ComfyUI runs
-eagerly (no graph capture), so this is the per-step time a ComfyUI user sees. Median of synchronized
-calls after warm-up (the UNet: the median of 6 alternating rounds of 10 calls per model; `--ablation` adds
-one row per node option alone); relative difference of the outputs against the untouched model's. The "kernel ms"
+ModelPatcher and model management as a workflow would. Rows: a 20-step KSampler run at 512x512 (euler, CFG
+7.5: one CFG batch of 2 per step) through `comfy.sample.sample`, as the KSampler node calls it, in ms per
+step (sampler included: what a ComfyUI user waits for per step), and one VAE decode through
+`comfy.sd.VAE.decode` (which loads the VAE itself, every call), each for the untouched model and for the
+output of "rocm_sd Optimize Model" (with and without its graph capture) / "rocm_sd Optimize VAE". Median of
+synchronized calls after warm-up (KSampler: the median of 6 alternating rounds of 2 runs per model;
+`--ablation` adds one row per node option alone); relative difference of the outputs (the final latents,
+the decoded images) against the untouched model's. The "kernel ms"
 column is the summed time of one call's GPU kernels (torch.profiler): where it is far below the wall
 time, the call is host-bound. `--profile DIR` also writes each row's per-op table there.
 """
@@ -57,7 +58,7 @@ def random_weights(torch, named_tensors) -> dict:
     return out
 
 
-ROUNDS = 6  # alternating timing rounds of the UNet rows
+ROUNDS = 6  # alternating timing rounds of the KSampler rows
 
 
 def kernel_ms(torch, fn, table_path: str | None = None) -> float:
@@ -93,7 +94,15 @@ def measure(torch, fn, repeats: int, warmup: int, profile_path: str | None):
     return wall, kernel_ms(torch, fn, profile_path), out
 
 
+STEPS = 20  # one KSampler run: euler, CFG 7.5, the "normal" schedule
+LATENT = 64  # 512x512 pixels
+
+
 def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
+    import comfy.sample
+
+    from rocm_sd.patch.comfy_graph import graph_stats
+
     config = comfy.supported_models.SD15(dict(SD15_UNET))
     config.set_inference_dtype(torch.float16, None)
     model = config.get_model({}, device=device)
@@ -101,40 +110,44 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
     model.diffusion_model.load_state_dict(state)
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 4, 64, 64, generator=g).to(device, torch.float16)
-    ctx = torch.randn(2, 77, 768, generator=g).to(device, torch.float16)
-    t = torch.tensor([500.0, 500.0], device=device)
+    noise, latent = torch.randn(1, 4, LATENT, LATENT, generator=g), torch.zeros(1, 4, LATENT, LATENT)
+    positive = [[torch.randn(1, 77, 768, generator=g), {}]]
+    negative = [[torch.randn(1, 77, 768, generator=g), {}]]
 
-    def evaluate(p):
+    def ksampler(p):  # what the KSampler node calls; it loads the model itself (a no-op while it stays loaded)
         with torch.inference_mode():
-            return p.model.apply_model(x, t, c_crossattn=ctx, transformer_options=p.model_options["transformer_options"])
+            return comfy.sample.sample(p, noise, STEPS, 7.5, "euler", "normal", positive, negative, latent, seed=0,
+                                       disable_pbar=True)
 
-    # KSampler loads the model once per sampling run (comfy.sampler_helpers.prepare_sampling), then calls it once per
-    # step; loading re-applies a patcher's object patches, so it stays outside the timed calls. The host time of
-    # this machine drifts by 10-20% over minutes, so the models are timed in alternating rounds (A/B/A/B...).
+    # The host time of this machine drifts by 10-20% over minutes, so the models are timed in alternating rounds
+    # (A/B/A/B...). Loading another clone of the same model unloads the previous one (ComfyUI detaches it, and the
+    # node's graphs are dropped with it): each round's first run loads the model and captures, untimed.
     from bench.harness import wall_ms
 
     node = nodes["RocmSDOptimizeModel"]()
-    variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0]}
+    variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0],
+                "rocm_sd Optimize Model, cuda_graph off": node.optimize(patcher, cuda_graph=False)[0]}
     if ablation:  # one option of the node at a time: which part costs or saves what; none: the clone alone
-        for option in ("attention", "group_norm", "layer_norm", None):
-            flags = {o: o == option for o in ("attention", "group_norm", "layer_norm")}
+        options = ("attention", "group_norm", "layer_norm", "cuda_graph")
+        for option in options + (None,):
+            flags = {o: o == option for o in options}
             variants[f"rocm_sd Optimize Model, {option or 'no option'} only"] = node.optimize(patcher, **flags)[0]
     samples = {name: [] for name in variants}
     for _ in range(ROUNDS):
         for name, p in variants.items():
-            comfy.model_management.load_models_gpu([p])
-            wall, _ = wall_ms(lambda: evaluate(p), 10, warmup=3)
-            samples[name].append(wall)
-    what, rows, reference = "SD1.5 UNet, CFG batch 2, 64x64 latent", [], None
+            wall, _ = wall_ms(lambda: ksampler(p), 2, warmup=1)
+            samples[name].append(wall / STEPS)
+    what, rows, reference = f"SD1.5 KSampler step (euler, CFG 7.5, {LATENT}x{LATENT} latent), ms per step of {STEPS}", [], None
     for i, (name, p) in enumerate(variants.items()):
-        comfy.model_management.load_models_gpu([p])
+        ksampler(p)  # loaded, and captured where it graphs
         table = os.path.join(profile_dir, f"profile-unet-{i}.txt") if profile_dir else None
-        kernels, out = kernel_ms(torch, lambda: evaluate(p), table), evaluate(p)
+        kernels, out = kernel_ms(torch, lambda: ksampler(p), table) / STEPS, ksampler(p)
         reference = out if reference is None else reference
         rel = None if i == 0 else ((out.float() - reference.float()).norm() / reference.float().norm()).item()
         rows.append((what, name, statistics.median(samples[name]), kernels, rel, samples[name]))
-        print(f"UNet wall ms per round, {name}: " + ", ".join(f"{w:.2f}" for w in samples[name]))
+        graphs = graph_stats(p)
+        print(f"KSampler ms per step per round, {name}: " + ", ".join(f"{w:.2f}" for w in samples[name])
+              + (f"; graphs {dict(graphs)}" if graphs else ""))
     return rows
 
 

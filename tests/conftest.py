@@ -1,7 +1,10 @@
+import sys
+
 import pytest
 import torch
 
 from rocm_sd import platform
+from tests.comfyui_standin import STANDINS, load_node_package
 
 HAVE_GPU = platform.gpu_available()
 
@@ -37,3 +40,27 @@ def _private_tuning_database(tmp_path_factory):
     yield
     config.current = saved
     active.reload()
+
+
+# ---- the ComfyUI node tests: ComfyUI's interfaces from tests/standins, the node package loaded as ComfyUI does
+
+@pytest.fixture(scope="module")
+def comfy():
+    sys.path.insert(0, STANDINS)
+    import comfy.ldm.modules.attention as attention
+    import comfy.model_base
+    import comfy.model_patcher
+    import comfy.sd
+
+    yield {"attention": attention, "model_base": comfy.model_base, "ModelPatcher": comfy.model_patcher.ModelPatcher,
+           "VAE": comfy.sd.VAE}
+    sys.path.remove(STANDINS)
+    for name in [m for m in sys.modules if m == "comfy" or m.startswith("comfy.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def nodes(comfy):
+    package, nodes_module = load_node_package()
+    assert package.NODE_CLASS_MAPPINGS is nodes_module.NODE_CLASS_MAPPINGS
+    return nodes_module

@@ -4,8 +4,6 @@ ComfyUI checkout (README, "ComfyUI")."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
 import sys
 
 import pytest
@@ -15,60 +13,7 @@ import rocm_sd
 from rocm_sd import config, dispatch
 from rocm_sd.patch import comfy as comfy_patch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STANDINS = os.path.join(ROOT, "tests", "standins")
-
-
-def _load_node_package(name: str = "rocm_sd_comfyui_under_test"):
-    """As ComfyUI's loader does: the folder imported as a package from its path."""
-    folder = os.path.join(ROOT, "integrations", "comfyui")
-    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
-                                                  submodule_search_locations=[folder])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module, sys.modules[f"{name}.nodes"]
-
-
-@pytest.fixture(scope="module")
-def comfy():
-    sys.path.insert(0, STANDINS)
-    import comfy.ldm.modules.attention as attention
-    import comfy.model_base
-    import comfy.model_patcher
-    import comfy.sd
-
-    yield {"attention": attention, "model_base": comfy.model_base, "ModelPatcher": comfy.model_patcher.ModelPatcher,
-           "VAE": comfy.sd.VAE}
-    sys.path.remove(STANDINS)
-    for name in [m for m in sys.modules if m == "comfy" or m.startswith("comfy.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture(scope="module")
-def nodes(comfy):
-    package, nodes_module = _load_node_package()
-    assert package.NODE_CLASS_MAPPINGS is nodes_module.NODE_CLASS_MAPPINGS
-    return nodes_module
-
-
-def _model(comfy, device="cpu", dtype=torch.float32, **kw):
-    torch.manual_seed(0)
-    base = comfy["model_base"].BaseModel(**kw).to(device, dtype).eval()
-    for p in base.parameters():  # ComfyUI skips init (weights come from files): random, never zeros
-        p.data.normal_(0, 0.2)
-    return comfy["ModelPatcher"](base)
-
-
-def _run(patcher, x, ctx):
-    with torch.inference_mode():
-        return patcher.model.apply_model(x, None, ctx, transformer_options=patcher.model_options["transformer_options"])
-
-
-def _inputs(device="cpu", dtype=torch.float32):
-    g = torch.Generator(device).manual_seed(1)
-    return (torch.randn(2, 4, 8, 8, device=device, dtype=dtype, generator=g),
-            torch.randn(2, 5, 24, device=device, dtype=dtype, generator=g))
+from tests.comfyui_standin import load_node_package, model_inputs, run_model, standin_model
 
 
 def test_node_contract(nodes):
@@ -84,9 +29,9 @@ def test_node_contract(nodes):
 
 
 def test_clone_not_mutate_and_same_output(comfy, nodes):
-    patcher = _model(comfy)
-    x, ctx = _inputs()
-    reference = _run(patcher, x, ctx)
+    patcher = standin_model(comfy)
+    x, ctx = model_inputs()
+    reference = run_model(patcher, x, ctx)
     originals = dict(patcher.model.named_modules())
     (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
     assert optimized is not patcher and optimized.model is patcher.model
@@ -102,16 +47,16 @@ def test_clone_not_mutate_and_same_output(comfy, nodes):
         norm = optimized.model.diffusion_model.input_blocks[1][1].transformer_blocks[0].norm1
         assert type(norm).__name__ == "RocmLayerNorm"
         assert norm.weight is originals["diffusion_model.input_blocks.1.1.transformer_blocks.0.norm1"].weight
-        got = _run(optimized, x, ctx)
+        got = run_model(optimized, x, ctx)
     finally:
         optimized.unpatch_model()
     torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
     assert dict(patcher.model.named_modules()) == originals
-    assert torch.equal(_run(patcher, x, ctx), reference)
+    assert torch.equal(run_model(patcher, x, ctx), reference)
 
 
 def test_options_turn_pieces_off(comfy, nodes):
-    patcher = _model(comfy)
+    patcher = standin_model(comfy)
     (only_attention,) = nodes.RocmSDOptimizeModel().optimize(patcher, attention=True, group_norm=False, layer_norm=False)
     assert only_attention.object_patches == {}
     (only_norms,) = nodes.RocmSDOptimizeModel().optimize(patcher, attention=False)
@@ -120,23 +65,23 @@ def test_options_turn_pieces_off(comfy, nodes):
 
 
 def test_scale_shift_resblocks_keep_their_silu_after_the_shift(comfy, nodes):
-    patcher = _model(comfy, use_scale_shift_norm=True)
-    x, ctx = _inputs()
-    reference = _run(patcher, x, ctx)
+    patcher = standin_model(comfy, use_scale_shift_norm=True)
+    x, ctx = model_inputs()
+    reference = run_model(patcher, x, ctx)
     (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
     assert not any(k.endswith("out_layers.1") for k in optimized.object_patches)
     assert any(k.endswith("in_layers.1") for k in optimized.object_patches)
     optimized.patch_model()
     try:
-        torch.testing.assert_close(_run(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(run_model(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
     finally:
         optimized.unpatch_model()
 
 
 def test_low_vram_casting_takes_comfyuis_own_path(comfy, nodes):
-    patcher = _model(comfy)
-    x, ctx = _inputs()
-    reference = _run(patcher, x, ctx)
+    patcher = standin_model(comfy)
+    x, ctx = model_inputs()
+    reference = run_model(patcher, x, ctx)
     (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
     optimized.patch_model()
     try:
@@ -144,16 +89,16 @@ def test_low_vram_casting_takes_comfyuis_own_path(comfy, nodes):
             if type(module).__name__.startswith("Rocm"):
                 module.comfy_cast_weights = True  # what ComfyUI sets on modules it streams in low-VRAM mode
                 module.weight_function = [lambda w: w * 1.0]
-        torch.testing.assert_close(_run(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(run_model(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
     finally:
         optimized.unpatch_model()
 
 
 def test_older_comfyui_gets_attention_replace_patches(comfy, nodes, monkeypatch):
     monkeypatch.delattr(comfy["attention"], "wrap_attn")
-    patcher = _model(comfy)
-    x, ctx = _inputs()
-    reference = _run(patcher, x, ctx)
+    patcher = standin_model(comfy)
+    x, ctx = model_inputs()
+    reference = run_model(patcher, x, ctx)
     (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, group_norm=False, layer_norm=False)
     replaces = optimized.model_options["transformer_options"]["patches_replace"]
     expected = {("input", 1, 0), ("middle", 0, 0), ("middle", 0, 1), ("output", 0, 0)}
@@ -161,7 +106,7 @@ def test_older_comfyui_gets_attention_replace_patches(comfy, nodes, monkeypatch)
     calls = []
     for key in expected:  # count the calls, through the patch the node installed
         replaces["attn1"][key] = lambda q, k, v, extra, _f=replaces["attn1"][key]: calls.append(1) or _f(q, k, v, extra)
-    torch.testing.assert_close(_run(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(run_model(optimized, x, ctx), reference, rtol=1e-5, atol=1e-5)
     assert len(calls) == 4
 
 
@@ -299,9 +244,9 @@ def test_resnet_blocks_with_a_time_embedding_keep_their_own_silu(comfy):
 def test_without_rocm_sd_the_nodes_pass_through(comfy, monkeypatch):
     for name in [m for m in sys.modules if m == "rocm_sd" or m.startswith("rocm_sd.")]:
         monkeypatch.setitem(sys.modules, name, None)  # importing rocm_sd or any part of it now raises ImportError
-    _, nodes_module = _load_node_package("rocm_sd_comfyui_without_library")
+    _, nodes_module = load_node_package("rocm_sd_comfyui_without_library")
     assert nodes_module.UNAVAILABLE and "not importable" in nodes_module.UNAVAILABLE
-    patcher = _model(comfy)
+    patcher = standin_model(comfy)
     assert nodes_module.RocmSDOptimizeModel().optimize(patcher)[0] is patcher
     vae = comfy["VAE"]()
     assert nodes_module.RocmSDOptimizeVAE().optimize(vae)[0] is vae
@@ -311,14 +256,14 @@ def test_without_rocm_sd_the_nodes_pass_through(comfy, monkeypatch):
 def test_optimized_model_on_the_gpu_uses_the_kernels(comfy, nodes):
     import rocm_sd
 
-    patcher = _model(comfy, "cuda", torch.float16, channels=32)
-    x, ctx = _inputs("cuda", torch.float16)
-    reference = _run(patcher, x, ctx)
+    patcher = standin_model(comfy, "cuda", torch.float16, channels=32)
+    x, ctx = model_inputs("cuda", torch.float16)
+    reference = run_model(patcher, x, ctx)
     (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
     optimized.patch_model()
     try:
         rocm_sd.reset_stats()
-        got = _run(optimized, x, ctx)
+        got = run_model(optimized, x, ctx)
         stats = rocm_sd.stats()
     finally:
         optimized.unpatch_model()

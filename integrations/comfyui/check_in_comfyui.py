@@ -5,7 +5,8 @@
 Builds a small random SD1.5-style UNet and a random SD VAE with ComfyUI's own classes, runs them through
 ComfyUI's ModelPatcher with and without "rocm_sd Optimize Model" / "rocm_sd Optimize VAE", and checks:
 the outputs agree, the attention override is called, the object patches are in place while the model is
-loaded, and the original model is exactly itself again afterwards. Exits non-zero on any failure.
+loaded, and the original model is exactly itself again afterwards; then KSampler's own path agrees with
+and without the node and (on a GPU) replays the node's captured graph. Exits non-zero on any failure.
 """
 import argparse
 import importlib.util
@@ -51,7 +52,8 @@ def kernels_ran(torch, device, ops) -> tuple[bool, dict]:
     return all(counts and set(counts) == {"rocm_sd"} for counts in stats.values()), stats
 
 
-def check_model(torch, comfy, nodes, device, dtype):
+def small_sd15(torch, comfy, device, dtype):
+    """A ModelPatcher around a small random SD1.5-style model built with ComfyUI's own classes."""
     unet_config = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_res_blocks": [1, 1],
                    "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
                    "transformer_depth_middle": 1, "context_dim": 64, "num_head_channels": 8,
@@ -64,7 +66,12 @@ def check_model(torch, comfy, nodes, device, dtype):
     torch.manual_seed(0)
     for p in model.parameters():
         p.data.normal_(0, 0.1)
-    patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+
+
+def check_model(torch, comfy, nodes, device, dtype):
+    patcher = small_sd15(torch, comfy, device, dtype)
+    model = patcher.model
     g = torch.Generator().manual_seed(1)
     x, ctx = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 7, 64, generator=g)
     x, ctx, t = x.to(device, dtype), ctx.to(device, dtype), torch.tensor([500.0, 500.0], device=device)
@@ -95,6 +102,33 @@ def check_model(torch, comfy, nodes, device, dtype):
           f"op calls {stats}")
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     return diff <= tolerance and swapped > 0 and (override is None or calls) and restored and ran
+
+
+def check_sampler(torch, comfy, nodes, device, dtype):
+    """KSampler's own path (comfy.sample.sample, as the KSampler node calls it) with and without the node: the
+    latents agree, and on a GPU the steps replayed the node's captured graph."""
+    import comfy.sample
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    patcher = small_sd15(torch, comfy, device, dtype)
+    (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher)
+    g = torch.Generator().manual_seed(3)
+    noise, latent = torch.randn(1, 4, 16, 16, generator=g), torch.zeros(1, 4, 16, 16)
+    positive, negative = [[torch.randn(1, 7, 64, generator=g), {}]], [[torch.randn(1, 7, 64, generator=g), {}]]
+
+    def sample(p):
+        with torch.inference_mode():
+            return comfy.sample.sample(p, noise, 6, 7.0, "euler", "normal", positive, negative, latent, seed=0,
+                                       disable_pbar=True)
+
+    reference, got = sample(patcher), sample(optimized)
+    again = sample(optimized)  # a second run: new uuids and conds, the same graph
+    stats = graph_stats(optimized)
+    diff = max((out.float() - reference.float()).abs().max().item() for out in (got, again))
+    diff /= reference.float().abs().max().item()
+    print(f"sampler: 2 x 6 euler steps, max relative difference {diff:.2e}, graphs {dict(stats)}")
+    graphed = stats["graph captures"] == 1 and stats["graph replays"] == 12 if device.type == "cuda" else True
+    return diff <= (1e-5 if dtype == torch.float32 else 2e-2) and graphed
 
 
 def check_vae(torch, comfy, nodes):
@@ -134,7 +168,8 @@ def main():
     print(f"ComfyUI at {args.comfyui}: device {device}, override supported: "
           f"{hasattr(comfy.ldm.modules.attention, 'wrap_attn')}")
     nodes = load_nodes()
-    ok = check_model(torch, comfy, nodes, device, dtype) and check_vae(torch, comfy, nodes)
+    ok = (check_model(torch, comfy, nodes, device, dtype) and check_sampler(torch, comfy, nodes, device, dtype)
+          and check_vae(torch, comfy, nodes))
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

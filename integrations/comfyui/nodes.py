@@ -4,7 +4,8 @@ A thin shim (DESIGN.md convention 10): node definitions around rocm_sd.patch.com
 AUTOMATIC1111 extension's Forge path shares. The norm modules become kernel-backed copies of themselves
 through the patcher's object patches, so ComfyUI's own load/unload, offload, LoRA weight patching and
 low-VRAM casting keep working and the input model is never touched; attention goes through ComfyUI's
-per-model override where the running ComfyUI has it (feature-detected), else attn1/attn2 replace patches.
+per-model override where the running ComfyUI has it (feature-detected), else attn1/attn2 replace patches;
+each model evaluation replays a captured graph through the patcher's model_function_wrapper.
 Without rocm_sd (or without its kernels) the nodes pass the model through and say why, once.
 """
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _say_once(message: str) -> None:
 # ---- the nodes ---------------------------------------------------------------------------------------------
 
 class RocmSDOptimizeModel:
-    """MODEL -> MODEL: rocm_sd's norm kernels and attention on a clone; the input model is not changed."""
+    """MODEL -> MODEL: rocm_sd's norm kernels and attention on a clone, and its evaluations replayed as
+    captured graphs; the input model is not changed."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -44,19 +46,26 @@ class RocmSDOptimizeModel:
             "attention": ("BOOLEAN", {"default": True, "tooltip": "attention through rocm_sd"}),
             "group_norm": ("BOOLEAN", {"default": True, "tooltip": "GroupNorm (+ the SiLU after it) as one kernel"}),
             "layer_norm": ("BOOLEAN", {"default": True, "tooltip": "the transformer blocks' LayerNorms"}),
+            "cuda_graph": ("BOOLEAN", {"default": True, "tooltip": (
+                "replay each model evaluation as one captured GPU graph (HIP graph on AMD) per input shape: "
+                "the host cost of hundreds of launches per step goes. Needs VRAM for the graph's activations; "
+                "calls with other nodes' patches, or in low-VRAM mode, run as usual")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "optimize"
     CATEGORY = CATEGORY
-    DESCRIPTION = "Runs the model's GroupNorm+SiLU, LayerNorm and attention through rocm_sd (AMD GPUs)."
+    DESCRIPTION = ("Runs the model's GroupNorm+SiLU, LayerNorm and attention through rocm_sd and replays each "
+                   "model evaluation as a captured GPU graph (AMD GPUs).")
 
-    def optimize(self, model, attention=True, group_norm=True, layer_norm=True):
+    def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
         patched = model.clone()
-        patch_model_patcher(patched, attention, group_norm, layer_norm)
+        no_graphs = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph)
+        if no_graphs:
+            _say_once(f"no graph capture: {no_graphs}")
         _report_kernels()
         return (patched,)
 

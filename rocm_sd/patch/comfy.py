@@ -12,6 +12,7 @@ from torch import nn
 
 from .. import ops
 from ..attention import attention, heads_first, heads_last, spatial_attention
+from .comfy_graph import install_graphs
 from .swap import group_norm_copy, layer_norm_copy, upsample_copy
 from .upsample import conv_foldable
 
@@ -132,13 +133,20 @@ def _transformer_block_keys(diffusion_model) -> list[tuple[str, int, int]]:
 
 
 def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True, layer_norm: bool = True,
-                        override_supported: bool | None = None) -> None:
+                        override_supported: bool | None = None, cuda_graph: bool = False) -> str | None:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
-    patches and attention patches. override_supported: None to detect ComfyUI's `wrap_attn`."""
+    patches and attention patches, and with cuda_graph the model evaluation as a replayed graph
+    (patch/comfy_graph.py). override_supported: None to detect ComfyUI's `wrap_attn`. Returns why graphs
+    could not be installed, or None."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
     for path, module in norm_swaps(diffusion_model, group_norm, layer_norm).items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
+    _patch_attention(patcher, diffusion_model, attention, override_supported)
+    return install_graphs(patcher, own_replace_patch=attention_replace) if cuda_graph else None
+
+
+def _patch_attention(patcher, diffusion_model, attention: bool, override_supported: bool | None) -> None:
     if not attention:
         return
     if override_supported is None:

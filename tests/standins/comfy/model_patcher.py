@@ -4,6 +4,7 @@ import copy
 import torch
 
 import comfy.utils
+from comfy.patcher_extension import CallbacksMP
 
 
 def set_model_options_patch_replace(model_options, patch, name, block_name, number, transformer_index=None):
@@ -25,6 +26,7 @@ class ModelPatcher:
         self.model_options = {"transformer_options": {}}
         self.object_patches = {}
         self.object_patches_backup = {}
+        self.callbacks = {}
         self.parent = None
 
     def clone(self):
@@ -32,6 +34,7 @@ class ModelPatcher:
         n.object_patches = self.object_patches.copy()
         n.model_options = copy.deepcopy(self.model_options)
         n.object_patches_backup = self.object_patches_backup
+        n.callbacks = {k: {key: fns.copy() for key, fns in c.items()} for k, c in self.callbacks.items()}
         n.parent = self
         return n
 
@@ -44,6 +47,15 @@ class ModelPatcher:
         if name in self.object_patches_backup:
             return self.object_patches_backup[name]
         return comfy.utils.get_attr(self.model, name)
+
+    def set_model_unet_function_wrapper(self, unet_wrapper_function):
+        self.model_options["model_function_wrapper"] = unet_wrapper_function
+
+    def add_callback(self, call_type, callback):
+        self.callbacks.setdefault(call_type, {}).setdefault(None, []).append(callback)
+
+    def get_all_callbacks(self, call_type):
+        return [fn for fns in self.callbacks.get(call_type, {}).values() for fn in fns]
 
     def set_model_patch_replace(self, patch, name, block_name, number, transformer_index=None):
         self.model_options = set_model_options_patch_replace(self.model_options, patch, name, block_name, number,
@@ -66,3 +78,11 @@ class ModelPatcher:
         for k in list(self.object_patches_backup.keys()):
             comfy.utils.set_attr(self.model, k, self.object_patches_backup[k])
         self.object_patches_backup.clear()
+
+    def detach(self, unpatch_all=True):
+        """ComfyUI's detach (a model unloaded): unpatch, then the ON_DETACH callbacks."""
+        if unpatch_all:
+            self.unpatch_model(self.offload_device)
+        for callback in self.get_all_callbacks(CallbacksMP.ON_DETACH):
+            callback(self, unpatch_all)
+        return self.model

@@ -1,0 +1,131 @@
+"""Graph capture of a ComfyUI model's evaluation (the sampler's `apply_model` call), per input signature.
+
+Why: ComfyUI runs the UNet eagerly, and on a fast GPU a sampling step is bound by host time (SD1.5 at
+512x512 on the H200: ~25 ms wall for ~11 ms of kernels, bench/notes/comfyui.md); launches cost more on
+ROCm than on CUDA. Replayed as one graph, the step costs its kernels' time.
+
+How: installed as the patcher's `model_function_wrapper` (ComfyUI's sampler calls every model evaluation
+through it; every ComfyUI and Forge have it), it hands each call to a GraphedCall of the model's
+`apply_model` (rocm_sd/graphs.py: one graph per signature of tensor shapes and dtypes, the other argument
+values and the weights' storage; inputs are copied in, outputs cloned out). A graph replays the Python
+decisions of its capture, so a call runs eagerly, its reason counted in `stats`, whenever something in it
+may decide differently from call to call:
+- transformer patches or replace patches (other nodes' Python hooks: FreeU, IPAdapter, ...), except
+  rocm_sd's own attention replace patch;
+- a wrapper that runs inside apply_model (APPLY_MODEL, DIFFUSION_MODEL, or a kind this code does not know);
+- ComfyUI streaming weights from the CPU per call (its low-VRAM mode);
+- whatever GraphedCall itself refuses (autograd on, CPU tensors, unhashable arguments, a host sync...).
+Keys of transformer_options that the model's forward does not read (the sampler's per-run uuids and
+sigma schedule, the per-block bookkeeping the forward writes itself) are left out of the graphed call, so a
+new sampling run or another step count does not capture again.
+
+Weights: LoRA through ComfyUI's weight patching replaces the parameters (new storage: a new signature,
+captured again); hook keyframes copy into them in place (the graph reads the new values). When ComfyUI
+unloads the model (its ON_DETACH callback, where the running ComfyUI has callbacks) the graphs are dropped
+and their memory returns to PyTorch's allocator.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from ..graphs import GraphedCall, GraphPool
+
+log = logging.getLogger("rocm_sd")
+
+# transformer_options entries the sampler adds per call or per run, or that the UNet's forward writes before
+# it reads them; none of them changes what a call computes when no patch or wrapper runs inside it.
+_NOT_READ_BY_FORWARD = frozenset({"uuids", "sample_sigmas", "wrappers", "callbacks", "original_shape",
+                                  "transformer_index", "block", "block_index", "activations_shape"})
+# Wrapper kinds that run around, not inside, apply_model (comfy/patcher_extension.py, WrappersMP).
+_WRAP_OUTSIDE_APPLY_MODEL = frozenset({"outer_sample", "prepare_sampling", "sampler_sample", "predict_noise",
+                                       "calc_cond_batch"})
+
+
+def graph_blocker(model, conditioning: dict, own_replace_patch=None) -> str | None:
+    """Why this model call must not replay a graph, or None when it may."""
+    if model is None:
+        return "apply_model is not a bound method of a model"
+    if getattr(model, "model_lowvram", False):
+        return "ComfyUI streams weights from the CPU per call (low-VRAM mode)"
+    options = conditioning.get("transformer_options") or {}
+    for name, patches in (options.get("patches") or {}).items():
+        if patches:
+            return f"a '{name}' transformer patch runs Python inside the model"
+    for name, replaces in (options.get("patches_replace") or {}).items():
+        if any(patch is not own_replace_patch for patch in replaces.values()):
+            return f"a '{name}' replace patch of another node runs Python inside the model"
+    for kind, keyed in (options.get("wrappers") or {}).items():
+        if kind not in _WRAP_OUTSIDE_APPLY_MODEL and any(keyed.values()):
+            return f"a '{kind}' wrapper runs inside the model call"
+    return None
+
+
+def _graphed_conditioning(conditioning: dict) -> dict:
+    options = conditioning.get("transformer_options")
+    if options is None:
+        return conditioning
+    return {**conditioning,
+            "transformer_options": {k: v for k, v in options.items() if k not in _NOT_READ_BY_FORWARD}}
+
+
+class GraphedModelFunction:
+    """ComfyUI's model_function_wrapper(apply_model, {"input", "timestep", "c", "cond_or_uncond"}): the call
+    replayed from a captured graph where graph_blocker allows, else run as it is; see the module doc."""
+
+    def __init__(self, own_replace_patch=None):
+        self.own_replace_patch = own_replace_patch
+        self.pool = GraphPool()
+        self.graphed: GraphedCall | None = None
+        self.blocked: Counter = Counter()
+
+    def __deepcopy__(self, memo):
+        # ModelPatcher.clone() deep-copies model_options. Clones of one patcher share the model, so they share
+        # its graphs too (the weights' storage is part of every signature: a clone with a LoRA captures anew).
+        return self
+
+    def __call__(self, apply_model, args: dict):
+        x, timestep, conditioning = args["input"], args["timestep"], args["c"]
+        model = getattr(apply_model, "__self__", None)
+        why = graph_blocker(model, conditioning, self.own_replace_patch)
+        if why is None and self.graphed is not None and self.graphed.module is not model:
+            why = "another model than the one graphed first"  # clones share one model; never seen in ComfyUI
+        if why is not None:
+            self.blocked[f"eager: {why}"] += 1
+            return apply_model(x, timestep, **conditioning)
+        if self.graphed is None:
+            self.graphed = GraphedCall(lambda x, t, c: model.apply_model(x, t, **c), model, "ComfyUI apply_model",
+                                       pool_owner=self.pool)
+        return self.graphed(x, timestep, _graphed_conditioning(conditioning))
+
+    @property
+    def stats(self) -> Counter:
+        """Graph captures, replays and each reason a call ran eagerly, since installation."""
+        return self.blocked + (self.graphed.stats if self.graphed is not None else Counter())
+
+    def clear(self, *_callback_args) -> None:
+        """Drop the captured graphs (ComfyUI's ON_DETACH callback: the model was unloaded)."""
+        if self.graphed is not None:
+            self.graphed.clear()
+
+
+def install_graphs(patcher, own_replace_patch=None) -> str | None:
+    """Set a GraphedModelFunction as `patcher`'s model_function_wrapper; the reason when it cannot be."""
+    if patcher.model_options.get("model_function_wrapper") is not None:
+        return "another node already set this model's model_function_wrapper (ComfyUI keeps one)"
+    wrapper = GraphedModelFunction(own_replace_patch)
+    patcher.set_model_unet_function_wrapper(wrapper)
+    add_callback = getattr(patcher, "add_callback", None)
+    if add_callback is not None:  # ComfyUI since 2024-12; older ones keep the graphs until the node is re-run
+        try:
+            from comfy.patcher_extension import CallbacksMP
+        except ImportError:
+            return None
+        add_callback(CallbacksMP.ON_DETACH, wrapper.clear)
+    return None
+
+
+def graph_stats(patcher) -> Counter:
+    """The graph statistics of the wrapper install_graphs put on `patcher` (empty when it has none)."""
+    wrapper = patcher.model_options.get("model_function_wrapper")
+    return wrapper.stats if isinstance(wrapper, GraphedModelFunction) else Counter()
