@@ -185,7 +185,14 @@ class GraphedCall:
             raise _Ineligible("no GPU tensor among the inputs")
         if torch.cuda.is_current_stream_capturing():
             raise _Ineligible("called inside another graph capture")
-        key = (spec, tuple(_leaf_key(leaf) for leaf in leaves), _structure_epoch, self._weights_key())
+        leaf_keys = []
+        for index, leaf in enumerate(leaves):
+            try:
+                leaf_keys.append(_leaf_key(leaf))
+            except _Ineligible as why:  # say which argument, e.g. args[2]['transformer_options']['sigmas']
+                first, *rest = pytree.tree_flatten_with_path((args, kwargs))[0][index][0]
+                raise _Ineligible(f"{why} at {('args', 'kwargs')[first.idx]}{pytree.keystr(rest)}") from None
+        key = (spec, tuple(leaf_keys), _structure_epoch, self._weights_key())
         return key, leaves, spec
 
     def _weights_key(self) -> tuple:
