@@ -109,10 +109,11 @@ def gpu_patched(comfy, nodes):
     optimized.unpatch_model()
 
 
-def _inputs(seed, device="cuda"):
-    g = torch.Generator(device).manual_seed(seed)
-    return (torch.randn(2, 4, 8, 8, device=device, dtype=torch.float16, generator=g),
-            torch.randn(2, 5, 24, device=device, dtype=torch.float16, generator=g))
+def _inputs(seed):
+    """A latent batch on the GPU and its conditioning on the CPU in fp32, as ComfyUI's sampler hands them over."""
+    g = torch.Generator("cuda").manual_seed(seed)
+    return (torch.randn(2, 4, 8, 8, device="cuda", dtype=torch.float16, generator=g),
+            torch.randn(2, 5, 24, device="cuda", generator=g).cpu())
 
 
 @pytest.mark.gpu

@@ -29,6 +29,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+import torch
+from torch.utils import _pytree as pytree
+
 from ..graphs import GraphedCall, GraphPool
 
 log = logging.getLogger("rocm_sd")
@@ -61,12 +64,20 @@ def graph_blocker(model, conditioning: dict, own_replace_patch=None) -> str | No
     return None
 
 
-def _graphed_conditioning(conditioning: dict) -> dict:
+def _graphed_conditioning(conditioning: dict, device: torch.device) -> dict:
+    """The conditioning as the graphed call takes it: its tensors on `device` (ComfyUI's sampler hands them over
+    on the CPU and apply_model moves them itself, with cast_to_device: a graph replays device memory only, so
+    they move before the call, to the same values), and transformer_options without the keys the forward does
+    not read."""
+    def to_device(t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == device else t.to(device)
+
+    graphed = {k: v if k == "transformer_options" else pytree.tree_map_only(torch.Tensor, to_device, v)
+               for k, v in conditioning.items()}
     options = conditioning.get("transformer_options")
-    if options is None:
-        return conditioning
-    return {**conditioning,
-            "transformer_options": {k: v for k, v in options.items() if k not in _NOT_READ_BY_FORWARD}}
+    if options is not None:
+        graphed["transformer_options"] = {k: v for k, v in options.items() if k not in _NOT_READ_BY_FORWARD}
+    return graphed
 
 
 class GraphedModelFunction:
@@ -96,7 +107,7 @@ class GraphedModelFunction:
         if self.graphed is None:
             self.graphed = GraphedCall(lambda x, t, c: model.apply_model(x, t, **c), model, "ComfyUI apply_model",
                                        pool_owner=self.pool)
-        return self.graphed(x, timestep, _graphed_conditioning(conditioning))
+        return self.graphed(x, timestep, _graphed_conditioning(conditioning, x.device))
 
     @property
     def stats(self) -> Counter:

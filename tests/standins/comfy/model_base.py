@@ -10,4 +10,6 @@ class BaseModel(nn.Module):
         self.diffusion_model = UNetModel(**unet_kwargs)
 
     def apply_model(self, x, t, c_crossattn=None, transformer_options={}):
-        return self.diffusion_model(x, t, context=c_crossattn, transformer_options=transformer_options)
+        # ComfyUI's sampler hands the conditioning over on the CPU; apply_model casts it (cast_to_device)
+        context = None if c_crossattn is None else c_crossattn.to(x.device, x.dtype)
+        return self.diffusion_model(x, t, context=context, transformer_options=transformer_options)
