@@ -53,10 +53,14 @@ _hooks_installed = False
 _watched: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
 
-def _bump_epoch_if_watched(module, *_args, **_kwargs):
+def _bump_epoch_if_watched(module, name=None, value=None):
     global _structure_epoch
-    if module in _watched:
-        _structure_epoch += 1
+    if module not in _watched:
+        return
+    for registry in (module._modules, module._parameters, module._buffers):
+        if name in registry and registry[name] is value:
+            return  # the same object set again: ComfyUI re-applies its object patches on every model load
+    _structure_epoch += 1
 
 
 def _install_structure_hooks() -> None:
@@ -228,6 +232,7 @@ class GraphedCall:
         except Exception:
             _repair_after_failed_capture(device)
             raise
+        self.pool_owner.captured(device, graph)
         output_leaves, output_spec = pytree.tree_flatten(output)
         return _Graph(graph, static_inputs, output_leaves, output_spec)
 
@@ -276,12 +281,22 @@ def _repair_after_failed_capture(device: torch.device) -> None:
 
 
 class GraphPool:
-    """One graph memory pool per device, shared by the GraphedCalls of one optimized pipeline."""
+    """One graph memory pool per device, shared by the GraphedCalls of one optimized pipeline.
+
+    A pool whose graphs have all been destroyed (cleared, or a failed capture) is never captured into again:
+    PyTorch keeps it until its blocks are freed, with a use count of 0, and a capture into it fails an
+    internal assertion (CUDACachingAllocator beginAllocateToPool, torch 2.11). A new pool is started instead.
+    """
 
     def __init__(self):
-        self._handles: dict = {}
+        self._pools: dict = {}  # device -> (pool handle, the live graphs captured into it)
 
     def handle(self, device: torch.device):
-        if device not in self._handles:
-            self._handles[device] = torch.cuda.graph_pool_handle()
-        return self._handles[device]
+        entry = self._pools.get(device)
+        if entry is None or not entry[1]:
+            entry = self._pools[device] = (torch.cuda.graph_pool_handle(), weakref.WeakSet())
+        return entry[0]
+
+    def captured(self, device: torch.device, graph) -> None:
+        """Count `graph` (captured into handle(device)) as a user of the pool until it is destroyed."""
+        self._pools[device][1].add(graph)

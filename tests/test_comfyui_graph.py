@@ -41,7 +41,7 @@ def test_node_installs_the_graph_wrapper_on_the_clone_only(comfy, nodes):
     wrapper = optimized.model_options["model_function_wrapper"]
     assert isinstance(wrapper, GraphedModelFunction) and "model_function_wrapper" not in patcher.model_options
     assert optimized.clone().model_options["model_function_wrapper"] is wrapper  # clones share the graphs
-    assert optimized.get_all_callbacks("on_detach_after") == [wrapper.clear]
+    assert optimized.get_all_callbacks("on_detach_after") == [wrapper.on_detach]
     (no_graphs,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=False)
     assert "model_function_wrapper" not in no_graphs.model_options
 
@@ -145,11 +145,16 @@ def test_weights_replaced_or_copied_into_and_model_unloaded(gpu_patched):
     assert graph_stats(gpu_patched)["graph captures"] == 2
 
     wrapper = gpu_patched.model_options["model_function_wrapper"]
-    assert wrapper.graphed.graphs
+    gpu_patched.detach(unpatch_all=False)  # every sampling run: load_models_gpu detaches and reloads the model
+    gpu_patched.patch_model()  # and re-applies its object patches: the same modules, set again
+    torch.testing.assert_close(sampler_call(gpu_patched, x, ctx), eager_call(gpu_patched, x, ctx))
+    assert graph_stats(gpu_patched)["graph captures"] == 2 and wrapper.graphed.graphs
+
     gpu_patched.detach()  # ComfyUI unloads the model: the graphs' memory is given back
     assert not wrapper.graphed.graphs
     gpu_patched.patch_model()
-    torch.testing.assert_close(sampler_call(gpu_patched, x, ctx), eager_call(gpu_patched, x, ctx))
+    for _ in range(2):  # captured again into a new pool (the old one lost its last graph), then replayed
+        torch.testing.assert_close(sampler_call(gpu_patched, x, ctx), eager_call(gpu_patched, x, ctx))
     assert graph_stats(gpu_patched)["graph captures"] == 3
 
 

@@ -33,6 +33,11 @@ def test_structure_changes_of_watched_models_bump_the_epoch():
     assert graphs._structure_epoch == before + 1
     m.proj.register_buffer("scale", torch.ones(1))
     assert graphs._structure_epoch == before + 2
+    m.extra = m.extra  # the same module set again (ComfyUI re-applies its object patches on every load)
+    m.proj.weight = m.proj.weight
+    assert graphs._structure_epoch == before + 2
+    m.proj.weight = nn.Parameter(m.proj.weight.detach().clone())
+    assert graphs._structure_epoch == before + 3
 
 
 def test_cpu_calls_run_eagerly_and_say_why():

@@ -21,8 +21,8 @@ new sampling run or another step count does not capture again.
 
 Weights: LoRA through ComfyUI's weight patching replaces the parameters (new storage: a new signature,
 captured again); hook keyframes copy into them in place (the graph reads the new values). When ComfyUI
-unloads the model (its ON_DETACH callback, where the running ComfyUI has callbacks) the graphs are dropped
-and their memory returns to PyTorch's allocator.
+unloads the model and its weights (its ON_DETACH callback with unpatch_all, where the running ComfyUI has
+callbacks) the graphs are dropped and their memory returns to PyTorch's allocator.
 """
 from __future__ import annotations
 
@@ -114,10 +114,17 @@ class GraphedModelFunction:
         """Graph captures, replays and each reason a call ran eagerly, since installation."""
         return self.blocked + (self.graphed.stats if self.graphed is not None else Counter())
 
-    def clear(self, *_callback_args) -> None:
-        """Drop the captured graphs (ComfyUI's ON_DETACH callback: the model was unloaded)."""
+    def clear(self) -> None:
+        """Drop the captured graphs; their memory returns to PyTorch's allocator."""
         if self.graphed is not None:
             self.graphed.clear()
+
+    def on_detach(self, _patcher, unpatch_all: bool) -> None:
+        """ComfyUI's ON_DETACH callback. Every sampling run detaches and reloads the model it samples with,
+        weights left in place (unpatch_all False: load_models_gpu unloads "clones" of the model it loads, the
+        model itself among them); the graphs stay valid then. unpatch_all True: the model is unloaded."""
+        if unpatch_all:
+            self.clear()
 
 
 def install_graphs(patcher, own_replace_patch=None) -> str | None:
@@ -132,7 +139,7 @@ def install_graphs(patcher, own_replace_patch=None) -> str | None:
             from comfy.patcher_extension import CallbacksMP
         except ImportError:
             return None
-        add_callback(CallbacksMP.ON_DETACH, wrapper.clear)
+        add_callback(CallbacksMP.ON_DETACH, wrapper.on_detach)
     return None
 
 
