@@ -170,6 +170,8 @@ class GraphedCall:
                 log.warning("rocm_sd: graph capture of %s failed, running it eagerly: %s", self.name, reason)
                 self.stats[f"eager: capture failed ({reason})"] += 1
                 return self.fn(*args, **kwargs)
+            if self.graphs:  # why a call did not match the graphs there are: new shapes, moved weights...
+                self.stats[f"captured again: {_what_changed(list(self.graphs), key, args, kwargs)}"] += 1
             self.graphs[key] = graph
             self.stats["graph captures"] += 1
         self.stats["graph replays"] += 1
@@ -193,9 +195,8 @@ class GraphedCall:
         for index, leaf in enumerate(leaves):
             try:
                 leaf_keys.append(_leaf_key(leaf))
-            except _Ineligible as why:  # say which argument, e.g. args[2]['transformer_options']['sigmas']
-                first, *rest = pytree.tree_flatten_with_path((args, kwargs))[0][index][0]
-                raise _Ineligible(f"{why} at {('args', 'kwargs')[first.idx]}{pytree.keystr(rest)}") from None
+            except _Ineligible as why:  # say which argument
+                raise _Ineligible(f"{why} at {_argument_path(args, kwargs, index)}") from None
         key = (spec, tuple(leaf_keys), _structure_epoch, self._weights_key())
         return key, leaves, spec
 
@@ -241,6 +242,29 @@ class GraphedCall:
         self.graphs.clear()
         self.failed.clear()
         self._weight_epoch = -1
+
+
+def _argument_path(args, kwargs, index: int) -> str:
+    """The leaf `index` of (args, kwargs) as code spells it: args[2]['transformer_options']['sigmas']."""
+    first, *rest = pytree.tree_flatten_with_path((args, kwargs))[0][index][0]
+    return f"{('args', 'kwargs')[first.idx]}{pytree.keystr(rest)}"
+
+
+def _what_changed(captured: list, key: tuple, args, kwargs) -> str:
+    """What differs between a new signature and the latest captured one of the same argument structure."""
+    spec, leaves, epoch, weights = key
+    same_structure = [k for k in reversed(captured) if k[0] == spec]
+    if not same_structure:
+        return "the arguments' structure"
+    _, old_leaves, old_epoch, old_weights = same_structure[0]
+    changed = [_argument_path(args, kwargs, i) for i, (a, b) in enumerate(zip(old_leaves, leaves)) if a != b]
+    if changed:
+        return "the shape, strides, dtype or value of " + ", ".join(changed[:3])
+    if old_epoch != epoch:
+        return "a module, parameter or buffer registered on the model"
+    if old_weights != weights:
+        return f"the storage of {sum(a != b for a, b in zip(old_weights, weights))} weights (moved or replaced)"
+    return "nothing visible"
 
 
 @contextmanager

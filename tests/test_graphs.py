@@ -77,6 +77,8 @@ def test_new_shapes_values_and_strides_capture_new_graphs():
         m(torch.randn(8, 16, device="cuda"), shift=torch.ones(16, device="cuda"))  # structure
         y = m(torch.ones(4, 16, device="cuda"))["y"]
     assert call.stats["graph captures"] == 5 and call.stats["graph replays"] == 6
+    assert call.stats["captured again: the shape, strides, dtype or value of args[0]"] == 2  # shape, strides
+    assert call.stats["captured again: the arguments' structure"] == 2  # one argument more; a keyword more
     assert torch.allclose(y, torch.relu(m.proj.weight.sum(1) + m.proj.bias).expand(4, 16))
 
 
@@ -93,9 +95,11 @@ def test_weight_changes_are_seen():
         m.proj.weight.data = torch.randn(16, 16, device="cuda")  # new storage: captured again
         assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
         assert call.stats["graph captures"] == 2
+        assert call.stats["captured again: the storage of 1 weights (moved or replaced)"] == 1
         m.proj = nn.Linear(16, 16).cuda()                  # new module: captured again
         assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
         assert call.stats["graph captures"] == 3
+        assert call.stats["captured again: a module, parameter or buffer registered on the model"] == 1
 
 
 @pytest.mark.gpu
