@@ -13,10 +13,10 @@ callable eagerly, and says why in `stats`, whenever a graph would be wrong or im
 on, torch.compile tracing, inside another capture, no GPU tensor among the inputs, CPU tensors or
 unhashable values among them, too many signatures, or a capture that failed.
 
-A graph bakes in the model as it was at capture. Changes rocm_sd sees invalidate the graphs: a
-weight moved or swapped (storage pointers are part of the signature), a module, parameter or buffer
-registered on a module of a graphed model (peft's LoRA injection, fused QKV projections), an
-attention processor set on one.
+A graph bakes in the model as it was at capture. Changes rocm_sd sees lead to a new capture: a
+weight moved or swapped (storage pointers are part of the signature), another module, parameter or
+buffer registered on a module of a graphed model (peft's LoRA injection, fused QKV projections),
+another attention processor set on one. A model put back exactly as it was replays its old graphs.
 Changes it cannot see (a LoRA scale edited in a plain dict, an attribute of a module rewritten by
 hand) need `rocm_sd.invalidate_graphs(pipe)` after them.
 """
@@ -45,9 +45,9 @@ WARMUP_CALLS = 2    # eager calls on a side stream before capture (lazy init, cu
 
 
 # Bumped when a module, parameter or buffer is registered on, or an attention processor set on, a
-# module of a graphed model (hooks installed with the first GraphedCall); part of every signature.
-# Registrations elsewhere are ignored: diffusers builds temporary ModuleLists in its forwards
-# (`self.resnets[1:]`), which must not invalidate anything.
+# module of a graphed model (hooks installed with the first GraphedCall): the model's structure is looked
+# at again on the next call. Registrations elsewhere are ignored: diffusers builds temporary ModuleLists in
+# its forwards (`self.resnets[1:]`), which must not cost a walk over the model.
 _structure_epoch = 0
 _hooks_installed = False
 _watched: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
@@ -142,7 +142,9 @@ class GraphedCall:
         self.failed: dict = {}
         self.stats: Counter = Counter()
         self._weight_list = None
-        self._weight_epoch = -1
+        self._structures: dict = {}  # fingerprint of the model's structure -> its number
+        self._structure = -1
+        self._seen_epoch = -1
         _install_structure_hooks()
 
     # -- the call ---------------------------------------------------------------------------------
@@ -197,18 +199,28 @@ class GraphedCall:
                 leaf_keys.append(_leaf_key(leaf))
             except _Ineligible as why:  # say which argument
                 raise _Ineligible(f"{why} at {_argument_path(args, kwargs, index)}") from None
-        key = (spec, tuple(leaf_keys), _structure_epoch, self._weights_key())
+        key = (spec, tuple(leaf_keys), self._model_key())
         return key, leaves, spec
 
-    def _weights_key(self) -> tuple:
-        # Moving the model (offload, .to()) or swapping a weight tensor (LoRA fusing) changes a storage
-        # the graph reads from; in-place updates (copy_) keep it and stay valid.
-        if self._weight_epoch != _structure_epoch:  # walking the module tree costs ~1 ms: once per change
+    def _model_key(self) -> tuple:
+        """(which structure the model has, the storage of each weight): the model as a graph bakes it in.
+
+        Structures are told apart by the identity and type of every module, attention processor, parameter
+        and buffer, numbered per GraphedCall, so a model put back as it was (ComfyUI restores its object
+        patches' originals and installs the patches again on every load) replays the graphs it had. Moving the model (offload,
+        .to()) or swapping a weight tensor (LoRA fusing) changes a storage the graph reads from; in-place
+        updates (copy_) keep it and stay valid."""
+        if self._seen_epoch != _structure_epoch:  # walking the module tree costs ~1 ms: once per change
+            modules = list(self.module.modules())
             self._weight_list = list(self.module.parameters()) + list(self.module.buffers())
-            for module in self.module.modules():
+            for module in modules:
                 _watched.add(module)
-            self._weight_epoch = _structure_epoch
-        return tuple(t.data_ptr() for t in self._weight_list)
+            processors = [getattr(m, "processor", None) for m in modules]  # diffusers' attention processors
+            fingerprint = (tuple((id(m), type(m), id(p), type(p)) for m, p in zip(modules, processors))
+                           + tuple((id(t), t.shape, t.dtype) for t in self._weight_list))
+            self._structure = self._structures.setdefault(fingerprint, len(self._structures))
+            self._seen_epoch = _structure_epoch
+        return (self._structure,) + tuple(t.data_ptr() for t in self._weight_list)
 
     # -- capture ----------------------------------------------------------------------------------
     def _capture(self, args, kwargs, leaves: list, spec):
@@ -241,7 +253,8 @@ class GraphedCall:
         """Drop every captured graph (their memory returns to the pool)."""
         self.graphs.clear()
         self.failed.clear()
-        self._weight_epoch = -1
+        self._structures.clear()
+        self._seen_epoch = -1
 
 
 def _argument_path(args, kwargs, index: int) -> str:
@@ -252,16 +265,16 @@ def _argument_path(args, kwargs, index: int) -> str:
 
 def _what_changed(captured: list, key: tuple, args, kwargs) -> str:
     """What differs between a new signature and the latest captured one of the same argument structure."""
-    spec, leaves, epoch, weights = key
+    spec, leaves, (structure, *weights) = key
     same_structure = [k for k in reversed(captured) if k[0] == spec]
     if not same_structure:
         return "the arguments' structure"
-    _, old_leaves, old_epoch, old_weights = same_structure[0]
+    _, old_leaves, (old_structure, *old_weights) = same_structure[0]
     changed = [_argument_path(args, kwargs, i) for i, (a, b) in enumerate(zip(old_leaves, leaves)) if a != b]
     if changed:
         return "the shape, strides, dtype or value of " + ", ".join(changed[:3])
-    if old_epoch != epoch:
-        return "a module, parameter or buffer registered on the model"
+    if old_structure != structure:
+        return "the model's modules, parameters or buffers (one registered or replaced)"
     if old_weights != weights:
         return f"the storage of {sum(a != b for a, b in zip(old_weights, weights))} weights (moved or replaced)"
     return "nothing visible"

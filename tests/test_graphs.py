@@ -25,7 +25,7 @@ def graphed(module):
 def test_structure_changes_of_watched_models_bump_the_epoch():
     m = Tiny()
     call = graphed(m)  # installs the registration hooks
-    call._weights_key()  # watches m's modules
+    call._model_key()  # watches m's modules
     before = graphs._structure_epoch
     nn.Sequential(nn.Linear(2, 2))[0:]  # registrations elsewhere (temporary containers) do not count
     assert graphs._structure_epoch == before
@@ -96,10 +96,14 @@ def test_weight_changes_are_seen():
         assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
         assert call.stats["graph captures"] == 2
         assert call.stats["captured again: the storage of 1 weights (moved or replaced)"] == 1
+        previous = m.proj
         m.proj = nn.Linear(16, 16).cuda()                  # new module: captured again
         assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
         assert call.stats["graph captures"] == 3
-        assert call.stats["captured again: a module, parameter or buffer registered on the model"] == 1
+        m.proj = previous                                  # put back as it was: its graph replays
+        assert torch.allclose(m(x)["y"], torch.relu(m.proj(x)))
+        assert call.stats["graph captures"] == 3
+        assert call.stats["captured again: the model's modules, parameters or buffers (one registered or replaced)"] == 1
 
 
 @pytest.mark.gpu

@@ -226,6 +226,28 @@ def test_graphed_pipeline_equals_eager_optimized_pipeline():
         assert torch.equal(e, g)
 
 
+@pytest.mark.gpu
+def test_an_attention_processor_set_after_capture_is_captured_anew():
+    from diffusers.models.attention_processor import AttnProcessor
+
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    rocm_sd.optimize(pipe, cuda_graph=False, text_encoder=False)
+    pipe.unet.set_attn_processor(AttnProcessor())
+    eager = run_pipe(pipe, steps=2, output_type="pt")
+    rocm_sd.revert(pipe)
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    rocm_sd.optimize(pipe, text_encoder=False)
+    run_pipe(pipe, steps=2, output_type="pt")
+    pipe.unet.set_attn_processor(AttnProcessor())  # the graph of rocm_sd's processors must not replay now
+    graphed = run_pipe(pipe, steps=2, output_type="pt")
+    report = rocm_sd.report(pipe)["unet"]
+    rocm_sd.revert(pipe)
+    assert report["forward: graph captures"] == 2, report
+    assert report["forward: captured again: the model's modules, parameters or buffers (one registered or "
+                  "replaced)"] == 1, report
+    assert torch.equal(eager, graphed)
+
+
 def test_channels_last_flag_and_revert(tiny_pipe):
     pipe = tiny_pipe
     reference = run_pipe(pipe)
