@@ -1,10 +1,10 @@
-"""The rocm_sd ComfyUI nodes inside a real ComfyUI checkout, at full SD1.5 size: wall ms per model call.
+"""The rocm_sd ComfyUI nodes inside a real ComfyUI checkout, at full model size: wall ms per model call.
 
-    python bench/bench_comfyui.py /path/to/ComfyUI [--out-dir bench/results] [--sizes 512,1024]
+    python bench/bench_comfyui.py /path/to/ComfyUI [--model sd15|sdxl] [--out-dir bench/results] [--sizes 512,1024]
 
-ComfyUI's own SD1.5 UNet (its model_detection config) and SD VAE, random weights, loaded through its
-ModelPatcher and model management as a workflow would. Rows: a 20-step KSampler run at 512x512 (euler, CFG
-7.5: one CFG batch of 2 per step) through `comfy.sample.sample`, as the KSampler node calls it, in ms per
+ComfyUI's own SD1.5 or SDXL UNet (its model_detection config) and SD VAE, random weights, loaded through its
+ModelPatcher and model management as a workflow would. Rows: a 20-step KSampler run at the model's native
+size (SD1.5 512x512, SDXL 1024x1024; euler, CFG 7.5: one CFG batch of 2 per step) through `comfy.sample.sample`, as the KSampler node calls it, in ms per
 step (sampler included: what a ComfyUI user waits for per step), and one VAE decode through
 `comfy.sd.VAE.decode` (which loads the VAE itself, every call), each for the untouched model and for the
 output of "rocm_sd Optimize Model" (with and without its graph capture) / "rocm_sd Optimize VAE". Median of
@@ -32,6 +32,16 @@ SD15_UNET = {"use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_
              "channel_mult": [1, 2, 4, 4], "transformer_depth_middle": 1, "use_linear_in_transformer": False,
              "context_dim": 768, "num_heads": 8, "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
              "use_temporal_attention": False, "use_temporal_resblock": False}
+# ComfyUI's SDXL base UNet (comfy/model_detection.py).
+SDXL_UNET = {"use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
+             "legacy": False, "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4,
+             "model_channels": 320, "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10],
+             "channel_mult": [1, 2, 4], "transformer_depth_middle": 10, "use_linear_in_transformer": True,
+             "context_dim": 2048, "num_head_channels": 64, "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+             "use_temporal_attention": False, "use_temporal_resblock": False}
+# --model: (ComfyUI's model class, its UNet config, latent side at the model's native size, text context
+# width, pooled text embedding width or None)
+MODELS = {"sd15": ("SD15", SD15_UNET, 64, 768, None), "sdxl": ("SDXL", SDXL_UNET, 128, 2048, 1280)}
 SD_VAE = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
           "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
 
@@ -47,14 +57,15 @@ def check_script():
 def random_weights(torch, named_tensors) -> dict:
     """Weights that keep activations O(1) through the network (fan-in scaled; norm scales around 1), so fp16
     runs stay finite: ComfyUI builds its models uninitialised, and plain N(0, 0.05) overflows at full size."""
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for name, t in named_tensors:
+    generators, out = {}, {}
+    for name, t in named_tensors:  # drawn where the tensor lives (SDXL's 2.6 B weights: on the GPU)
+        g = generators.setdefault(t.device, torch.Generator(t.device).manual_seed(0))
         if t.dim() > 1:
             fan_in = t[0].numel()
-            out[name] = torch.randn(t.shape, generator=g) * fan_in ** -0.5
+            out[name] = torch.randn(t.shape, generator=g, device=t.device) * fan_in ** -0.5
         else:
-            out[name] = torch.randn(t.shape, generator=g) * 0.02 + (1.0 if "norm" in name and name.endswith("weight") else 0.0)
+            norm_weight = "norm" in name and name.endswith("weight")
+            out[name] = torch.randn(t.shape, generator=g, device=t.device) * 0.02 + (1.0 if norm_weight else 0.0)
     return out
 
 
@@ -95,24 +106,31 @@ def measure(torch, fn, repeats: int, warmup: int, profile_path: str | None):
 
 
 STEPS = 20  # one KSampler run: euler, CFG 7.5, the "normal" schedule
-LATENT = 64  # 512x512 pixels
+LATENT = None  # the latent side; None: the model's native size (SD1.5 64: 512x512 pixels; SDXL 128)
 
 
-def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
+def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_name: str = "sd15"):
     import comfy.sample
 
     from rocm_sd.patch.comfy_graph import graph_stats
 
-    config = comfy.supported_models.SD15(dict(SD15_UNET))
+    class_name, unet_config, latent_side, context_width, pooled_width = MODELS[model_name]
+    config = getattr(comfy.supported_models, class_name)(dict(unet_config))
     config.set_inference_dtype(torch.float16, None)
     model = config.get_model({}, device=device)
     state = random_weights(torch, model.diffusion_model.state_dict().items())
     model.diffusion_model.load_state_dict(state)
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
-    noise, latent = torch.randn(1, 4, LATENT, LATENT, generator=g), torch.zeros(1, 4, LATENT, LATENT)
-    positive = [[torch.randn(1, 77, 768, generator=g), {}]]
-    negative = [[torch.randn(1, 77, 768, generator=g), {}]]
+    side = LATENT or latent_side
+    noise, latent = torch.randn(1, 4, side, side, generator=g), torch.zeros(1, 4, side, side)
+
+    def conditioning():  # as CLIPTextEncode makes it: the text context, and SDXL's pooled embedding
+        extra = {} if pooled_width is None else {"pooled_output": torch.randn(1, pooled_width, generator=g),
+                                                 "width": side * 8, "height": side * 8}
+        return [[torch.randn(1, 77, context_width, generator=g), extra]]
+
+    positive, negative = conditioning(), conditioning()
 
     def ksampler(p):  # what the KSampler node calls; it loads the model itself (a no-op while it stays loaded)
         with torch.inference_mode():
@@ -137,7 +155,8 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool):
         for name, p in variants.items():
             wall, _ = wall_ms(lambda: ksampler(p), 2, warmup=1)
             samples[name].append(wall / STEPS)
-    what, rows, reference = f"SD1.5 KSampler step (euler, CFG 7.5, {LATENT}x{LATENT} latent), ms per step of {STEPS}", [], None
+    what = f"{model_name.upper()} KSampler step (euler, CFG 7.5, {side}x{side} latent), ms per step of {STEPS}"
+    rows, reference = [], None
     for i, (name, p) in enumerate(variants.items()):
         ksampler(p)  # loaded, and captured where it graphs
         table = os.path.join(profile_dir, f"profile-unet-{i}.txt") if profile_dir else None
@@ -177,6 +196,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="512,1024", help="VAE decode sizes in pixels")
     parser.add_argument("--profile", metavar="DIR", help="write each row's per-op profiler table into DIR")
     parser.add_argument("--ablation", action="store_true", help="UNet rows with one node option on at a time")
+    parser.add_argument("--model", choices=sorted(MODELS), default="sd15", help="the UNet architecture")
     args = parser.parse_args()
     check = check_script()
     argv = list(sys.argv)
@@ -191,7 +211,8 @@ def main() -> None:
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = bench_unet(torch, comfy, nodes, device, args.profile, args.ablation) + bench_vae(torch, comfy, nodes, sizes, args.profile)
+    rows = (bench_unet(torch, comfy, nodes, device, args.profile, args.ablation, args.model)
+            + bench_vae(torch, comfy, nodes, sizes, args.profile))
     lines = ["| call | model | wall ms | kernel ms | vs ComfyUI | relative difference |", "|---|---|---:|---:|---:|---:|"]
     results = []
     for what, engine, ms, kernel, rel, rounds in rows:
@@ -201,7 +222,7 @@ def main() -> None:
         lines.append(f"| {what} | {engine} | {ms:.2f} | {kernel:.2f} | {base / ms:.2f}x | {'-' if rel is None else f'{rel:.1e}'} |")
     table = "\n".join(lines)
     print(table)
-    stem = write_results("comfyui", results, table, args.out_dir)
+    stem = write_results("comfyui" if args.model == "sd15" else f"comfyui-{args.model}", results, table, args.out_dir)
     print(f"written: {stem}.md/.json")
 
 
