@@ -85,6 +85,21 @@ def test_low_vram_and_unbound_calls_are_blocked():
     assert "bound method" in graph_blocker(None, {})
 
 
+def test_graphs_are_dropped_when_comfyui_goes_low_vram(comfy, nodes):
+    patcher = standin_model(comfy)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
+    wrapper = optimized.model_options["model_function_wrapper"]
+    x, ctx = model_inputs()
+    sampler_call(optimized, x, ctx)  # creates the GraphedCall (eager here: no GPU)
+    wrapper.graphed.graphs["a captured signature"] = object()  # as after a capture on a GPU
+    sampler_call(optimized, x, ctx)
+    assert wrapper.graphed.graphs  # nothing changed: kept
+    optimized.model.model_lowvram = True  # ComfyUI partially unloaded the model to make room
+    sampler_call(optimized, x, ctx)
+    assert not wrapper.graphed.graphs
+    assert graph_stats(optimized)["graphs dropped: ComfyUI moved to low-VRAM mode"] == 1
+
+
 def test_on_the_cpu_the_wrapper_runs_the_call_and_says_why(comfy, nodes):
     patcher = standin_model(comfy)
     x, ctx = model_inputs()

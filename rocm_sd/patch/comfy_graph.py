@@ -103,6 +103,11 @@ class GraphedModelFunction:
             why = "another model than the one graphed first"  # clones share one model; never seen in ComfyUI
         if why is not None:
             self.blocked[f"eager: {why}"] += 1
+            if getattr(model, "model_lowvram", False) and self.graphed is not None and self.graphed.graphs:
+                # ComfyUI offloaded part of the model to make room: the graphs' weights are gone from where they
+                # were, and their activations hold memory the partially loaded model now needs.
+                self.graphed.clear()
+                self.blocked["graphs dropped: ComfyUI moved to low-VRAM mode"] += 1
             return apply_model(x, timestep, **conditioning)
         if self.graphed is None:
             self.graphed = GraphedCall(lambda x, t, c: model.apply_model(x, t, **c), model, "ComfyUI apply_model",
