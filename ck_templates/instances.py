@@ -3,7 +3,7 @@
 Each instance is one template instantiation of a CK device operation; its name encodes every
 parameter, so the tuner's database rows say exactly what ran. generate.py writes one source per
 instance. The lists follow CK's own instance tables for these ops (library/src/tensor_operation_instance/
-gpu/normalization_fwd), cut to the vector widths SD's channel counts (multiples of 32) can use.
+gpu/normalization_fwd and gpu/batched_gemm_softmax_gemm_permute), cut to what SD's shapes can use.
 """
 from __future__ import annotations
 
@@ -50,3 +50,63 @@ def _group_norms(act: str) -> list[GroupNormInstance]:
 
 
 GROUP_NORM_INSTANCES = _group_norms("swish") + _group_norms("pass")
+
+
+@dataclass(frozen=True)
+class AttentionInstance:
+    """DeviceBatchedGemmSoftmaxGemmPermute_Xdl_CShuffle (XDL: CDNA's matrix cores): softmax(scale * Q K^T) V
+    per (batch, head), fp16 in and out, fp32 accumulation and softmax, no mask. Q, K, V and the output are
+    taken with any strides, so the projections' per-head views need no copy. `padded` (CK's MNKOPadding)
+    takes any sequence length and any head dim that is a multiple of 8 (SD: 40, 64, 80, 160, and 77 keys of
+    cross-attention); unpadded instances need every length a multiple of its tile and are faster there."""
+    padded: bool
+    m_per_block: int         # queries a block (Gemm0 M)
+    n_per_block: int         # keys a block (Gemm0 N)
+    k_per_block: int         # head-dim slice of Q K^T a step (Gemm0 K): 32 or 64
+    o_per_block: int         # output head dims a block (Gemm1 N): 64 or 128
+    m_xdl_per_wave: int
+    n_xdl_per_wave: int      # of Gemm0
+    o_xdl_per_wave: int      # of Gemm1
+    block: int = 256
+    per_xdl: int = 32        # the 32x32 XDL instruction shape
+
+    def __post_init__(self):
+        if self.k_per_block not in (32, 64):
+            raise ValueError(f"{self.name}: k_per_block must be 32 or 64 (the Q/K block transfer layouts below)")
+        if self.o_per_block not in (64, 128):
+            raise ValueError(f"{self.name}: o_per_block must be 64 or 128 (the V block transfer layouts below)")
+        waves = self.block // 64
+        m_waves = self.m_per_block // (self.m_xdl_per_wave * self.per_xdl)
+        if m_waves * self.n_per_block != waves * self.n_xdl_per_wave * self.per_xdl or m_waves < 1:
+            raise ValueError(f"{self.name}: the waves do not tile the {self.m_per_block}x{self.n_per_block} block")
+        if m_waves * self.o_per_block != waves * self.o_xdl_per_wave * self.per_xdl:
+            raise ValueError(f"{self.name}: the waves do not tile the {self.m_per_block}x{self.o_per_block} output")
+
+    @property
+    def name(self) -> str:
+        return (f"ck_attention_f16_{'pad' if self.padded else 'exact'}_b{self.block}_m{self.m_per_block}"
+                f"_n{self.n_per_block}_k{self.k_per_block}_o{self.o_per_block}_x{self.per_xdl}"
+                f"_w{self.m_xdl_per_wave}x{self.n_xdl_per_wave}x{self.o_xdl_per_wave}")
+
+    # The transfer layouts CK's table pairs with these tiles (256 threads a block).
+    @property
+    def qk_cluster(self) -> str:   # Q and K block transfer thread cluster (K0, M|N, K1) and AddExtraM|N
+        return "S<4, 64, 1>" if self.k_per_block == 32 else "S<8, 32, 1>"
+
+    @property
+    def qk_extra(self) -> str:
+        return "true" if self.k_per_block == 32 else "false"
+
+    @property
+    def v_cluster(self) -> str:    # V block transfer thread cluster
+        return "S<16, 16, 1>" if self.o_per_block == 64 else "S<8, 32, 1>"
+
+
+# From CK's f16 gmk_gnk_gno_gmo table: its padded fallback and the two tiles that fit SD's head dims best
+# (64: SDXL, SD2.x; 40/80/160, SD1.5, only padded), each padded and, for self-attention, exact.
+ATTENTION_INSTANCES = [
+    AttentionInstance(True, 128, 128, 64, 128, 1, 4, 4),
+    AttentionInstance(True, 128, 64, 32, 128, 1, 2, 4),
+    AttentionInstance(True, 128, 128, 32, 64, 1, 4, 2),
+    AttentionInstance(False, 128, 128, 32, 64, 1, 4, 2),
+]

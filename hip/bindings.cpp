@@ -267,4 +267,19 @@ PYBIND11_MODULE(_C, m) {
       py::arg("scale"), py::arg("stream"), py::arg("device"), py::arg("instance") = "", py::arg("mode") = "run",
       "out = softmax(q k^T * scale) v over [batch, seq, heads, head_dim] views. mode 'check': why the kernel would "
       "refuse (or ''); 'describe': the instance and grid it would run.");
+
+  m.def("ck_attention_instances", &rsd::ck_attention_instances,
+        "Names of the Composable Kernel attention instances in this build (ROCm with CK headers; else none).");
+
+  m.def(
+      "ck_attention",
+      [](const std::string& name, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype,
+         const std::vector<int64_t>& sizes, const std::vector<std::vector<int64_t>>& strides, double scale,
+         uintptr_t stream, int device) {
+        raise_if(rsd::ck_attention_forward(
+            name, attention_args(q, k, v, out, dtype, sizes, strides, scale, stream, device, std::string())));
+      },
+      py::arg("name"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"),
+      py::arg("strides"), py::arg("scale"), py::arg("stream"), py::arg("device"),
+      "One Composable Kernel attention instance by name, on attention()'s arguments; raises why it cannot run.");
 }

@@ -57,11 +57,12 @@ def info() -> int:
     if build:
         rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
                            f"(runtime {build['runtime_version']}, kernel sources {build.get('source_hash', 'unknown')})"))
-        from .ops.group_norm import ck_instances
+        from .ops.attention import ck_instances as ck_attention_instances
+        from .ops.group_norm import ck_instances as ck_group_norm_instances
 
-        instances = ck_instances()
-        rows.append(("CK instances", f"{len(instances)} GroupNorm" if instances else
-                     "none (built on ROCm when Composable Kernel headers are found)"))
+        group_norms, attentions = ck_group_norm_instances(), ck_attention_instances()
+        rows.append(("CK instances", f"{len(group_norms)} GroupNorm, {len(attentions)} attention"
+                     if group_norms or attentions else "none (built on ROCm when Composable Kernel headers are found)"))
     else:
         rows.append(("_C", _ext.LOAD_ERROR))
     device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")

@@ -122,8 +122,9 @@ def _ck_include():
 
 
 def test_ck_instances_compile_for_amd(tmp_path):
-    """Every generated CK instance, and the backend that lists them, compile for gfx90a; one instance also
-    for gfx1030 (CK's normalization is plain HIP, not XDL/WMMA, so it exists on RDNA too). CDNA3 is not
+    """Every generated CK instance (GroupNorm, attention), and the backend that lists them, compile for gfx90a;
+    one GroupNorm instance also for gfx1030 (CK's normalization is plain HIP, not XDL/WMMA, so it exists on RDNA
+    too; attention is XDL, CDNA only), and an attention instance's ISA holds matrix instructions. CDNA3 is not
     checked: Debian's clang-15 does not know gfx942, and current CK no longer knows gfx940."""
     import sys
 
@@ -142,6 +143,13 @@ def test_ck_instances_compile_for_amd(tmp_path):
     for target in ("gfx1030",):
         commands.append(Cmd([hipcc, "-x", "hip", *flags, f"--offload-arch={target}", "--cuda-device-only", "-S",
                              sources[1], "-o", tmp_path / f"one-{target}.s"], env))
+    # Attention is XDL (CDNA's matrix cores): an instance built for the wrong arch compiles to an empty stub,
+    # so its ISA must hold a kernel that uses the matrix instructions.
+    attention = next(s for s in sources if "ck_attention_" in str(s))
+    commands.append(Cmd([hipcc, "-x", "hip", *flags, "--offload-arch=gfx90a", "--cuda-device-only", "-S", attention,
+                         "-o", tmp_path / "attention-gfx90a.s"], env))
     compile_all(commands)
     for target in ("gfx1030",):
         assert ".amdhsa_kernel" in (tmp_path / f"one-{target}.s").read_text(), f"{target}: no CK kernel in the ISA"
+    isa = (tmp_path / "attention-gfx90a.s").read_text()
+    assert ".amdhsa_kernel" in isa and "v_mfma" in isa, "gfx90a: the CK attention kernel has no matrix instructions"

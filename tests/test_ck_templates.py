@@ -3,7 +3,7 @@ a build check (tests/test_build.py)."""
 import pytest
 
 from ck_templates import generate
-from ck_templates.instances import GROUP_NORM_INSTANCES, GroupNormInstance
+from ck_templates.instances import ATTENTION_INSTANCES, GROUP_NORM_INSTANCES, AttentionInstance, GroupNormInstance
 
 
 def test_names_encode_every_parameter_and_are_unique():
@@ -21,9 +21,40 @@ def test_inconsistent_instances_are_refused(bad):
         GroupNormInstance(**params)
 
 
+def test_attention_names_encode_every_parameter_and_are_unique():
+    names = [i.name for i in ATTENTION_INSTANCES]
+    assert len(set(names)) == len(names)
+    inst = AttentionInstance(True, 128, 64, 32, 128, 1, 2, 4)
+    assert inst.name == "ck_attention_f16_pad_b256_m128_n64_k32_o128_x32_w1x2x4"
+    assert any(i.padded for i in ATTENTION_INSTANCES) and any(not i.padded for i in ATTENTION_INSTANCES)
+
+
+@pytest.mark.parametrize("bad", [dict(k_per_block=16), dict(o_per_block=96), dict(n_xdl_per_wave=3),
+                                 dict(o_xdl_per_wave=2)])
+def test_inconsistent_attention_instances_are_refused(bad):
+    params = dict(padded=True, m_per_block=128, n_per_block=64, k_per_block=32, o_per_block=128, m_xdl_per_wave=1,
+                  n_xdl_per_wave=2, o_xdl_per_wave=4) | bad
+    with pytest.raises(ValueError):
+        AttentionInstance(**params)
+
+
+def test_attention_sources_carry_the_tile_and_the_padding(tmp_path):
+    paths = generate.write(str(tmp_path))[len(GROUP_NORM_INSTANCES):]
+    assert len(paths) == len(ATTENTION_INSTANCES)
+    for inst, path in zip(ATTENTION_INSTANCES, paths):
+        text = open(path).read()
+        assert path.endswith(f"{inst.name}.hip") and f"const char* {inst.name}(const AttentionArgs& a)" in text
+        tile = f"{inst.block}, {inst.m_per_block}, {inst.n_per_block}, {inst.k_per_block}, {inst.o_per_block}, 32"
+        assert tile in text
+        assert ("GemmSpecialization::MNKOPadding" in text) == inst.padded
+        assert "MaskingSpecialization::MaskDisabled" in text
+    registry = (tmp_path / "ck_registry.h").read_text()
+    assert registry.count('{"ck_attention_') == len(ATTENTION_INSTANCES)
+
+
 def test_one_source_per_instance_and_a_registry(tmp_path):
     paths = generate.write(str(tmp_path))
-    assert len(paths) == len(GROUP_NORM_INSTANCES)
+    assert len(paths) == len(GROUP_NORM_INSTANCES) + len(ATTENTION_INSTANCES)
     for inst, path in zip(GROUP_NORM_INSTANCES, paths):
         text = open(path).read()
         assert path.endswith(f"{inst.name}.hip") and f"const char* {inst.name}(" in text
@@ -53,3 +84,45 @@ def test_ck_reasons_name_what_the_instances_cannot_take():
     assert ck_reasons(x.float(), w, w, None) == ["CK instances take fp16 input, weight and bias"]
     assert ck_reasons(x, None, w, None) == ["CK instances take fp16 input, weight and bias"]
     assert ck_reasons(x, w, w, torch.zeros(2, 64)) == ["CK instances have no input bias"]
+
+
+def test_ck_attention_reasons_and_tuner_candidates(monkeypatch):
+    import importlib
+
+    import torch
+
+    attention = importlib.import_module("rocm_sd.ops.attention")
+    from rocm_sd.tune import problems
+
+    q = torch.empty(2, 77, 8, 40, dtype=torch.float16)
+    assert attention.ck_reasons(q, q, q, 0.125) == []
+    assert "CK attention instances take float16, not torch.bfloat16" in attention.ck_reasons(*[q.bfloat16()] * 3, 0.125)
+    assert attention.ck_instances() == []  # CPU build: no CK
+    monkeypatch.setattr(problems, "attention_ck_instances", lambda: ["ck_attention_a", "ck_attention_b"])
+    assert {"ck:ck_attention_a", "ck:ck_attention_b"} <= set(problems._attention_candidates(q, q, q, 0.125))
+    assert not any(c.startswith("ck:") for c in problems._attention_candidates(*[q.bfloat16()] * 3, 0.125))
+
+
+def test_a_tuned_ck_attention_instance_is_dispatched_to(monkeypatch):
+    import importlib
+
+    import torch
+
+    from rocm_sd import dispatch
+
+    attention = importlib.import_module("rocm_sd.ops.attention")
+    calls = []
+    monkeypatch.setattr(attention, "tuned_choice_for", lambda *a: "ck:ck_attention_a")
+    monkeypatch.setattr(attention, "attention_ck", lambda name, *a: calls.append(name) or torch.zeros_like(a[0]))
+    q = torch.randn(1, 16, 2, 40, dtype=torch.float16)
+    monkeypatch.setattr(attention, "ck_instances", lambda: ["ck_attention_a"])
+    attention._plans.clear()
+    attention.attention.call(q, q, q, 0.125)
+    assert calls == ["ck_attention_a"] and dispatch.stats()["attention"] == {"rocm_sd": 1}
+
+    monkeypatch.setattr(attention, "ck_instances", lambda: [])  # a database from a CK build, used without CK
+    attention._plans.clear()
+    out = attention.attention.call(q, q, q, 0.125)  # rocm_sd's own kernel would run; on the CPU, PyTorch
+    attention._plans.clear()
+    assert calls == ["ck_attention_a"]
+    torch.testing.assert_close(out, attention.attention_ref(q, q, q, 0.125))

@@ -11,7 +11,8 @@ Which runs: a forced backend, then the tuning database's measured choice for the
 use PyTorch's SDPA. The kernel is the default nowhere without a measurement because vendors' attention
 is strong (on the H200, cuDNN's is faster at most SD shapes: bench/results/) and because on AMD the
 kernel is compile-checked only by its authors: `python -m rocm_sd.tune` validates it against a float64
-truth on the user's GPU before it is ever chosen there.
+truth on the user's GPU before it is ever chosen there. On ROCm builds with Composable Kernel headers the
+tuner also measures CK's batched GEMM-softmax-GEMM instances (fp16, "ck:<instance>" choices).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .. import _ext, dispatch
 from ._common import DTYPE_CODES, PlanCache, custom_op, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
 
 OP = "attention"
+CK = "ck"  # tuned choices "ck:<instance>": a Composable Kernel instance (ROCm builds with CK, ck_templates/)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 512  # kMaxHeadDim in hip/attention.hip
 MAX_NARROW_HEAD_DIM = 160  # above it the wide family runs (hip/attention_wide.hip)
@@ -154,6 +156,30 @@ def attention_kernel(q, k, v, scale: float, out: torch.Tensor | None = None, ins
     return y
 
 
+def ck_instances() -> list[str]:
+    """The Composable Kernel attention instances in this build: ROCm builds with CK headers only
+    (ck_templates/); empty elsewhere."""
+    listing = getattr(_ext._C, "ck_attention_instances", None) if _ext._C is not None else None
+    return list(listing()) if listing is not None else []
+
+
+def ck_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> list[str]:
+    """Why the CK instances cannot take this call (no GPU needed to ask): they take what the kernel takes,
+    in fp16 only. Lengths a tile does not divide are each instance's own check (IsSupportedArgument)."""
+    reasons = input_reasons(q, k, v, scale)
+    if q.dtype != torch.float16:
+        reasons.append(f"CK attention instances take float16, not {q.dtype}")
+    return reasons
+
+
+def attention_ck(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One Composable Kernel instance, by name (`ck_instances()`); it raises when it cannot take the call."""
+    y = _output(q)
+    _ext._C.ck_attention(name, *_kernel_args(q, k, v, y.data_ptr(), _strides(y), scale), stream_handle(q.device),
+                         q.device.index)
+    return y
+
+
 _plans = PlanCache()
 _kernel_chosen = PlanCache()  # device -> whether its tuning database chose the kernel for any attention problem
 
@@ -170,14 +196,18 @@ def kernel_may_run(device: torch.device) -> bool:
         return False
     from ..tune import active
 
-    return _kernel_chosen.get_or_compute(device, lambda: active.chose_anywhere(device, OP, dispatch.KERNEL))
+    return _kernel_chosen.get_or_compute(device, lambda: any(active.chose_anywhere(device, OP, backend)
+                                                             for backend in (dispatch.KERNEL, CK)))
 
 
 def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
-    """(reasons against the kernel, the choice, the kernel instance) for one shape. Untuned shapes take the
-    vendor's SDPA (module docstring): a policy, counted as torch with no notice."""
+    """(reasons against the kernel, the choice, the kernel instance: a rocm_sd instance name, or "ck:<name>") for
+    one shape. Untuned shapes take the vendor's SDPA (module docstring): a policy, counted as torch with no
+    notice. A tuned CK instance this build or call cannot run gives way to rocm_sd's own kernel."""
     tuned = tuned_choice_for(OP, q.device, (q, k, v, scale))
     choice = tuned if tuned is not None else dispatch.TORCH
+    if choice.startswith(CK + ":") and choice[len(CK) + 1:] in ck_instances() and not ck_reasons(q, k, v, scale):
+        return [], choice, choice
     instance = choice.partition(":")[2] if choice.startswith(dispatch.KERNEL + ":") else ""
     return supports(q, k, v, scale, instance), choice, instance
 
@@ -187,6 +217,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     key = (tensor_key(q), tensor_key(k), tensor_key(v), scale)
     reasons, choice, instance = _plans.get_or_compute(key, lambda: _plan(q, k, v, scale))
     if dispatch.choose(OP, reasons, choice) == dispatch.KERNEL:
+        if instance.startswith(CK + ":"):
+            return attention_ck(instance[len(CK) + 1:], q, k, v, scale)
         return attention_kernel(q, k, v, scale, instance=instance)
     return attention_ref(q, k, v, scale)
 

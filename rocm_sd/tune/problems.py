@@ -12,7 +12,9 @@ from typing import Callable
 
 import torch
 
-from ..ops.attention import attention_kernel, attention_ref
+from ..ops.attention import attention_ck, attention_kernel, attention_ref
+from ..ops.attention import ck_instances as attention_ck_instances
+from ..ops.attention import ck_reasons as attention_ck_reasons
 from ..ops.attention import input_reasons as attention_input_reasons
 from ..ops.attention import instance_fits as attention_instance_fits
 from ..ops.attention import instances as attention_instances
@@ -130,13 +132,17 @@ def _attention_key(q, k, v, scale) -> str:
 
 
 def _attention_candidates(q, k, v, scale) -> dict:
-    """SDPA, and each compiled kernel instance that holds the head dim and dtype (block shapes differ)."""
+    """SDPA, each compiled kernel instance that holds the head dim and dtype (block shapes differ), and each
+    Composable Kernel instance (ROCm builds with CK only; fp16)."""
     candidates = {TORCH: attention_ref}
     meta = [_meta(t) for t in (q, k, v)]
     if not attention_input_reasons(*meta, scale):
         for name in attention_instances():
             if attention_instance_fits(name, meta[0].dtype, meta[0].shape[-1]):
                 candidates[f"rocm_sd:{name}"] = lambda *a, _name=name: attention_kernel(*a, instance=_name)
+    if not attention_ck_reasons(*meta, scale):
+        for name in attention_ck_instances():
+            candidates[f"ck:{name}"] = lambda *a, _name=name: attention_ck(_name, *a)
     return candidates
 
 

@@ -195,4 +195,9 @@ struct CkGroupNormCall {
 // Empty string on success, else why the instance cannot run this call (or does not exist).
 std::string ck_group_norm_forward(const std::string& name, const CkGroupNormCall& a);
 
+// Attention (batched GEMM-softmax-GEMM, XDL) over fp16 q, k, v in attention_forward's layout and strides.
+std::vector<std::string> ck_attention_instances();
+// Empty string on success, else why the instance cannot run this call (or does not exist).
+std::string ck_attention_forward(const std::string& name, const AttentionArgs& a);
+
 }  // namespace rsd

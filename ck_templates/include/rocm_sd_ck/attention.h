@@ -1,0 +1,26 @@
+// The arguments every generated CK attention instance takes: raw pointers, sizes and strides, as _C's
+// other launchers (no torch, no CK types), so the registry and the bindings need no CK headers.
+#pragma once
+
+namespace rsd::ck {
+
+struct AttentionArgs {
+  const void* q;  // [batch, q_len, heads, head_dim] fp16, strided (the projections' outputs viewed per head)
+  const void* k;  // [batch, kv_len, heads, head_dim]
+  const void* v;  // [batch, kv_len, heads, head_dim]
+  void* out;      // [batch, q_len, heads, head_dim]
+  int batch, heads, q_len, kv_len, head_dim;
+  int q_stride[3], k_stride[3], v_stride[3], out_stride[3];  // batch, sequence, head; in elements
+  float scale;
+  void* stream;   // hipStream_t
+};
+
+// Runs the instance; nullptr on success, else why it cannot take these arguments.
+using AttentionFn = const char* (*)(const AttentionArgs&);
+
+struct AttentionInstanceEntry {
+  const char* name;
+  AttentionFn run;
+};
+
+}  // namespace rsd::ck
