@@ -108,8 +108,11 @@ def load_pipeline(model: str, device, dtype):
     if model in ARCHITECTURES:
         return build_sd_pipeline(model, device, dtype)
     if not os.path.isdir(model):
+        hint = (" (a single-file checkpoint: `python -m rocm_sd.tune` takes it, tuning its architecture's shapes; "
+                "this command needs a diffusers folder, e.g. from diffusers' from_single_file(...).save_pretrained)"
+                if model.lower().endswith((".safetensors", ".ckpt")) else "")
         raise ValueError(f"--model {model!r} is neither an architecture ({', '.join(sorted(ARCHITECTURES))}) "
-                         "nor a local diffusers model folder")
+                         f"nor a local diffusers model folder{hint}")
     from diffusers import DiffusionPipeline
 
     pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype, local_files_only=True)

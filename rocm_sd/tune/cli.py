@@ -2,6 +2,7 @@
 
     python -m rocm_sd.tune --model sd15 --height 512 --width 512 --batch 1
     python -m rocm_sd.tune --model /path/to/model --ops group_norm,geglu --budget-s 300 --resume
+    python -m rocm_sd.tune --model ComfyUI/models/checkpoints/sd_xl_base_1.0.safetensors   # its shapes
     torchrun --nproc-per-node 8 -m rocm_sd.tune --model sdxl      # ranks with the same GPU share the work
 
 1. Harvest: the optimized pipeline runs once (2 steps) under a recording dispatch mode: every distinct
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .. import models, patch, platform
+from .. import checkpoints, models, patch, platform
 from . import active, problems
 from .db import TuningDB, default_location
 from .device_key import device_key, validators
@@ -40,8 +41,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m rocm_sd.tune", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="sd15",
-                        help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
-                             "diffusers model folder")
+                        help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}), a local "
+                             "diffusers model folder, or a .safetensors checkpoint as ComfyUI and A1111 load them "
+                             "(its architecture's shapes are tuned)")
     parser.add_argument("--height", type=int)
     parser.add_argument("--width", type=int)
     parser.add_argument("--batch", type=int, default=1, help="images per call (the UNet sees twice as many with CFG)")
@@ -96,6 +98,15 @@ def _rank_share(items: list, device) -> list:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if checkpoints.is_checkpoint_file(args.model):
+        try:
+            arch = checkpoints.architecture_of(args.model)
+        except ValueError as error:
+            print(f"rocm_sd.tune: {error}", file=sys.stderr)
+            return 2
+        print(f"{args.model}: {arch} architecture; tuning its shapes with random weights (the weights' values do not "
+              "change which kernel is fastest)")
+        args.model = arch
     measuring = not (args.list or args.dry_run)
     on_gpu = platform.gpu_available()
     if measuring and not on_gpu:
