@@ -11,7 +11,8 @@ first call and replays it afterwards: inputs are copied into the graph's static 
 are cloned out of it, so a caller never holds memory the next replay overwrites. It runs the
 callable eagerly, and says why in `stats`, whenever a graph would be wrong or impossible: autograd
 on, torch.compile tracing, inside another capture, no GPU tensor among the inputs, CPU tensors or
-unhashable values among them, too many signatures, or a capture that failed.
+unhashable values among them, signatures changing too often (graphs evicted, least recently used
+first, faster than they replay), or a capture that failed.
 
 A graph bakes in the model as it was at capture. Changes rocm_sd sees lead to a new capture: a
 weight moved or swapped (storage pointers are part of the signature), another module, parameter or
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from contextlib import contextmanager
 from typing import Any, Callable
 
@@ -36,11 +37,13 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 log = logging.getLogger("rocm_sd")
 
-# Signatures kept per callable (CFG on/off x a few resolutions). Past it, new signatures run eagerly:
-# that stops a call whose arguments change every time from capturing every time, but it also means
-# that many weight swaps (each LoRA fused into new storage is a new signature) end graph replays until
-# invalidate_graphs(). Known limitation; LRU eviction with a guard against thrashing is the next step.
+# Signatures kept per callable (CFG on/off x a few resolutions x a few weight sets). A new signature past it
+# evicts the least recently replayed graph (each LoRA strength a ComfyUI user tries is new weight storage:
+# a new signature), unless evictions have become frequent (THRASH_EVICTIONS in the last THRASH_WINDOW
+# calls): then the arguments change too often for captures to pay, and new signatures run eagerly.
 MAX_GRAPHS = 8
+THRASH_WINDOW = 32
+THRASH_EVICTIONS = 4
 WARMUP_CALLS = 2    # eager calls on a side stream before capture (lazy init, cuDNN algorithm choice)
 
 
@@ -138,8 +141,9 @@ class GraphedCall:
         self.name = name
         self.ignore_kwargs = ignore_kwargs
         self.pool_owner = pool_owner or GraphPool()
-        self.graphs: OrderedDict = OrderedDict()
+        self.graphs: OrderedDict = OrderedDict()  # signature -> graph, least recently replayed first
         self.failed: dict = {}
+        self._evictions: deque = deque(maxlen=THRASH_WINDOW)  # per call: whether it evicted a graph
         self.stats: Counter = Counter()
         self._weight_list = None
         self._structures: dict = {}  # fingerprint of the model's structure -> its number
@@ -157,13 +161,22 @@ class GraphedCall:
             self.stats[f"eager: {why}"] += 1
             return self.fn(*args, **kwargs)
         graph = self.graphs.get(key)
-        if graph is None:
+        evicting = graph is None and key not in self.failed and len(self.graphs) >= MAX_GRAPHS
+        self._evictions.append(evicting)
+        if graph is not None:
+            self.graphs.move_to_end(key)  # most recently used last: eviction takes the first
+        else:
             if key in self.failed:
                 self.stats[f"eager: capture failed earlier ({self.failed[key]})"] += 1
                 return self.fn(*args, **kwargs)
-            if len(self.graphs) >= MAX_GRAPHS:
-                self.stats[f"eager: more than {MAX_GRAPHS} input signatures"] += 1
-                return self.fn(*args, **kwargs)
+            if evicting:
+                if sum(self._evictions) > THRASH_EVICTIONS:
+                    self._evictions[-1] = False  # nothing was evicted
+                    self.stats[f"eager: new input signatures too often to replay (over {THRASH_EVICTIONS} "
+                               f"evictions in the last {THRASH_WINDOW} calls, {MAX_GRAPHS} graphs kept)"] += 1
+                    return self.fn(*args, **kwargs)
+                self.graphs.popitem(last=False)
+                self.stats["graphs evicted (least recently used)"] += 1
             try:
                 graph = self._capture(args, kwargs, leaves, spec)
             except Exception as error:  # noqa: BLE001 - any capture failure falls back to eager, reported
@@ -253,6 +266,7 @@ class GraphedCall:
         """Drop every captured graph (their memory returns to the pool)."""
         self.graphs.clear()
         self.failed.clear()
+        self._evictions.clear()
         self._structures.clear()
         self._seen_epoch = -1
 

@@ -40,6 +40,48 @@ def test_structure_changes_of_watched_models_bump_the_epoch():
     assert graphs._structure_epoch == before + 3
 
 
+class _FakeGraph:
+    def __init__(self, label):
+        self.label = label
+
+    def replay(self, tensors):
+        return ("replay", self.label)
+
+
+def _policy_call(monkeypatch):
+    """A GraphedCall whose signature is its first argument and whose captures are stand-ins: the
+    eviction policy without a GPU (tests below with the mark `gpu` capture for real)."""
+    call = graphs.GraphedCall(lambda x: ("eager", x), nn.Linear(2, 2), "policy")
+    monkeypatch.setattr(call, "_signature", lambda args, kwargs: ((None, (args[0],), (0,)), [args[0]], None))
+    monkeypatch.setattr(call, "_capture", lambda args, kwargs, leaves, spec: _FakeGraph(args[0]))
+    return call
+
+
+def test_least_recently_used_graph_is_evicted(monkeypatch):
+    call = _policy_call(monkeypatch)
+    for label in range(graphs.MAX_GRAPHS):
+        assert call(label) == ("replay", label)
+    assert call(0) == ("replay", 0)  # 0 is now the most recently used; 1 the least
+    assert call("new") == ("replay", "new")
+    assert list(call.graphs)[0] == (None, (2,), (0,)) and (None, (1,), (0,)) not in call.graphs
+    assert call.stats["graphs evicted (least recently used)"] == 1
+    assert call.stats["graph captures"] == graphs.MAX_GRAPHS + 1
+
+
+def test_signatures_that_change_every_call_stop_capturing(monkeypatch):
+    call = _policy_call(monkeypatch)
+    outs = [call(label) for label in range(graphs.MAX_GRAPHS + 10)]  # never the same twice
+    evicted = call.stats["graphs evicted (least recently used)"]
+    assert evicted == graphs.THRASH_EVICTIONS
+    assert outs[-1] == ("eager", graphs.MAX_GRAPHS + 9)
+    assert sum(v for k, v in call.stats.items() if k.startswith("eager: new input signatures too often")) == \
+        10 - graphs.THRASH_EVICTIONS
+    for _ in range(graphs.THRASH_WINDOW):  # one signature over and over: once the old evictions leave the
+        call(3)                            # window it is captured, then replayed
+    assert call(3) == ("replay", 3)
+    assert call("after") == ("replay", "after")  # and new signatures are captured again
+
+
 def test_cpu_calls_run_eagerly_and_say_why():
     m = Tiny()
     call = graphed(m)
