@@ -108,6 +108,20 @@ def test_replay_matches_eager_and_outputs_are_not_aliased():
 
 
 @pytest.mark.gpu
+def test_evicted_graphs_free_their_place_and_the_rest_still_replay_right():
+    m = Tiny().cuda()
+    call = graphed(m)
+    eager = Tiny.forward.__get__(m)
+    sizes = list(range(1, graphs.MAX_GRAPHS + 3))  # two more shapes than graphs kept: two evictions
+    with torch.no_grad():
+        for rows in sizes + sizes[-graphs.MAX_GRAPHS:]:  # then the kept ones again, replayed from the shared pool
+            x = torch.randn(rows, 16, device="cuda")
+            torch.testing.assert_close(m(x)["y"], eager(x)["y"], msg=f"{rows} rows")
+    assert call.stats["graphs evicted (least recently used)"] == 2
+    assert call.stats["graph captures"] == len(sizes) and len(call.graphs) == graphs.MAX_GRAPHS
+
+
+@pytest.mark.gpu
 def test_new_shapes_values_and_strides_capture_new_graphs():
     m = Tiny().cuda()
     call = graphed(m)
