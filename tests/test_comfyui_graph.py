@@ -44,6 +44,8 @@ def test_node_installs_the_graph_wrapper_on_the_clone_only(comfy, nodes):
     assert optimized.get_all_callbacks("on_detach_after") == [wrapper.on_detach]
     (no_graphs,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=False)
     assert "model_function_wrapper" not in no_graphs.model_options
+    (twice,) = nodes.RocmSDOptimizeModel().optimize(optimized)  # the node on its own output: one wrapper, kept
+    assert twice.model_options["model_function_wrapper"] is wrapper
 
 
 def test_another_nodes_wrapper_is_kept_and_the_reason_given(comfy):

@@ -26,15 +26,12 @@ callbacks) the graphs are dropped and their memory returns to PyTorch's allocato
 """
 from __future__ import annotations
 
-import logging
 from collections import Counter
 
 import torch
 from torch.utils import _pytree as pytree
 
 from ..graphs import GraphedCall, GraphPool
-
-log = logging.getLogger("rocm_sd")
 
 # transformer_options entries the sampler adds per call or per run, or that the UNet's forward writes before
 # it reads them; none of them changes what a call computes when no patch or wrapper runs inside it.
@@ -134,7 +131,10 @@ class GraphedModelFunction:
 
 def install_graphs(patcher, own_replace_patch=None) -> str | None:
     """Set a GraphedModelFunction as `patcher`'s model_function_wrapper; the reason when it cannot be."""
-    if patcher.model_options.get("model_function_wrapper") is not None:
+    existing = patcher.model_options.get("model_function_wrapper")
+    if isinstance(existing, GraphedModelFunction):
+        return None  # the node ran on its own output: its graphs already wrap every evaluation
+    if existing is not None:
         return "another node already set this model's model_function_wrapper (ComfyUI keeps one)"
     wrapper = GraphedModelFunction(own_replace_patch)
     patcher.set_model_unet_function_wrapper(wrapper)
