@@ -220,9 +220,9 @@ class GraphedCall:
 
         Structures are told apart by the identity and type of every module, attention processor, parameter
         and buffer, numbered per GraphedCall, so a model put back as it was (ComfyUI restores its object
-        patches' originals and installs the patches again on every load) replays the graphs it had. Moving the model (offload,
-        .to()) or swapping a weight tensor (LoRA fusing) changes a storage the graph reads from; in-place
-        updates (copy_) keep it and stay valid."""
+        patches' originals and installs the patches again on every load) replays the graphs it had.
+        Moving the model (offload, .to()) or swapping a weight tensor (LoRA fusing) changes a storage the
+        graph reads from; in-place updates (copy_) keep it and stay valid."""
         if self._seen_epoch != _structure_epoch:  # walking the module tree costs ~1 ms: once per change
             modules = list(self.module.modules())
             self._weight_list = list(self.module.parameters()) + list(self.module.buffers())
