@@ -41,16 +41,24 @@ def architecture_of(path: str) -> str:
     def find(suffixes: tuple[str, ...]) -> list[int] | None:
         return next((shape for key, shape in shapes.items() if key.endswith(suffixes)), None)
 
-    embedding = find(_SDXL_EMBEDDING)
-    if embedding is not None:
-        if embedding[-1] == 2816:
-            return "sdxl"
-        raise ValueError(f"{path}: a class embedding {embedding[-1]} wide (SDXL base has 2816; the SDXL refiner "
-                         "2560 is not one of rocm_sd's architectures)")
-    context = find(_CROSS_ATTENTION)
-    if context is None:
+    embedding, context = find(_SDXL_EMBEDDING), find(_CROSS_ATTENTION)
+    if embedding is None and context is None:
         raise ValueError(f"{path}: no Stable Diffusion UNet found ({len(shapes)} tensors, none named like a UNet's "
                          "first cross-attention)")
-    if context[-1] not in _BY_CONTEXT_WIDTH:
-        raise ValueError(f"{path}: cross-attention {context[-1]} wide; rocm_sd knows 768 (SD1.x) and 1024 (SD2.x)")
-    return _BY_CONTEXT_WIDTH[context[-1]]
+    try:
+        return architecture_for(context[-1] if context else None, embedding[-1] if embedding else None)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+def architecture_for(context_width: int | None, class_embedding_width: int | None = None) -> str:
+    """rocm_sd.models' architecture for a UNet with this cross-attention width and class embedding input
+    width (None: no class embedding); ValueError for other models."""
+    if class_embedding_width is not None:
+        if class_embedding_width == 2816:
+            return "sdxl"
+        raise ValueError(f"a class embedding {class_embedding_width} wide (SDXL base has 2816; the SDXL refiner's "
+                         "2560 and other conditioned UNets are not among rocm_sd's architectures)")
+    if context_width not in _BY_CONTEXT_WIDTH:
+        raise ValueError(f"cross-attention {context_width} wide; rocm_sd knows 768 (SD1.x), 1024 (SD2.x) and SDXL")
+    return _BY_CONTEXT_WIDTH[context_width]

@@ -17,8 +17,9 @@ from tests.comfyui_standin import load_node_package, model_inputs, run_model, st
 
 
 def test_node_contract(nodes):
-    assert set(nodes.NODE_CLASS_MAPPINGS) == {"RocmSDOptimizeModel", "RocmSDOptimizeVAE"}
+    assert set(nodes.NODE_CLASS_MAPPINGS) == {"RocmSDOptimizeModel", "RocmSDOptimizeVAE", "RocmSDTune"}
     assert nodes.NODE_DISPLAY_NAME_MAPPINGS["RocmSDOptimizeModel"] == "rocm_sd Optimize Model"
+    assert set(nodes.NODE_DISPLAY_NAME_MAPPINGS) == set(nodes.NODE_CLASS_MAPPINGS)
     for cls, socket in ((nodes.RocmSDOptimizeModel, "MODEL"), (nodes.RocmSDOptimizeVAE, "VAE")):
         required = cls.INPUT_TYPES()["required"]
         assert required[socket.lower()] == (socket,) and cls.RETURN_TYPES == (socket,)
@@ -271,3 +272,51 @@ def test_optimized_model_on_the_gpu_uses_the_kernels(comfy, nodes):
     n_layer_norms = sum(isinstance(m, torch.nn.LayerNorm) for m in patcher.model.modules())
     assert stats["group_norm"] == {"rocm_sd": n_group_norms} and stats["layer_norm"] == {"rocm_sd": n_layer_norms}
     assert (got.float() - reference.float()).abs().max().item() < 5e-2 * reference.float().abs().max().item()
+
+
+# ---- rocm_sd Tune ------------------------------------------------------------------------------------------
+
+class _Config:  # comfy/supported_models.py's config objects carry the UNet config ComfyUI detected
+    def __init__(self, **unet_config):
+        self.unet_config = unet_config
+
+
+def test_tune_node_contract_and_architecture(comfy, nodes):
+    cls = nodes.RocmSDTune
+    required = cls.INPUT_TYPES()["required"]
+    assert required["model"] == ("MODEL",) and cls.RETURN_TYPES == ("MODEL",) and cls.CATEGORY == "rocm_sd"
+    assert {name: spec[0] for name, spec in required.items() if name != "model"} == {
+        "width": "INT", "height": "INT", "batch_size": "INT", "budget_minutes": "INT", "resume": "BOOLEAN"}
+    patcher = standin_model(comfy)
+    for unet_config, arch in (({"context_dim": 768, "adm_in_channels": None}, "sd15"),
+                              ({"context_dim": 1024}, "sd21"),
+                              ({"context_dim": 2048, "adm_in_channels": 2816}, "sdxl")):
+        patcher.model.model_config = _Config(**unet_config)
+        assert comfy_patch.model_architecture(patcher) == arch
+    patcher.model.model_config = _Config(context_dim=1024, adm_in_channels=1536)  # SD2.1 unCLIP
+    with pytest.raises(ValueError, match="class embedding 1536 wide"):
+        comfy_patch.model_architecture(patcher)
+
+
+def test_tune_node_runs_the_tuner_for_the_model_and_passes_it_through(comfy, nodes, monkeypatch):
+    from rocm_sd.tune import cli as tune_cli
+
+    runs = []
+    monkeypatch.setattr(tune_cli, "main", lambda argv: runs.append(argv) or 0)
+    patcher = standin_model(comfy)
+    patcher.model.model_config = _Config(context_dim=2048, adm_in_channels=2816)
+    (out,) = nodes.RocmSDTune().tune(patcher, width=832, height=1216, batch_size=2, budget_minutes=5, resume=True)
+    assert out is patcher
+    assert runs == [["--model", "sdxl", "--width", "832", "--height", "1216", "--batch", "2", "--resume",
+                     "--budget-s", "300"]]
+
+    del patcher.model.model_config  # not a Stable Diffusion model rocm_sd knows: nothing tuned, passed through
+    assert nodes.RocmSDTune().tune(patcher)[0] is patcher and len(runs) == 1
+
+
+def test_tune_node_on_a_machine_without_gpu_passes_through(comfy, nodes):
+    patcher = standin_model(comfy)
+    patcher.model.model_config = _Config(context_dim=768)
+    # The real tuner: it refuses to measure without a GPU (exit 2), the node says so and passes the model on.
+    if not torch.cuda.is_available():
+        assert nodes.RocmSDTune().tune(patcher, width=64, height=64)[0] is patcher

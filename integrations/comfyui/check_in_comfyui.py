@@ -6,7 +6,8 @@ Builds a small random SD1.5-style UNet and a random SD VAE with ComfyUI's own cl
 ComfyUI's ModelPatcher with and without "rocm_sd Optimize Model" / "rocm_sd Optimize VAE", and checks:
 the outputs agree, the attention override is called, the object patches are in place while the model is
 loaded, and the original model is exactly itself again afterwards; then KSampler's own path agrees with
-and without the node and (on a GPU) replays the node's captured graph. Exits non-zero on any failure.
+and without the node and (on a GPU) replays the node's captured graph; "rocm_sd Tune" reads the
+architecture from ComfyUI's model configs (the tuning itself is not run). Exits non-zero on any failure.
 """
 import argparse
 import importlib.util
@@ -131,6 +132,33 @@ def check_sampler(torch, comfy, nodes, device, dtype):
     return diff <= (1e-5 if dtype == torch.float32 else 2e-2) and graphed
 
 
+def check_tune_node(torch, comfy, nodes):
+    """"rocm_sd Tune" reads the architecture from ComfyUI's own model config objects (SD1.5 and SDXL, small
+    channel counts, real context widths) and asks the tuner for it; the tuning itself is not run here."""
+    from rocm_sd.tune import cli as tune_cli
+
+    runs, real_main = [], tune_cli.main
+    tune_cli.main = lambda argv: runs.append(argv[1]) or 0
+    try:
+        for name, config in (("SD15", {"context_dim": 768}),
+                             ("SDXL", {"context_dim": 2048, "adm_in_channels": 2816, "num_classes": "sequential",
+                                       "transformer_depth": [0, 0, 1, 1], "channel_mult": [1, 2],
+                                       "transformer_depth_output": [0, 0, 0, 1, 1, 1], "num_res_blocks": [1, 1]})):
+            unet_config = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_res_blocks": [1, 1],
+                           "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
+                           "transformer_depth_middle": 1, "num_head_channels": 8, "use_linear_in_transformer": False,
+                           "adm_in_channels": None, "use_temporal_attention": False, "use_temporal_resblock": False,
+                           "num_heads": -1, "image_size": 32, "use_spatial_transformer": True, "legacy": False} | config
+            model = getattr(comfy.supported_models, name)(unet_config).get_model({}, device=torch.device("cpu"))
+            patcher = comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"),
+                                                       offload_device=torch.device("cpu"))
+            nodes["RocmSDTune"]().tune(patcher, width=512, height=512)
+    finally:
+        tune_cli.main = real_main
+    print(f"tune node: architectures asked for {runs}")
+    return runs == ["sd15", "sdxl"]
+
+
 def check_vae(torch, comfy, nodes):
     from comfy.ldm.models.autoencoder import AutoencoderKL
 
@@ -169,7 +197,7 @@ def main():
           f"{hasattr(comfy.ldm.modules.attention, 'wrap_attn')}")
     nodes = load_nodes()
     ok = (check_model(torch, comfy, nodes, device, dtype) and check_sampler(torch, comfy, nodes, device, dtype)
-          and check_vae(torch, comfy, nodes))
+          and check_tune_node(torch, comfy, nodes) and check_vae(torch, comfy, nodes))
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

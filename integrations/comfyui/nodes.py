@@ -1,4 +1,5 @@
-"""ComfyUI nodes: "rocm_sd Optimize Model" (MODEL -> MODEL) and "rocm_sd Optimize VAE" (VAE -> VAE).
+"""ComfyUI nodes: "rocm_sd Optimize Model" (MODEL -> MODEL), "rocm_sd Optimize VAE" (VAE -> VAE) and
+"rocm_sd Tune" (MODEL -> MODEL, unchanged: tunes the kernels for the model's shapes).
 
 A thin shim (DESIGN.md convention 10): node definitions around rocm_sd.patch.comfy, which the
 AUTOMATIC1111 extension's Forge path shares. The norm modules become kernel-backed copies of themselves
@@ -18,7 +19,7 @@ log = logging.getLogger("rocm_sd.comfyui")
 try:
     import torch
 
-    from rocm_sd.patch.comfy import norm_swaps, patch_model_patcher, upsample_swaps, vae_attention
+    from rocm_sd.patch.comfy import model_architecture, norm_swaps, patch_model_patcher, upsample_swaps, vae_attention
     UNAVAILABLE = None
 except ImportError as exc:  # the node must load in any ComfyUI, even one without rocm_sd installed
     UNAVAILABLE = f"rocm_sd is not importable ({exc}); install it into ComfyUI's Python environment"
@@ -108,6 +109,59 @@ class RocmSDOptimizeVAE:
         return (patched,)
 
 
+class RocmSDTune:
+    """MODEL -> MODEL (unchanged): tunes rocm_sd's kernels on this GPU for the model's architecture at one size,
+    as `python -m rocm_sd.tune` does (random weights of the same shapes; results written to the tuning
+    database the other nodes read, as they come). ComfyUI's loaded models are unloaded first to give the
+    tuner the GPU. Progress is shown in the console."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        size = {"default": 1024, "min": 64, "max": 8192, "step": 8}
+        return {"required": {
+            "model": ("MODEL",),
+            "width": ("INT", size),
+            "height": ("INT", size),
+            "batch_size": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "images per KSampler call"}),
+            "budget_minutes": ("INT", {"default": 10, "min": 0, "max": 600,
+                                       "tooltip": "start no new problem after this long (0: no limit)"}),
+            "resume": ("BOOLEAN", {"default": True, "tooltip": "skip what the database already holds"}),
+        }}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "tune"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Tunes rocm_sd's kernels for this model's shapes on this GPU, once (minutes); later runs use it."
+
+    def tune(self, model, width=1024, height=1024, batch_size=1, budget_minutes=10, resume=True):
+        if UNAVAILABLE:
+            _say_once(UNAVAILABLE + "; nothing tuned")
+            return (model,)
+        try:
+            arch = model_architecture(model)
+        except ValueError as error:
+            _say_once(f"nothing tuned: {error}")
+            return (model,)
+        argv = ["--model", arch, "--width", str(width), "--height", str(height), "--batch", str(batch_size)]
+        argv += (["--resume"] if resume else []) + (["--budget-s", str(60 * budget_minutes)] if budget_minutes else [])
+        _free_the_gpu()
+        from rocm_sd.tune import cli as tune_cli
+
+        status = tune_cli.main(argv)
+        if status:
+            _say_once(f"tuning stopped (python -m rocm_sd.tune {' '.join(argv)} exited {status}); see the log above")
+        return (model,)
+
+
+def _free_the_gpu() -> None:
+    try:
+        import comfy.model_management as model_management
+    except ImportError:
+        return
+    for name in ("unload_all_models", "soft_empty_cache"):
+        getattr(model_management, name, lambda: None)()
+
+
 def _report_kernels() -> None:
     """Say once when the kernels cannot run here (no GPU build, no GPU): the ops then use PyTorch."""
     from rocm_sd import _ext
@@ -119,6 +173,7 @@ def _report_kernels() -> None:
         _say_once(f"kernels unavailable ({reason}); the patched model runs rocm_sd's PyTorch reference path")
 
 
-NODE_CLASS_MAPPINGS = {"RocmSDOptimizeModel": RocmSDOptimizeModel, "RocmSDOptimizeVAE": RocmSDOptimizeVAE}
+NODE_CLASS_MAPPINGS = {"RocmSDOptimizeModel": RocmSDOptimizeModel, "RocmSDOptimizeVAE": RocmSDOptimizeVAE,
+                       "RocmSDTune": RocmSDTune}
 NODE_DISPLAY_NAME_MAPPINGS = {"RocmSDOptimizeModel": "rocm_sd Optimize Model",
-                              "RocmSDOptimizeVAE": "rocm_sd Optimize VAE"}
+                              "RocmSDOptimizeVAE": "rocm_sd Optimize VAE", "RocmSDTune": "rocm_sd Tune"}

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..checkpoints import architecture_for
 from ..attention import attention, heads_first, heads_last, spatial_attention
 from .comfy_graph import install_graphs
 from .swap import group_norm_copy, layer_norm_copy, upsample_copy
@@ -72,6 +73,15 @@ def upsample_swaps(root) -> dict[str, object]:
     return {name: upsample_copy(module, _host_casts) for name, module in root.named_modules()
             if type(module).__name__ == "Upsample" and getattr(module, "with_conv", False)
             and conv_foldable(getattr(module, "conv", None))}
+
+
+def model_architecture(patcher) -> str:
+    """rocm_sd.models' architecture (sd15, sd21, sdxl) of a ComfyUI MODEL, from the UNet config ComfyUI detected
+    for it (comfy/supported_models.py); ValueError for other models."""
+    config = getattr(getattr(patcher.model, "model_config", None), "unet_config", None)
+    if not config:
+        raise ValueError("this MODEL carries no UNet config (not one of ComfyUI's Stable Diffusion models)")
+    return architecture_for(config.get("context_dim"), config.get("adm_in_channels") or None)
 
 
 # ---- attention ---------------------------------------------------------------------------------------------
