@@ -240,11 +240,19 @@ class GraphedCall:
         device = next(leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda")
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
+        def fresh_arguments():
+            # New lists and dicts around the same tensors for every warm-up call: a callee may consume its
+            # arguments (ComfyUI's UNet pops the ControlNet residuals off their lists), and the caller's own
+            # arguments must stay whole for the eager call that follows a failed capture.
+            return pytree.tree_unflatten(leaves, spec)
+
         with torch.cuda.stream(side):
             for _ in range(WARMUP_CALLS - 1):
-                self.fn(*args, **kwargs)
+                warm_args, warm_kwargs = fresh_arguments()
+                self.fn(*warm_args, **warm_kwargs)
+            warm_args, warm_kwargs = fresh_arguments()
             with _host_syncs_raise():  # a call that waits for the GPU cannot be captured: find out first
-                self.fn(*args, **kwargs)
+                self.fn(*warm_args, **warm_kwargs)
         torch.cuda.current_stream(device).wait_stream(side)
 
         static_inputs = [leaf.detach().clone() for leaf in leaves if isinstance(leaf, torch.Tensor)]

@@ -195,6 +195,22 @@ def test_calls_that_sync_with_the_host_run_eagerly_without_a_capture():
 
 
 @pytest.mark.gpu
+def test_arguments_a_call_consumes_are_whole_for_every_warm_up_and_the_eager_fallback():
+    class PopsAndSyncs(nn.Module):  # ComfyUI's UNet pops the ControlNet residuals off their lists
+        def forward(self, x, residuals: list):
+            r = residuals.pop()
+            return x * float(r.sum())  # a host sync: the capture fails, the call runs eagerly
+
+    m = PopsAndSyncs().cuda()
+    call = graphed(m)
+    x, residuals = torch.ones(4, device="cuda"), [torch.full((2,), 1.5, device="cuda")]
+    with torch.no_grad():
+        out = m(x, residuals)  # warm-ups on copies of the list; the eager call after the failed capture gets it whole
+    assert torch.equal(out, x * 3.0) and residuals == []
+    assert any("synchronizes with the host" in key for key in call.stats), call.stats
+
+
+@pytest.mark.gpu
 def test_a_failed_capture_leaves_random_ops_working():
     class SyncsInCapture(nn.Module):
         def forward(self, x):
