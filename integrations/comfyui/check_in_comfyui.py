@@ -129,7 +129,43 @@ def check_sampler(torch, comfy, nodes, device, dtype):
     diff /= reference.float().abs().max().item()
     print(f"sampler: 2 x 6 euler steps, max relative difference {diff:.2e}, graphs {dict(stats)}")
     graphed = stats["graph captures"] == 1 and stats["graph replays"] == 12 if device.type == "cuda" else True
-    return diff <= (1e-5 if dtype == torch.float32 else 2e-2) and graphed
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    if not (diff <= tolerance and graphed):
+        return False
+
+    # With a ControlNet (as "Apply ControlNet" attaches it): its residuals reach the model as a dict of tensor
+    # lists that ComfyUI's UNet pops from; the graph takes them as inputs, fresh every step.
+    control = controlnet_for(torch, comfy, patcher, device, dtype)
+    hint = torch.rand(1, 3, 128, 128, generator=g)
+    cnet = control.copy().set_cond_hint(hint, 0.9, (0.0, 1.0))
+    positive = [[positive[0][0], {"control": cnet}]]
+    negative = [[negative[0][0], {"control": cnet}]]
+    before = graph_stats(optimized)
+    reference, got = sample(patcher), sample(optimized)
+    stats = graph_stats(optimized) - before
+    diff = (got.float() - reference.float()).abs().max().item() / reference.float().abs().max().item()
+    effect = (reference.float() - again.float()).abs().max().item()  # the ControlNet changed the picture
+    print(f"sampler with a ControlNet: max relative difference {diff:.2e}, its effect {effect:.2e}, "
+          f"graphs {dict(stats)}")
+    graphed = stats["graph captures"] == 1 and stats["graph replays"] == 6 if device.type == "cuda" else True
+    return diff <= tolerance and effect > 0 and graphed
+
+
+def controlnet_for(torch, comfy, patcher, device, dtype):
+    """A random ControlNet matching `patcher`'s UNet, as comfy.controlnet.load_controlnet_state_dict builds one."""
+    import comfy.cldm.cldm
+    import comfy.controlnet
+    import comfy.ops
+
+    config = dict(patcher.model.model_config.unet_config)
+    config.pop("out_channels", None)
+    config.update(hint_channels=3, dtype=dtype, device=device,
+                  operations=comfy.ops.pick_operations(dtype, None))
+    model = comfy.cldm.cldm.ControlNet(**config)
+    torch.manual_seed(4)
+    for p in model.parameters():
+        p.data.normal_(0, 0.1)
+    return comfy.controlnet.ControlNet(model, load_device=device)
 
 
 def check_tune_node(torch, comfy, nodes):
