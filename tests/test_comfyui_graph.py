@@ -188,3 +188,18 @@ def test_calls_with_other_nodes_patches_run_eagerly(gpu_patched):
     stats = graph_stats(gpu_patched)
     assert stats["graph captures"] == 0
     assert stats["eager: a 'output_block_patch' transformer patch runs Python inside the model"] == 2
+
+
+def test_each_reason_to_run_eagerly_is_said_once(comfy, nodes, caplog):
+    import logging
+
+    patcher = standin_model(comfy)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
+    x, ctx = model_inputs()
+    patch = {"patches": {"output_block_patch": [lambda h, hsp, options: (h, hsp)]}}
+    with caplog.at_level(logging.INFO, logger="rocm_sd.comfyui"):
+        for _ in range(3):
+            sampler_call(optimized, x, ctx, extra_options=patch)
+    said = [r.getMessage() for r in caplog.records if "without graph replay" in r.getMessage()]
+    assert said == ["rocm_sd: ComfyUI model evaluations without graph replay while a 'output_block_patch' "
+                    "transformer patch runs Python inside the model"]

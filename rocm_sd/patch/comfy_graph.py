@@ -26,12 +26,15 @@ callbacks) the graphs are dropped and their memory returns to PyTorch's allocato
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import torch
 from torch.utils import _pytree as pytree
 
 from ..graphs import GraphedCall, GraphPool
+
+log = logging.getLogger("rocm_sd.comfyui")
 
 # transformer_options entries the sampler adds per call or per run, or that the UNet's forward writes before
 # it reads them; none of them changes what a call computes when no patch or wrapper runs inside it.
@@ -99,6 +102,8 @@ class GraphedModelFunction:
         if why is None and self.graphed is not None and self.graphed.module is not model:
             why = "another model than the one graphed first"  # clones share one model; never seen in ComfyUI
         if why is not None:
+            if f"eager: {why}" not in self.blocked:  # once per reason: why this model's steps are not replayed
+                log.info("rocm_sd: ComfyUI model evaluations without graph replay while %s", why)
             self.blocked[f"eager: {why}"] += 1
             if getattr(model, "model_lowvram", False) and self.graphed is not None and self.graphed.graphs:
                 # ComfyUI offloaded part of the model to make room: the graphs' weights are gone from where they
