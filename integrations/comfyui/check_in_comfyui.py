@@ -53,15 +53,18 @@ def kernels_ran(torch, device, ops) -> tuple[bool, dict]:
     return all(counts and set(counts) == {"rocm_sd"} for counts in stats.values()), stats
 
 
-def small_sd15(torch, comfy, device, dtype):
-    """A ModelPatcher around a small random SD1.5-style model built with ComfyUI's own classes."""
-    unet_config = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_res_blocks": [1, 1],
-                   "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
-                   "transformer_depth_middle": 1, "context_dim": 64, "num_head_channels": 8,
-                   "use_linear_in_transformer": False, "adm_in_channels": None, "use_temporal_attention": False,
-                   "use_temporal_resblock": False, "num_heads": -1, "image_size": 32, "use_spatial_transformer": True,
-                   "legacy": False}
-    config = comfy.supported_models.SD15(unet_config)
+SMALL_UNET = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_res_blocks": [1, 1],
+              "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
+              "transformer_depth_middle": 1, "context_dim": 64, "num_head_channels": 8,
+              "use_linear_in_transformer": False, "adm_in_channels": None, "use_temporal_attention": False,
+              "use_temporal_resblock": False, "num_heads": -1, "image_size": 32, "use_spatial_transformer": True,
+              "legacy": False}
+
+
+def small_model(torch, comfy, device, dtype, model_class="SD15", **unet_config):
+    """A ModelPatcher around a small random model of ComfyUI's `model_class` (comfy/supported_models.py) built
+    with ComfyUI's own classes; unet_config entries override SMALL_UNET's."""
+    config = getattr(comfy.supported_models, model_class)(SMALL_UNET | unet_config)
     config.set_inference_dtype(dtype, None)
     model = config.get_model({}, device=device)
     torch.manual_seed(0)
@@ -71,7 +74,7 @@ def small_sd15(torch, comfy, device, dtype):
 
 
 def check_model(torch, comfy, nodes, device, dtype):
-    patcher = small_sd15(torch, comfy, device, dtype)
+    patcher = small_model(torch, comfy, device, dtype)
     model = patcher.model
     g = torch.Generator().manual_seed(1)
     x, ctx = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 7, 64, generator=g)
@@ -111,7 +114,7 @@ def check_sampler(torch, comfy, nodes, device, dtype):
     import comfy.sample
     from rocm_sd.patch.comfy_graph import graph_stats
 
-    patcher = small_sd15(torch, comfy, device, dtype)
+    patcher = small_model(torch, comfy, device, dtype)
     (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher)
     g = torch.Generator().manual_seed(3)
     noise, latent = torch.randn(1, 4, 16, 16, generator=g), torch.zeros(1, 4, 16, 16)
@@ -178,16 +181,9 @@ def check_tune_node(torch, comfy, nodes):
     try:
         for name, config in (("SD15", {"context_dim": 768}),
                              ("SDXL", {"context_dim": 2048, "adm_in_channels": 2816, "num_classes": "sequential",
-                                       "transformer_depth": [0, 0, 1, 1], "channel_mult": [1, 2],
-                                       "transformer_depth_output": [0, 0, 0, 1, 1, 1], "num_res_blocks": [1, 1]})):
-            unet_config = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_res_blocks": [1, 1],
-                           "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
-                           "transformer_depth_middle": 1, "num_head_channels": 8, "use_linear_in_transformer": False,
-                           "adm_in_channels": None, "use_temporal_attention": False, "use_temporal_resblock": False,
-                           "num_heads": -1, "image_size": 32, "use_spatial_transformer": True, "legacy": False} | config
-            model = getattr(comfy.supported_models, name)(unet_config).get_model({}, device=torch.device("cpu"))
-            patcher = comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"),
-                                                       offload_device=torch.device("cpu"))
+                                       "transformer_depth": [0, 0, 1, 1],
+                                       "transformer_depth_output": [0, 0, 0, 1, 1, 1]})):
+            patcher = small_model(torch, comfy, torch.device("cpu"), torch.float32, name, **config)
             nodes["RocmSDTune"]().tune(patcher, width=512, height=512)
     finally:
         tune_cli.main = real_main
