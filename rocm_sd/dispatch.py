@@ -18,6 +18,15 @@ from . import config
 KERNEL = "rocm_sd"
 TORCH = "torch"
 BACKENDS = (KERNEL, TORCH)
+# Tuned choices "ck:<instance>" name a Composable Kernel instance built into _C (ROCm builds with CK,
+# ck_templates/): rocm_sd's kernels too, so they run and are counted as KERNEL.
+CK = "ck"
+
+
+def ck_instance(choice: str | None) -> str | None:
+    """The instance a tuned "ck:<instance>" choice names, or None for any other choice."""
+    prefix, _, name = (choice or "").partition(":")
+    return name if prefix == CK and name else None
 
 log = logging.getLogger("rocm_sd")
 

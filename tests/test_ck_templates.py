@@ -126,3 +126,10 @@ def test_a_tuned_ck_attention_instance_is_dispatched_to(monkeypatch):
     attention._plans.clear()
     assert calls == ["ck_attention_a"]
     torch.testing.assert_close(out, attention.attention_ref(q, q, q, 0.125))
+
+
+def test_tuned_choices_naming_a_ck_instance():
+    from rocm_sd import dispatch
+
+    assert dispatch.ck_instance("ck:ck_attention_a") == "ck_attention_a"
+    assert [dispatch.ck_instance(c) for c in (None, "torch", "rocm_sd:split", "ck:", "ck")] == [None] * 5

@@ -148,6 +148,13 @@ def within_tolerance(out, truth, torch_same_dtype) -> tuple[bool, float, float]:
     return err <= allowed, err, allowed
 
 
+def ck_listing(function: str) -> list:
+    """What _C's `function` (ck_group_norm_instances, ck_attention_instances) lists: the Composable Kernel
+    instances of ROCm builds with CK headers (ck_templates/); empty without them or without _C."""
+    listing = getattr(_ext._C, function, None) if _ext._C is not None else None
+    return list(listing()) if listing is not None else []
+
+
 # ---- calling an op without torch's dispatcher --------------------------------------------------------------
 
 _profiler_enabled = torch._C._autograd._profiler_enabled

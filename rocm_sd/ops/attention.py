@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import DTYPE_CODES, PlanCache, custom_op, kernel_reasons, stream_handle, tensor_key, tuned_choice_for
+from ._common import (DTYPE_CODES, PlanCache, ck_listing, custom_op, kernel_reasons, stream_handle, tensor_key,
+                      tuned_choice_for)
 
 OP = "attention"
-CK = "ck"  # tuned choices "ck:<instance>": a Composable Kernel instance (ROCm builds with CK, ck_templates/)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 512  # kMaxHeadDim in hip/attention.hip
 MAX_NARROW_HEAD_DIM = 160  # above it the wide family runs (hip/attention_wide.hip)
@@ -159,8 +159,7 @@ def attention_kernel(q, k, v, scale: float, out: torch.Tensor | None = None, ins
 def ck_instances() -> list[str]:
     """The Composable Kernel attention instances in this build: ROCm builds with CK headers only
     (ck_templates/); empty elsewhere."""
-    listing = getattr(_ext._C, "ck_attention_instances", None) if _ext._C is not None else None
-    return list(listing()) if listing is not None else []
+    return ck_listing("ck_attention_instances")
 
 
 def ck_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> list[str]:
@@ -197,7 +196,7 @@ def kernel_may_run(device: torch.device) -> bool:
     from ..tune import active
 
     return _kernel_chosen.get_or_compute(device, lambda: any(active.chose_anywhere(device, OP, backend)
-                                                             for backend in (dispatch.KERNEL, CK)))
+                                                             for backend in (dispatch.KERNEL, dispatch.CK)))
 
 
 def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
@@ -206,7 +205,7 @@ def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
     notice. A tuned CK instance this build or call cannot run gives way to rocm_sd's own kernel."""
     tuned = tuned_choice_for(OP, q.device, (q, k, v, scale))
     choice = tuned if tuned is not None else dispatch.TORCH
-    if choice.startswith(CK + ":") and choice[len(CK) + 1:] in ck_instances() and not ck_reasons(q, k, v, scale):
+    if dispatch.ck_instance(choice) in ck_instances() and not ck_reasons(q, k, v, scale):
         return [], choice, choice
     instance = choice.partition(":")[2] if choice.startswith(dispatch.KERNEL + ":") else ""
     return supports(q, k, v, scale, instance), choice, instance
@@ -217,8 +216,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     key = (tensor_key(q), tensor_key(k), tensor_key(v), scale)
     reasons, choice, instance = _plans.get_or_compute(key, lambda: _plan(q, k, v, scale))
     if dispatch.choose(OP, reasons, choice) == dispatch.KERNEL:
-        if instance.startswith(CK + ":"):
-            return attention_ck(instance[len(CK) + 1:], q, k, v, scale)
+        ck = dispatch.ck_instance(instance)
+        if ck is not None:
+            return attention_ck(ck, q, k, v, scale)
         return attention_kernel(q, k, v, scale, instance=instance)
     return attention_ref(q, k, v, scale)
 

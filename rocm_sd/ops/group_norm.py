@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, custom_op, dtype_reasons, kernel_reasons, layout_of, output_like,
-                      param_reasons, stream_handle, tensor_key, tuned_choice_for)
+from ._common import (DTYPE_CODES, NHWC, PlanCache, ck_listing, custom_op, dtype_reasons, kernel_reasons, layout_of,
+                      output_like, param_reasons, stream_handle, tensor_key, tuned_choice_for)
 
 OP = "group_norm"
 # Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and
@@ -111,8 +111,7 @@ def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | N
 def ck_instances() -> list[tuple[str, bool]]:
     """(name, silu) of the Composable Kernel GroupNorm instances in this build: ROCm builds with CK headers
     only (ck_templates/); empty elsewhere."""
-    listing = getattr(_ext._C, "ck_group_norm_instances", None) if _ext._C is not None else None
-    return [tuple(i) for i in listing()] if listing is not None else []
+    return [tuple(i) for i in ck_listing("ck_group_norm_instances")]
 
 
 def ck_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -152,8 +151,7 @@ def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
         if reasons:
             return reasons, None, "auto", None
         tuned = tuned_choice_for(OP, x.device, (x, num_groups, weight, bias, eps, silu, input_bias))
-        if tuned and tuned.startswith("ck:") and (tuned[3:], silu) in ck_instances() \
-                and not ck_reasons(x, weight, bias, input_bias):
+        if (dispatch.ck_instance(tuned), silu) in ck_instances() and not ck_reasons(x, weight, bias, input_bias):
             return reasons, tuned, tuned, None  # the tuner measured this CK instance fastest here
         path = tuned.partition(":")[2] if tuned and tuned.startswith(dispatch.KERNEL + ":") else "auto"
         try:
@@ -169,8 +167,9 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bi
                eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
     reasons, tuned, path, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu, input_bias)
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
-        if path.startswith("ck:"):
-            return group_norm_ck(path[3:], x, num_groups, weight, bias, eps)
+        ck = dispatch.ck_instance(path)
+        if ck is not None:
+            return group_norm_ck(ck, x, num_groups, weight, bias, eps)
         return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes, path=path,
                                  input_bias=input_bias)
     params = weight if weight is not None else bias

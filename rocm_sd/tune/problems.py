@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .. import dispatch
 from ..ops.attention import attention_ck, attention_kernel, attention_ref
 from ..ops.attention import ck_instances as attention_ck_instances
 from ..ops.attention import ck_reasons as attention_ck_reasons
@@ -87,7 +88,7 @@ def _group_norm_candidates(x, num_groups, weight, bias, eps, silu, input_bias=No
     if not ck_reasons(*meta):  # Composable Kernel instances (ROCm builds with CK only)
         for name, act_silu in ck_instances():
             if act_silu == silu:
-                candidates[f"ck:{name}"] = lambda *a, _name=name: group_norm_ck(_name, *a[:4], a[4])
+                candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: group_norm_ck(_name, *a[:4], a[4])
     return candidates
 
 
@@ -142,7 +143,7 @@ def _attention_candidates(q, k, v, scale) -> dict:
                 candidates[f"rocm_sd:{name}"] = lambda *a, _name=name: attention_kernel(*a, instance=_name)
     if not attention_ck_reasons(*meta, scale):
         for name in attention_ck_instances():
-            candidates[f"ck:{name}"] = lambda *a, _name=name: attention_ck(_name, *a)
+            candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: attention_ck(_name, *a)
     return candidates
 
 
