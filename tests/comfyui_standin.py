@@ -37,7 +37,7 @@ def run_model(patcher, x, ctx):
         return patcher.model.apply_model(x, None, ctx, transformer_options=patcher.model_options["transformer_options"])
 
 
-def model_inputs(device="cpu", dtype=torch.float32):
-    g = torch.Generator(device).manual_seed(1)
+def model_inputs(device="cpu", dtype=torch.float32, seed=1):
+    g = torch.Generator(device).manual_seed(seed)
     return (torch.randn(2, 4, 8, 8, device=device, dtype=dtype, generator=g),
             torch.randn(2, 5, 24, device=device, dtype=dtype, generator=g))

@@ -128,9 +128,8 @@ def gpu_patched(comfy, nodes):
 
 def _inputs(seed):
     """A latent batch on the GPU and its conditioning on the CPU in fp32, as ComfyUI's sampler hands them over."""
-    g = torch.Generator("cuda").manual_seed(seed)
-    return (torch.randn(2, 4, 8, 8, device="cuda", dtype=torch.float16, generator=g),
-            torch.randn(2, 5, 24, device="cuda", generator=g).cpu())
+    x, ctx = model_inputs("cuda", torch.float16, seed)
+    return x, ctx.float().cpu()
 
 
 @pytest.mark.gpu
