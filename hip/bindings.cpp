@@ -282,4 +282,36 @@ PYBIND11_MODULE(_C, m) {
       py::arg("name"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"),
       py::arg("strides"), py::arg("scale"), py::arg("stream"), py::arg("device"),
       "One Composable Kernel attention instance by name, on attention()'s arguments; raises why it cannot run.");
+
+  m.def("ck_linear_geglu_instances", &rsd::ck_linear_geglu_instances,
+        "Names of the Composable Kernel GEGLU-projection instances in this build (ROCm with CK headers; else none).");
+
+  m.def(
+      "ck_linear_geglu",
+      [](const std::string& name, uintptr_t x, uintptr_t weight, uintptr_t bias, uintptr_t gate, uintptr_t out,
+         int64_t m, int64_t n, int64_t k, int64_t x_stride, uintptr_t stream, int device) {
+        raise_if(rsd::ck_linear_geglu_forward(name, {as_ptr(x), as_ptr(weight), as_ptr(bias), as_mut_ptr(gate),
+                                                     as_mut_ptr(out), m, n, k, x_stride, as_mut_ptr(stream), device}));
+      },
+      py::arg("name"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("gate"), py::arg("out"), py::arg("m"),
+      py::arg("n"), py::arg("k"), py::arg("x_stride"), py::arg("stream"), py::arg("device"),
+      "out = (x W[:n]^T + b[:n]) * gelu(x W[n:]^T + b[n:]) by one CK instance; raises why it cannot run.");
+
+  m.def("ck_conv_bias_residual_instances", &rsd::ck_conv_bias_residual_instances,
+        "Names of the Composable Kernel convolution + bias + residual instances in this build (else none).");
+
+  m.def(
+      "ck_conv_bias_residual",
+      [](const std::string& name, uintptr_t x, uintptr_t weight, uintptr_t bias, uintptr_t residual, uintptr_t out,
+         const std::vector<int64_t>& sizes, double scale, uintptr_t stream, int device) {
+        if (sizes.size() != 9) throw std::invalid_argument("sizes are n, c, h, w, k, r, s, pad_h, pad_w");
+        raise_if(rsd::ck_conv_bias_residual_forward(
+            name, {as_ptr(x), as_ptr(weight), as_ptr(bias), as_ptr(residual), as_mut_ptr(out), sizes[0], sizes[1],
+                   sizes[2], sizes[3], sizes[4], sizes[5], sizes[6], sizes[7], sizes[8], static_cast<float>(scale),
+                   as_mut_ptr(stream), device}));
+      },
+      py::arg("name"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("out"),
+      py::arg("sizes"), py::arg("scale"), py::arg("stream"), py::arg("device"),
+      "out = (residual + conv(x, w) + bias) * scale by one CK instance (channels_last fp16, stride 1); raises why "
+      "it cannot run.");
 }

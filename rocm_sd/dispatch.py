@@ -21,6 +21,9 @@ BACKENDS = (KERNEL, TORCH)
 # Tuned choices "ck:<instance>" name a Composable Kernel instance built into _C (ROCm builds with CK,
 # ck_templates/): rocm_sd's kernels too, so they run and are counted as KERNEL.
 CK = "ck"
+# Ops that exist to host a CK fusion (linear_geglu, conv_bias_residual) count their default path, the vendor
+# GEMM / convolution followed by a rocm_sd epilogue op (counted under its own name as well), as "composed".
+COMPOSED = "composed"
 
 
 def ck_instance(choice: str | None) -> str | None:

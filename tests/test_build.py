@@ -122,9 +122,10 @@ def _ck_include():
 
 
 def test_ck_instances_compile_for_amd(tmp_path):
-    """Every generated CK instance (GroupNorm, attention), and the backend that lists them, compile for gfx90a;
-    one GroupNorm instance also for gfx1030 (CK's normalization is plain HIP, not XDL/WMMA, so it exists on RDNA
-    too; attention is XDL, CDNA only), and an attention instance's ISA holds matrix instructions. CDNA3 is not
+    """Every generated CK instance (GroupNorm, attention, GEGLU projection, convolution + bias + residual), and the
+    backend that lists them, compile for gfx90a; one GroupNorm instance also for gfx1030 (CK's normalization is
+    plain HIP, not XDL/WMMA, so it exists on RDNA too; the others are XDL, CDNA only), and an attention, a GEGLU
+    and a convolution instance's ISA hold matrix instructions. CDNA3 is not
     checked: Debian's clang-15 does not know gfx942, and current CK no longer knows gfx940."""
     import sys
 
@@ -143,13 +144,16 @@ def test_ck_instances_compile_for_amd(tmp_path):
     for target in ("gfx1030",):
         commands.append(Cmd([hipcc, "-x", "hip", *flags, f"--offload-arch={target}", "--cuda-device-only", "-S",
                              sources[1], "-o", tmp_path / f"one-{target}.s"], env))
-    # Attention is XDL (CDNA's matrix cores): an instance built for the wrong arch compiles to an empty stub,
-    # so its ISA must hold a kernel that uses the matrix instructions.
-    attention = next(s for s in sources if "ck_attention_" in str(s))
-    commands.append(Cmd([hipcc, "-x", "hip", *flags, "--offload-arch=gfx90a", "--cuda-device-only", "-S", attention,
-                         "-o", tmp_path / "attention-gfx90a.s"], env))
+    # Attention, the GEGLU GEMMs and the convolution are XDL (CDNA's matrix cores): an instance built for the
+    # wrong arch compiles to an empty stub, so one of each must hold kernels that use the matrix instructions.
+    xdl = {family: next(s for s in sources if f"ck_{family}_" in str(s))
+           for family in ("attention", "linear_geglu", "conv_bias_residual")}
+    for family, source in xdl.items():
+        commands.append(Cmd([hipcc, "-x", "hip", *flags, "--offload-arch=gfx90a", "--cuda-device-only", "-S", source,
+                             "-o", tmp_path / f"{family}-gfx90a.s"], env))
     compile_all(commands)
     for target in ("gfx1030",):
         assert ".amdhsa_kernel" in (tmp_path / f"one-{target}.s").read_text(), f"{target}: no CK kernel in the ISA"
-    isa = (tmp_path / "attention-gfx90a.s").read_text()
-    assert ".amdhsa_kernel" in isa and "v_mfma" in isa, "gfx90a: the CK attention kernel has no matrix instructions"
+    for family in xdl:
+        isa = (tmp_path / f"{family}-gfx90a.s").read_text()
+        assert ".amdhsa_kernel" in isa and "v_mfma" in isa, f"gfx90a: CK {family} kernels without matrix instructions"

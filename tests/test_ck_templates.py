@@ -3,7 +3,8 @@ a build check (tests/test_build.py)."""
 import pytest
 
 from ck_templates import generate
-from ck_templates.instances import ATTENTION_INSTANCES, GROUP_NORM_INSTANCES, AttentionInstance, GroupNormInstance
+from ck_templates.instances import (ATTENTION_INSTANCES, CONV_BIAS_RESIDUAL_INSTANCES, GROUP_NORM_INSTANCES,
+                                    LINEAR_GEGLU_INSTANCES, XDL_TILES, AttentionInstance, GroupNormInstance, XdlTile)
 
 
 def test_names_encode_every_parameter_and_are_unique():
@@ -39,8 +40,8 @@ def test_inconsistent_attention_instances_are_refused(bad):
 
 
 def test_attention_sources_carry_the_tile_and_the_padding(tmp_path):
-    paths = generate.write(str(tmp_path))[len(GROUP_NORM_INSTANCES):]
-    assert len(paths) == len(ATTENTION_INSTANCES)
+    start = len(GROUP_NORM_INSTANCES)
+    paths = generate.write(str(tmp_path))[start:start + len(ATTENTION_INSTANCES)]
     for inst, path in zip(ATTENTION_INSTANCES, paths):
         text = open(path).read()
         assert path.endswith(f"{inst.name}.hip") and f"const char* {inst.name}(const AttentionArgs& a)" in text
@@ -54,7 +55,8 @@ def test_attention_sources_carry_the_tile_and_the_padding(tmp_path):
 
 def test_one_source_per_instance_and_a_registry(tmp_path):
     paths = generate.write(str(tmp_path))
-    assert len(paths) == len(GROUP_NORM_INSTANCES) + len(ATTENTION_INSTANCES)
+    assert len(paths) == len(GROUP_NORM_INSTANCES) + len(ATTENTION_INSTANCES) + len(LINEAR_GEGLU_INSTANCES) + \
+        len(CONV_BIAS_RESIDUAL_INSTANCES)
     for inst, path in zip(GROUP_NORM_INSTANCES, paths):
         text = open(path).read()
         assert path.endswith(f"{inst.name}.hip") and f"const char* {inst.name}(" in text
@@ -133,3 +135,39 @@ def test_tuned_choices_naming_a_ck_instance():
 
     assert dispatch.ck_instance("ck:ck_attention_a") == "ck_attention_a"
     assert [dispatch.ck_instance(c) for c in (None, "torch", "rocm_sd:split", "ck:", "ck")] == [None] * 5
+
+
+def test_xdl_tiles_derive_ck_transfer_layouts_as_its_tables_pair_them():
+    # CK's f16 GEMM / grouped conv forward tables: 256 threads, 256x128x32, 4x2 XDL per wave -> A/B cluster
+    # S<4, 64, 1>, epilogue S<1, 32, 1, 8>; 128 threads, 128x64x32, 2x2 -> S<4, 32, 1>, S<1, 32, 1, 4>.
+    big, small = XdlTile(256, 256, 128, 32, 4, 2), XdlTile(128, 128, 64, 32, 2, 2)
+    assert (big.ab_cluster, big.out_cluster) == ("S<4, 64, 1>", "S<1, 32, 1, 8>")
+    assert (small.ab_cluster, small.out_cluster) == ("S<4, 32, 1>", "S<1, 32, 1, 4>")
+    assert big.template_args().startswith("1, 256, 256, 128, 32, 8, 8, 32, 32, 4, 2, S<4, 64, 1>")
+    assert big.template_args().endswith("1, 1, S<1, 32, 1, 8>, 8")
+    assert len({t.tag for t in XDL_TILES}) == len(XDL_TILES)
+
+
+@pytest.mark.parametrize("bad", [dict(m_xdl_per_wave=2), dict(block=128), dict(k_per_block=12)])
+def test_inconsistent_xdl_tiles_are_refused(bad):
+    with pytest.raises(ValueError):
+        XdlTile(**(dict(block=256, m_per_block=256, n_per_block=128, k_per_block=32, m_xdl_per_wave=4,
+                        n_xdl_per_wave=2) | bad))
+
+
+def test_gemm_and_conv_sources_carry_the_tile_and_their_epilogues(tmp_path):
+    paths = generate.write(str(tmp_path))[len(GROUP_NORM_INSTANCES) + len(ATTENTION_INSTANCES):]
+    instances = LINEAR_GEGLU_INSTANCES + CONV_BIAS_RESIDUAL_INSTANCES
+    assert len(paths) == len(instances)
+    for inst, path in zip(instances, paths):
+        text = open(path).read()
+        assert path.endswith(f"{inst.name}.hip") and inst.tile.template_args() in text
+        if inst in LINEAR_GEGLU_INSTANCES:
+            assert f"const char* {inst.name}(const LinearGegluArgs& a)" in text
+            assert "AddGelu" in text and "AddMultiply" in text and "DeviceGemmMultipleD_Xdl_CShuffle" in text
+        else:
+            assert f"const char* {inst.name}(const ConvBiasResidualArgs& a)" in text
+            assert "BiasResidualScale" in text and "NHWGC, GKYXC" in text
+    registry = (tmp_path / "ck_registry.h").read_text()
+    assert registry.count('{"ck_linear_geglu_') == len(LINEAR_GEGLU_INSTANCES)
+    assert registry.count('{"ck_conv_bias_residual_') == len(CONV_BIAS_RESIDUAL_INSTANCES)

@@ -35,6 +35,17 @@ CASES = {
         t.to(memory_format=torch.channels_last if cl and t.dim() == 4 else torch.contiguous_format) if t.dim() == 4 else t
         for t in (torch.randn(2, 64, 8, 8, device=device, dtype=dtype), torch.randn(2, 64, 8, 8, device=device, dtype=dtype),
                   torch.randn(64, device=device, dtype=dtype))) + (0.5,),
+    # the ops that host CK fusions, on their default paths: the `cl` variant has an odd K / NCHW activations
+    "linear_geglu": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 64, device=device, dtype=dtype),
+                                               torch.randn(48, 33 if cl else 64, device=device, dtype=dtype),
+                                               torch.randn(48, device=device, dtype=dtype)),
+    "conv_bias_residual": lambda device, dtype, cl: tuple(
+        t.contiguous(memory_format=torch.contiguous_format if cl else torch.channels_last)
+        for t in (torch.randn(2, 16, 8, 8, device=device, dtype=dtype), torch.randn(24, 16, 3, 3, device=device,
+                                                                                    dtype=dtype))) + (
+        torch.randn(24, device=device, dtype=dtype),
+        torch.randn(2, 24, 8, 8, device=device, dtype=dtype).contiguous(
+            memory_format=torch.contiguous_format if cl else torch.channels_last), 0.5, 1, 1),
 }
 
 

@@ -30,6 +30,37 @@ def test_harvest_records_every_distinct_op_call_of_a_pipeline():
     assert all(n >= 1 for n in calls.values())
 
 
+def test_builds_with_ck_instances_tune_the_ops_that_host_them(monkeypatch):
+    """Where CK GEMM / convolution instances are built (ROCm with CK headers), GEGLU projections and resnet tails
+    are harvested as linear_geglu / conv_bias_residual problems whose candidates are PyTorch, the composed
+    default and every instance that takes the call (stand-in names here: no CK build on this machine)."""
+    import importlib
+
+    geglu_module = importlib.import_module("rocm_sd.ops.linear_geglu")
+    conv_module = importlib.import_module("rocm_sd.ops.conv_bias_residual")
+    monkeypatch.setattr(geglu_module, "ck_instances", lambda: ("ck_linear_geglu_f16_stand_in",))
+    monkeypatch.setattr(conv_module, "ck_instances", lambda: ("ck_conv_bias_residual_f16_stand_in",))
+    monkeypatch.setattr(problems, "linear_geglu_ck_instances", geglu_module.ck_instances)
+    monkeypatch.setattr(problems, "conv_ck_instances", conv_module.ck_instances)
+    pipe = rocm_sd.optimize(models.build_sd_pipeline("tiny"), cuda_graph=False)
+    kw = models.prompt_kwargs(pipe, "a fox")
+    with config.override(log_fallbacks=False):
+        calls = harvest(lambda: pipe(**kw, num_inference_steps=2, output_type="latent"))
+    rocm_sd.revert(pipe)
+    ops = {call.op for call in calls}
+    assert {"linear_geglu", "conv_bias_residual"} <= ops and "bias_residual" not in ops
+    geglu_call = next(c for c in calls if c.op == "linear_geglu")
+    assert problems.key_of(geglu_call).startswith("linear_geglu|float32|nchw|rows=")
+    conv_call = next(c for c in calls if c.op == "conv_bias_residual")
+    assert ",R=3,S=3,pad=1x1" in problems.key_of(conv_call)
+
+    fp16 = [a.make("cpu").half() if isinstance(a, TensorSpec) else a for a in geglu_call.args]
+    assert list(problems.OPS["linear_geglu"].candidates(*fp16)) == ["torch", "rocm_sd",
+                                                                    "ck:ck_linear_geglu_f16_stand_in"]
+    fp32 = [a.make("cpu") if isinstance(a, TensorSpec) else a for a in conv_call.args]
+    assert list(problems.OPS["conv_bias_residual"].candidates(*fp32)) == ["torch", "rocm_sd"]  # CK takes fp16 only
+
+
 def test_tensor_specs_rebuild_the_exact_layout():
     spec = TensorSpec((2, 8, 4, 4), (128, 1, 32, 8), torch.float16)
     t = spec.make("cpu")

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..ops.linear_geglu import hosts_ck as linear_geglu_hosts_ck
 from ..ops.geglu import geglu_ref
 
 
@@ -23,10 +24,21 @@ class GEGLUFused(nn.Module):
         return new
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        x = self.proj(hidden_states)
+        proj = self.proj
+        if linear_geglu_hosts_ck() and _plain_linear(proj) and not (
+                torch.is_grad_enabled() and (hidden_states.requires_grad or proj.weight.requires_grad)):
+            # Builds with CK instances: projection and epilogue as one op, so the tuner can pick a fused CK pair.
+            return ops.linear_geglu.call(hidden_states, proj.weight, proj.bias)
+        x = proj(hidden_states)
         if torch.is_grad_enabled() and x.requires_grad:
             return geglu_ref(x)
         return ops.geglu.call(x)
 
     def _get_name(self) -> str:
         return "RocmGEGLU"
+
+
+def _plain_linear(proj: nn.Module) -> bool:
+    """An nn.Linear with a bias and no hooks: its forward is F.linear (a LoRA wrapper or a hook keeps the call)."""
+    return type(proj) is nn.Linear and proj.bias is not None and not proj._forward_hooks \
+        and not proj._forward_pre_hooks

@@ -18,6 +18,7 @@ from torch import nn
 
 from .. import ops
 from ..modules.group_norm import GroupNormAct
+from ..ops.conv_bias_residual import hosts_ck as conv_hosts_ck
 from .core import PatchRecord, derived
 from .swap import needs_grad
 
@@ -84,10 +85,19 @@ def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *
         bias, n = self.conv1.bias, hidden.shape[0]
         input_bias = derived(getattr(self, CACHE_ATTR), "conv1_bias_rows", (bias,),
                              lambda: bias.detach().expand(n, -1).contiguous(), n)
-    hidden = self.norm2(hidden, input_bias=input_bias.to(hidden.dtype).contiguous())
-    hidden = _conv_without_bias(self.conv2, self.dropout(hidden))
+    hidden = self.dropout(self.norm2(hidden, input_bias=input_bias.to(hidden.dtype).contiguous()))
     shortcut = self.conv_shortcut(input_tensor) if self.conv_shortcut is not None else input_tensor
-    return ops.bias_residual.call(hidden, shortcut, self.conv2.bias, 1.0 / self.output_scale_factor)
+    conv2, scale = self.conv2, 1.0 / self.output_scale_factor
+    if conv_hosts_ck() and _unit_stride(conv2) and not needs_grad(conv2, hidden):
+        # Builds with CK instances: conv2 and its tail as one op, so the tuner can pick a fused CK convolution.
+        return ops.conv_bias_residual.call(hidden, conv2.weight, conv2.bias, shortcut, scale, *conv2.padding)
+    return ops.bias_residual.call(_conv_without_bias(conv2, hidden), shortcut, conv2.bias, scale)
+
+
+def _unit_stride(conv: nn.Conv2d) -> bool:
+    """Stride 1, dilation 1, one group and numeric padding: what rocm_sd::conv_bias_residual takes."""
+    return conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.groups == 1 and \
+        not isinstance(conv.padding, str)
 
 
 def patch_resnets(model: nn.Module, record: PatchRecord) -> None:

@@ -22,6 +22,12 @@ from ..ops.attention import instances as attention_instances
 from ..ops.attention import supports as attention_supports
 from ..ops.bias_add import bias_residual_kernel, bias_residual_ref
 from ..ops.bias_add import supports as bias_residual_supports
+from ..ops.conv_bias_residual import ck_instances as conv_ck_instances
+from ..ops.conv_bias_residual import ck_reasons as conv_ck_reasons
+from ..ops.conv_bias_residual import conv_bias_residual_ck, conv_bias_residual_composed, conv_bias_residual_ref
+from ..ops.linear_geglu import ck_instances as linear_geglu_ck_instances
+from ..ops.linear_geglu import ck_reasons as linear_geglu_ck_reasons
+from ..ops.linear_geglu import linear_geglu_ck, linear_geglu_composed, linear_geglu_ref
 from ..ops.geglu import geglu_kernel, geglu_ref
 from ..ops.geglu import supports as geglu_supports
 from ..ops.group_norm import ck_instances, ck_reasons, group_norm_ck, group_norm_kernel, group_norm_ref
@@ -147,6 +153,42 @@ def _attention_candidates(q, k, v, scale) -> dict:
     return candidates
 
 
+# ---- the ops that host CK fusions: their default path (vendor GEMM / convolution, then a rocm_sd epilogue
+# op) against the PyTorch path and each CK instance that takes the call -------------------------------------
+
+def _linear_geglu_key(x, weight, bias) -> str:
+    x, w = _meta(x), _meta(weight)
+    return problem_key("linear_geglu", _dtype(x), _layout(x), rows=x.numel() // max(x.shape[-1], 1), K=x.shape[-1],
+                       N=w.shape[0] // 2)
+
+
+def _linear_geglu_candidates(x, weight, bias) -> dict:
+    candidates = {TORCH: linear_geglu_ref, "rocm_sd": linear_geglu_composed}
+    if not linear_geglu_ck_reasons(*[_meta(t) for t in (x, weight, bias)]):
+        for name in linear_geglu_ck_instances():
+            candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: linear_geglu_ck(_name, *a)
+    return candidates
+
+
+def _conv_bias_residual_key(x, weight, bias, residual, scale, pad_h, pad_w) -> str:
+    x, w = _meta(x), _meta(weight)
+    return problem_key("conv_bias_residual", _dtype(x), _layout(x), N=x.shape[0], C=x.shape[1], H=x.shape[2],
+                       W=x.shape[3], K=w.shape[0], R=w.shape[2], S=w.shape[3], pad=f"{pad_h}x{pad_w}")
+
+
+def _conv_bias_residual_candidates(x, weight, bias, residual, scale, pad_h, pad_w) -> dict:
+    candidates = {TORCH: conv_bias_residual_ref, "rocm_sd": conv_bias_residual_composed}
+    if not conv_ck_reasons(*[_meta(t) for t in (x, weight, bias, residual)], pad_h, pad_w):
+        for name in conv_ck_instances():
+            candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: conv_bias_residual_ck(_name, *a)
+    return candidates
+
+
+def _no_reasons(*args) -> list[str]:
+    """The composed default path runs every call (its epilogue op falls back by itself where it must)."""
+    return []
+
+
 def _one_kernel(reference, kernel):
     return lambda *args: {TORCH: reference, "rocm_sd": kernel}
 
@@ -163,11 +205,14 @@ OPS: dict[str, OpTuning] = {
     "bias_residual": OpTuning(_bias_residual_key, _one_kernel(bias_residual_ref, bias_residual_kernel),
                               bias_residual_ref),
     "layout_copy": OpTuning(_layout_copy_key, _one_kernel(layout_copy_ref, layout_copy_kernel), layout_copy_ref),
+    "linear_geglu": OpTuning(_linear_geglu_key, _linear_geglu_candidates, linear_geglu_ref),
+    "conv_bias_residual": OpTuning(_conv_bias_residual_key, _conv_bias_residual_candidates,
+                                   conv_bias_residual_ref),
 }
 SUPPORTS = {"attention": attention_supports, "group_norm": group_norm_supports, "geglu": geglu_supports,
             "layer_norm": layer_norm_supports, "add_layer_norm": add_layer_norm_supports,
             "parity_shuffle": parity_shuffle_supports, "bias_residual": bias_residual_supports,
-            "layout_copy": layout_copy_supports}
+            "layout_copy": layout_copy_supports, "linear_geglu": _no_reasons, "conv_bias_residual": _no_reasons}
 
 
 def key_of(call: OpCall) -> str:

@@ -1,6 +1,7 @@
 // The arguments every generated CK attention instance takes: raw pointers, sizes and strides, as _C's
 // other launchers (no torch, no CK types), so the registry and the bindings need no CK headers.
 #pragma once
+#include "rocm_sd_ck/instance_entry.h"
 
 namespace rsd::ck {
 
@@ -15,12 +16,6 @@ struct AttentionArgs {
   void* stream;   // hipStream_t
 };
 
-// Runs the instance; nullptr on success, else why it cannot take these arguments.
-using AttentionFn = const char* (*)(const AttentionArgs&);
-
-struct AttentionInstanceEntry {
-  const char* name;
-  AttentionFn run;
-};
+using AttentionInstanceEntry = InstanceEntry<AttentionArgs>;
 
 }  // namespace rsd::ck

@@ -200,4 +200,37 @@ std::vector<std::string> ck_attention_instances();
 // Empty string on success, else why the instance cannot run this call (or does not exist).
 std::string ck_attention_forward(const std::string& name, const AttentionArgs& a);
 
+// diffusers' GEGLU projection, x [m, k] times nn.Linear's [2n, k] weight, as two GEMMs with fused epilogues
+// (the gate's GELU, then bias and product); fp16, `gate` an [m, n] workspace.
+struct CkLinearGegluCall {
+  const void* x;
+  const void* weight;
+  const void* bias;
+  void* gate;
+  void* out;
+  int64_t m, n, k, x_stride;
+  void* stream;
+  int device;
+};
+std::vector<std::string> ck_linear_geglu_instances();
+// Empty string on success, else why the instance cannot run this call (or does not exist).
+std::string ck_linear_geglu_forward(const std::string& name, const CkLinearGegluCall& a);
+
+// ResnetBlock2D's conv2 + bias + residual (+ scale) as one grouped convolution; channels_last fp16 x, weight,
+// residual and output, stride 1, dilation 1, one group.
+struct CkConvBiasResidualCall {
+  const void* x;
+  const void* weight;
+  const void* bias;
+  const void* residual;
+  void* out;
+  int64_t n, c, h, w, k, r, s, pad_h, pad_w;
+  float scale;
+  void* stream;
+  int device;
+};
+std::vector<std::string> ck_conv_bias_residual_instances();
+// Empty string on success, else why the instance cannot run this call (or does not exist).
+std::string ck_conv_bias_residual_forward(const std::string& name, const CkConvBiasResidualCall& a);
+
 }  // namespace rsd

@@ -1,0 +1,13 @@
+// One row of a generated registry table (ck_registry.h): an instance's name and the function that runs it
+// on its family's argument struct, returning nullptr on success, else why it cannot take the arguments.
+#pragma once
+
+namespace rsd::ck {
+
+template <typename Args>
+struct InstanceEntry {
+  const char* name;
+  const char* (*run)(const Args&);
+};
+
+}  // namespace rsd::ck

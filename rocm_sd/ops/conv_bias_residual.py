@@ -1,0 +1,116 @@
+"""rocm_sd::conv_bias_residual: ResnetBlock2D's second convolution and its tail.
+
+    y = (residual + (conv2d(x, weight, padding) + bias[c])) * scale      stride 1, dilation 1, one group
+
+The op exists for the Composable Kernel instances that fuse bias, residual and scale into the convolution's
+epilogue (ck_templates/ ConvBiasResidualInstance): the convolution's output is never written and read back.
+Its default path is what the fused ResnetBlock2D always ran, the vendor convolution without bias (cuDNN /
+MIOpen) then rocm_sd::bias_residual; a CK instance runs where the tuner measured it faster. The resnet patch
+routes through this op only in builds that have CK instances (ROCm with CK headers).
+"""
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from .. import _ext, dispatch
+from . import bias_add
+from ._common import NHWC, PlanCache, ck_listing, custom_op, layout_of, output_like, stream_handle, tensor_key, \
+    tuned_choice_for
+
+OP = "conv_bias_residual"
+
+
+def conv_bias_residual_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                           scale: float, pad_h: int, pad_w: int) -> torch.Tensor:
+    """The convolution without bias, then rocm_sd::bias_residual's reference; differentiable."""
+    return bias_add.bias_residual_ref(F.conv2d(x, weight, None, 1, (pad_h, pad_w)), residual, bias, scale)
+
+
+def conv_bias_residual_composed(x, weight, bias, residual, scale, pad_h, pad_w) -> torch.Tensor:
+    """The default path: the vendor convolution, then rocm_sd::bias_residual (which dispatches and counts itself).
+    The result has the residual's layout (what the fake kernel promises) whatever layout the convolution chose."""
+    y = bias_add.bias_residual.call(F.conv2d(x, weight, None, 1, (pad_h, pad_w)), residual, bias, scale)
+    return y if y.stride() == residual.stride() else output_like(residual).copy_(y)
+
+
+@cache
+def ck_instances() -> tuple[str, ...]:
+    """Names of the CK convolution + bias + residual instances in this build: ROCm builds with CK headers only."""
+    return tuple(ck_listing("ck_conv_bias_residual_instances"))
+
+
+def _out_shape(x, weight, pad_h, pad_w) -> tuple[int, ...]:
+    return (x.shape[0], weight.shape[0], x.shape[2] + 2 * pad_h - weight.shape[2] + 1,
+            x.shape[3] + 2 * pad_w - weight.shape[3] + 1)
+
+
+
+def hosts_ck() -> bool:
+    """Whether this build has CK instances for the op: the patched modules route through it only then."""
+    return bool(ck_instances())
+
+def ck_reasons(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, pad_h: int,
+               pad_w: int) -> list[str]:
+    """Why the CK instances cannot take this call (no GPU needed to ask)."""
+    reasons = []
+    if any(t.dtype != torch.float16 for t in (x, weight, bias, residual)):
+        reasons.append("CK convolution instances take fp16 input, weight, bias and residual")
+    if x.dim() != 4 or weight.dim() != 4 or layout_of(x) != NHWC or not x.numel() \
+            or not weight.is_contiguous(memory_format=torch.channels_last) or weight.shape[1] != x.shape[1]:
+        reasons.append(f"input {tuple(x.shape)} and weight {tuple(weight.shape)} are not non-empty channels_last "
+                       "(N, C, H, W) and (K, C, R, S)")
+        return reasons
+    if x.shape[1] % 8 or weight.shape[0] % 8:
+        reasons.append("CK convolution instances read and write 8-element vectors: channels must be multiples of 8")
+    if tuple(residual.shape) != _out_shape(x, weight, pad_h, pad_w) or layout_of(residual) != NHWC:
+        reasons.append(f"residual {tuple(residual.shape)} is not the channels_last output "
+                       f"{_out_shape(x, weight, pad_h, pad_w)}")
+    if bias.dim() != 1 or bias.shape[0] != weight.shape[0] or not bias.is_contiguous():
+        reasons.append(f"bias {tuple(bias.shape)} is not a contiguous vector of the {weight.shape[0]} output channels")
+    return reasons
+
+
+def conv_bias_residual_ck(name: str, x, weight, bias, residual, scale, pad_h, pad_w) -> torch.Tensor:
+    """One CK instance by name (`ck_instances()`); it raises when it cannot take the call."""
+    out = output_like(residual)
+    (n, c, h, w), (k, _, r, s) = x.shape, weight.shape
+    _ext._C.ck_conv_bias_residual(name, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), residual.data_ptr(),
+                                  out.data_ptr(), [n, c, h, w, k, r, s, pad_h, pad_w], float(scale),
+                                  stream_handle(x.device), x.device.index)
+    return out
+
+
+_plans = PlanCache()
+
+
+@custom_op("rocm_sd::conv_bias_residual")
+def conv_bias_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                       scale: float, pad_h: int, pad_w: int) -> torch.Tensor:
+    args = (x, weight, bias, residual, scale, pad_h, pad_w)
+
+    def plan():
+        tuned = tuned_choice_for(OP, x.device, args)
+        ck = dispatch.ck_instance(tuned)
+        runs = ck is not None and ck in ck_instances() and x.is_cuda and \
+            not ck_reasons(x, weight, bias, residual, pad_h, pad_w)
+        return (ck if runs else None), tuned
+
+    key = (tensor_key(x), tensor_key(weight), tensor_key(bias), tensor_key(residual), pad_h, pad_w)
+    ck, tuned = _plans.get_or_compute(key, plan)
+    forced = dispatch.forced_backend(OP)
+    if forced == dispatch.TORCH or (forced is None and tuned == dispatch.TORCH):
+        dispatch.count(OP, dispatch.TORCH)
+        return output_like(residual).copy_(conv_bias_residual_ref(*args))
+    if ck is not None:
+        dispatch.count(OP, dispatch.KERNEL)
+        return conv_bias_residual_ck(ck, *args)
+    dispatch.count(OP, dispatch.COMPOSED)
+    return conv_bias_residual_composed(*args)
+
+
+@conv_bias_residual.register_fake
+def _(x, weight, bias, residual, scale, pad_h, pad_w):
+    return output_like(residual)

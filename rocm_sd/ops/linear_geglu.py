@@ -1,0 +1,104 @@
+"""rocm_sd::linear_geglu: diffusers' GEGLU including its projection.
+
+    y = h * gelu(g),  (h, g) = (x W^T + b).chunk(2, -1)      x: (..., K); W: (2N, K), nn.Linear's; b: (2N,)
+
+The op exists for the Composable Kernel instances that fuse the epilogues into the GEMMs (ck_templates/
+LinearGegluInstance: the gate's GELU into one GEMM, bias and product into the other), so the [..., 2N]
+projection is never written. Its default path is what GEGLUFused always ran, F.linear (cuBLAS / hipBLASLt)
+then rocm_sd::geglu; a CK instance runs where the tuner measured it faster. GEGLUFused routes through this op
+only in builds that have CK instances (ROCm with CK headers), so other builds keep the GEMM visible to
+torch.compile and skip a dispatch layer.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from .. import _ext, dispatch
+from .geglu import geglu, geglu_ref
+from ._common import PlanCache, ck_listing, custom_op, stream_handle, tensor_key, tuned_choice_for
+
+OP = "linear_geglu"
+
+
+def linear_geglu_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """diffusers' GEGLU op for op (projection, chunk, exact gelu, product); differentiable."""
+    return geglu_ref(F.linear(x, weight, bias))
+
+
+def linear_geglu_composed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The default path: the vendor GEMM, then rocm_sd::geglu (which dispatches and counts itself)."""
+    return geglu.call(F.linear(x, weight, bias))
+
+
+@cache
+def ck_instances() -> tuple[str, ...]:
+    """Names of the CK GEGLU-projection instances in this build: ROCm builds with CK headers only."""
+    return tuple(ck_listing("ck_linear_geglu_instances"))
+
+
+
+def hosts_ck() -> bool:
+    """Whether this build has CK instances for the op: the patched modules route through it only then."""
+    return bool(ck_instances())
+
+def ck_reasons(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
+    """Why the CK instances cannot take this call (no GPU needed to ask)."""
+    reasons = []
+    if any(t is None or t.dtype != torch.float16 for t in (x, weight, bias)):
+        reasons.append("CK GEGLU instances take fp16 input, weight and bias")
+    if x.dim() < 1 or not x.is_contiguous() or x.numel() == 0:
+        reasons.append(f"input {tuple(x.shape)} is empty or not contiguous")
+    if weight.dim() != 2 or not weight.is_contiguous() or weight.shape[0] % 2 or \
+            (x.dim() and weight.shape[1] != x.shape[-1]):
+        reasons.append(f"weight {tuple(weight.shape)} is not a contiguous (2N, K) matrix for input {tuple(x.shape)}")
+    elif weight.shape[1] % 8 or (weight.shape[0] // 2) % 8:
+        reasons.append("CK GEGLU instances read and write 8-element vectors: K and N must be multiples of 8")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0] or not bias.is_contiguous()):
+        reasons.append(f"bias {tuple(bias.shape)} is not a contiguous vector of the weight's {weight.shape[0]} rows")
+    return reasons
+
+
+def _output(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[:-1] + (weight.shape[0] // 2,))
+
+
+def linear_geglu_ck(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """One CK instance by name (`ck_instances()`); it raises when it cannot take the call."""
+    out = _output(x, weight)
+    k, n = x.shape[-1], weight.shape[0] // 2
+    m = x.numel() // k
+    gate = x.new_empty(m, n)  # the first GEMM's output, read by the second's epilogue
+    _ext._C.ck_linear_geglu(name, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), gate.data_ptr(), out.data_ptr(),
+                            m, n, k, k, stream_handle(x.device), x.device.index)
+    return out
+
+
+_plans = PlanCache()
+
+
+@custom_op("rocm_sd::linear_geglu")
+def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def plan():
+        tuned = tuned_choice_for(OP, x.device, (x, weight, bias))
+        ck = dispatch.ck_instance(tuned)
+        runs = ck is not None and ck in ck_instances() and x.is_cuda and not ck_reasons(x, weight, bias)
+        return (ck if runs else None), tuned
+
+    ck, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(weight), tensor_key(bias)), plan)
+    forced = dispatch.forced_backend(OP)
+    if forced == dispatch.TORCH or (forced is None and tuned == dispatch.TORCH):
+        dispatch.count(OP, dispatch.TORCH)
+        return linear_geglu_ref(x, weight, bias).contiguous()
+    if ck is not None:
+        dispatch.count(OP, dispatch.KERNEL)
+        return linear_geglu_ck(ck, x, weight, bias)
+    dispatch.count(OP, dispatch.COMPOSED)
+    return linear_geglu_composed(x, weight, bias)
+
+
+@linear_geglu.register_fake
+def _(x, weight, bias):
+    return _output(x, weight)
