@@ -34,12 +34,17 @@ def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
 
 
 def _tuning_summary(device: torch.device) -> str:
+    from . import config
     from .tune import TuningDB, device_key, validators
+    from .tune.db import DEFAULTS_DIR
 
     if device.type != "cuda":
         return "not used on a CPU"
-    db = TuningDB(device_key(device), validators(device))
-    state = f"{len(db)} tuned problems" if len(db) else "none yet (python -m rocm_sd.tune)"
+    db = TuningDB(device_key(device), validators(device),
+                  defaults_dir=DEFAULTS_DIR if config.current.tune_defaults else None)
+    state = f"{len(db.results)} tuned problems" if db.results else "none yet (python -m rocm_sd.tune)"
+    if db.defaults:
+        state += f", under {len(db.defaults)} shipped defaults for this device"
     return f"{db.path}: {state}" + "".join(f"; {note}" for note in db.notes)
 
 

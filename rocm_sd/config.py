@@ -21,6 +21,7 @@ class Config:
     log_fallbacks: bool = True
     tune_db: str | None = None
     tune_accept_stale: bool = False
+    tune_defaults: bool = True  # read the shipped default databases (rocm_sd/tune/defaults/) beneath the user's
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -47,6 +48,7 @@ def _from_env() -> Config:
         log_fallbacks=_flag("ROCM_SD_LOG", True),
         tune_db=os.environ.get("ROCM_SD_TUNE_DB") or None,
         tune_accept_stale=_flag("ROCM_SD_TUNE_ACCEPT_STALE", False),
+        tune_defaults=_flag("ROCM_SD_TUNE_DEFAULTS", True),
     )
 
 

@@ -29,13 +29,14 @@ def _seed_and_stats():
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_tuning_database(tmp_path_factory):
-    """Tests never read or write the user's tuning database: a tuned `torch` choice there would make
-    strict GPU tests pass on PyTorch, and tests must not leave results in a real cache."""
+    """Tests never read or write the user's tuning database, nor read the shipped defaults: a tuned `torch`
+    choice there would make strict GPU tests pass on PyTorch, and tests must not leave results in a real cache."""
     from rocm_sd import config
     from rocm_sd.tune import active
 
     saved = config.current
-    config.current = config.Config(**{**saved.__dict__, "tune_db": str(tmp_path_factory.mktemp("tune_db"))})
+    config.current = config.Config(**{**saved.__dict__, "tune_db": str(tmp_path_factory.mktemp("tune_db")),
+                                                  "tune_defaults": False})
     active.reload()
     yield
     config.current = saved

@@ -159,3 +159,26 @@ def test_chose_anywhere_says_whether_a_backend_won_any_problem_of_an_op(tmp_path
                  {"choice": "rocm_sd:split"})
     assert tuned.chose_anywhere("group_norm", "rocm_sd") and not tuned.chose_anywhere("group_norm_x", "rocm_sd")
     assert not tuned.chose_anywhere("attention", "rocm_sd")
+
+
+def test_the_shipped_hopper_defaults_load_for_their_device_only(tmp_path):
+    """rocm_sd/tune/defaults/sm_90_132sm_w32.json (measured on the lent H200; H100 SXM has the same key):
+    read for that device whatever this software's validators are, ignored for any other device, and every
+    choice names a backend dispatch knows."""
+    from rocm_sd.tune.db import DEFAULTS_DIR
+
+    hopper = DeviceKey("cuda", "sm_90", 132, 32)
+    shipped = TuningDB(hopper, VALID, location=tmp_path, defaults_dir=DEFAULTS_DIR)
+    assert len(shipped.defaults) >= 100 and not shipped.notes and not shipped.results
+    sd15_self_attention = problem_key("attention", "float16", "bshd", B=2, H=8, Lq=4096, Lk=4096, D=40)
+    assert shipped.lookup(sd15_self_attention)["choice"] == "torch"  # SDPA (cuDNN) measured faster there
+    assert all(r["choice"] == "torch" or r["choice"].split(":")[0] in ("rocm_sd", "ck")
+               for r in shipped.defaults.values())
+    other = TuningDB(DeviceKey("cuda", "sm_90", 114, 32), VALID, location=tmp_path, defaults_dir=DEFAULTS_DIR)
+    assert not other.defaults  # an H100 PCIe (114 SMs) has its own key: no file shipped
+    assert not TuningDB(MI300X, VALID, location=tmp_path, defaults_dir=DEFAULTS_DIR).defaults
+
+
+def test_shipped_defaults_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("ROCM_SD_TUNE_DEFAULTS", "0")
+    assert config._from_env().tune_defaults is False

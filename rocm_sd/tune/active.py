@@ -16,11 +16,13 @@ _databases: dict[int, object] = {}
 
 def _database(index: int):
     if index not in _databases:
-        from .db import TuningDB
+        from .. import config
+        from .db import DEFAULTS_DIR, TuningDB
         from .device_key import device_key, validators
 
         try:
-            _databases[index] = TuningDB(device_key(index), validators(index))
+            defaults = DEFAULTS_DIR if config.current.tune_defaults else None
+            _databases[index] = TuningDB(device_key(index), validators(index), defaults_dir=defaults)
         except Exception as exc:  # noqa: BLE001 -- a broken database must never stop inference
             log.warning("rocm_sd: tuning database not used: %s: %s", type(exc).__name__, exc)
             _databases[index] = None
