@@ -106,12 +106,16 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
                   statistics in fp32, so fp16 results differ from PyTorch's by rounding only.
       fuse_resnet ResnetBlock2D's conv biases, time embedding, residual add and scale folded into its
                   GroupNorm (input bias) and one bias+residual kernel (patch/resnet.py); needs group_norm.
-                  Additions in another order: results differ from PyTorch's by rounding.
+                  Additions in another order: results differ from PyTorch's by rounding. In builds with
+                  Composable Kernel instances (ROCm), conv2 and its tail go through rocm_sd::conv_bias_residual,
+                  where the tuner may pick a CK convolution with bias and residual in its epilogue.
       layer_norm  nn.LayerNorm over the last dimension (the transformer blocks' norms) -> rocm_sd::layer_norm.
       fuse_transformer  BasicTransformerBlock's residual adds after self- and cross-attention folded into
                   the LayerNorm that follows each (rocm_sd::add_layer_norm, patch/transformer.py); needs
                   layer_norm. Same math and rounding.
-      geglu       the feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel.
+      geglu       the feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel. In
+                  builds with Composable Kernel instances (ROCm), projection and epilogue go through
+                  rocm_sd::linear_geglu, where the tuner may pick CK GEMMs with the epilogue fused.
       channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
                   convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
                   transformer blocks hand back channels_last without a copy (patch/layout.py).
