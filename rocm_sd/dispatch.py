@@ -26,6 +26,13 @@ CK = "ck"
 COMPOSED = "composed"
 
 
+def torch_variant(choice: str | None) -> str | None:
+    """The PyTorch path a tuned "torch:<variant>" choice names (attention: one SDPA backend), "" for plain
+    "torch", None for any other choice."""
+    prefix, _, name = (choice or "").partition(":")
+    return name if prefix == TORCH else None
+
+
 def ck_instance(choice: str | None) -> str | None:
     """The instance a tuned "ck:<instance>" choice names, or None for any other choice."""
     prefix, _, name = (choice or "").partition(":")
@@ -52,10 +59,10 @@ def forced_backend(op: str) -> str | None:
 
 def choose(op: str, reasons: list[str], tuned: str | None = None) -> str:
     """Backend for one call of `op`, given the reasons the kernel cannot run it (empty: it can) and the
-    tuning database's choice for its shape (`torch`, `rocm_sd[:variant]`, or None when untuned). A tuned
+    tuning database's choice for its shape (`torch[:variant]`, `rocm_sd[:variant]`, or None when untuned). A tuned
     `torch` is a measured choice, not a fallback: it is counted as torch, with no notice, even in strict mode."""
     forced = forced_backend(op)
-    if forced == TORCH or (forced is None and tuned == TORCH):
+    if forced == TORCH or (forced is None and torch_variant(tuned) is not None):
         backend = TORCH
     elif not reasons:
         backend = KERNEL

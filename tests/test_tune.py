@@ -123,6 +123,28 @@ def test_a_wrong_candidate_is_never_chosen(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_attention_follows_a_tuned_sdpa_backend_and_drops_one_that_cannot_run(tmp_path):
+    from rocm_sd.ops.attention import attention_sdpa, kernel_may_run
+
+    q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    other = torch.randn(2, 256, 4, 64, device="cuda", dtype=torch.float32)  # fp32: flash cannot take it
+    db = TuningDB(device_key(), validators(), location=tmp_path)
+    with config.override(tune_db=str(tmp_path), strict=True):
+        try:
+            db.record(problems.OPS["attention"].key(q, k, v, 0.125), {"choice": "torch:efficient"})
+            db.record(problems.OPS["attention"].key(other, other, other, 0.125), {"choice": "torch:flash"})
+            active.reload()
+            assert kernel_may_run(q.device)  # the processor must not bypass the op: a backend was tuned
+            y = torch.ops.rocm_sd.attention(q, k, v, 0.125)
+            assert torch.equal(y, attention_sdpa(q, k, v, 0.125, "efficient"))
+            y32 = torch.ops.rocm_sd.attention(other, other, other, 0.125)  # flash raises: SDPA's own pick
+            assert torch.equal(y32, torch.ops.rocm_sd.attention(other, other, other, 0.125))
+            assert rocm_sd.stats()["attention"] == {dispatch.TORCH: 3}
+        finally:
+            active.reload()
+
+
+@pytest.mark.gpu
 def test_attention_follows_a_tuned_instance(tmp_path):
     q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     key = problems.OPS["attention"].key(q, k, v, 0.125)

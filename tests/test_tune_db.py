@@ -182,3 +182,13 @@ def test_the_shipped_hopper_defaults_load_for_their_device_only(tmp_path):
 def test_shipped_defaults_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("ROCM_SD_TUNE_DEFAULTS", "0")
     assert config._from_env().tune_defaults is False
+
+
+def test_chose_anywhere_tells_variants_from_the_plain_backend(tmp_path):
+    mine = db(tmp_path)
+    attention = problem_key("attention", "float16", "bshd", B=2, H=8, Lq=4096, Lk=4096, D=40)
+    mine.record(attention, {"choice": "torch"})
+    assert mine.chose_anywhere("attention", "torch") and not mine.chose_anywhere("attention", "torch", True)
+    mine.record(attention.replace("Lk=4096", "Lk=77"), {"choice": "torch:efficient"})
+    assert mine.chose_anywhere("attention", "torch", variants_only=True)
+    assert not mine.chose_anywhere("group_norm", "torch")

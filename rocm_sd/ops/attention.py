@@ -8,8 +8,10 @@ out comes back contiguous [batch, q_len, heads, head_dim], which the output proj
 view. The PyTorch path is scaled_dot_product_attention (cuDNN / flash on NVIDIA, AOTriton on ROCm).
 
 Which runs: a forced backend, then the tuning database's measured choice for the shape; untuned shapes
-use PyTorch's SDPA. The kernel is the default nowhere without a measurement because vendors' attention
-is strong (on the H200, cuDNN's is faster at most SD shapes: bench/results/) and because on AMD the
+use PyTorch's SDPA with its own backend pick. The tuner also measures each SDPA backend on its own
+("torch:flash", "torch:efficient", "torch:cudnn": on ROCm the AOTriton flash and efficient kernels), because
+SDPA's pick is a fixed priority order, not a measurement. The kernel is the default nowhere without a
+measurement because vendors' attention is strong (on the H200, cuDNN's is faster at most SD shapes: bench/results/) and because on AMD the
 kernel is compile-checked only by its authors: `python -m rocm_sd.tune` validates it against a float64
 truth on the user's GPU before it is ever chosen there. On ROCm builds with Composable Kernel headers the
 tuner also measures CK's batched GEMM-softmax-GEMM instances (fp16, "ck:<instance>" choices).
@@ -45,6 +47,27 @@ SCORE_BUDGET_BYTES = 256 << 20
 
 def _sdpa(q, k, v, scale):
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+
+
+# The SDPA backends the tuner measures one by one ("torch:<name>" choices), by torch.nn.attention.SDPBackend name.
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+
+
+def sdpa_backends() -> list[str]:
+    """The SDPA backends this PyTorch has for GPU tensors: flash and efficient everywhere (AOTriton on ROCm),
+    cuDNN on CUDA builds only."""
+    from torch.nn.attention import SDPBackend
+
+    names = [n for n, member in SDPA_BACKENDS.items() if hasattr(SDPBackend, member)]
+    return [n for n in names if n != "cudnn" or torch.version.hip is None]
+
+
+def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, backend: str) -> torch.Tensor:
+    """SDPA restricted to one backend (SDPA_BACKENDS); raises RuntimeError where that backend cannot take the call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
+        return _sdpa(q, k, v, scale).transpose(1, 2).contiguous()
 
 
 def query_chunk(q: torch.Tensor, kv_len: int, budget_bytes: int) -> int:
@@ -184,10 +207,11 @@ _kernel_chosen = PlanCache()  # device -> whether its tuning database chose the 
 
 
 def kernel_may_run(device: torch.device) -> bool:
-    """Whether any attention call on `device` could run rocm_sd's kernel: it is asked for by name, or the tuning
-    database chose it for some attention problem (its nearest-shape lookup may then pick it for other shapes too).
-    When not, every call is PyTorch's SDPA by this op's policy, and callers may call SDPA, or their host app's own
-    attention, directly: the same result without this op's host cost (~30 us a call on the H200 machine)."""
+    """Whether any attention call on `device` could run something other than SDPA with its own backend pick: rocm_sd's
+    kernel is asked for by name, or the tuning database chose it, a CK instance or one SDPA backend for some
+    attention problem (its nearest-shape lookup may then pick it for other shapes too). When not, every call is
+    PyTorch's SDPA by this op's policy, and callers may call SDPA, or their host app's own attention, directly: the
+    same result without this op's host cost (~30 us a call on the H200 machine)."""
     forced = dispatch.forced_backend(OP)
     if forced is not None:
         return forced == dispatch.KERNEL
@@ -196,7 +220,8 @@ def kernel_may_run(device: torch.device) -> bool:
     from ..tune import active
 
     return _kernel_chosen.get_or_compute(device, lambda: any(active.chose_anywhere(device, OP, backend)
-                                                             for backend in (dispatch.KERNEL, dispatch.CK)))
+                                                             for backend in (dispatch.KERNEL, dispatch.CK))
+                                         or active.chose_anywhere(device, OP, dispatch.TORCH, variants_only=True))
 
 
 def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
@@ -220,6 +245,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
         if ck is not None:
             return attention_ck(ck, q, k, v, scale)
         return attention_kernel(q, k, v, scale, instance=instance)
+    backend = dispatch.torch_variant(choice) if dispatch.forced_backend(OP) is None else None
+    if backend:
+        try:
+            return attention_sdpa(q, k, v, scale, backend)
+        except RuntimeError:  # a backend tuned at a nearby shape that cannot take this one: SDPA's own pick from now
+            _plans[key] = (reasons, dispatch.TORCH, "")
     return attention_ref(q, k, v, scale)
 
 

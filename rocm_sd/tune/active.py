@@ -40,12 +40,13 @@ def tuned_choice(device: torch.device, key_fn) -> str | None:
     return hit["choice"] if hit else None
 
 
-def chose_anywhere(device: torch.device, op: str, backend: str) -> bool:
-    """Whether `device`'s database chose `backend` (or one of its variants, "backend:...") for any problem of `op`."""
+def chose_anywhere(device: torch.device, op: str, backend: str, variants_only: bool = False) -> bool:
+    """Whether `device`'s database chose `backend` (or one of its variants, "backend:..."; only a variant with
+    `variants_only`) for any problem of `op`."""
     if device.type != "cuda":
         return False
     db = _database(device.index if device.index is not None else torch.cuda.current_device())
-    return db is not None and db.chose_anywhere(op, backend)
+    return db is not None and db.chose_anywhere(op, backend, variants_only)
 
 
 def reload() -> None:

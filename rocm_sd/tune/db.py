@@ -188,9 +188,14 @@ class TuningDB:
                 return best  # the user's nearest over any shipped one
         return None
 
-    def chose_anywhere(self, op: str, backend: str) -> bool:
-        """Whether `backend` (or a variant of it, "backend:...") won any problem of `op`, user or shipped."""
-        return any(key.startswith(op + "|") and str(result.get("choice", "")).partition(":")[0] == backend
+    def chose_anywhere(self, op: str, backend: str, variants_only: bool = False) -> bool:
+        """Whether `backend` (or a variant of it, "backend:..."; only a variant with `variants_only`) won any
+        problem of `op`, user or shipped."""
+        def chosen(choice: str) -> bool:
+            prefix, colon, _ = choice.partition(":")
+            return prefix == backend and (bool(colon) or not variants_only)
+
+        return any(key.startswith(op + "|") and chosen(str(result.get("choice", "")))
                    for table in (self.results, self.defaults) for key, result in table.items())
 
     def __len__(self) -> int:

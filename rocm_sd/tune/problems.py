@@ -1,7 +1,8 @@
 """What can be tuned per op: the problem key of a call (shared by the tuner and the dispatcher), the
 candidates that compute it, and the float64 truth they are checked against.
 
-Candidates are named `torch` (the op's PyTorch path at the call's dtype), `rocm_sd[:variant]` (the HIP
+Candidates are named `torch` (the op's PyTorch path at the call's dtype), `torch:<variant>` (attention: SDPA
+restricted to one backend, flash / efficient / cudnn), `rocm_sd[:variant]` (the HIP
 kernel, called directly, with a variant where the kernel family has several: GroupNorm's resident and
 split paths) or `ck:<instance>` (a Composable Kernel instance built into _C on ROCm, ck_templates/).
 """
@@ -13,7 +14,7 @@ from typing import Callable
 import torch
 
 from .. import dispatch
-from ..ops.attention import attention_ck, attention_kernel, attention_ref
+from ..ops.attention import attention_ck, attention_kernel, attention_ref, attention_sdpa, sdpa_backends
 from ..ops.attention import ck_instances as attention_ck_instances
 from ..ops.attention import ck_reasons as attention_ck_reasons
 from ..ops.attention import input_reasons as attention_input_reasons
@@ -139,9 +140,12 @@ def _attention_key(q, k, v, scale) -> str:
 
 
 def _attention_candidates(q, k, v, scale) -> dict:
-    """SDPA, each compiled kernel instance that holds the head dim and dtype (block shapes differ), and each
+    """SDPA with its own backend pick, each SDPA backend on its own (one that cannot take the shape raises and is
+    rejected), each compiled kernel instance that holds the head dim and dtype (block shapes differ), and each
     Composable Kernel instance (ROCm builds with CK only; fp16)."""
     candidates = {TORCH: attention_ref}
+    for backend in sdpa_backends():
+        candidates[f"{TORCH}:{backend}"] = lambda *a, _backend=backend: attention_sdpa(*a, _backend)
     meta = [_meta(t) for t in (q, k, v)]
     if not attention_input_reasons(*meta, scale):
         for name in attention_instances():

@@ -131,11 +131,36 @@ def test_tuning_problem_key_and_candidates():
     assert not instance_fits("f16_d32_w4_r2_n64", torch.float16, 40) and not instance_fits("bf16_d48_w4_r1_n64", torch.float16, 40)
     assert not instance_fits("f16_d64_w4_r1_n64", torch.float32, 64)
     candidates = problems.OPS["attention"].candidates(q, k, v, 0.1)
-    assert problems.TORCH in candidates
+    assert problems.TORCH in candidates and {"torch:flash", "torch:efficient"} <= set(candidates)
     # Instances listed only where _C exists; each named one must hold the head dim and dtype.
     for name in candidates:
-        if name != problems.TORCH:
+        if not name.startswith(problems.TORCH):
             assert instance_fits(name.removeprefix("rocm_sd:"), torch.float16, 40), name
+
+
+def test_op_runs_a_tuned_sdpa_backend_and_gives_up_one_that_cannot_run(monkeypatch):
+    """A "torch:<backend>" choice runs SDPA restricted to that backend; one that cannot take the call (a choice
+    from a nearby tuned shape) falls back to SDPA's own pick, once, then for good for that shape."""
+    import importlib
+
+    from rocm_sd.ops.attention import attention_sdpa
+
+    module = importlib.import_module("rocm_sd.ops.attention")
+    q, k, v = make_qkv(2, 16, 9, 2, 40, torch.float32, "cpu")
+    monkeypatch.setattr(module, "tuned_choice_for", lambda op, device, args: "torch:flash")
+    with config.override(strict=True):
+        assert torch.equal(torch.ops.rocm_sd.attention(q, k, v, 0.125), attention_sdpa(q, k, v, 0.125, "flash"))
+    module._plans.clear()
+    monkeypatch.setattr(module, "tuned_choice_for", lambda op, device, args: "torch:efficient")  # none on a CPU
+    calls = []
+    real = module.attention_sdpa
+    monkeypatch.setattr(module, "attention_sdpa", lambda *a: calls.append(a[-1]) or real(*a))
+    with config.override(strict=True):
+        for _ in range(2):
+            assert torch.equal(torch.ops.rocm_sd.attention(q, k, v, 0.125), attention_ref(q, k, v, 0.125))
+    assert calls == ["efficient"]  # tried once; the plan then says plain SDPA
+    assert dispatch.stats()["attention"] == {"torch": 3}
+    module._plans.clear()
 
 
 # ------------------------------------------------------------------------------------------- GPU
