@@ -99,7 +99,10 @@ def test_tune_end_to_end_then_resume(tmp_path, capsys):
     assert len(db) >= 10 and not db.notes
     from rocm_sd.ops.attention import instances
 
-    kernel_choices = {"rocm_sd", "rocm_sd:resident", "rocm_sd:split"} | {f"rocm_sd:{n}" for n in instances()}
+    from rocm_sd.ops.attention import sdpa_backends
+
+    kernel_choices = {"rocm_sd", "rocm_sd:resident", "rocm_sd:split"} | {f"rocm_sd:{n}" for n in instances()} | \
+        {f"torch:{b}" for b in sdpa_backends()}
     assert any(key.startswith("attention|") for key in db.results)  # harvested through optimize(attention=True)
     for key, result in db.results.items():
         assert result["choice"] == "torch" or result["choice"] in kernel_choices, (key, result["choice"])
