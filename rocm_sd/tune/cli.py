@@ -57,6 +57,22 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def save_tunableop_results(tunable, path: Path) -> None:
+    """Writes what TunableOp tuned so far to `path`, where later runs read it (set_filename / read_file).
+    Older PyTorch has tunable.write_file(); newer PyTorch only writes at process exit while tuning is on,
+    and the tuner turns tuning off after the harvest (so that nothing tunes inside a graph capture): there
+    the file is written here, in TunableOp's own format (its validators, then one line per tuned GEMM)."""
+    write = getattr(tunable, "write_file", None)
+    if write is not None:
+        write(str(path))
+        return
+    lines = [",".join(["Validator", *map(str, validator)]) for validator in tunable.get_validators()]
+    lines += [",".join(map(str, row)) for row in tunable.get_results()]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
 @contextmanager
 def vendor_tuning(folder, stem: str):
     """The vendors' own tuners on the harvest pass, their results kept beside rocm_sd's database."""
@@ -79,7 +95,7 @@ def vendor_tuning(folder, stem: str):
     finally:
         torch.backends.cudnn.benchmark = benchmark
         if tunable is not None and platform.torch_gpu_platform() == "hip":
-            tunable.write_file()
+            save_tunableop_results(tunable, folder / f"tunableop_{stem}.csv")
             tunable.tuning_enable(False)
 
 
