@@ -192,9 +192,20 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
             if cuda_graph:  # last: the graphs capture the patched model
                 _install_graphs(model, record, pool)
         setattr(model, RECORD_ATTR, record)
+        _load_tuning(model)
     for name, model in _untouched(target).items():
         log.info("rocm_sd.optimize: %s (%s) left untouched", name, type(model).__name__)
     return target
+
+
+def _load_tuning(model) -> None:
+    """Reads the model's GPU's tuning database now, before the first convolution: on ROCm that also points
+    MIOpen at the tuner's find database, which MIOpen reads only when it starts (tune/vendor.py)."""
+    device = next((p.device for p in model.parameters()), None)
+    if device is not None and device.type == "cuda":
+        from ..tune import active
+
+        active.load(device)
 
 
 def revert(target):

@@ -17,16 +17,27 @@ _databases: dict[int, object] = {}
 def _database(index: int):
     if index not in _databases:
         from .. import config
+        from . import vendor
         from .db import DEFAULTS_DIR, TuningDB
         from .device_key import device_key, validators
 
         try:
             defaults = DEFAULTS_DIR if config.current.tune_defaults else None
-            _databases[index] = TuningDB(device_key(index), validators(index), defaults_dir=defaults)
+            db = _databases[index] = TuningDB(device_key(index), validators(index), defaults_dir=defaults)
         except Exception as exc:  # noqa: BLE001 -- a broken database must never stop inference
             log.warning("rocm_sd: tuning database not used: %s: %s", type(exc).__name__, exc)
             _databases[index] = None
+            return None
+        try:  # ROCm: the vendor tuners' results beside the database (TunableOp, MIOpen find), use-only
+            vendor.use_vendor_results(db.path.parent, db.device.file_stem)
+        except Exception as exc:  # noqa: BLE001 -- nor must the vendors' files
+            log.warning("rocm_sd: vendor tuning results not used: %s: %s", type(exc).__name__, exc)
     return _databases[index]
+
+
+def load(device: torch.device) -> None:
+    """Loads `device`'s database (and on ROCm the vendor tuners' results beside it) if not loaded yet."""
+    _database(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def tuned_choice(device: torch.device, key_fn) -> str | None:

@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from .device_key import device_key, validators
 from .harvest import harvest
 from ..parallel.mesh import shutdown
 from .measure import measure
+from .vendor import vendor_tuning
 
 HARVEST_STEPS = 2
 
@@ -55,48 +56,6 @@ def parse_args(argv=None):
     parser.add_argument("--list", action="store_true", help="list the harvested problems and stop")
     parser.add_argument("--dry-run", action="store_true", help="list problems and candidates, measure nothing")
     return parser.parse_args(argv)
-
-
-def save_tunableop_results(tunable, path: Path) -> None:
-    """Writes what TunableOp tuned so far to `path`, where later runs read it (set_filename / read_file).
-    Older PyTorch has tunable.write_file(); newer PyTorch only writes at process exit while tuning is on,
-    and the tuner turns tuning off after the harvest (so that nothing tunes inside a graph capture): there
-    the file is written here, in TunableOp's own format (its validators, then one line per tuned GEMM)."""
-    write = getattr(tunable, "write_file", None)
-    if write is not None:
-        write(str(path))
-        return
-    lines = [",".join(["Validator", *map(str, validator)]) for validator in tunable.get_validators()]
-    lines += [",".join(map(str, row)) for row in tunable.get_results()]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-
-
-@contextmanager
-def vendor_tuning(folder, stem: str):
-    """The vendors' own tuners on the harvest pass, their results kept beside rocm_sd's database."""
-    notes = []
-    tunable = getattr(torch.cuda, "tunable", None)
-    if platform.torch_gpu_platform() == "hip" and tunable is not None:
-        tunable.enable(True)
-        tunable.tuning_enable(True)
-        tunable.set_filename(str(folder / f"tunableop_{stem}.csv"))
-        notes.append(f"PyTorch TunableOp (GEMMs) -> {folder / f'tunableop_{stem}.csv'}")
-        # MIOpen reads its user database location when it starts: set before the first convolution.
-        os.environ.setdefault("MIOPEN_USER_DB_PATH", str(folder / "miopen"))
-        notes.append(f"MIOpen find (convolutions) -> {os.environ['MIOPEN_USER_DB_PATH']}")
-    benchmark = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    if platform.torch_gpu_platform() == "cuda":
-        notes.append("cuDNN benchmark mode (this process only: cuDNN keeps no file)")
-    try:
-        yield notes
-    finally:
-        torch.backends.cudnn.benchmark = benchmark
-        if tunable is not None and platform.torch_gpu_platform() == "hip":
-            save_tunableop_results(tunable, folder / f"tunableop_{stem}.csv")
-            tunable.tuning_enable(False)
 
 
 def _rank_share(items: list, device) -> list:
