@@ -20,6 +20,9 @@ from .. import platform
 
 log = logging.getLogger("rocm_sd")
 
+_MIOPEN_ENV = "MIOPEN_USER_DB_PATH"
+_miopen_set_here: str | None = None  # the value use_vendor_results gave MIOPEN_USER_DB_PATH (not the user's)
+
 
 def tunableop_file(folder: Path, stem: str) -> Path:
     return Path(folder) / f"tunableop_{stem}.csv"
@@ -55,9 +58,11 @@ def vendor_tuning(folder, stem: str):
         tunable.tuning_enable(True)
         tunable.set_filename(str(tunableop_file(folder, stem)))
         notes.append(f"PyTorch TunableOp (GEMMs) -> {tunableop_file(folder, stem)}")
-        # MIOpen reads its user database location when it starts: set before the first convolution.
-        os.environ.setdefault("MIOPEN_USER_DB_PATH", str(miopen_folder(folder)))
-        notes.append(f"MIOpen find (convolutions) -> {os.environ['MIOPEN_USER_DB_PATH']}")
+        # MIOpen reads its user database location when it starts: set before the first convolution (a value the
+        # user set wins; one rocm_sd set for another database folder does not).
+        if _MIOPEN_ENV not in os.environ or os.environ[_MIOPEN_ENV] == _miopen_set_here:
+            os.environ[_MIOPEN_ENV] = str(miopen_folder(folder))
+        notes.append(f"MIOpen find (convolutions) -> {os.environ[_MIOPEN_ENV]}")
     benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     if platform.torch_gpu_platform() == "cuda":
@@ -87,9 +92,10 @@ def use_vendor_results(folder: Path, stem: str) -> list[str]:
         tunable.set_filename(str(results))
         tunable.read_file(str(results))
         used.append(f"PyTorch TunableOp results {results}")
+    global _miopen_set_here
     miopen = miopen_folder(folder)
-    if miopen.is_dir() and "MIOPEN_USER_DB_PATH" not in os.environ:
-        os.environ["MIOPEN_USER_DB_PATH"] = str(miopen)
+    if miopen.is_dir() and _MIOPEN_ENV not in os.environ:
+        os.environ[_MIOPEN_ENV] = _miopen_set_here = str(miopen)
         used.append(f"MIOpen user database {miopen}")
     for what in used:
         log.info("rocm_sd: using %s", what)
