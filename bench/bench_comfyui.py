@@ -144,9 +144,10 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_n
 
     node = nodes["RocmSDOptimizeModel"]()
     variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0],
-                "rocm_sd Optimize Model, cuda_graph off": node.optimize(patcher, cuda_graph=False)[0]}
+                "rocm_sd Optimize Model, cuda_graph off": node.optimize(patcher, cuda_graph=False)[0],
+                "rocm_sd Optimize Model, channels_last off": node.optimize(patcher, channels_last=False)[0]}
     if ablation:  # one option of the node at a time: which part costs or saves what; none: the clone alone
-        options = ("attention", "group_norm", "layer_norm", "cuda_graph")
+        options = ("attention", "group_norm", "layer_norm", "cuda_graph", "channels_last")
         for option in options + (None,):
             flags = {o: o == option for o in options}
             variants[f"rocm_sd Optimize Model, {option or 'no option'} only"] = node.optimize(patcher, **flags)[0]
@@ -176,6 +177,7 @@ def bench_vae(torch, comfy, nodes, sizes, profile_dir):
     template = AutoencoderKL(ddconfig=SD_VAE, embed_dim=4)
     vae = comfy.sd.VAE(sd=random_weights(torch, template.state_dict().items()))
     (optimized,) = nodes["RocmSDOptimizeVAE"]().optimize(vae)
+    (nchw,) = nodes["RocmSDOptimizeVAE"]().optimize(vae, channels_last=False)
     rows = []
     for size in sizes:
         z = torch.randn(1, 4, size // 8, size // 8, generator=torch.Generator().manual_seed(2))
@@ -183,9 +185,12 @@ def bench_vae(torch, comfy, nodes, sizes, profile_dir):
         with torch.inference_mode():  # as ComfyUI runs nodes (under autograd the patched modules take its own path)
             base_ms, base_kernel, reference = measure(torch, lambda: vae.decode(z), 10, 2, path("comfyui"))
             opt_ms, opt_kernel, got = measure(torch, lambda: optimized.decode(z), 10, 2, path("rocm_sd"))
-        rel = ((got.float() - reference.float()).norm() / reference.float().norm()).item()
+            nchw_ms, nchw_kernel, nchw_got = measure(torch, lambda: nchw.decode(z), 10, 2, None)
+        rel, nchw_rel = (((out.float() - reference.float()).norm() / reference.float().norm()).item()
+                         for out in (got, nchw_got))
         what = f"SD VAE decode {size}x{size} ({vae.vae_dtype})"
-        rows += [(what, "ComfyUI", base_ms, base_kernel, None, None), (what, "rocm_sd Optimize VAE", opt_ms, opt_kernel, rel, None)]
+        rows += [(what, "ComfyUI", base_ms, base_kernel, None, None), (what, "rocm_sd Optimize VAE", opt_ms, opt_kernel, rel, None),
+                 (what, "rocm_sd Optimize VAE, channels_last off", nchw_ms, nchw_kernel, nchw_rel, None)]
     return rows
 
 

@@ -58,11 +58,42 @@ def test_clone_not_mutate_and_same_output(comfy, nodes):
 
 def test_options_turn_pieces_off(comfy, nodes):
     patcher = standin_model(comfy)
-    (only_attention,) = nodes.RocmSDOptimizeModel().optimize(patcher, attention=True, group_norm=False, layer_norm=False)
+    (only_attention,) = nodes.RocmSDOptimizeModel().optimize(patcher, attention=True, group_norm=False, layer_norm=False,
+                                                             channels_last=False)
     assert only_attention.object_patches == {}
     (only_norms,) = nodes.RocmSDOptimizeModel().optimize(patcher, attention=False)
     assert "optimized_attention_override" not in only_norms.model_options["transformer_options"]
     assert any(k.endswith("in_layers.0") for k in only_norms.object_patches)
+
+
+def test_channels_last_runs_every_convolution_nhwc_on_the_hosts_own_weights(comfy, nodes):
+    """The channels_last option: every Conv2d of the UNet swapped for a copy sharing its Parameters that runs on a
+    channels_last view of the weight, so the activations between the layers are NHWC; the result is ComfyUI's;
+    ComfyUI's own weight patching (LoRA: a new Parameter set through the object-patched path) still takes effect."""
+    import comfy.utils as comfy_utils
+
+    patcher = standin_model(comfy)
+    x, ctx = model_inputs()
+    reference = run_model(patcher, x, ctx)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=False)
+    convs = {k: m for k, m in optimized.object_patches.items() if isinstance(m, torch.nn.Conv2d)}
+    unet = patcher.model.diffusion_model
+    assert len(convs) == sum(isinstance(m, torch.nn.Conv2d) for m in unet.modules()) > 0
+    first = "diffusion_model.input_blocks.0.0"
+    assert convs[first].weight is comfy_utils.get_attr(patcher.model, first + ".weight")  # shared, not copied
+    seen = []
+    optimized.patch_model()
+    try:
+        handle = comfy_utils.get_attr(optimized.model, "diffusion_model.input_blocks.1.0.in_layers.2") \
+            .register_forward_hook(lambda m, i, out: seen.append(out.is_contiguous(memory_format=torch.channels_last)))
+        torch.testing.assert_close(run_model(optimized, x, ctx), reference, rtol=1e-4, atol=1e-4)
+        handle.remove()
+        assert seen == [True]
+        lora = comfy_utils.get_attr(optimized.model, first + ".weight").detach() * 0
+        comfy_utils.set_attr(optimized.model, first + ".weight", torch.nn.Parameter(lora, requires_grad=False))
+        assert not torch.allclose(run_model(optimized, x, ctx), reference)  # the patched weight is what runs
+    finally:
+        optimized.unpatch_model()
 
 
 def test_scale_shift_resblocks_keep_their_silu_after_the_shift(comfy, nodes):

@@ -104,8 +104,14 @@ def check_model(torch, comfy, nodes, device, dtype):
     print(f"model: {len(optimized.object_patches)} object patches, {swapped} rocm_sd modules while loaded, "
           f"attention override called {len(calls)}x, max relative difference {diff:.2e}, original restored: {restored}, "
           f"op calls {stats}")
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    return diff <= tolerance and swapped > 0 and (override is None or calls) and restored and ran
+    return diff <= _tolerance(torch, dtype) and swapped > 0 and (override is None or calls) and restored and ran
+
+
+def _tolerance(torch, dtype) -> float:
+    """Relative tolerance against ComfyUI's own result. fp32 (the CPU run): 1e-3, because the node's channels_last
+    convolutions take other algorithms than NCHW ones (the difference is 2.3e-4 on the CPU in fp32 and exactly 0
+    in fp64: rounding, not math); fp16: 2e-2."""
+    return 1e-3 if dtype == torch.float32 else 2e-2
 
 
 def check_sampler(torch, comfy, nodes, device, dtype):
@@ -132,7 +138,7 @@ def check_sampler(torch, comfy, nodes, device, dtype):
     diff /= reference.float().abs().max().item()
     print(f"sampler: 2 x 6 euler steps, max relative difference {diff:.2e}, graphs {dict(stats)}")
     graphed = stats["graph captures"] == 1 and stats["graph replays"] == 12 if device.type == "cuda" else True
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    tolerance = _tolerance(torch, dtype)
     if not (diff <= tolerance and graphed):
         return False
 

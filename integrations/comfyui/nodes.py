@@ -19,7 +19,8 @@ log = logging.getLogger("rocm_sd.comfyui")
 try:
     import torch
 
-    from rocm_sd.patch.comfy import model_architecture, norm_swaps, patch_model_patcher, upsample_swaps, vae_attention
+    from rocm_sd.patch.comfy import (conv_swaps, model_architecture, norm_swaps, patch_model_patcher, upsample_swaps,
+                                     vae_attention)
     UNAVAILABLE = None
 except ImportError as exc:  # the node must load in any ComfyUI, even one without rocm_sd installed
     UNAVAILABLE = f"rocm_sd is not importable ({exc}); install it into ComfyUI's Python environment"
@@ -47,6 +48,9 @@ class RocmSDOptimizeModel:
             "attention": ("BOOLEAN", {"default": True, "tooltip": "attention through rocm_sd"}),
             "group_norm": ("BOOLEAN", {"default": True, "tooltip": "GroupNorm (+ the SiLU after it) as one kernel"}),
             "layer_norm": ("BOOLEAN", {"default": True, "tooltip": "the transformer blocks' LayerNorms"}),
+            "channels_last": ("BOOLEAN", {"default": True, "tooltip": (
+                "run the convolutions on channels_last views of their weights, so that activations stay NHWC and "
+                "the GPU's convolutions need no layout transposes (ComfyUI keeps models NCHW)")}),
             "cuda_graph": ("BOOLEAN", {"default": True, "tooltip": (
                 "replay each model evaluation as one captured GPU graph (HIP graph on AMD) per input shape: "
                 "the host cost of hundreds of launches per step goes. Needs VRAM for the graph's activations; "
@@ -59,12 +63,13 @@ class RocmSDOptimizeModel:
     DESCRIPTION = ("Runs the model's GroupNorm+SiLU, LayerNorm and attention through rocm_sd and replays each "
                    "model evaluation as a captured GPU graph (AMD GPUs).")
 
-    def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True):
+    def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
         patched = model.clone()
-        no_graphs = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph)
+        no_graphs = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph,
+                                        channels_last=channels_last)
         if no_graphs:
             _say_once(f"no graph capture: {no_graphs}")
         _report_kernels()
@@ -83,6 +88,7 @@ class RocmSDOptimizeVAE:
             "attention": ("BOOLEAN", {"default": True}),
             "group_norm": ("BOOLEAN", {"default": True}),
             "fold_upsample": ("BOOLEAN", {"default": True}),
+            "channels_last": ("BOOLEAN", {"default": True}),
         }}
 
     RETURN_TYPES = ("VAE",)
@@ -90,7 +96,7 @@ class RocmSDOptimizeVAE:
     CATEGORY = CATEGORY
     DESCRIPTION = "Runs the VAE's GroupNorms, attention and upsamplers through rocm_sd (AMD GPUs)."
 
-    def optimize(self, vae, attention=True, group_norm=True, fold_upsample=True):
+    def optimize(self, vae, attention=True, group_norm=True, fold_upsample=True, channels_last=True):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the VAE passes through unchanged")
             return (vae,)
@@ -99,7 +105,10 @@ class RocmSDOptimizeVAE:
         root = vae.first_stage_model
         for path, module in norm_swaps(root, group_norm, layer_norm=False).items():
             patched.patcher.add_object_patch(path, module)
-        for path, module in (upsample_swaps(root) if fold_upsample else {}).items():
+        upsamplers = upsample_swaps(root) if fold_upsample else {}
+        for path, module in upsamplers.items():
+            patched.patcher.add_object_patch(path, module)
+        for path, module in (conv_swaps(root, skip=upsamplers) if channels_last else {}).items():
             patched.patcher.add_object_patch(path, module)
         if attention:
             for name, module in root.named_modules():

@@ -14,7 +14,7 @@ from .. import ops
 from ..checkpoints import architecture_for
 from ..attention import attention, heads_first, heads_last, spatial_attention
 from .comfy_graph import install_graphs
-from .swap import group_norm_copy, layer_norm_copy, upsample_copy
+from .swap import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
 from .upsample import conv_foldable
 
 
@@ -73,6 +73,17 @@ def upsample_swaps(root) -> dict[str, object]:
     return {name: upsample_copy(module, _host_casts) for name, module in root.named_modules()
             if type(module).__name__ == "Upsample" and getattr(module, "with_conv", False)
             and conv_foldable(getattr(module, "conv", None))}
+
+
+def conv_swaps(root, skip: dict | None = None) -> dict[str, object]:
+    """{dotted path: replacement} for every 2-D convolution of a ComfyUI UNet or VAE: the same convolution on a
+    channels_last view of its weight (patch/swap.py), so that the model's activations run NHWC. ComfyUI keeps
+    its models NCHW, and on NCHW tensors cuDNN's and MIOpen's fast convolutions transpose every input, output
+    and filter (27% of an SD1.5 UNet step's GPU time on the H200: bench/notes/comfyui.md). Convolutions under a
+    path in `skip` (modules swapped whole, such as the folded upsamplers) are left to their owner."""
+    skip = skip or {}
+    return {name: conv_channels_last_copy(module, _host_casts) for name, module in root.named_modules()
+            if isinstance(module, nn.Conv2d) and not any(name.startswith(owner + ".") for owner in skip)}
 
 
 def model_architecture(patcher) -> str:
@@ -143,14 +154,18 @@ def _transformer_block_keys(diffusion_model) -> list[tuple[str, int, int]]:
 
 
 def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True, layer_norm: bool = True,
-                        override_supported: bool | None = None, cuda_graph: bool = False) -> str | None:
+                        override_supported: bool | None = None, cuda_graph: bool = False,
+                        channels_last: bool = False) -> str | None:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
-    patches and attention patches, and with cuda_graph the model evaluation as a replayed graph
-    (patch/comfy_graph.py). override_supported: None to detect ComfyUI's `wrap_attn`. Returns why graphs
-    could not be installed, or None."""
+    patches and attention patches, with channels_last the convolutions on channels_last weights (NHWC
+    activations), and with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py).
+    override_supported: None to detect ComfyUI's `wrap_attn`. Returns why graphs could not be installed, or None."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
-    for path, module in norm_swaps(diffusion_model, group_norm, layer_norm).items():
+    swaps = norm_swaps(diffusion_model, group_norm, layer_norm)
+    if channels_last:
+        swaps.update(conv_swaps(diffusion_model))
+    for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     _patch_attention(patcher, diffusion_model, attention, override_supported)
     return install_graphs(patcher, own_replace_patch=attention_replace) if cuda_graph else None

@@ -46,6 +46,17 @@ def _subclass(base: type, kind: str) -> type:
                         or needs_grad(self.conv, x) or torch.compiler.is_compiling()):
                     return base.forward(self, x)
                 return folded_upsample_conv(x, self.conv, self.rocm_sd_folded)
+        elif kind == "conv_channels_last":
+            def forward(self, x):
+                if (self.rocm_sd_host_path(self) or x.dim() != 4 or x.dtype != self.weight.dtype
+                        or x.device != self.weight.device or needs_grad(self, x)):
+                    return base.forward(self, x)
+                # A channels_last weight makes the convolution's output channels_last (PyTorch follows the input
+                # or the weight), so the activations stay NHWC from layer to layer and cuDNN / MIOpen run their
+                # NHWC kernels without transposing every input, output and filter. The weight is converted per
+                # call (one copy of the filter, which the vendor did anyway on NCHW tensors): the host's own
+                # Parameter stays as it is for its weight patching (LoRA) and memory accounting.
+                return self._conv_forward(x, self.weight.contiguous(memory_format=torch.channels_last), self.bias)
         else:
             def forward(self, x):
                 if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1 or needs_grad(self, x):
@@ -60,6 +71,16 @@ def upsample_copy(module: nn.Module, host_path: Callable[[nn.Module], bool] = _n
     2x2 convolution of patch/upsample.py, unless host_path(conv)."""
     new = copy_as(module, _subclass(type(module), "upsample"))
     new.rocm_sd_host_path, new.rocm_sd_folded = host_path, {}
+    return new
+
+
+def conv_channels_last_copy(module: nn.Conv2d, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
+    """`module` (a 2-D convolution) run on a channels_last view of its weight, unless host_path(copy): its
+    outputs, and so the activations after it, are channels_last."""
+    if not isinstance(module, nn.Conv2d):
+        raise TypeError(f"expected an nn.Conv2d, got {type(module).__name__}")
+    new = copy_as(module, _subclass(type(module), "conv_channels_last"))
+    new.rocm_sd_host_path = host_path
     return new
 
 
