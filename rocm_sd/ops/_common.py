@@ -148,6 +148,35 @@ def within_tolerance(out, truth, torch_same_dtype) -> tuple[bool, float, float]:
     return err <= allowed, err, allowed
 
 
+def ck_hosted_plan(op: str, device: torch.device, args: tuple, instances: tuple[str, ...], ck_reasons) \
+        -> tuple[str | None, str | None]:
+    """For the ops that host a CK fusion (linear_geglu, conv_bias_residual): (the CK instance to run, or None;
+    the tuned choice). A tuned instance runs only where this build has it and the call fits it (ck_reasons() is
+    empty); a database made on another build never names an instance that would fail here."""
+    from .. import dispatch
+
+    tuned = tuned_choice_for(op, device, args)
+    ck = dispatch.ck_instance(tuned)
+    runs = ck is not None and ck in instances and device.type == "cuda" and not ck_reasons()
+    return (ck if runs else None), tuned
+
+
+def run_ck_hosted(op: str, ck: str | None, tuned: str | None, run_ck, run_torch, run_composed) -> torch.Tensor:
+    """The dispatch rule of those ops: a forced or tuned `torch` runs the PyTorch path, a runnable CK instance
+    runs it, anything else the composed default (vendor GEMM / convolution, then a rocm_sd epilogue op)."""
+    from .. import dispatch
+
+    forced = dispatch.forced_backend(op)
+    if forced == dispatch.TORCH or (forced is None and tuned == dispatch.TORCH):
+        dispatch.count(op, dispatch.TORCH)
+        return run_torch()
+    if ck is not None:
+        dispatch.count(op, dispatch.KERNEL)
+        return run_ck(ck)
+    dispatch.count(op, dispatch.COMPOSED)
+    return run_composed()
+
+
 def ck_listing(function: str) -> list:
     """What _C's `function` (ck_group_norm_instances, ck_attention_instances) lists: the Composable Kernel
     instances of ROCm builds with CK headers (ck_templates/); empty without them or without _C."""

@@ -15,10 +15,10 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from .. import _ext, dispatch
+from .. import _ext
 from . import bias_add
-from ._common import NHWC, PlanCache, ck_listing, custom_op, layout_of, output_like, stream_handle, tensor_key, \
-    tuned_choice_for
+from ._common import (NHWC, PlanCache, ck_hosted_plan, ck_listing, custom_op, layout_of, output_like, run_ck_hosted,
+                      stream_handle, tensor_key)
 
 OP = "conv_bias_residual"
 
@@ -90,25 +90,12 @@ _plans = PlanCache()
 def conv_bias_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                        scale: float, pad_h: int, pad_w: int) -> torch.Tensor:
     args = (x, weight, bias, residual, scale, pad_h, pad_w)
-
-    def plan():
-        tuned = tuned_choice_for(OP, x.device, args)
-        ck = dispatch.ck_instance(tuned)
-        runs = ck is not None and ck in ck_instances() and x.is_cuda and \
-            not ck_reasons(x, weight, bias, residual, pad_h, pad_w)
-        return (ck if runs else None), tuned
-
     key = (tensor_key(x), tensor_key(weight), tensor_key(bias), tensor_key(residual), pad_h, pad_w)
-    ck, tuned = _plans.get_or_compute(key, plan)
-    forced = dispatch.forced_backend(OP)
-    if forced == dispatch.TORCH or (forced is None and tuned == dispatch.TORCH):
-        dispatch.count(OP, dispatch.TORCH)
-        return output_like(residual).copy_(conv_bias_residual_ref(*args))
-    if ck is not None:
-        dispatch.count(OP, dispatch.KERNEL)
-        return conv_bias_residual_ck(ck, *args)
-    dispatch.count(OP, dispatch.COMPOSED)
-    return conv_bias_residual_composed(*args)
+    ck, tuned = _plans.get_or_compute(key, lambda: ck_hosted_plan(
+        OP, x.device, args, ck_instances(), lambda: ck_reasons(x, weight, bias, residual, pad_h, pad_w)))
+    return run_ck_hosted(OP, ck, tuned, lambda name: conv_bias_residual_ck(name, *args),
+                         lambda: output_like(residual).copy_(conv_bias_residual_ref(*args)),
+                         lambda: conv_bias_residual_composed(*args))
 
 
 @conv_bias_residual.register_fake

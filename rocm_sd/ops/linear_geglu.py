@@ -16,9 +16,9 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from .. import _ext, dispatch
+from .. import _ext
 from .geglu import geglu, geglu_ref
-from ._common import PlanCache, ck_listing, custom_op, stream_handle, tensor_key, tuned_choice_for
+from ._common import PlanCache, ck_hosted_plan, ck_listing, custom_op, run_ck_hosted, stream_handle, tensor_key
 
 OP = "linear_geglu"
 
@@ -81,22 +81,12 @@ _plans = PlanCache()
 
 @custom_op("rocm_sd::linear_geglu")
 def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    def plan():
-        tuned = tuned_choice_for(OP, x.device, (x, weight, bias))
-        ck = dispatch.ck_instance(tuned)
-        runs = ck is not None and ck in ck_instances() and x.is_cuda and not ck_reasons(x, weight, bias)
-        return (ck if runs else None), tuned
-
-    ck, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(weight), tensor_key(bias)), plan)
-    forced = dispatch.forced_backend(OP)
-    if forced == dispatch.TORCH or (forced is None and tuned == dispatch.TORCH):
-        dispatch.count(OP, dispatch.TORCH)
-        return linear_geglu_ref(x, weight, bias).contiguous()
-    if ck is not None:
-        dispatch.count(OP, dispatch.KERNEL)
-        return linear_geglu_ck(ck, x, weight, bias)
-    dispatch.count(OP, dispatch.COMPOSED)
-    return linear_geglu_composed(x, weight, bias)
+    ck, tuned = _plans.get_or_compute(
+        (tensor_key(x), tensor_key(weight), tensor_key(bias)),
+        lambda: ck_hosted_plan(OP, x.device, (x, weight, bias), ck_instances(), lambda: ck_reasons(x, weight, bias)))
+    return run_ck_hosted(OP, ck, tuned, lambda name: linear_geglu_ck(name, x, weight, bias),
+                         lambda: linear_geglu_ref(x, weight, bias).contiguous(),
+                         lambda: linear_geglu_composed(x, weight, bias))
 
 
 @linear_geglu.register_fake
