@@ -108,8 +108,8 @@ def comfy_attention(q, k, v, heads, skip_reshape=False, skip_output_reshape=Fals
 
 def attention_override(original, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
                        skip_output_reshape=False, **kwargs):
-    """transformer_options["optimized_attention_override"]: rocm_sd's attention kernel where it may run (tuned,
-    or asked for by name), else ComfyUI's own function, which is also what runs masked calls and arguments this
+    """transformer_options["optimized_attention_override"]: rocm_sd's attention op where a tuned choice may apply
+    (its kernel, a CK instance or one SDPA backend, tuned or asked for by name), else ComfyUI's own function, which is also what runs masked calls and arguments this
     one does not know (a newer ComfyUI's GQA...). Where rocm_sd would run PyTorch's SDPA anyway, ComfyUI's own
     function is the better SDPA call: ComfyUI picks SDPA's backend order (cuDNN first on NVIDIA: 1.06 vs 1.81 ms
     per SD1.5 UNet evaluation on the H200, bench/results/2026-11-22-comfyui-*) and costs no extra host time."""
