@@ -262,6 +262,11 @@ def test_vae_upsampler_folded_and_host_casts_take_comfy_path(comfy, nodes):
     vae = comfy["VAE"]()
     (optimized,) = nodes.RocmSDOptimizeVAE().optimize(vae, fold_upsample=False)
     assert "decoder.up.0.upsample" not in optimized.patcher.object_patches
+    assert "decoder.up.0.upsample.conv" in optimized.patcher.object_patches  # not folded: its conv goes NHWC
+    (folded_vae,) = nodes.RocmSDOptimizeVAE().optimize(vae)
+    patches = folded_vae.patcher.object_patches
+    assert "decoder.up.0.upsample" in patches and "decoder.up.0.upsample.conv" not in patches  # the fold owns it
+    assert "decoder.conv_in" in patches
 
 
 def test_resnet_blocks_with_a_time_embedding_keep_their_own_silu(comfy):
