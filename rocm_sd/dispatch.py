@@ -57,12 +57,19 @@ def forced_backend(op: str) -> str | None:
     return forced
 
 
+def torch_chosen(op: str, tuned: str | None) -> bool:
+    """Whether PyTorch runs this call by choice: forced by name, or the tuning database's measured `torch[:variant]`
+    (no forced backend overriding it). Not a fallback: no notice, and fine in strict mode."""
+    forced = forced_backend(op)
+    return forced == TORCH or (forced is None and torch_variant(tuned) is not None)
+
+
 def choose(op: str, reasons: list[str], tuned: str | None = None) -> str:
     """Backend for one call of `op`, given the reasons the kernel cannot run it (empty: it can) and the
     tuning database's choice for its shape (`torch[:variant]`, `rocm_sd[:variant]`, or None when untuned). A tuned
     `torch` is a measured choice, not a fallback: it is counted as torch, with no notice, even in strict mode."""
     forced = forced_backend(op)
-    if forced == TORCH or (forced is None and torch_variant(tuned) is not None):
+    if torch_chosen(op, tuned):
         backend = TORCH
     elif not reasons:
         backend = KERNEL

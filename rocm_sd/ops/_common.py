@@ -166,8 +166,7 @@ def run_ck_hosted(op: str, ck: str | None, tuned: str | None, run_ck, run_torch,
     runs it, anything else the composed default (vendor GEMM / convolution, then a rocm_sd epilogue op)."""
     from .. import dispatch
 
-    forced = dispatch.forced_backend(op)
-    if forced == dispatch.TORCH or (forced is None and tuned == dispatch.TORCH):
+    if dispatch.torch_chosen(op, tuned):
         dispatch.count(op, dispatch.TORCH)
         return run_torch()
     if ck is not None:
