@@ -16,14 +16,12 @@ _databases: dict[int, object] = {}
 
 def _database(index: int):
     if index not in _databases:
-        from .. import config
         from . import vendor
-        from .db import DEFAULTS_DIR, TuningDB
+        from .db import TuningDB
         from .device_key import device_key, validators
 
         try:
-            defaults = DEFAULTS_DIR if config.current.tune_defaults else None
-            db = _databases[index] = TuningDB(device_key(index), validators(index), defaults_dir=defaults)
+            db = _databases[index] = TuningDB(device_key(index), validators(index))
         except Exception as exc:  # noqa: BLE001 -- a broken database must never stop inference
             log.warning("rocm_sd: tuning database not used: %s: %s", type(exc).__name__, exc)
             _databases[index] = None

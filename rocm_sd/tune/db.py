@@ -91,11 +91,16 @@ class DatabaseError(RuntimeError):
     """A tuning result could not be saved (lock held too long, folder not writable)."""
 
 
+FROM_CONFIG = "from config"  # TuningDB's default defaults_dir: DEFAULTS_DIR unless ROCM_SD_TUNE_DEFAULTS=0
+
+
 class TuningDB:
     """Tuning results of one device: the user's file over the shipped defaults."""
 
     def __init__(self, device: DeviceKey, validators: dict[str, str], location: Path | None = None,
-                 defaults_dir: Path | None = DEFAULTS_DIR, accept_stale: bool | None = None):
+                 defaults_dir: Path | str | None = FROM_CONFIG, accept_stale: bool | None = None):
+        if defaults_dir == FROM_CONFIG:
+            defaults_dir = DEFAULTS_DIR if config.current.tune_defaults else None
         self.device, self.validators = device, dict(validators)
         self.path = _file_for(location or default_location(), device)
         self.accept_stale = config.current.tune_accept_stale if accept_stale is None else accept_stale
