@@ -34,14 +34,11 @@ def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
 
 
 def _tuning_summary(device: torch.device) -> str:
-    from . import config
     from .tune import TuningDB, device_key, validators
-    from .tune.db import DEFAULTS_DIR
 
     if device.type != "cuda":
         return "not used on a CPU"
-    db = TuningDB(device_key(device), validators(device),
-                  defaults_dir=DEFAULTS_DIR if config.current.tune_defaults else None)
+    db = TuningDB(device_key(device), validators(device))
     state = f"{len(db.results)} tuned problems" if db.results else "none yet (python -m rocm_sd.tune)"
     if db.defaults:
         state += f", under {len(db.defaults)} shipped defaults for this device"
@@ -62,12 +59,15 @@ def info() -> int:
     if build:
         rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
                            f"(runtime {build['runtime_version']}, kernel sources {build.get('source_hash', 'unknown')})"))
-        from .ops.attention import ck_instances as ck_attention_instances
-        from .ops.group_norm import ck_instances as ck_group_norm_instances
+        from .ops.attention import ck_instances as attention_instances
+        from .ops.conv_bias_residual import ck_instances as conv_instances
+        from .ops.group_norm import ck_instances as group_norm_instances
+        from .ops.linear_geglu import ck_instances as linear_geglu_instances
 
-        group_norms, attentions = ck_group_norm_instances(), ck_attention_instances()
-        rows.append(("CK instances", f"{len(group_norms)} GroupNorm, {len(attentions)} attention"
-                     if group_norms or attentions else "none (built on ROCm when Composable Kernel headers are found)"))
+        counts = {"GroupNorm": len(group_norm_instances()), "attention": len(attention_instances()),
+                  "GEGLU projection": len(linear_geglu_instances()), "conv+bias+residual": len(conv_instances())}
+        rows.append(("CK instances", ", ".join(f"{n} {name}" for name, n in counts.items()) if any(counts.values())
+                     else "none (built on ROCm when Composable Kernel headers are found)"))
     else:
         rows.append(("_C", _ext.LOAD_ERROR))
     device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
