@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import dispatch
 from ..ops._common import within_tolerance
 from ..timing import graph_device_ms
 from . import problems
@@ -54,7 +55,7 @@ def measure(call: OpCall, device: torch.device, l2_bytes: int, seed: int = 0) ->
     candidates = problems.OPS[call.op].candidates(*args)
     inputs = [args] + [call.make_args(device, gen) for _ in range(_copies(args, l2_bytes) - 1)]
     for name, fn in candidates.items():
-        if name.partition(":")[0] != problems.TORCH and kernel_reasons:  # "torch:<variant>" is PyTorch too
+        if dispatch.torch_variant(name) is None and kernel_reasons:  # "torch:<variant>" is PyTorch too
             outcome.rejected[name] = "; ".join(kernel_reasons)
             continue
         try:
