@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench.harness import (copy_ceiling_gbps, device_ms, kernel_bench_args, rotating_inputs, same_bytes_copy_ms,  # noqa: E402
                            write_results)
 from rocm_sd.ops.group_norm import describe, group_norm_kernel, supports  # noqa: E402
-from tests.shapes import GROUP_NORM_SD  # noqa: E402
+from tests.shapes import GROUP_NORM_SD, GROUP_NORM_SD15_UP  # noqa: E402
 
 FORCED_PATHS = ("resident", "split")
 
@@ -39,7 +39,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     ceiling = copy_ceiling_gbps()
     rows = []
-    for shape in GROUP_NORM_SD:
+    for shape in GROUP_NORM_SD + GROUP_NORM_SD15_UP:
         c = shape[1]
         w = torch.rand(c, device="cuda", dtype=dtype) + 0.5
         b = torch.randn(c, device="cuda", dtype=dtype)
@@ -56,7 +56,7 @@ def main() -> None:
             }
             path = describe(inputs[0], 32)
             copy_ms = same_bytes_copy_ms(2 * nbytes)
-            for forced in FORCED_PATHS if layout == "nchw" else ():  # each NCHW path, for comparison
+            for forced in FORCED_PATHS:  # each path, for comparison
                 if not describe(inputs[0], 32, forced).startswith("error"):
                     times[f"rocm_sd-{forced}"] = device_ms(
                         lambda x: group_norm_kernel(x, 32, w, b, 1e-6, True, path=forced), inputs)
@@ -70,7 +70,7 @@ def main() -> None:
             print(f"{shape} {layout}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items()), flush=True)
 
     lines = [f"Copy ceiling (read + write): {ceiling:.0f} GB/s. Device time from graph replays over rotating inputs.",
-             "GB/s counts one read of x and one write of y. The last columns force each NCHW path, for comparison",
+             "GB/s counts one read of x and one write of y. The last columns force each path, for comparison",
              "(- : the path cannot take the shape; see hip/group_norm.hip). 'same-bytes copy': a streaming copy",
              "kernel moving the same bytes at this size; '% same-bytes' is its time over rocm_sd's.",
              "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy | same-bytes copy ms | "

@@ -105,7 +105,7 @@ size_t counter_bytes(const GroupNormArgs& a) { return round_up(size_t(1 + a.n * 
 }  // namespace
 
 bool resident_plan(const GroupNormArgs& a, ResidentPlan* plan) {
-  if (a.layout != Layout::nchw) return false;
+  if (a.layout != Layout::nchw) return resident_nhwc_plan(a, plan);
   ResidentPlan p;
   p.vec = pick_vec(a);
   const int64_t L = (a.c / a.groups) * a.hw;
@@ -122,11 +122,13 @@ bool resident_plan(const GroupNormArgs& a, ResidentPlan* plan) {
 }
 
 size_t resident_workspace_bytes(const GroupNormArgs& a, const ResidentPlan& p) {
+  if (a.layout != Layout::nchw) return resident_nhwc_workspace_bytes(a, p);
   if (p.blocks_per_group == 1) return 0;
   return counter_bytes(a) + size_t(a.n * a.groups * p.blocks_per_group) * sizeof(WelfordStats);
 }
 
 hipError_t resident_launch(const GroupNormArgs& a, const ResidentPlan& p) {
+  if (a.layout != Layout::nchw) return resident_nhwc_launch(a, p);
   hipStream_t stream = static_cast<hipStream_t>(a.stream);
   auto* counters = static_cast<unsigned*>(a.workspace);
   auto* partials = reinterpret_cast<WelfordStats*>(static_cast<char*>(a.workspace) + counter_bytes(a));

@@ -15,6 +15,17 @@ GROUP_NORM_SD = [
 ]
 
 # (shape, groups) with a comment on what each one stresses.
+# The SD1.5 UNet's other GroupNorm inputs (up blocks: skip concatenations and their outputs, CFG batch 2), for
+# the benchmark's per-shape path comparison.
+GROUP_NORM_SD15_UP = [
+    (2, 2560, 16, 16),
+    (2, 1920, 16, 16),
+    (2, 1920, 32, 32),
+    (2, 1280, 32, 32),
+    (2, 960, 32, 32),
+    (2, 640, 64, 64),
+]
+
 GROUP_NORM_AWKWARD = [
     ((3, 96, 7, 9), 32),     # batch 3, 3 channels per group, odd spatial: vector width 1
     ((2, 36, 5, 5), 4),      # 9 channels per group: C not a multiple of 8

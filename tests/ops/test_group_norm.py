@@ -165,28 +165,52 @@ def test_kernel_matches_truth_at_sd_shapes(shape, dtype, channels_last):
     check_kernel(shape, 32, dtype, channels_last, silu=True)
 
 
+def resident_fits(x, groups):
+    """Whether the resident path can hold x's exchange (a group in NCHW, an image in NHWC) on this device."""
+    return not describe(x, groups, "resident").startswith("error")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["resident", "split"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("shape", GROUP_NORM_SD, ids=str)
-def test_each_nchw_path_matches_truth_at_sd_shapes(shape, dtype, path):
-    check_kernel(shape, 32, dtype, False, silu=True, path=path)
+def test_each_path_matches_truth_at_sd_shapes(shape, channels_last, dtype, path):
+    x = torch.empty(shape, device="cuda", dtype=dtype)
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    if path == "resident" and not resident_fits(x, 32):
+        # The VAE's channels_last images are far larger than what fits on a GPU at once: a clear error.
+        assert channels_last and shape[2] * shape[3] >= 128 * 128, describe(x, 32, "resident")
+        with pytest.raises(RuntimeError, match="resident GroupNorm path cannot hold"):
+            group_norm_kernel(x, 32, None, None, 1e-5, True, path="resident")
+        return
+    check_kernel(shape, 32, dtype, channels_last, silu=True, path=path)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("shape, groups", GROUP_NORM_AWKWARD, ids=str)
-def test_resident_path_at_awkward_shapes(shape, groups):
-    check_kernel(shape, groups, torch.float16, False, silu=True, path="resident")
+def test_resident_path_at_awkward_shapes(shape, groups, channels_last):
+    check_kernel(shape, groups, torch.float16, channels_last, silu=True, path="resident")
+    check_kernel(shape, groups, torch.float32, channels_last, silu=False, path="resident")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", GROUP_NORM_SD, ids=str)
 def test_path_choice_at_sd_shapes(shape):
-    # One launch when a group fits one block (8 K fp16 elements), else the three-launch path.
+    # NCHW: one launch when a group fits one block (8 K fp16 elements), else the three-launch path.
     x = torch.empty(shape, device="cuda", dtype=torch.float16)
     one_block = shape[1] // 32 * shape[2] * shape[3] <= 8192
     assert describe(x, 32).startswith("resident" if one_block else "split"), describe(x, 32)
-    assert describe(x.to(memory_format=torch.channels_last), 32).startswith("split")
+    # NHWC: one launch whenever an image's blocks fit on the device at once; the UNet's 8x8 .. 32x32 images
+    # always do (a few hundred KB to 2.6 MB), the VAE's 128x128 and larger never (16 MB and more).
+    x = x.to(memory_format=torch.channels_last)
+    expected = "resident" if resident_fits(x, 32) else "split"
+    assert describe(x, 32).startswith(expected), describe(x, 32)
+    if shape[0] == 2 and shape[2] <= 32:
+        assert expected == "resident", describe(x, 32, "resident")
+    if shape[2] >= 128:
+        assert expected == "split"
 
 
 @pytest.mark.gpu
@@ -203,9 +227,12 @@ def test_group_too_large_to_be_resident_takes_another_path():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["resident", "split"])
-def test_kernel_is_deterministic(path):
-    # Every block of a group merges the partials in the same order: repeated runs agree bit for bit.
-    x, g, w, b = make_inputs((1, 256, 128, 128), 32, torch.float16, "cuda")
+@pytest.mark.parametrize("shape, channels_last", [((1, 256, 128, 128), False), ((2, 320, 64, 64), True)], ids=str)
+def test_kernel_is_deterministic(shape, channels_last, path):
+    # Partials are merged in a fixed order whichever block arrives last: repeated runs agree bit for bit.
+    x, g, w, b = make_inputs(shape, 32, torch.float16, "cuda", channels_last)
+    if not resident_fits(x, g) and path == "resident":
+        pytest.skip(f"resident path cannot hold {shape} on this device: {describe(x, g, 'resident')}")
     first = group_norm_kernel(x, g, w, b, 1e-6, True, path=path)
     for _ in range(3):
         assert torch.equal(group_norm_kernel(x, g, w, b, 1e-6, True, path=path), first)
@@ -228,17 +255,23 @@ def test_kernel_fp32_params_and_no_affine(channels_last):
 
 
 @pytest.mark.gpu
-def test_kernel_large_mean_small_spread():
-    # Shifted sums + Chan merges: a mean 1000x the spread must not cancel catastrophically.
+@pytest.mark.parametrize("path", ["auto", "resident", "split"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_kernel_large_mean_small_spread(channels_last, path):
+    # Shifted sums + Chan merges: a mean 1000x the spread must not cancel catastrophically, nor may a first
+    # element far from the rest (the shift of the per-thread sums) cost the others their precision.
     x = (torch.randn(2, 64, 32, 32, device="cuda") * 0.01 + 10.0)
-    y = group_norm_kernel(x, 32, None, None, 1e-6, False)
+    x[:, :, 0, 0] = -50.0
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    y = group_norm_kernel(x, 32, None, None, 1e-6, False, path=path)
     ok, err, allowed = within_tolerance(y, truth(x, 32, None, None, 1e-6, False), group_norm_ref(x, 32, None, None, 1e-6, False))
     assert ok, (err, allowed)
 
 
 @pytest.mark.gpu
-def test_kernel_nan_stays_in_its_group():
-    x, g, w, b = make_inputs((2, 64, 8, 8), 32, torch.float16, "cuda")
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_kernel_nan_stays_in_its_group(channels_last):
+    x, g, w, b = make_inputs((2, 64, 8, 8), 32, torch.float16, "cuda", channels_last)
     x[1, 5, 3, 3] = float("nan")  # group 2 of image 1
     y = group_norm_kernel(x, g, w, b, 1e-5, True)
     assert torch.isnan(y[1, 4:6]).all()
@@ -267,8 +300,9 @@ def test_op_dispatches_to_kernel_and_counts():
 
 
 @pytest.mark.gpu
-def test_kernel_on_side_stream_and_in_cuda_graph():
-    x, g, w, b = make_inputs((2, 640, 32, 32), 32, torch.float16, "cuda")
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_kernel_on_side_stream_and_in_cuda_graph(channels_last):
+    x, g, w, b = make_inputs((2, 640, 32, 32), 32, torch.float16, "cuda", channels_last)
     expected = group_norm_kernel(x, g, w, b, 1e-5, True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -314,9 +348,9 @@ def test_input_bias_reference_and_reasons():
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("shape", [(2, 320, 64, 64), (2, 1280, 8, 8), (3, 96, 7, 9), (1, 128, 64, 64)], ids=str)
 def test_kernel_with_input_bias_matches_truth(shape, channels_last, path):
-    if path == "resident" and (channels_last or shape[1] // 32 * shape[2] * shape[3] > 8192 * 64):
-        pytest.skip("the resident path takes NCHW only")
     x, g, w, b = make_inputs(shape, 32, torch.float16, "cuda", channels_last)
+    if path == "resident" and not resident_fits(x, g):
+        pytest.skip(f"the resident path cannot hold {shape} cl={channels_last} on this device")
     ib = (torch.randn(shape[0], shape[1], device="cuda") * 3).half()  # conv bias + time embedding scale
     assert not supports(x, g, w, b, 1e-5, True, ib)
     out = torch.full_like(x, float("nan"))

@@ -1,7 +1,8 @@
 // Internals shared by the GroupNorm(+SiLU) kernels: argument helpers, the per-element math, and the
 // two launch paths that hip/group_norm.hip chooses between.
-//   resident (group_norm_resident.hip): one launch; every block of a group holds its chunk of x in
-//       registers while the group's blocks exchange partial statistics: x is read once, y written once.
+//   resident (group_norm_resident.hip, NCHW; group_norm_resident_nhwc.hip, NHWC): one launch; every block
+//       holds its chunk of x in registers while the blocks sharing statistics (a group's in NCHW, an
+//       image's in NHWC) exchange partials: x is read once, y written once.
 //   split (group_norm_split.hip): stats / finalize / apply launches; x is read twice.
 #pragma once
 
@@ -31,13 +32,23 @@ inline bool streaming_output(const GroupNormArgs& a) { return tensor_bytes(a) > 
 // ---- the two paths ----
 struct ResidentPlan {
   int vec = 1;
+  // NCHW (group_norm_resident.hip): blocks sharing one group's statistics.
   int64_t blocks_per_group = 0;
+  // NHWC (group_norm_resident_nhwc.hip): blocks of `threads` (rows_per_iter rows of threads_per_row) each
+  // hold rows_per_block pixel rows of one image; an image's blocks share its statistics.
+  int threads = 0, threads_per_row = 0, rows_per_iter = 0;
+  int64_t rows_per_block = 0, blocks_per_image = 0;
 };
-// False when a group is too large for all its blocks to be resident on the device at once.
+// False when the blocks sharing statistics (a group's in NCHW, an image's in NHWC) cannot all be
+// resident on the device at once.
 bool resident_plan(const GroupNormArgs& a, ResidentPlan* plan);
 size_t resident_workspace_bytes(const GroupNormArgs& a, const ResidentPlan& p);
 // Enqueue on a.stream; the first launch error, if any.
 hipError_t resident_launch(const GroupNormArgs& a, const ResidentPlan& p);
+// The NHWC halves of the three above, which dispatch to them by layout.
+bool resident_nhwc_plan(const GroupNormArgs& a, ResidentPlan* plan);
+size_t resident_nhwc_workspace_bytes(const GroupNormArgs& a, const ResidentPlan& p);
+hipError_t resident_nhwc_launch(const GroupNormArgs& a, const ResidentPlan& p);
 
 // The split path's channels_last kernels hold a pixel row (C / vec threads) in one block.
 constexpr int kMaxThreadsNhwc = 1024;

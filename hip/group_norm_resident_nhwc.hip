@@ -1,0 +1,280 @@
+// GroupNorm(+SiLU), NHWC (channels_last), in one launch: x is read once and y written once.
+//
+// In NHWC every pixel holds channels of every group, so a group's statistics span the whole image:
+// the exchange is per image, not per group as in the NCHW resident kernel. Image n is hw rows of C
+// elements, cut into blocks_per_image chunks of rows_per_block whole rows. Each block
+//   1. takes a ticket (atomic counter) naming its (image, chunk) and loads the chunk into registers:
+//      thread (row, col) holds channels [col*VEC, col*VEC + VEC) of rows row, row + rows_per_iter, ...,
+//      so all its elements lie in one group (VEC divides C / groups);
+//   2. reduces the chunk to one Welford partial per group and publishes them;
+//   3. counts itself in on the image's arrival counter. The last block to arrive merges the image's
+//      partials group by group (fp64 sums in a fixed order: identical results on every run) and
+//      publishes mean and 1/sqrt(var + eps) behind a flag; the others wait for the flag;
+//   4. normalises the chunk it still holds in registers and writes y.
+// One merge per image instead of one per block: with every block merging, an SD1.5 image of 256 blocks
+// and 32 groups would cost each block 8 K merges.
+//
+// Deadlock freedom is the NCHW resident kernel's argument (group_norm_resident.hip) with "image" for
+// "group": tickets are handed out in start order, so only the image holding the newest tickets can
+// wait on blocks that have not started, and the plan keeps blocks_per_image <= half of the resident
+// blocks. A wait past seconds traps instead of hanging.
+//
+// Meant for the UNet's small images (1-10 MB), where the three launches of the split path cost more
+// than the data: bench/notes/group_norm.md.
+#include "rocm_sd/device.h"
+#include "rocm_sd/group_norm_impl.h"
+
+namespace rsd {
+namespace gn {
+namespace {
+
+constexpr int kMaxThreads = 512;       // threads_per_row = C / vec <= kMaxThreads
+constexpr int kTargetThreads = 256;    // rows_per_iter rows of C / vec threads, up to this many
+constexpr int kBytesPerThread = 64;    // held in registers: 16 loads of 4 bytes or 4 of 16 bytes
+constexpr int kMinFreeFraction = 2;    // blocks_per_image <= resident blocks / 2
+
+template <class T, int VEC>
+constexpr int kLoads = kBytesPerThread / (VEC * int(sizeof(T)));
+
+// Workspace: [ticket, arrived[n], ready[n]] (zeroed by the launcher before every launch, a memset node
+// under graph capture), then the (image, chunk, group) Welford partials, then (image, group) mean/rstd.
+struct Workspace {
+  unsigned* ticket;
+  unsigned* arrived;
+  unsigned* ready;
+  WelfordStats* partials;
+  float2* mean_rstd;
+};
+
+size_t counter_bytes(const GroupNormArgs& a) { return round_up(size_t(1 + 2 * a.n) * sizeof(unsigned), 256); }
+size_t partial_bytes(const GroupNormArgs& a, const ResidentPlan& p) {
+  return round_up(size_t(a.n * p.blocks_per_image * a.groups) * sizeof(WelfordStats), 256);
+}
+
+Workspace workspace_of(const GroupNormArgs& a, const ResidentPlan& p) {
+  char* base = static_cast<char*>(a.workspace);
+  auto* counters = reinterpret_cast<unsigned*>(base);
+  return Workspace{counters, counters + 1, counters + 1 + a.n, reinterpret_cast<WelfordStats*>(base + counter_bytes(a)),
+                   reinterpret_cast<float2*>(base + counter_bytes(a) + partial_bytes(a, p))};
+}
+
+// Run by the last block of an image: per group, fp64 sums about the first chunk's mean
+// (S1 = sum n_b d_b, S2 = sum M2_b + n_b d_b^2 with d_b = mean_b - shift), the lanes of a wave striding
+// over the chunks and then a fixed shuffle tree, so the order, hence every bit, is the same on every
+// run. fp64 because a group holds up to millions of elements; these few thousand additions are off the
+// per-element path. Only whole waves take part (the shuffles need every lane): a block has >= 128
+// threads (see the plan), so at least one.
+__device__ __forceinline__ void merge_image(const WelfordStats* image_partials, uint32_t chunks, int groups, float eps,
+                                            float2* image_mean_rstd) {
+  const int waves = int(blockDim.x / RSD_WAVE);
+  if (wave_id() >= waves) return;
+  for (int g = wave_id(); g < groups; g += waves) {
+    const float shift = load_coherent(&image_partials[g].mean);
+    double n = 0.0, s1 = 0.0, s2 = 0.0;
+#pragma unroll 1  // off the hot path: registers matter more (they are the kernel's, and set its occupancy)
+    for (uint32_t j = lane_id(); j < chunks; j += RSD_WAVE) {
+      const float* p = reinterpret_cast<const float*>(image_partials + size_t(j) * groups + g);
+      const double nb = load_coherent(p), d = double(load_coherent(p + 1)) - shift, m2 = load_coherent(p + 2);
+      n += nb;
+      s1 += nb * d;
+      s2 += m2 + nb * d * d;
+    }
+#pragma unroll
+    for (int offset = RSD_WAVE / 2; offset > 0; offset /= 2) {
+      n += shfl_xor(n, offset);
+      s1 += shfl_xor(s1, offset);
+      s2 += shfl_xor(s2, offset);
+    }
+    if (lane_id() == 0) {
+      const double mean_d = n > 0.0 ? s1 / n : 0.0;
+      const double var = n > 0.0 ? fmax(s2 / n - mean_d * mean_d, 0.0) : 0.0;  // biased, as torch
+      image_mean_rstd[g] = make_float2(float(shift + mean_d), rsqrtf(float(var) + eps));
+      __threadfence();  // visible device-wide before the ready flag
+    }
+  }
+}
+
+template <class T, class P, int VEC, bool SILU>
+__global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 caps a 512-thread kernel at 64 registers and spills
+    group_norm_resident_nhwc(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma,
+                             const P* __restrict__ beta, int64_t hw, int c, int groups, int threads_per_row,
+                             int rows_per_iter, int rows_per_block, uint32_t blocks_per_image, float eps,
+                             const T* __restrict__ input_bias, Workspace ws) {
+  constexpr int kU = kLoads<T, VEC>;
+  __shared__ WelfordStats per_thread[kMaxThreads];
+  __shared__ unsigned ticket_shared;
+  __shared__ int last_shared;
+  const bool exchange = blocks_per_image > 1;
+  unsigned ticket = blockIdx.x;
+  if (exchange) {
+    if (threadIdx.x == 0) ticket_shared = atomicAdd(ws.ticket, 1u);
+    __syncthreads();
+    ticket = ticket_shared;
+  }
+  const int64_t n = ticket / blocks_per_image;
+  const uint32_t part = ticket % blocks_per_image;
+  const int col = threadIdx.x % threads_per_row, row = threadIdx.x / threads_per_row;
+  const int c0 = col * VEC;
+  const int64_t chunk_begin = int64_t(part) * rows_per_block;
+  const int64_t chunk_end = chunk_begin + rows_per_block < hw ? chunk_begin + rows_per_block : hw;
+  const int64_t first_row = chunk_begin + row;
+  // Rows this thread holds (first_row, + rows_per_iter, ...), and their offsets in 32 bits (an image has
+  // fewer than 2^31 elements, checked by the plan): 64-bit addresses kept alive from the loads to the
+  // stores would double the registers a thread needs.
+  const int rows_held = first_row < chunk_end ? int((chunk_end - first_row + rows_per_iter - 1) / rows_per_iter) : 0;
+  const uint32_t row_step = uint32_t(rows_per_iter) * uint32_t(c);
+  const int64_t offset = n * hw * c + first_row * c + c0;
+  float bias[VEC];  // this thread's channels are fixed: their input biases are loaded once
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) bias[k] = input_bias_of(input_bias ? input_bias + n * c : nullptr, c0 + k);
+
+  Vec<T, VEC> v[kU];
+  const T* xr = x + offset;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (u < rows_held) v[u] = load_vec<T, VEC>(xr + u * row_step);
+  }
+  ShiftedSums acc;
+  acc.shift = rows_held > 0 ? to_float(v[0].v[0]) + bias[0] : 0.f;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (u < rows_held) acc.add(v[u], bias);
+  }
+
+  // Per group, one thread merges the (rows_per_iter x cols_per_group) thread results of the chunk.
+  per_thread[threadIdx.x] = acc.stats();
+  __syncthreads();
+  WelfordStats* image_partials = ws.partials + n * int64_t(blocks_per_image) * groups;
+  const int cols_per_group = c / groups / VEC;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    WelfordStats s = {0.f, 0.f, 0.f};
+#pragma unroll 1
+    for (int rr = 0; rr < rows_per_iter; ++rr)
+#pragma unroll 1
+      for (int k = 0; k < cols_per_group; ++k) s = welford_merge(s, per_thread[rr * threads_per_row + g * cols_per_group + k]);
+    image_partials[int64_t(part) * groups + g] = s;
+    __threadfence();  // visible device-wide before thread 0 counts the block in
+  }
+  __syncthreads();
+
+  float2* image_mean_rstd = ws.mean_rstd + n * groups;
+  if (exchange) {
+    if (threadIdx.x == 0) {
+      last_shared = atomicAdd(&ws.arrived[n], 1u) == blocks_per_image - 1;
+      __threadfence();  // the other blocks' partials are read after their arrivals
+    }
+    __syncthreads();
+  }
+  if (!exchange || last_shared) {
+    merge_image(image_partials, blocks_per_image, groups, eps, image_mean_rstd);
+    __syncthreads();
+    if (exchange && threadIdx.x == 0) arrive_release(&ws.ready[n]);
+  } else {
+    if (threadIdx.x == 0 && !wait_at_least(&ws.ready[n], 1u)) trap();
+    __syncthreads();
+  }
+
+  const int g = c0 / (c / groups);
+  const float2 mr = make_float2(load_coherent(&image_mean_rstd[g].x), load_coherent(&image_mean_rstd[g].y));
+  float a[VEC], b[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) scale_shift(gamma, beta, c0 + k, mr, a[k], b[k], bias[k]);
+  T* yr = y + offset;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (u < rows_held) store_vec(yr + u * row_step, normalize<T, VEC, SILU>(v[u], a, b), false);
+  }
+}
+
+template <class T, class P, int VEC, bool SILU>
+constexpr auto kernel_of() {
+  return &group_norm_resident_nhwc<T, P, VEC, SILU>;
+}
+
+// Blocks of `threads` threads of the least occupant instance for this dtype and width that fit on the
+// device at once; 0 when the runtime cannot tell (the resident path is then refused, never guessed).
+template <class T, int VEC>
+int64_t resident_capacity(int device, int threads) {
+  constexpr int kSlots = 64 * (kMaxThreads / 32 + 1);
+  static int64_t cached[kSlots] = {};
+  const int slot = device * (kMaxThreads / 32 + 1) + threads / 32;  // blocks per SM change in 32-thread steps at most
+  if (device < 0 || slot >= kSlots) return 0;
+  if (cached[slot] == 0) {
+    int least = 1 << 30;
+    auto ask = [&](auto kernel) {
+      int blocks = 0;
+      if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != hipSuccess) {
+        (void)hipGetLastError();
+        blocks = 0;
+      }
+      least = std::min(least, blocks);
+    };
+    ask(kernel_of<T, T, VEC, false>());
+    ask(kernel_of<T, T, VEC, true>());
+    ask(kernel_of<T, float, VEC, false>());
+    ask(kernel_of<T, float, VEC, true>());
+    cached[slot] = int64_t(least) * device_attribute(device, Attr::multiprocessors, 0);
+    if (cached[slot] == 0) return 0;
+  }
+  return cached[slot];
+}
+
+}  // namespace
+
+bool resident_nhwc_plan(const GroupNormArgs& a, ResidentPlan* plan) {
+  if (a.layout != Layout::nhwc) return false;
+  ResidentPlan p;
+  p.vec = pick_vec(a);
+  p.threads_per_row = int(a.c / p.vec);
+  if (p.threads_per_row > kMaxThreads) return false;
+  p.rows_per_iter = std::max(1, kTargetThreads / p.threads_per_row);
+  p.threads = p.threads_per_row * p.rows_per_iter;  // >= 129 when threads_per_row <= 256, else > 256
+  int64_t capacity = 0;
+  with_dtype(a.dtype, [&](auto ttag) {
+    using T = typename decltype(ttag)::type;
+    with_vec<T>(p.vec, [&](auto vtag) {
+      constexpr int VEC = decltype(vtag)::value;
+      p.rows_per_block = int64_t(p.rows_per_iter) * kLoads<T, VEC>;
+      capacity = resident_capacity<T, VEC>(a.device, p.threads);
+    });
+  });
+  p.blocks_per_image = ceil_div(a.hw, p.rows_per_block);
+  if (p.blocks_per_image > 1 && p.blocks_per_image > capacity / kMinFreeFraction) return false;
+  if (a.n * p.blocks_per_image > (int64_t(1) << 31)) return false;  // grid x and tickets
+  if (a.hw * a.c >= (int64_t(1) << 31)) return false;                 // 32-bit offsets within an image
+  *plan = p;
+  return true;
+}
+
+size_t resident_nhwc_workspace_bytes(const GroupNormArgs& a, const ResidentPlan& p) {
+  return counter_bytes(a) + partial_bytes(a, p) + size_t(a.n * a.groups) * sizeof(float2);
+}
+
+hipError_t resident_nhwc_launch(const GroupNormArgs& a, const ResidentPlan& p) {
+  hipStream_t stream = static_cast<hipStream_t>(a.stream);
+  const Workspace ws = workspace_of(a, p);
+  if (p.blocks_per_image > 1) {
+    const hipError_t err = hipMemsetAsync(a.workspace, 0, counter_bytes(a), stream);
+    if (err != hipSuccess) return err;
+  }
+  const unsigned blocks = unsigned(a.n * p.blocks_per_image);
+  with_dtype(a.dtype, [&](auto ttag) {
+    using T = typename decltype(ttag)::type;
+    with_vec<T>(p.vec, [&](auto vtag) {
+      constexpr int VEC = decltype(vtag)::value;
+      with_params<T>(a.param_dtype, [&](auto ptag) {
+        using P = typename decltype(ptag)::type;
+        with_bool(a.silu, [&](auto silu_tag) {
+          kernel_of<T, P, VEC, decltype(silu_tag)::value>()<<<blocks, p.threads, 0, stream>>>(
+              static_cast<const T*>(a.x), static_cast<T*>(a.y), static_cast<const P*>(a.gamma),
+              static_cast<const P*>(a.beta), a.hw, int(a.c), a.groups, p.threads_per_row, p.rows_per_iter,
+              int(p.rows_per_block), uint32_t(p.blocks_per_image), a.eps, static_cast<const T*>(a.input_bias), ws);
+        });
+      });
+    });
+  });
+  return hipGetLastError();
+}
+
+}  // namespace gn
+}  // namespace rsd
