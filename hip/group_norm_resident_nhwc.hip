@@ -7,13 +7,15 @@
 //      thread (row, col) holds channels [col*VEC, col*VEC + VEC) of rows row, row + rows_per_iter, ...,
 //      so all its elements lie in one group (VEC divides C / groups);
 //   2. reduces the chunk to one Welford partial per group and publishes them;
-//   3. counts itself in on the image's arrival counter. The last block to arrive merges the image's
-//      partials group by group (fp64 sums in a fixed order: identical results on every run) and
-//      publishes mean and 1/sqrt(var + eps) behind a flag; the others wait for the flag;
-//   4. normalises the chunk it still holds in registers and writes y.
-// One merge per image instead of one per block: with every block merging, an SD1.5 image of 256 blocks
-// and 32 groups would cost each block 8 K merges.
-//
+//   3. counts itself in on the image's arrival counter and waits until every block of the image has;
+//   4. merges the partials of the groups it owns (group g belongs to chunk g mod blocks_per_image): all
+//      its threads load the group's partials at once and reduce them in fp64 in a fixed order, so the
+//      result is the same on every run whichever block arrives last; publishes mean and 1/sqrt(var + eps)
+//      and counts itself in on the image's ready counter;
+//   5. waits until every owner has published, normalises the chunk it still holds and writes y.
+// The merges are spread over the image's blocks because their latency is on every block's critical path:
+// one block merging all groups measured 15-40 us at SD shapes (a chain of L2 round trips per group),
+// against ~8-16 us for the whole split path.
 // Deadlock freedom is the NCHW resident kernel's argument (group_norm_resident.hip) with "image" for
 // "group": tickets are handed out in start order, so only the image holding the newest tickets can
 // wait on blocks that have not started, and the plan keeps blocks_per_image <= half of the resident
@@ -58,21 +60,20 @@ Workspace workspace_of(const GroupNormArgs& a, const ResidentPlan& p) {
                    reinterpret_cast<float2*>(base + counter_bytes(a) + partial_bytes(a, p))};
 }
 
-// Run by the last block of an image: per group, fp64 sums about the first chunk's mean
-// (S1 = sum n_b d_b, S2 = sum M2_b + n_b d_b^2 with d_b = mean_b - shift), the lanes of a wave striding
-// over the chunks and then a fixed shuffle tree, so the order, hence every bit, is the same on every
-// run. fp64 because a group holds up to millions of elements; these few thousand additions are off the
-// per-element path. Only whole waves take part (the shuffles need every lane): a block has >= 128
-// threads (see the plan), so at least one.
-__device__ __forceinline__ void merge_image(const WelfordStats* image_partials, uint32_t chunks, int groups, float eps,
-                                            float2* image_mean_rstd) {
+// Merges the `chunks` partials of group g of one image (all threads of the block take part): fp64 sums about
+// the first chunk's mean (S1 = sum n_b d_b, S2 = sum M2_b + n_b d_b^2 with d_b = mean_b - shift), each
+// thread loading its chunks at once, then a fixed shuffle tree and the waves in order: the same bits on
+// every run. fp64 because a group holds up to millions of elements; these few hundred additions per group
+// are off the per-element path. Only whole waves take part in the shuffles (every lane must be active; a
+// block has >= 128 threads, see the plan). `scratch`: 3 doubles per wave. Contains __syncthreads.
+__device__ __forceinline__ float2 merge_group(const WelfordStats* image_partials, uint32_t chunks, int groups, int g,
+                                              float eps, double* scratch) {
   const int waves = int(blockDim.x / RSD_WAVE);
-  if (wave_id() >= waves) return;
-  for (int g = wave_id(); g < groups; g += waves) {
+  if (wave_id() < waves) {
     const float shift = load_coherent(&image_partials[g].mean);
     double n = 0.0, s1 = 0.0, s2 = 0.0;
-#pragma unroll 1  // off the hot path: registers matter more (they are the kernel's, and set its occupancy)
-    for (uint32_t j = lane_id(); j < chunks; j += RSD_WAVE) {
+#pragma unroll 2
+    for (uint32_t j = threadIdx.x; j < chunks; j += uint32_t(waves * RSD_WAVE)) {
       const float* p = reinterpret_cast<const float*>(image_partials + size_t(j) * groups + g);
       const double nb = load_coherent(p), d = double(load_coherent(p + 1)) - shift, m2 = load_coherent(p + 2);
       n += nb;
@@ -86,12 +87,24 @@ __device__ __forceinline__ void merge_image(const WelfordStats* image_partials, 
       s2 += shfl_xor(s2, offset);
     }
     if (lane_id() == 0) {
-      const double mean_d = n > 0.0 ? s1 / n : 0.0;
-      const double var = n > 0.0 ? fmax(s2 / n - mean_d * mean_d, 0.0) : 0.0;  // biased, as torch
-      image_mean_rstd[g] = make_float2(float(shift + mean_d), rsqrtf(float(var) + eps));
-      __threadfence();  // visible device-wide before the ready flag
+      scratch[3 * wave_id()] = n;
+      scratch[3 * wave_id() + 1] = s1;
+      scratch[3 * wave_id() + 2] = s2;
     }
+    if (threadIdx.x == 0) scratch[3 * RSD_MAX_WAVES_PER_BLOCK] = shift;
   }
+  __syncthreads();
+  double n = 0.0, s1 = 0.0, s2 = 0.0;
+  for (int w = 0; w < waves; ++w) {
+    n += scratch[3 * w];
+    s1 += scratch[3 * w + 1];
+    s2 += scratch[3 * w + 2];
+  }
+  const double shift = scratch[3 * RSD_MAX_WAVES_PER_BLOCK];
+  __syncthreads();  // scratch may be reused
+  const double mean_d = n > 0.0 ? s1 / n : 0.0;
+  const double var = n > 0.0 ? fmax(s2 / n - mean_d * mean_d, 0.0) : 0.0;  // biased, as torch
+  return make_float2(float(shift + mean_d), rsqrtf(float(var) + eps));
 }
 
 template <class T, class P, int VEC, bool SILU>
@@ -102,8 +115,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
                              const T* __restrict__ input_bias, Workspace ws) {
   constexpr int kU = kLoads<T, VEC>;
   __shared__ WelfordStats per_thread[kMaxThreads];
+  __shared__ double merge_scratch[3 * RSD_MAX_WAVES_PER_BLOCK + 1];
   __shared__ unsigned ticket_shared;
-  __shared__ int last_shared;
   const bool exchange = blocks_per_image > 1;
   unsigned ticket = blockIdx.x;
   if (exchange) {
@@ -153,26 +166,34 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
 #pragma unroll 1
       for (int k = 0; k < cols_per_group; ++k) s = welford_merge(s, per_thread[rr * threads_per_row + g * cols_per_group + k]);
     image_partials[int64_t(part) * groups + g] = s;
-    __threadfence();  // visible device-wide before thread 0 counts the block in
   }
   __syncthreads();
-
-  float2* image_mean_rstd = ws.mean_rstd + n * groups;
+  // Publishing: the block's writes are ordered before thread 0's by the barrier, and before the counter by
+  // thread 0's device-scope fence (the pattern of cooperative groups' grid barrier).
   if (exchange) {
     if (threadIdx.x == 0) {
-      last_shared = atomicAdd(&ws.arrived[n], 1u) == blocks_per_image - 1;
-      __threadfence();  // the other blocks' partials are read after their arrivals
+      __threadfence();
+      arrive_release(&ws.arrived[n]);
+      if (!wait_at_least(&ws.arrived[n], blocks_per_image)) trap();
     }
     __syncthreads();
   }
-  if (!exchange || last_shared) {
-    merge_image(image_partials, blocks_per_image, groups, eps, image_mean_rstd);
-    __syncthreads();
-    if (exchange && threadIdx.x == 0) arrive_release(&ws.ready[n]);
-  } else {
-    if (threadIdx.x == 0 && !wait_at_least(&ws.ready[n], 1u)) trap();
-    __syncthreads();
+  float2* image_mean_rstd = ws.mean_rstd + n * groups;
+  for (int g = int(part); g < groups; g += int(blocks_per_image)) {
+    const float2 mr = merge_group(image_partials, blocks_per_image, groups, g, eps, merge_scratch);
+    if (threadIdx.x == 0) image_mean_rstd[g] = mr;
   }
+  if (exchange) {
+    const unsigned owners = blocks_per_image < uint32_t(groups) ? blocks_per_image : uint32_t(groups);
+    if (threadIdx.x == 0) {
+      if (part < owners) {
+        __threadfence();
+        arrive_release(&ws.ready[n]);
+      }
+      if (!wait_at_least(&ws.ready[n], owners)) trap();
+    }
+  }
+  __syncthreads();
 
   const int g = c0 / (c / groups);
   const float2 mr = make_float2(load_coherent(&image_mean_rstd[g].x), load_coherent(&image_mean_rstd[g].y));

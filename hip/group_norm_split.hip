@@ -107,9 +107,12 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
   const int64_t end = min64(begin + chunk, L);
   const T* base = x + ng * L;
   ShiftedSums acc;
-  acc.shift = to_float(base[begin]);  // one value of the chunk: keeps the per-thread sums small
   const int64_t stride = int64_t(blockDim.x) * VEC;
   int64_t i = begin + int64_t(threadIdx.x) * VEC;
+  // The thread's first value (with its channel's input bias) keeps its sums small. One value per thread,
+  // not per block: a single outlier as the shift of a whole block's sums costs the group's variance up to
+  // ~log2(16 K) bits (the sums cancel), one of a thread's few dozen values far less.
+  if (i < end) acc.shift = to_float(base[i]) + (bias_row ? input_bias_of(bias_row, int(hw.div(uint32_t(i)))) : 0.f);
   for (; i + (kUnroll - 1) * stride < end; i += kUnroll * stride) {
     Vec<T, VEC> v[kUnroll];
 #pragma unroll
@@ -122,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
   for (; i < end; i += stride) {
     acc.add(load_vec<T, VEC>(base + i), bias_row ? input_bias_of(bias_row, int(hw.div(uint32_t(i)))) : 0.f);
   }
-  const WelfordStats s = block_sum(acc, scratch).stats();  // one shift for the whole block
+  const WelfordStats s = block_reduce(acc.stats(), scratch);  // a shift per thread: Welford merges
   if (threadIdx.x == 0) {
     if (final_out != nullptr)  // one block per group: no finalize launch needed
       final_out[ng] = mean_rstd_of(s, eps);

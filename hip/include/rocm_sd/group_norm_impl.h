@@ -145,12 +145,11 @@ struct RegisterChunk {
     }
   }
 
-  // Sums about `shift` (the same for the whole block, see block_sum) of the loaded elements plus
-  // their channel's input bias (bias_row: the image's row of input_bias, nullptr for none).
-  __device__ __forceinline__ ShiftedSums sums(uint32_t L, float shift, FastDiv hw, int channel0,
-                                              const T* bias_row) const {
+  // Sums of the loaded elements plus their channel's input bias (bias_row: the image's row of input_bias,
+  // nullptr for none), about the thread's first value (see group_norm_stats_nchw for why per thread).
+  __device__ __forceinline__ ShiftedSums sums(uint32_t L, FastDiv hw, int channel0, const T* bias_row) const {
     ShiftedSums acc;
-    acc.shift = shift;
+    if (first < L) acc.shift = to_float(v[0].v[0]) + (bias_row ? input_bias_of(bias_row, channel0 + int(hw.div(first))) : 0.f);
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const uint32_t i = first + u * kStride;
