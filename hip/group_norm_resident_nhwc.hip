@@ -60,25 +60,25 @@ Workspace workspace_of(const GroupNormArgs& a, const ResidentPlan& p) {
                    reinterpret_cast<float2*>(base + counter_bytes(a) + partial_bytes(a, p))};
 }
 
-// Merges the `chunks` partials of group g of one image (all threads of the block take part): fp64 sums about
-// the first chunk's mean (S1 = sum n_b d_b, S2 = sum M2_b + n_b d_b^2 with d_b = mean_b - shift), each
-// thread loading its chunks at once, then a fixed shuffle tree and the waves in order: the same bits on
-// every run. fp64 because a group holds up to millions of elements; these few hundred additions per group
-// are off the per-element path. Only whole waves take part in the shuffles (every lane must be active; a
-// block has >= 128 threads, see the plan). `scratch`: 3 doubles per wave. Contains __syncthreads.
+// Merges the `chunks` partials of group g of one image (all threads of the block take part): fp64 sums
+// S1 = sum n_b mean_b and S2 = sum M2_b + n_b mean_b^2, each thread loading its chunks at once, then a fixed
+// shuffle tree and the waves in order: the same bits on every run. In fp64, var = S2/N - (S1/N)^2 loses
+// ~log2(mean^2 / var) of 53 bits, harmless for any 16-bit or fp32 activation, so no shift is needed (a
+// shift would cost another round trip to L2 on the critical path). Only whole waves take part in the
+// shuffles (every lane must be active; a block has >= 128 threads, see the plan). `scratch`: 3 doubles per
+// wave. Contains __syncthreads.
 __device__ __forceinline__ float2 merge_group(const WelfordStats* image_partials, uint32_t chunks, int groups, int g,
                                               float eps, double* scratch) {
   const int waves = int(blockDim.x / RSD_WAVE);
   if (wave_id() < waves) {
-    const float shift = load_coherent(&image_partials[g].mean);
     double n = 0.0, s1 = 0.0, s2 = 0.0;
 #pragma unroll 2
     for (uint32_t j = threadIdx.x; j < chunks; j += uint32_t(waves * RSD_WAVE)) {
       const float* p = reinterpret_cast<const float*>(image_partials + size_t(j) * groups + g);
-      const double nb = load_coherent(p), d = double(load_coherent(p + 1)) - shift, m2 = load_coherent(p + 2);
+      const double nb = load_coherent(p), mean = load_coherent(p + 1), m2 = load_coherent(p + 2);
       n += nb;
-      s1 += nb * d;
-      s2 += m2 + nb * d * d;
+      s1 += nb * mean;
+      s2 += m2 + nb * mean * mean;
     }
 #pragma unroll
     for (int offset = RSD_WAVE / 2; offset > 0; offset /= 2) {
@@ -91,7 +91,6 @@ __device__ __forceinline__ float2 merge_group(const WelfordStats* image_partials
       scratch[3 * wave_id() + 1] = s1;
       scratch[3 * wave_id() + 2] = s2;
     }
-    if (threadIdx.x == 0) scratch[3 * RSD_MAX_WAVES_PER_BLOCK] = shift;
   }
   __syncthreads();
   double n = 0.0, s1 = 0.0, s2 = 0.0;
@@ -100,26 +99,25 @@ __device__ __forceinline__ float2 merge_group(const WelfordStats* image_partials
     s1 += scratch[3 * w + 1];
     s2 += scratch[3 * w + 2];
   }
-  const double shift = scratch[3 * RSD_MAX_WAVES_PER_BLOCK];
   __syncthreads();  // scratch may be reused
-  const double mean_d = n > 0.0 ? s1 / n : 0.0;
-  const double var = n > 0.0 ? fmax(s2 / n - mean_d * mean_d, 0.0) : 0.0;  // biased, as torch
-  return make_float2(float(shift + mean_d), rsqrtf(float(var) + eps));
+  const double mean = n > 0.0 ? s1 / n : 0.0;
+  const double var = n > 0.0 ? fmax(s2 / n - mean * mean, 0.0) : 0.0;  // biased, as torch
+  return make_float2(float(mean), rsqrtf(float(var) + eps));
 }
 
 template <class T, class P, int VEC, bool SILU>
 __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 caps a 512-thread kernel at 64 registers and spills
     group_norm_resident_nhwc(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma,
                              const P* __restrict__ beta, int64_t hw, int c, int groups, int threads_per_row,
-                             int rows_per_iter, int rows_per_block, uint32_t blocks_per_image, float eps,
-                             const T* __restrict__ input_bias, Workspace ws) {
+                             int rows_per_iter, int rows_per_block, uint32_t blocks_per_image, bool tickets,
+                             float eps, const T* __restrict__ input_bias, Workspace ws) {
   constexpr int kU = kLoads<T, VEC>;
   __shared__ WelfordStats per_thread[kMaxThreads];
-  __shared__ double merge_scratch[3 * RSD_MAX_WAVES_PER_BLOCK + 1];
+  __shared__ double merge_scratch[3 * RSD_MAX_WAVES_PER_BLOCK];
   __shared__ unsigned ticket_shared;
   const bool exchange = blocks_per_image > 1;
   unsigned ticket = blockIdx.x;
-  if (exchange) {
+  if (tickets) {
     if (threadIdx.x == 0) ticket_shared = atomicAdd(ws.ticket, 1u);
     __syncthreads();
     ticket = ticket_shared;
@@ -140,6 +138,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
   float bias[VEC];  // this thread's channels are fixed: their input biases are loaded once
 #pragma unroll
   for (int k = 0; k < VEC; ++k) bias[k] = input_bias_of(input_bias ? input_bias + n * c : nullptr, c0 + k);
+  float weight[VEC], shift_out[VEC];  // gamma and beta, loaded before the exchange, not after it
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    weight[k] = gamma ? to_float(gamma[c0 + k]) : 1.f;
+    shift_out[k] = beta ? to_float(beta[c0 + k]) : 0.f;
+  }
 
   Vec<T, VEC> v[kU];
   const T* xr = x + offset;
@@ -197,9 +201,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
 
   const int g = c0 / (c / groups);
   const float2 mr = make_float2(load_coherent(&image_mean_rstd[g].x), load_coherent(&image_mean_rstd[g].y));
-  float a[VEC], b[VEC];
+  float a[VEC], b[VEC];  // y = x * a + b, as scale_shift() in group_norm_impl.h
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) scale_shift(gamma, beta, c0 + k, mr, a[k], b[k], bias[k]);
+  for (int k = 0; k < VEC; ++k) {
+    a[k] = mr.y * weight[k];
+    b[k] = fmaf(bias[k] - mr.x, a[k], shift_out[k]);
+  }
   T* yr = y + offset;
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -259,8 +266,14 @@ bool resident_nhwc_plan(const GroupNormArgs& a, ResidentPlan* plan) {
       capacity = resident_capacity<T, VEC>(a.device, p.threads);
     });
   });
+  // Small images: fewer rows per block, so that there are at least as many blocks as groups and each block
+  // merges at most one group (the merges are on every block's critical path).
+  if (a.hw / p.rows_per_block < a.groups) p.rows_per_block = std::max<int64_t>(1, std::min(p.rows_per_block, a.hw / a.groups));
   p.blocks_per_image = ceil_div(a.hw, p.rows_per_block);
   if (p.blocks_per_image > 1 && p.blocks_per_image > capacity / kMinFreeFraction) return false;
+  // A grid within the same margin needs no tickets: all its blocks fit beside another such kernel, so every
+  // block becomes resident whatever order the hardware starts them in, and blockIdx can name the chunk.
+  p.tickets = p.blocks_per_image > 1 && a.n * p.blocks_per_image > capacity / kMinFreeFraction;
   if (a.n * p.blocks_per_image > (int64_t(1) << 31)) return false;  // grid x and tickets
   if (a.hw * a.c >= (int64_t(1) << 31)) return false;                 // 32-bit offsets within an image
   *plan = p;
@@ -289,7 +302,8 @@ hipError_t resident_nhwc_launch(const GroupNormArgs& a, const ResidentPlan& p) {
           kernel_of<T, P, VEC, decltype(silu_tag)::value>()<<<blocks, p.threads, 0, stream>>>(
               static_cast<const T*>(a.x), static_cast<T*>(a.y), static_cast<const P*>(a.gamma),
               static_cast<const P*>(a.beta), a.hw, int(a.c), a.groups, p.threads_per_row, p.rows_per_iter,
-              int(p.rows_per_block), uint32_t(p.blocks_per_image), a.eps, static_cast<const T*>(a.input_bias), ws);
+              int(p.rows_per_block), uint32_t(p.blocks_per_image), p.tickets, a.eps,
+              static_cast<const T*>(a.input_bias), ws);
         });
       });
     });

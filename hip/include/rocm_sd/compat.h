@@ -151,9 +151,12 @@ __device__ __forceinline__ float load_coherent(const float* p) {
 
 // Spins until *counter >= target. Returns false after a bound of several seconds instead of hanging
 // forever: the caller then traps, which the host sees as a launch failure rather than a frozen GPU.
+// The first polls do not sleep: the waits of the single-pass kernels are short (microseconds), and a sleep
+// can overshoot what it asks for.
 __device__ __forceinline__ bool wait_at_least(const unsigned* counter, unsigned target) {
   for (uint32_t spins = 0; spins < (1u << 26); ++spins) {
     if (load_acquire(counter) >= target) return true;
+    if (spins < 32) continue;
 #if defined(RSD_PLATFORM_CUDA)
     __nanosleep(64);
 #else

@@ -38,6 +38,7 @@ struct ResidentPlan {
   // hold rows_per_block pixel rows of one image; an image's blocks share its statistics.
   int threads = 0, threads_per_row = 0, rows_per_iter = 0;
   int64_t rows_per_block = 0, blocks_per_image = 0;
+  bool tickets = true;  // blocks take their chunk from an atomic counter (see the kernel) or from blockIdx
 };
 // False when the blocks sharing statistics (a group's in NCHW, an image's in NHWC) cannot all be
 // resident on the device at once.
