@@ -3,10 +3,10 @@
 //   y = act((x - mean[n,g]) * rstd[n,g] * gamma[c] + beta[c]),  act = SiLU or identity
 //
 // Statistics in fp32 (shifted sums within a block, Chan's formula across blocks). Two paths
-// (group_norm_impl.h): NCHW groups of at most one block (8 K fp16 elements) and NHWC images whose
-// blocks fit on the device at once take a single launch (group_norm_resident.hip,
-// group_norm_resident_nhwc.hip); everything else takes the three launches of group_norm_split.hip (two
-// reads of x, the second partly from L2). See choose() below and bench/notes/group_norm.md.
+// (group_norm_impl.h): NCHW groups and NHWC images of at most one block take a single launch
+// (group_norm_resident.hip, group_norm_resident_nhwc.hip); everything else takes the three launches of
+// group_norm_split.hip (two reads of x, the second partly from L2) unless the tuner chose the resident
+// path, which also exchanges statistics between blocks within its one launch. See choose() below and bench/notes/group_norm.md.
 // Why split groups over blocks at all: torch's GroupNorm runs one block per (n, g) for its statistics,
 // 64 blocks for an SD batch of 2 and 32 for the VAE at batch 1, far too few to fill a GPU.
 #include "rocm_sd/device.h"
@@ -40,17 +40,16 @@ struct Choice {
 };
 
 // The path for these arguments, or an error when a forced path cannot take them.
-// automatic, NCHW: resident for groups that fit one block (one launch, one pass, no exchange), split
-// otherwise: with an exchange between a group's blocks the resident path measured slower than split at
-// every SD shape on H200 (bench/notes/group_norm.md).
-// automatic, NHWC: resident whenever an image's blocks fit on the device at once (the UNet's images);
-// split for larger ones (the VAE's).
+// automatic: resident when no exchange between blocks is needed (an NCHW group or an NHWC image in one
+// block: one launch, one pass), split otherwise. With an exchange the resident paths measured no faster
+// than split at the SD shapes on H200, in either layout (bench/notes/group_norm.md); the tuner still
+// measures them per shape (candidate rocm_sd:resident).
 std::string choose(const GroupNormArgs& a, Choice* c) {
   const bool resident = a.path != GroupNormPath::split && gn::resident_plan(a, &c->resident);
   if (a.path == GroupNormPath::resident && !resident)
     return "the resident GroupNorm path cannot hold a group of this size and layout on this device";
-  const bool wanted = a.path == GroupNormPath::resident || a.layout == Layout::nhwc ||
-                      c->resident.blocks_per_group == 1;
+  const bool one_block = a.layout == Layout::nchw ? c->resident.blocks_per_group == 1 : c->resident.blocks_per_image == 1;
+  const bool wanted = a.path == GroupNormPath::resident || one_block;
   c->path = resident && wanted ? GroupNormPath::resident : GroupNormPath::split;
   return std::string();
 }

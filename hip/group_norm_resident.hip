@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(kThreads)
   chunk.load(xg, part, L);
   const int channel0 = int(ng % groups) * cg;
   const T* bias_row = input_bias ? input_bias + (ng / groups) * int64_t(groups) * cg : nullptr;
-  WelfordStats s = block_reduce(chunk.sums(L, hw, channel0, bias_row).stats(), scratch);
+  const float shift = to_float(xg[part * uint32_t(kChunkElems<T>)]);  // one value of the chunk (16-bit types)
+  WelfordStats s = block_stats<T>(chunk.sums(L, shift, hw, channel0, bias_row), scratch);
 
   if (exchange) {
     WelfordStats* group_partials = partials + ng * blocks_per_group;

@@ -21,8 +21,10 @@
 // wait on blocks that have not started, and the plan keeps blocks_per_image <= half of the resident
 // blocks. A wait past seconds traps instead of hanging.
 //
-// Meant for the UNet's small images (1-10 MB), where the three launches of the split path cost more
-// than the data: bench/notes/group_norm.md.
+// Built for the UNet's small images (0.3-5 MB), where the three launches of the split path cost more than
+// the data; measured on H200 it is on par with split there (the two grid-wide waits cost what the launches
+// did), faster at some shapes and slower at others, so it runs where the tuner measured it faster, or
+// when an image fits one block (no exchange): bench/notes/group_norm.md.
 #include "rocm_sd/device.h"
 #include "rocm_sd/group_norm_impl.h"
 
@@ -266,9 +268,10 @@ bool resident_nhwc_plan(const GroupNormArgs& a, ResidentPlan* plan) {
       capacity = resident_capacity<T, VEC>(a.device, p.threads);
     });
   });
-  // Small images: fewer rows per block, so that there are at least as many blocks as groups and each block
-  // merges at most one group (the merges are on every block's critical path).
-  if (a.hw / p.rows_per_block < a.groups) p.rows_per_block = std::max<int64_t>(1, std::min(p.rows_per_block, a.hw / a.groups));
+  // Small images of several blocks: fewer rows per block, so that there are at least as many blocks as groups
+  // and each block merges at most one group (the merges are on every block's critical path). An image that
+  // fits one block stays in one: no exchange at all.
+  if (a.hw > p.rows_per_block && a.hw / p.rows_per_block < a.groups) p.rows_per_block = std::max<int64_t>(1, std::min(p.rows_per_block, a.hw / a.groups));
   p.blocks_per_image = ceil_div(a.hw, p.rows_per_block);
   if (p.blocks_per_image > 1 && p.blocks_per_image > capacity / kMinFreeFraction) return false;
   // A grid within the same margin needs no tickets: all its blocks fit beside another such kernel, so every

@@ -109,10 +109,10 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
   ShiftedSums acc;
   const int64_t stride = int64_t(blockDim.x) * VEC;
   int64_t i = begin + int64_t(threadIdx.x) * VEC;
-  // The thread's first value (with its channel's input bias) keeps its sums small. One value per thread,
-  // not per block: a single outlier as the shift of a whole block's sums costs the group's variance up to
-  // ~log2(16 K) bits (the sums cancel), one of a thread's few dozen values far less.
-  if (i < end) acc.shift = to_float(base[i]) + (bias_row ? input_bias_of(bias_row, int(hw.div(uint32_t(i)))) : 0.f);
+  // One value of the chunk keeps the sums small: the block's first, or the thread's (per_thread_shift).
+  acc.shift = to_float(base[begin]);
+  if (per_thread_shift<T>() && i < end)
+    acc.shift = to_float(base[i]) + (bias_row ? input_bias_of(bias_row, int(hw.div(uint32_t(i)))) : 0.f);
   for (; i + (kUnroll - 1) * stride < end; i += kUnroll * stride) {
     Vec<T, VEC> v[kUnroll];
 #pragma unroll
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
   for (; i < end; i += stride) {
     acc.add(load_vec<T, VEC>(base + i), bias_row ? input_bias_of(bias_row, int(hw.div(uint32_t(i)))) : 0.f);
   }
-  const WelfordStats s = block_reduce(acc.stats(), scratch);  // a shift per thread: Welford merges
+  const WelfordStats s = block_stats<T>(acc, scratch);
   if (threadIdx.x == 0) {
     if (final_out != nullptr)  // one block per group: no finalize launch needed
       final_out[ng] = mean_rstd_of(s, eps);

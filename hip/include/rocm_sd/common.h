@@ -73,7 +73,8 @@ __device__ __forceinline__ WelfordStats welford_merge(WelfordStats a, WelfordSta
 
 // Per-thread accumulator: sums of (x - shift), with the shift one value of the same data (set before
 // the first add), so that the sums do not cancel catastrophically when the mean is large compared to
-// the spread. Converted to WelfordStats before values from different threads are combined. No per-element bookkeeping: at
+// the spread. Threads sharing a shift can be summed directly (block_sum); otherwise converted to
+// WelfordStats before values from different threads are combined. No per-element bookkeeping: at
 // memory speed a GroupNorm has ~15 instructions per element to spend in all (see
 // bench/notes/group_norm.md), so the count advances per vector.
 struct ShiftedSums {
@@ -155,6 +156,32 @@ __device__ __forceinline__ WelfordStats block_reduce(WelfordStats s, float* scra
   for (int w = 1; w < waves; ++w) r = welford_merge(r, per_wave[w]);
   __syncthreads();  // scratch may be reused by the caller
   return r;
+}
+
+// Sum of per-thread ShiftedSums that all use the same shift: plain additions, no Welford merges (a
+// merge costs a division; at memory speed every instruction per element counts).
+__device__ __forceinline__ ShiftedSums block_sum(ShiftedSums s, float* scratch) {
+#pragma unroll
+  for (int offset = RSD_WAVE / 2; offset > 0; offset /= 2) {
+    s.sum += shfl_xor(s.sum, offset);
+    s.sumsq += shfl_xor(s.sumsq, offset);
+    s.n += shfl_xor(s.n, offset);
+  }
+  const int waves = (blockDim.x + RSD_WAVE - 1) / RSD_WAVE;
+  if (lane_id() == 0) {
+    scratch[3 * wave_id()] = s.sum;
+    scratch[3 * wave_id() + 1] = s.sumsq;
+    scratch[3 * wave_id() + 2] = s.n;
+  }
+  __syncthreads();
+  s.sum = s.sumsq = s.n = 0.f;
+  for (int w = 0; w < waves; ++w) {
+    s.sum += scratch[3 * w];
+    s.sumsq += scratch[3 * w + 1];
+    s.n += scratch[3 * w + 2];
+  }
+  __syncthreads();
+  return s;
 }
 
 __device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }

@@ -120,6 +120,26 @@ __device__ __forceinline__ WelfordStats merge_partials(const WelfordStats* parti
   return r;
 }
 
+// ---- block statistics of NCHW chunks ----
+// What the sums of a thread are shifted by. fp32 inputs: each thread's own first value, the threads' results
+// then combined by Welford merges (block_reduce): a single outlier as the shift of a whole block's sums would
+// cost the variance up to ~log2(block elements) ~ 14 of fp32's 24 bits, ten times PyTorch's error in fp32
+// results. 16-bit inputs: one value shared by the block, the threads' sums added plainly (block_sum, no
+// divisions: ~6% faster at the VAE's largest shapes on H200); the worst case leaves ~10 bits, about what a
+// 16-bit output holds, and only when the chunk's first value is far outside the rest.
+template <class T>
+__host__ __device__ constexpr bool per_thread_shift() {
+  return std::is_same<T, float>::value;
+}
+
+template <class T>
+__device__ __forceinline__ WelfordStats block_stats(const ShiftedSums& acc, float* scratch) {
+  if constexpr (per_thread_shift<T>())
+    return block_reduce(acc.stats(), scratch);
+  else
+    return block_sum(acc, scratch).stats();
+}
+
 // ---- a chunk of one NCHW group held in registers (the single-pass kernels) ----
 // kChunkThreads threads, each holding kChunkBytesPerThread bytes: vector u of a thread starts at
 // element first + u * kChunkThreads * VEC, so each load instruction of the block covers consecutive
@@ -147,10 +167,13 @@ struct RegisterChunk {
   }
 
   // Sums of the loaded elements plus their channel's input bias (bias_row: the image's row of input_bias,
-  // nullptr for none), about the thread's first value (see group_norm_stats_nchw for why per thread).
-  __device__ __forceinline__ ShiftedSums sums(uint32_t L, FastDiv hw, int channel0, const T* bias_row) const {
+  // nullptr for none), about `shift` or, with per_thread_shift<T>, about the thread's first value.
+  __device__ __forceinline__ ShiftedSums sums(uint32_t L, float shift, FastDiv hw, int channel0,
+                                              const T* bias_row) const {
     ShiftedSums acc;
-    if (first < L) acc.shift = to_float(v[0].v[0]) + (bias_row ? input_bias_of(bias_row, channel0 + int(hw.div(first))) : 0.f);
+    acc.shift = shift;
+    if (per_thread_shift<T>() && first < L)
+      acc.shift = to_float(v[0].v[0]) + (bias_row ? input_bias_of(bias_row, channel0 + int(hw.div(first))) : 0.f);
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const uint32_t i = first + u * kStride;
