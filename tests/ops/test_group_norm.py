@@ -218,7 +218,7 @@ def test_path_choice_at_sd_shapes(shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2, 64, 4, 4), (3, 96, 7, 9), (2, 1280, 1, 1)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 64, 4, 4), (3, 96, 7, 9)], ids=str)  # not 1x1: that is NCHW too
 def test_nhwc_image_of_one_block_takes_the_resident_path(shape):
     x = make_inputs(shape, 32, torch.float16, "cuda", channels_last=True)[0]
     assert describe(x, 32).startswith("resident") and "blocks_per_image=1" in describe(x, 32), describe(x, 32)
