@@ -7,6 +7,8 @@ Engines (shared/PERF.md names):
                            VAE decode compiled with mode="reduce-overhead", fullgraph
   rocm_sd                  rocm_sd.optimize(pipe) with its default flags
   rocm_sd+compile          rocm_sd kernels (no rocm_sd graphs) under torch.compile reduce-overhead
+  onnxruntime              the UNet exported with torch.onnx and run by ONNX Runtime (rocm_sd/onnx_engine.py);
+                           a row saying why not when no ONNX Runtime with a GPU provider is installed
 With --ablation, one more rocm_sd row per optimization flag, toggled from its default.
 
 Per engine: the first call (compilation or capture included), then the median of --repeats calls,
@@ -29,9 +31,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from . import models, patch, platform
+from . import models, onnx_engine, patch, platform
 
-ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile")
+ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile", "onnxruntime")
 PROMPT = "a watercolor painting of a lighthouse at dawn"
 
 
@@ -61,8 +63,15 @@ def _engine(name: str, pipe, flags: dict[str, bool]):
         elif name == "rocm_sd+compile":
             patch.optimize(pipe, **{**flags, "cuda_graph": False})
             pipe.unet = torch.compile(unet, mode="reduce-overhead", fullgraph=True)
+        elif name == "onnxruntime":
+            providers, why = onnx_engine.providers_for(unet.device)
+            if why:
+                raise RuntimeError(why)
+            pipe.unet = onnx_engine.OrtUNet(unet, providers)
         yield
     finally:
+        if isinstance(pipe.unet, onnx_engine.OrtUNet):
+            pipe.unet.close()
         pipe.unet = unet
         if name == "compile-reduce-overhead":
             pipe.vae.__dict__.pop("decode", None)
@@ -146,6 +155,11 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     rows, eager_out, profiles = [], None, {}
     progress = tqdm(total=len(runs) * (1 + warmup + repeats), desc="rocm_sd bench", unit="run")
     for engine, flags, label in runs:
+        why_not = onnx_engine.providers_for(device)[1] if engine == "onnxruntime" else None
+        if why_not:  # an optional engine: a row that says why, not a failed benchmark
+            rows.append({"engine": engine, "label": label, "model": model, "skipped": why_not})
+            progress.update(1 + warmup + repeats)
+            continue
         if on_gpu:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -186,10 +200,13 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
 
 
 def _table(rows: list[dict]) -> str:
-    eager = next((r["median_s"] for r in rows if r["label"] == "eager"), None)
+    eager = next((r["median_s"] for r in rows if r["label"] == "eager" and "median_s" in r), None)
     lines = ["| engine | median s | it/s | vs eager | first call s | peak MB | PSNR dB | max latent diff |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['label']} | not run: {r['skipped']} | | | | | | |")
+            continue
         speedup = f"{eager / r['median_s']:.2f}x" if eager else "-"
         psnr = r.get("psnr_db", "-")
         diff = f"{r['max_latent_diff']:.3g}" if "max_latent_diff" in r else "-"
@@ -207,6 +224,7 @@ def bar_chart(rows: list[dict], path: str, title: str) -> None:
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     draw.text((pad, pad), title, fill="black")
+    rows = [r for r in rows if "median_s" in r]
     longest = max(r["median_s"] for r in rows)
     for i, r in enumerate(rows):
         y = pad * 2 + row_h * (i + 1)

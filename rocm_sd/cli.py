@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--warmup", type=int, default=2, help="untimed calls after the first")
     bench.add_argument("--engines", default=None,
-                       help="comma-separated, from: eager, compile, compile-reduce-overhead, rocm_sd, rocm_sd+compile "
-                            "(default: all on a GPU, eager,rocm_sd on a CPU)")
+                       help="comma-separated, from: eager, compile, compile-reduce-overhead, rocm_sd, rocm_sd+compile, "
+                            "onnxruntime (default: all on a GPU, eager,rocm_sd on a CPU)")
     bench.add_argument("--ablation", action="store_true", help="one more rocm_sd row per optimize() flag toggled")
     bench.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
     bench.add_argument("--out", default="bench/results", help="folder for the .md/.json results ('' to skip)")
