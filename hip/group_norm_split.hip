@@ -32,6 +32,7 @@ __host__ __device__ constexpr int nhwc_unroll() {
 }
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
 constexpr int kMinBlocksPerSm = 2;    // split groups further until the grid covers the GPU twice
+constexpr int kMaxBlocksPerSmNhwc = 4;  // and channels_last images no further than this (see make_plan)
 // NHWC blocks hold one pixel row of C / vec threads at least (kMaxThreadsNhwc in group_norm_impl.h).
 // Rows up to 512 threads use kernels compiled for 512-thread blocks (128 registers a thread, no
 // spills); wider rows use a second instantiation under the 64-register cap of 1024-thread blocks.
@@ -79,6 +80,12 @@ Plan make_plan(const GroupNormArgs& a) {
     p.rows_per_iter = std::max(1, kThreads / p.threads_per_row);
     p.threads = p.threads_per_row * p.rows_per_iter;
     int64_t rows = std::max<int64_t>(p.rows_per_iter, kChunkElems / a.c);
+    // Large images: at most kMaxBlocksPerSmNhwc blocks a multiprocessor, each covering more rows. A block per
+    // 16 K elements gave the VAE's 1024x1024 images 2048 blocks an image, and the finalize pass 2048 partials
+    // per group to merge in one wave; measured on H200 (bench/notes/group_norm.md) 2-8 blocks an SM were all
+    // faster, 4 best: (1, 128, 1024, 1024) 315 -> 226 us, (1, 512, 256, 256) 80 -> 69 us.
+    const int64_t max_blocks = int64_t(kMaxBlocksPerSmNhwc) * device_attribute(a.device, Attr::multiprocessors, 80);
+    if (a.n * ceil_div(a.hw, rows) > max_blocks) rows = ceil_div(a.n * a.hw, max_blocks);
     int64_t splits = ceil_div(a.hw, rows);
     if (a.n * splits < want_blocks) splits = ceil_div(want_blocks, a.n);
     splits = std::max<int64_t>(1, std::min(splits, ceil_div(a.hw, p.rows_per_iter)));
@@ -183,6 +190,7 @@ __global__ void group_norm_finalize(const WelfordStats* __restrict__ partials, i
   const int64_t ng = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / RSD_WAVE;
   if (ng >= ng_count) return;  // whole waves leave together: ng is uniform within a wave
   WelfordStats s = {0.f, 0.f, 0.f};
+#pragma unroll 4
   for (int64_t i = lane_id(); i < splits; i += RSD_WAVE) s = welford_merge(s, partials[ng * splits + i]);
   s = wave_reduce(s);
   if (lane_id() == 0) mean_rstd[ng] = mean_rstd_of(s, eps);
