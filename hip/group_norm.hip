@@ -75,7 +75,7 @@ std::string group_norm_describe(const GroupNormArgs& a) {
   if (c.path == GroupNormPath::resident)
     return "resident vec=" + std::to_string(c.resident.vec) +
            " blocks_per_group=" + std::to_string(c.resident.blocks_per_group);
-  return "split vec=" + std::to_string(gn::pick_vec(a));
+  return "split vec=" + std::to_string(gn::split_vec(a));
 }
 
 std::string group_norm_forward(const GroupNormArgs& a) {

@@ -50,7 +50,24 @@ struct Plan {
   int64_t plane_chunk = 0;    // elements of a plane per apply block
   int64_t plane_splits = 0;   // apply blocks per plane
   bool streaming = false;     // write y with streaming stores
+  int groups_per_vec = 1;     // NHWC: groups a vector spans (2: twice the widest vector inside a group)
 };
+
+// channels_last vectors may span two groups where a group is narrower than the widest access: the VAE's
+// largest tensors have 4 channels a group (C = 128, 32 groups), which alone would allow 8-byte vectors.
+// Twice a group's width, when that is at most 16 bytes, divides C and the pointers are aligned for it.
+void pick_nhwc_vec(const GroupNormArgs& a, Plan* p) {
+  const int64_t cg = a.c / a.groups;
+  const int eb = elem_bytes(a.dtype);
+  p->vec = pick_vec(a);
+  p->groups_per_vec = 1;
+  const int64_t wider = 2 * cg;
+  if (p->vec == cg && wider * eb <= 16 && a.c % wider == 0 && a.c / wider <= 512 && aligned(a.x, int(wider) * eb) &&
+      aligned(a.y, int(wider) * eb)) {
+    p->vec = int(wider);
+    p->groups_per_vec = 2;
+  }
+}
 
 Plan make_plan(const GroupNormArgs& a) {
   Plan p;
@@ -76,6 +93,7 @@ Plan make_plan(const GroupNormArgs& a) {
       p.plane_splits = ceil_div(a.hw, p.plane_chunk);
     }
   } else {
+    pick_nhwc_vec(a, &p);
     p.threads_per_row = int(a.c / p.vec);
     p.rows_per_iter = std::max(1, kThreads / p.threads_per_row);
     p.threads = p.threads_per_row * p.rows_per_iter;
@@ -141,22 +159,40 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
   }
 }
 
+// Adds a vector of GPV groups' channels (VEC / GPV each) plus their input biases to one accumulator per group.
+template <class T, int VEC, int GPV>
+__device__ __forceinline__ void add_by_group(ShiftedSums (&acc)[GPV], const Vec<T, VEC>& v, const float (&bias)[VEC]) {
+  constexpr int kPart = VEC / GPV;
+#pragma unroll
+  for (int j = 0; j < GPV; ++j) {
+#pragma unroll
+    for (int k = j * kPart; k < (j + 1) * kPart; ++k) {
+      const float d = to_float(v.v[k]) + (bias[k] - acc[j].shift);
+      acc[j].sum += d;
+      acc[j].sumsq = fmaf(d, d, acc[j].sumsq);
+    }
+    acc[j].n += float(kPart);
+  }
+}
+
 // Grid (splits, n). x: (N, HW, C). Thread (row r, column t) reads channels [t*VEC, t*VEC+VEC) of
-// pixels r, r + rows_per_iter, ...: its vectors all lie in one group (VEC divides C / groups).
-template <class T, int VEC, int MAX_THREADS>
+// pixels r, r + rows_per_iter, ...: its vectors lie in one group (VEC divides C / groups), or in two
+// (GPV = 2: VEC = 2 C / groups), each with its own accumulator.
+template <class T, int VEC, int GPV, int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __restrict__ x, int64_t hw, int c, int groups,
                                                               int64_t chunk, int threads_per_row, int rows_per_iter,
                                                               WelfordStats* __restrict__ partials,
                                                               const T* __restrict__ input_bias) {
-  __shared__ WelfordStats per_thread[MAX_THREADS];
+  __shared__ WelfordStats per_thread[MAX_THREADS * GPV];
   const int64_t n = blockIdx.y;
   const int col = threadIdx.x % threads_per_row;
   const int row = threadIdx.x / threads_per_row;
   const int64_t begin = int64_t(blockIdx.x) * chunk;
   const int64_t end = min64(begin + chunk, hw);
   const T* base = x + n * hw * c + col * VEC;
-  ShiftedSums acc;
-  acc.shift = to_float(base[begin * c]);
+  ShiftedSums acc[GPV];
+#pragma unroll
+  for (int j = 0; j < GPV; ++j) acc[j].shift = to_float(base[begin * c + j * (VEC / GPV)]);
   float bias[VEC];  // this thread's channels are fixed: their input biases are loaded once
 #pragma unroll
   for (int k = 0; k < VEC; ++k) bias[k] = input_bias_of(input_bias ? input_bias + n * c : nullptr, col * VEC + k);
@@ -168,18 +204,20 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
 #pragma unroll
     for (int u = 0; u < kU; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) acc.add(v[u], bias);
+    for (int u = 0; u < kU; ++u) add_by_group(acc, v[u], bias);
   }
-  for (; r < end; r += step) acc.add(load_vec<T, VEC>(base + r * c), bias);
-  per_thread[threadIdx.x] = acc.stats();
+  for (; r < end; r += step) add_by_group(acc, load_vec<T, VEC>(base + r * c), bias);
+#pragma unroll
+  for (int j = 0; j < GPV; ++j) per_thread[threadIdx.x * GPV + j] = acc[j].stats();
   __syncthreads();
   // One thread per group merges the (rows_per_iter x cols_per_group) thread results of the group.
-  const int cols_per_group = c / groups / VEC;
+  const int cols_per_group = GPV > 1 ? 1 : c / groups / VEC;
   for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    const int first_col = (g / GPV) * cols_per_group, j = g % GPV;
     WelfordStats s = {0.f, 0.f, 0.f};
     for (int rr = 0; rr < rows_per_iter; ++rr)
       for (int k = 0; k < cols_per_group; ++k)
-        s = welford_merge(s, per_thread[rr * threads_per_row + g * cols_per_group + k]);
+        s = welford_merge(s, per_thread[(rr * threads_per_row + first_col + k) * GPV + j]);
     partials[(n * groups + g) * gridDim.x + blockIdx.x] = s;
   }
 }
@@ -272,11 +310,12 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
   const int col = threadIdx.x % threads_per_row;
   const int row = threadIdx.x / threads_per_row;
   const int c0 = col * VEC;
-  const float2 mr = mean_rstd[n * groups + c0 / (c / groups)];
+  const int cg = c / groups;
   float a[VEC], b[VEC];
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    scale_shift(gamma, beta, c0 + k, mr, a[k], b[k], input_bias_of(input_bias ? input_bias + n * c : nullptr, c0 + k));
+  for (int k = 0; k < VEC; ++k) {  // a vector may span two groups (see pick_nhwc_vec)
+    scale_shift(gamma, beta, c0 + k, mean_rstd[n * groups + (c0 + k) / cg], a[k], b[k],
+                input_bias_of(input_bias ? input_bias + n * c : nullptr, c0 + k));
   }
   const int64_t begin = split * chunk;
   const int64_t end = min64(begin + chunk, hw);
@@ -298,6 +337,8 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
 }
 
 }  // namespace
+
+int split_vec(const GroupNormArgs& a) { return make_plan(a).vec; }
 
 size_t split_workspace_bytes(const GroupNormArgs& a) {
   const Plan p = make_plan(a);
@@ -327,7 +368,9 @@ hipError_t split_launch(const GroupNormArgs& a) {
               x, cg * a.hw, p.chunk, partials, single_block_groups ? mean_rstd : nullptr, a.eps, input_bias,
               FastDiv(uint32_t(a.hw)), cg, a.groups);
         } else {
-          auto stats = p.threads <= 512 ? group_norm_stats_nhwc<T, VEC, 512> : group_norm_stats_nhwc<T, VEC, 1024>;
+          auto stats = p.threads > 512            ? group_norm_stats_nhwc<T, VEC, 1, 1024>
+                       : p.groups_per_vec == 1 ? group_norm_stats_nhwc<T, VEC, 1, 512>
+                                               : group_norm_stats_nhwc<T, VEC, VEC >= 2 ? 2 : 1, 512>;
           stats<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
               x, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter, partials, input_bias);
         }

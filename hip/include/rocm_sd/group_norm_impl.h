@@ -54,6 +54,7 @@ hipError_t resident_nhwc_launch(const GroupNormArgs& a, const ResidentPlan& p);
 // The split path's channels_last kernels hold a pixel row (C / vec threads) in one block.
 constexpr int kMaxThreadsNhwc = 1024;
 size_t split_workspace_bytes(const GroupNormArgs& a);
+int split_vec(const GroupNormArgs& a);  // the split path's vector width (NHWC vectors may span two groups)
 hipError_t split_launch(const GroupNormArgs& a);
 
 // ---- device math ----
