@@ -42,6 +42,9 @@ def main() -> None:
     for shape in ((2, 24, 9, 40), (3, 12, 4, 4), (1, 6, 5, 6), (3, 5, 7, 9)):  # vector widths 8, 4, 2, 1; partial tiles
         x = torch.randn(shape, device=dev, dtype=h)
         layout_copy_kernel(layout_copy_kernel(x, True), False)
+    for dtype in (h, torch.float32):  # the shared-memory kernel: whole 64 x 64 tiles
+        x = torch.randn(2, 64, 8, 16, device=dev, dtype=dtype)
+        layout_copy_kernel(layout_copy_kernel(x, True), False)
     # Attention: every instance at its padded head dim, with query and key tails (130 queries, 97 keys)
     # and packed K / V views.
     for name in instances():

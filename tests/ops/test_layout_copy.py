@@ -53,8 +53,18 @@ def test_kernel_copies_exactly(shape, dtype, to_channels_last):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_misaligned_tensor_takes_the_register_kernel(dtype):
+    base = torch.randn(1 + 2 * 64 * 8 * 8, device="cuda").to(dtype)
+    x = base[1:].view(2, 64, 8, 8)  # sizes of whole 64 x 64 tiles, but not 16-byte aligned
+    assert "tile" not in describe(x, True), describe(x, True)
+    assert torch.equal(layout_copy_kernel(x, True), x)
+
+
+@pytest.mark.gpu
 def test_vector_width_follows_the_sizes_and_the_op_runs_the_kernel():
-    assert describe(make((2, 320, 64, 64), torch.float16, "cuda", False), True) == "vec=8 blocks=160"
+    assert describe(make((2, 320, 64, 64), torch.float16, "cuda", False), True) == "vec=8 tile=64x64 blocks=640"
+    assert describe(make((2, 320, 60, 60), torch.float16, "cuda", False), True) == "vec=8 blocks=150"  # not tiles of 64
     assert describe(make((2, 320, 64, 64), torch.float32, "cuda", False), True).startswith("vec=4 ")
     assert describe(make((3, 12, 4, 4), torch.float16, "cuda", False), True).startswith("vec=4 ")
     assert describe(make((1, 6, 5, 6), torch.float16, "cuda", True), False).startswith("vec=2 ")
