@@ -3,13 +3,13 @@
 //   out[n, s, r] = in[n, r, s]        NCHW -> NHWC: r = channel, s = pixel;  NHWC -> NCHW: r = pixel, s = channel
 //
 // Two kernels:
-//   tiled (both sizes multiples of 64, 16-byte aligned: every SD activation): a block moves a 64 x 64 tile
-//       through shared memory. It reads rows of the tile with 16-byte loads (eight threads cover 128
-//       contiguous bytes of a row) and writes rows of the transposed tile the same way; the transpose
-//       itself is shared-memory reads of single elements, whose rows are padded by one 4-byte word so that
-//       the 8 rows a wave reads at once fall in different banks. Measured on H200 (bench/results,
-//       2026-11-22-layout_copy-tiled-*): 89-95% of a same-size copy at 16-64 MiB, from 64-79% for the
-//       register transpose below.
+//   tiled (16-bit types, both sizes multiples of 64, 16-byte aligned: every SD activation in fp16 / bf16):
+//       a block moves a 64 x 64 tile through shared memory. It reads rows of the tile with 16-byte loads
+//       (eight threads cover 128 contiguous bytes of a row) and writes rows of the transposed tile the same
+//       way; the transpose itself is shared-memory reads of single elements, whose rows are padded by one
+//       4-byte word so that the 8 rows a wave reads at once fall in different banks. Measured on H200 (bench/results,
+//       2026-11-22-layout_copy-0457d90-*): 85-88% of a same-size copy at 16-64 MiB, 79.8% of the 1 GiB copy
+//       ceiling at 64 MiB, from 64-72% / 54-65% for the register transpose below.
 //   register (everything else): each thread moves one VEC x VEC block (VEC elements make one 16-byte
 //       vector where the sizes and pointers allow) through its registers: VEC vector loads along s, a
 //       register transpose, VEC vector stores along r. The thread at (a, b) of the block (b = tid % 8
@@ -160,10 +160,13 @@ int pick_vec(const LayoutCopyArgs& a) {
   return along_c < along_hw ? along_c : along_hw;
 }
 
+// 16-bit types only: in fp32 the tiled kernel measured within +-10% of the register one, slower in half the
+// cases (four 4-byte shared-memory reads a vector instead of eight 2-byte ones, 2-way bank conflicts).
 bool tiled_fits(const LayoutCopyArgs& a) {
   int64_t rows, cols;
   matrix_of(a, &rows, &cols);
-  return rows % kTile == 0 && cols % kTile == 0 && aligned(a.in, 16) && aligned(a.out, 16);
+  return elem_bytes(a.dtype) == 2 && rows % kTile == 0 && cols % kTile == 0 && aligned(a.in, 16) &&
+         aligned(a.out, 16);
 }
 
 int64_t block_count(const LayoutCopyArgs& a, int vec, bool tiled) {

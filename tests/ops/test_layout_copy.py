@@ -81,7 +81,7 @@ def test_vector_width_follows_the_sizes_and_the_op_runs_the_kernel():
 def test_untuned_narrow_or_tiny_copies_take_pytorch_as_a_policy():
     # A decoded image (C = 3: 2-byte vectors at best) and a grid of 10 blocks: PyTorch's copy was faster.
     image = make((1, 3, 512, 512), torch.float16, "cuda", False)
-    small = make((2, 1280, 8, 8), torch.float16, "cuda", True)
+    small = make((2, 1280, 4, 4), torch.float16, "cuda", True)
     with config.override(strict=True):  # a policy, not a fallback: no error
         assert torch.equal(torch.ops.rocm_sd.layout_copy(image, True), image)
         assert torch.equal(torch.ops.rocm_sd.layout_copy(small, False), small)
