@@ -88,7 +88,7 @@ constexpr int kTile = 64;  // tiled kernel: kTile x kTile elements a block
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     layout_copy_tiled(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t cols, int64_t row_tiles,
-                      int64_t col_tiles) {
+                      int64_t col_tiles, bool streaming) {
   constexpr int kChunk = 16 / int(sizeof(T));                  // elements of one 16-byte access
   constexpr int kPitch = kTile + 4 / int(sizeof(T));            // one 4-byte word of padding a row
   constexpr int kAccesses = kTile * (kTile / kChunk) / kThreads;  // 16-byte accesses a thread, each way
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
     Vec<T, kChunk> column;
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) column.v[i] = tile[(chunk * kChunk + i) * kPitch + s_in_tile];
-    store_vec(dst + int64_t(s_in_tile) * rows + chunk * kChunk, column, false);
+    store_vec(dst + int64_t(s_in_tile) * rows + chunk * kChunk, column, streaming);
   }
 }
 
@@ -136,8 +136,12 @@ template <class T>
 void launch(const LayoutCopyArgs& a, int64_t rows, int64_t cols, int vec, bool tiled, hipStream_t stream) {
   if (tiled) {
     const int64_t row_tiles = rows / kTile, col_tiles = cols / kTile;
+    // Streaming (evict-first) stores for large outputs: measured on H200 at 64 / 32 / 16 MiB, 40.4 -> 38.5,
+    // 22.5 -> 20.9, 13.0 -> 11.6 us (the written lines no longer push out input lines still to be read).
+    // Smaller outputs keep normal stores, so that the op after the copy finds them in L2.
+    const bool streaming = a.n * rows * cols * int64_t(sizeof(T)) >= (int64_t(16) << 20);
     layout_copy_tiled<T><<<unsigned(a.n * row_tiles * col_tiles), kThreads, 0, stream>>>(
-        static_cast<const T*>(a.in), static_cast<T*>(a.out), rows, cols, row_tiles, col_tiles);
+        static_cast<const T*>(a.in), static_cast<T*>(a.out), rows, cols, row_tiles, col_tiles, streaming);
     return;
   }
   switch (vec) {
