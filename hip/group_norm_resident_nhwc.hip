@@ -62,51 +62,6 @@ Workspace workspace_of(const GroupNormArgs& a, const ResidentPlan& p) {
                    reinterpret_cast<float2*>(base + counter_bytes(a) + partial_bytes(a, p))};
 }
 
-// Merges the `chunks` partials of group g of one image (all threads of the block take part): fp64 sums
-// S1 = sum n_b mean_b and S2 = sum M2_b + n_b mean_b^2, each thread loading its chunks at once, then a fixed
-// shuffle tree and the waves in order: the same bits on every run. In fp64, var = S2/N - (S1/N)^2 loses
-// ~log2(mean^2 / var) of 53 bits, harmless for any 16-bit or fp32 activation, so no shift is needed (a
-// shift would cost another round trip to L2 on the critical path). Only whole waves take part in the
-// shuffles (every lane must be active; a block has >= 128 threads, see the plan). `scratch`: 3 doubles per
-// wave. Contains __syncthreads.
-__device__ __forceinline__ float2 merge_group(const WelfordStats* image_partials, uint32_t chunks, int groups, int g,
-                                              float eps, double* scratch) {
-  const int waves = int(blockDim.x / RSD_WAVE);
-  if (wave_id() < waves) {
-    double n = 0.0, s1 = 0.0, s2 = 0.0;
-#pragma unroll 2
-    for (uint32_t j = threadIdx.x; j < chunks; j += uint32_t(waves * RSD_WAVE)) {
-      const float* p = reinterpret_cast<const float*>(image_partials + size_t(j) * groups + g);
-      const double nb = load_coherent(p), mean = load_coherent(p + 1), m2 = load_coherent(p + 2);
-      n += nb;
-      s1 += nb * mean;
-      s2 += m2 + nb * mean * mean;
-    }
-#pragma unroll
-    for (int offset = RSD_WAVE / 2; offset > 0; offset /= 2) {
-      n += shfl_xor(n, offset);
-      s1 += shfl_xor(s1, offset);
-      s2 += shfl_xor(s2, offset);
-    }
-    if (lane_id() == 0) {
-      scratch[3 * wave_id()] = n;
-      scratch[3 * wave_id() + 1] = s1;
-      scratch[3 * wave_id() + 2] = s2;
-    }
-  }
-  __syncthreads();
-  double n = 0.0, s1 = 0.0, s2 = 0.0;
-  for (int w = 0; w < waves; ++w) {
-    n += scratch[3 * w];
-    s1 += scratch[3 * w + 1];
-    s2 += scratch[3 * w + 2];
-  }
-  __syncthreads();  // scratch may be reused
-  const double mean = n > 0.0 ? s1 / n : 0.0;
-  const double var = n > 0.0 ? fmax(s2 / n - mean * mean, 0.0) : 0.0;  // biased, as torch
-  return make_float2(float(mean), rsqrtf(float(var) + eps));
-}
-
 template <class T, class P, int VEC, bool SILU>
 __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 caps a 512-thread kernel at 64 registers and spills
     group_norm_resident_nhwc(const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma,
@@ -115,7 +70,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
                              float eps, const T* __restrict__ input_bias, Workspace ws) {
   constexpr int kU = kLoads<T, VEC>;
   __shared__ WelfordStats per_thread[kMaxThreads];
-  __shared__ double merge_scratch[3 * RSD_MAX_WAVES_PER_BLOCK];
+  __shared__ double merge_scratch[kMergeScratchDoubles];
   __shared__ unsigned ticket_shared;
   const bool exchange = blocks_per_image > 1;
   unsigned ticket = blockIdx.x;
@@ -186,7 +141,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
   }
   float2* image_mean_rstd = ws.mean_rstd + n * groups;
   for (int g = int(part); g < groups; g += int(blocks_per_image)) {
-    const float2 mr = merge_group(image_partials, blocks_per_image, groups, g, eps, merge_scratch);
+    const float2 mr = merge_partials_fp64(image_partials + g, blocks_per_image, groups, eps, merge_scratch);
     if (threadIdx.x == 0) image_mean_rstd[g] = mr;
   }
   if (exchange) {

@@ -31,8 +31,12 @@ __host__ __device__ constexpr int nhwc_unroll() {
                                                                                   : kUnroll;
 }
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
-constexpr int kMinBlocksPerSm = 2;    // split groups further until the grid covers the GPU twice
-constexpr int kMaxBlocksPerSmNhwc = 4;  // and channels_last images no further than this (see make_plan)
+constexpr int kMinBlocksPerSm = 2;    // NCHW: split groups further until the grid covers the GPU twice
+// channels_last: the grid is this many blocks per multiprocessor, each covering hw / splits rows. Measured on
+// H200 against 2 and 8 (bench/results/2026-11-22-group_norm-nhwc-grid-*): fewer blocks leave the UNet's images
+// latency-bound (13% of warps active at 2 per SM), more give large images thousands of partials per group
+// to merge: (2, 320, 64, 64) 16.3 -> 13.0 us, (1, 128, 1024, 1024) 315 -> 223 us.
+constexpr int kBlocksPerSmNhwc = 4;
 // NHWC blocks hold one pixel row of C / vec threads at least (kMaxThreadsNhwc in group_norm_impl.h).
 // Rows up to 512 threads use kernels compiled for 512-thread blocks (128 registers a thread, no
 // spills); wider rows use a second instantiation under the 64-register cap of 1024-thread blocks.
@@ -97,15 +101,9 @@ Plan make_plan(const GroupNormArgs& a) {
     p.threads_per_row = int(a.c / p.vec);
     p.rows_per_iter = std::max(1, kThreads / p.threads_per_row);
     p.threads = p.threads_per_row * p.rows_per_iter;
-    int64_t rows = std::max<int64_t>(p.rows_per_iter, kChunkElems / a.c);
-    // Large images: at most kMaxBlocksPerSmNhwc blocks a multiprocessor, each covering more rows. A block per
-    // 16 K elements gave the VAE's 1024x1024 images 2048 blocks an image, and the finalize pass 2048 partials
-    // per group to merge in one wave; measured on H200 (bench/notes/group_norm.md) 2-8 blocks an SM were all
-    // faster, 4 best: (1, 128, 1024, 1024) 315 -> 226 us, (1, 512, 256, 256) 80 -> 69 us.
-    const int64_t max_blocks = int64_t(kMaxBlocksPerSmNhwc) * device_attribute(a.device, Attr::multiprocessors, 80);
-    if (a.n * ceil_div(a.hw, rows) > max_blocks) rows = ceil_div(a.n * a.hw, max_blocks);
-    int64_t splits = ceil_div(a.hw, rows);
-    if (a.n * splits < want_blocks) splits = ceil_div(want_blocks, a.n);
+    // A grid of kBlocksPerSmNhwc blocks per multiprocessor whatever the image size (see the constant).
+    const int64_t target = int64_t(kBlocksPerSmNhwc) * device_attribute(a.device, Attr::multiprocessors, 80);
+    int64_t splits = ceil_div(target, a.n);
     splits = std::max<int64_t>(1, std::min(splits, ceil_div(a.hw, p.rows_per_iter)));
     p.chunk = ceil_div(ceil_div(a.hw, splits), p.rows_per_iter) * p.rows_per_iter;
     p.splits = ceil_div(a.hw, p.chunk);
@@ -199,14 +197,15 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
   int64_t r = begin + row;
   const int64_t step = rows_per_iter;
   constexpr int kU = nhwc_unroll<T, VEC, MAX_THREADS>();
-  for (; r + (kU - 1) * step < end; r += kU * step) {
+  for (; r < end; r += kU * step) {  // the last round predicated, not a loop of single loads: kU in flight
     Vec<T, VEC> v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
+    for (int u = 0; u < kU; ++u)
+      if (r + u * step < end) v[u] = load_vec<T, VEC>(base + (r + u * step) * c);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) add_by_group(acc, v[u], bias);
+    for (int u = 0; u < kU; ++u)
+      if (r + u * step < end) add_by_group(acc, v[u], bias);
   }
-  for (; r < end; r += step) add_by_group(acc, load_vec<T, VEC>(base + r * c), bias);
 #pragma unroll
   for (int j = 0; j < GPV; ++j) per_thread[threadIdx.x * GPV + j] = acc[j].stats();
   __syncthreads();
@@ -222,16 +221,17 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
   }
 }
 
-// One wave per (n, g): merge `splits` partials into (mean, rstd).
-__global__ void group_norm_finalize(const WelfordStats* __restrict__ partials, int64_t splits, int64_t ng_count,
-                                    float eps, float2* __restrict__ mean_rstd) {
-  const int64_t ng = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / RSD_WAVE;
-  if (ng >= ng_count) return;  // whole waves leave together: ng is uniform within a wave
-  WelfordStats s = {0.f, 0.f, 0.f};
-#pragma unroll 4
-  for (int64_t i = lane_id(); i < splits; i += RSD_WAVE) s = welford_merge(s, partials[ng * splits + i]);
-  s = wave_reduce(s);
-  if (lane_id() == 0) mean_rstd[ng] = mean_rstd_of(s, eps);
+// One block per (n, g): merge `splits` partials into (mean, rstd). A wave per (n, g) with Welford merges was
+// a chain of divisions and L2 round trips: 11.6 us for the 528 partials a group of a 512x512 VAE image has,
+// 5 us at the UNet's 128 (Nsight Compute, H200; bench/notes/group_norm.md).
+constexpr int kFinalizeThreads = 256;
+__global__ void __launch_bounds__(kFinalizeThreads) group_norm_finalize(const WelfordStats* __restrict__ partials,
+                                                                       int64_t splits, float eps,
+                                                                       float2* __restrict__ mean_rstd) {
+  __shared__ double scratch[kMergeScratchDoubles];
+  const int64_t ng = blockIdx.x;
+  const float2 mr = merge_partials_fp64(partials + ng * splits, uint32_t(splits), 1, eps, scratch);
+  if (threadIdx.x == 0) mean_rstd[ng] = mr;
 }
 
 // Reversed block order (see the header comment): block 0 takes the last chunk of the stats pass.
@@ -323,16 +323,14 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
   const int64_t step = rows_per_iter;
   int64_t r = begin + row;
   constexpr int kU = nhwc_unroll<T, VEC, MAX_THREADS>();
-  for (; r + (kU - 1) * step < end; r += kU * step) {
+  for (; r < end; r += kU * step) {  // the last round predicated, as in the stats pass
     Vec<T, VEC> v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = load_vec<T, VEC>(x + offset + (r + u * step) * c);
+    for (int u = 0; u < kU; ++u)
+      if (r + u * step < end) v[u] = load_vec<T, VEC>(x + offset + (r + u * step) * c);
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      store_vec(y + offset + (r + u * step) * c, normalize<T, VEC, SILU>(v[u], a, b), streaming);
-  }
-  for (; r < end; r += step) {
-    store_vec(y + offset + r * c, normalize<T, VEC, SILU>(load_vec<T, VEC>(x + offset + r * c), a, b), streaming);
+      if (r + u * step < end) store_vec(y + offset + (r + u * step) * c, normalize<T, VEC, SILU>(v[u], a, b), streaming);
   }
 }
 
@@ -375,10 +373,7 @@ hipError_t split_launch(const GroupNormArgs& a) {
               x, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter, partials, input_bias);
         }
         if (!single_block_groups) {
-          const int finalize_threads = 256;
-          const int64_t waves_per_block = finalize_threads / device_attribute(a.device, Attr::wave_size, 64);
-          group_norm_finalize<<<unsigned(ceil_div(ng, waves_per_block)), finalize_threads, 0, stream>>>(
-              partials, p.splits, ng, a.eps, mean_rstd);
+          group_norm_finalize<<<unsigned(ng), kFinalizeThreads, 0, stream>>>(partials, p.splits, a.eps, mean_rstd);
         }
         with_bool(a.silu, [&](auto silu_tag) {
           constexpr bool SILU = decltype(silu_tag)::value;

@@ -121,6 +121,54 @@ __device__ __forceinline__ WelfordStats merge_partials(const WelfordStats* parti
   return r;
 }
 
+// Merges `count` Welford partials `stride` apart (all threads of the block take part) into (mean, rstd):
+// fp64 sums S1 = sum n_b mean_b and S2 = sum M2_b + n_b mean_b^2, each thread loading its partials at once,
+// then a fixed shuffle tree and the waves in order, so every bit is the same on every run. In fp64,
+// var = S2/N - (S1/N)^2 loses ~log2(mean^2 / var) of 53 bits, harmless for any 16-bit or fp32 activation,
+// and the additions need no division (a Welford merge does one: a chain of them is what made a wave per
+// group slow at thousands of partials). Partials other blocks of the same launch wrote are read through
+// coherent loads. Only whole waves take part in the shuffles (every lane must be active: blocks of at least
+// one wave). `scratch`: kMergeScratchDoubles doubles of shared memory. Contains __syncthreads.
+constexpr int kMergeScratchDoubles = 3 * RSD_MAX_WAVES_PER_BLOCK;
+
+__device__ __forceinline__ float2 merge_partials_fp64(const WelfordStats* first, uint32_t count, int64_t stride,
+                                                      float eps, double* scratch) {
+  const int waves = int(blockDim.x / RSD_WAVE);
+  if (wave_id() < waves) {
+    double n = 0.0, s1 = 0.0, s2 = 0.0;
+#pragma unroll 2
+    for (uint32_t j = threadIdx.x; j < count; j += uint32_t(waves * RSD_WAVE)) {
+      const float* p = reinterpret_cast<const float*>(first + int64_t(j) * stride);
+      const double nb = load_coherent(p), mean = load_coherent(p + 1), m2 = load_coherent(p + 2);
+      n += nb;
+      s1 += nb * mean;
+      s2 += m2 + nb * mean * mean;
+    }
+#pragma unroll
+    for (int offset = RSD_WAVE / 2; offset > 0; offset /= 2) {
+      n += shfl_xor(n, offset);
+      s1 += shfl_xor(s1, offset);
+      s2 += shfl_xor(s2, offset);
+    }
+    if (lane_id() == 0) {
+      scratch[3 * wave_id()] = n;
+      scratch[3 * wave_id() + 1] = s1;
+      scratch[3 * wave_id() + 2] = s2;
+    }
+  }
+  __syncthreads();
+  double n = 0.0, s1 = 0.0, s2 = 0.0;
+  for (int w = 0; w < waves; ++w) {
+    n += scratch[3 * w];
+    s1 += scratch[3 * w + 1];
+    s2 += scratch[3 * w + 2];
+  }
+  __syncthreads();  // scratch may be reused
+  const double mean = n > 0.0 ? s1 / n : 0.0;
+  const double var = n > 0.0 ? fmax(s2 / n - mean * mean, 0.0) : 0.0;  // biased, as torch
+  return make_float2(float(mean), rsqrtf(float(var) + eps));
+}
+
 // ---- block statistics of NCHW chunks ----
 // What the sums of a thread are shifted by. fp32 inputs: each thread's own first value, the threads' results
 // then combined by Welford merges (block_reduce): a single outlier as the shift of a whole block's sums would
