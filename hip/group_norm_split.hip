@@ -25,11 +25,11 @@ constexpr int kUnroll = 4;            // independent vector loads in flight per 
 // enough outstanding reads to cover DRAM latency; not in the 1024-thread instantiations, whose 64
 // registers a thread would spill.
 constexpr int kBytesInFlight = 64;
-template <class T, int VEC, int MAX_THREADS>
-__host__ __device__ constexpr int nhwc_unroll() {
-  return MAX_THREADS <= 512 && kBytesInFlight / (VEC * int(sizeof(T))) > kUnroll ? kBytesInFlight / (VEC * int(sizeof(T)))
-                                                                                  : kUnroll;
+__host__ __device__ constexpr int nhwc_unroll(int vec_bytes, int max_threads) {
+  return max_threads <= 512 && kBytesInFlight / vec_bytes > kUnroll ? kBytesInFlight / vec_bytes : kUnroll;
 }
+// Which instantiation (512 or 1024 threads at most) a channels_last plan launches.
+constexpr int nhwc_max_threads(int threads) { return threads <= 512 ? 512 : 1024; }
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
 constexpr int kMinBlocksPerSm = 2;    // NCHW: split groups further until the grid covers the GPU twice
 // channels_last: the grid is this many blocks per multiprocessor, each covering hw / splits rows. Measured on
@@ -101,10 +101,14 @@ Plan make_plan(const GroupNormArgs& a) {
     p.threads_per_row = int(a.c / p.vec);
     p.rows_per_iter = std::max(1, kThreads / p.threads_per_row);
     p.threads = p.threads_per_row * p.rows_per_iter;
-    // A grid of kBlocksPerSmNhwc blocks per multiprocessor whatever the image size (see the constant).
+    // A grid of kBlocksPerSmNhwc blocks per multiprocessor (see the constant), but never blocks smaller than
+    // one full round of loads (rows_per_iter x unroll rows): below that the threads hold fewer bytes in flight,
+    // which cost the wide rows of the up blocks (C 960 / 1920 at 16x16 and 32x32) up to 50% when tried.
     const int64_t target = int64_t(kBlocksPerSmNhwc) * device_attribute(a.device, Attr::multiprocessors, 80);
-    int64_t splits = ceil_div(target, a.n);
-    splits = std::max<int64_t>(1, std::min(splits, ceil_div(a.hw, p.rows_per_iter)));
+    const int64_t round_rows =
+        int64_t(p.rows_per_iter) * nhwc_unroll(p.vec * elem_bytes(a.dtype), nhwc_max_threads(p.threads));
+    int64_t splits = std::min(ceil_div(target, a.n), ceil_div(a.hw, round_rows));
+    splits = std::max<int64_t>(1, splits);
     p.chunk = ceil_div(ceil_div(a.hw, splits), p.rows_per_iter) * p.rows_per_iter;
     p.splits = ceil_div(a.hw, p.chunk);
   }
@@ -196,7 +200,7 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_stats_nhwc(const T* __
   for (int k = 0; k < VEC; ++k) bias[k] = input_bias_of(input_bias ? input_bias + n * c : nullptr, col * VEC + k);
   int64_t r = begin + row;
   const int64_t step = rows_per_iter;
-  constexpr int kU = nhwc_unroll<T, VEC, MAX_THREADS>();
+  constexpr int kU = nhwc_unroll(VEC * int(sizeof(T)), MAX_THREADS);
   for (; r < end; r += kU * step) {  // the last round predicated, not a loop of single loads: kU in flight
     Vec<T, VEC> v[kU];
 #pragma unroll
@@ -322,7 +326,7 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
   const int64_t offset = n * hw * c + c0;
   const int64_t step = rows_per_iter;
   int64_t r = begin + row;
-  constexpr int kU = nhwc_unroll<T, VEC, MAX_THREADS>();
+  constexpr int kU = nhwc_unroll(VEC * int(sizeof(T)), MAX_THREADS);
   for (; r < end; r += kU * step) {  // the last round predicated, as in the stats pass
     Vec<T, VEC> v[kU];
 #pragma unroll
@@ -366,7 +370,7 @@ hipError_t split_launch(const GroupNormArgs& a) {
               x, cg * a.hw, p.chunk, partials, single_block_groups ? mean_rstd : nullptr, a.eps, input_bias,
               FastDiv(uint32_t(a.hw)), cg, a.groups);
         } else {
-          auto stats = p.threads > 512            ? group_norm_stats_nhwc<T, VEC, 1, 1024>
+          auto stats = nhwc_max_threads(p.threads) == 1024 ? group_norm_stats_nhwc<T, VEC, 1, 1024>
                        : p.groups_per_vec == 1 ? group_norm_stats_nhwc<T, VEC, 1, 512>
                                                : group_norm_stats_nhwc<T, VEC, VEC >= 2 ? 2 : 1, 512>;
           stats<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
@@ -390,7 +394,7 @@ hipError_t split_launch(const GroupNormArgs& a) {
                   x, y, gamma, beta, mean_rstd, cg * a.hw, FastDiv(uint32_t(a.hw)), cg, a.groups, p.chunk, p.streaming,
                   input_bias);
             } else {
-              auto apply = p.threads <= 512 ? group_norm_apply_nhwc<T, P, VEC, SILU, 512>
+              auto apply = nhwc_max_threads(p.threads) == 512 ? group_norm_apply_nhwc<T, P, VEC, SILU, 512>
                                             : group_norm_apply_nhwc<T, P, VEC, SILU, 1024>;
               apply<<<dim3(unsigned(p.splits), unsigned(a.n)), p.threads, 0, stream>>>(
                   x, y, gamma, beta, mean_rstd, a.hw, int(a.c), a.groups, p.chunk, p.threads_per_row, p.rows_per_iter,
