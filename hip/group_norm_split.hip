@@ -1,8 +1,9 @@
-// GroupNorm(+SiLU) in three launches, for what the single-pass path cannot take: NCHW groups too
-// large for all their blocks to be resident at once, and channels_last inputs.
+// GroupNorm(+SiLU) in three launches: the automatic path wherever a group (NCHW) or an image (NHWC) spans
+// more than one block (group_norm.hip's choose()).
 //   1. stats:    each block reduces one chunk of one group (NCHW) or one pixel range of one image
 //                (NHWC, all groups at once) to Welford partials (count, mean, M2);
-//   2. finalize: one wave per (n, g) merges the partials into mean and 1/sqrt(var + eps);
+//   2. finalize: one block per (n, g) merges the partials (fp64 sums, fixed order) into mean and
+//                1/sqrt(var + eps); skipped when every NCHW group is one block;
 //   3. apply:    normalises, scales, shifts, activates and writes y.
 // Traffic: x is read twice and y written once. The apply pass walks the chunks in the reverse
 // order of the stats pass, so it starts with the chunks that pass read last, which are still in
@@ -31,7 +32,7 @@ __host__ __device__ constexpr int nhwc_unroll(int vec_bytes, int max_threads) {
 // Which instantiation (512 or 1024 threads at most) a channels_last plan launches.
 constexpr int nhwc_max_threads(int threads) { return threads <= 512 ? 512 : 1024; }
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
-constexpr int kMinBlocksPerSm = 2;    // NCHW: split groups further until the grid covers the GPU twice
+constexpr int kMinBlocksPerSm = 2;    // NCHW and tiny NHWC images: split further until the grid covers the GPU twice
 // channels_last: the grid is this many blocks per multiprocessor, each covering hw / splits rows. Measured on
 // H200 against 2 and 8 (bench/results/2026-11-22-group_norm-nhwc-grid-*): fewer blocks leave the UNet's images
 // latency-bound (13% of warps active at 2 per SM), more give large images thousands of partials per group
