@@ -79,24 +79,9 @@ template <class T, int VEC>
 int64_t resident_capacity(int device) {
   static int64_t cached[64] = {};
   if (device < 0 || device >= 64) return 0;
-  if (cached[device] == 0) {
-    int least = 1 << 30;
-    auto ask = [&](auto kernel) {
-      int blocks = 0;
-      if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) != hipSuccess) {
-        (void)hipGetLastError();
-        blocks = 0;
-      }
-      least = std::min(least, blocks);
-    };
-    ask(kernel_of<T, T, VEC, false>());
-    ask(kernel_of<T, T, VEC, true>());
-    ask(kernel_of<T, float, VEC, false>());
-    ask(kernel_of<T, float, VEC, true>());
-    // Not cached when unknown (0): the resident path is then refused, never guessed.
-    cached[device] = int64_t(least) * device_attribute(device, Attr::multiprocessors, 0);
-    if (cached[device] == 0) return 0;
-  }
+  if (cached[device] == 0)  // 0 (unknown) is asked again next time
+    cached[device] = least_resident_blocks(device, kThreads, kernel_of<T, T, VEC, false>(), kernel_of<T, T, VEC, true>(),
+                                           kernel_of<T, float, VEC, false>(), kernel_of<T, float, VEC, true>());
   return cached[device];
 }
 

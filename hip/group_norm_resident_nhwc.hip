@@ -158,12 +158,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
 
   const int g = c0 / (c / groups);
   const float2 mr = make_float2(load_coherent(&image_mean_rstd[g].x), load_coherent(&image_mean_rstd[g].y));
-  float a[VEC], b[VEC];  // y = x * a + b, as scale_shift() in group_norm_impl.h
+  float a[VEC], b[VEC];
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    a[k] = mr.y * weight[k];
-    b[k] = fmaf(bias[k] - mr.x, a[k], shift_out[k]);
-  }
+  for (int k = 0; k < VEC; ++k) scale_shift_of(weight[k], shift_out[k], mr, a[k], b[k], bias[k]);
   T* yr = y + offset;
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -180,28 +177,16 @@ constexpr auto kernel_of() {
 // device at once; 0 when the runtime cannot tell (the resident path is then refused, never guessed).
 template <class T, int VEC>
 int64_t resident_capacity(int device, int threads) {
-  constexpr int kSlots = 64 * (kMaxThreads / 32 + 1);
-  static int64_t cached[kSlots] = {};
-  const int slot = device * (kMaxThreads / 32 + 1) + threads / 32;  // blocks per SM change in 32-thread steps at most
-  if (device < 0 || slot >= kSlots) return 0;
-  if (cached[slot] == 0) {
-    int least = 1 << 30;
-    auto ask = [&](auto kernel) {
-      int blocks = 0;
-      if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != hipSuccess) {
-        (void)hipGetLastError();
-        blocks = 0;
-      }
-      least = std::min(least, blocks);
-    };
-    ask(kernel_of<T, T, VEC, false>());
-    ask(kernel_of<T, T, VEC, true>());
-    ask(kernel_of<T, float, VEC, false>());
-    ask(kernel_of<T, float, VEC, true>());
-    cached[slot] = int64_t(least) * device_attribute(device, Attr::multiprocessors, 0);
-    if (cached[slot] == 0) return 0;
-  }
-  return cached[slot];
+  // Occupancy changes with the number of 32-thread warps (or 64-thread waves, a whole number of those) a
+  // block holds, so the cache is per (device, ceil(threads / 32)).
+  constexpr int kSteps = kMaxThreads / 32 + 1;
+  static int64_t cached[64 * kSteps] = {};
+  if (device < 0 || device >= 64 || threads <= 0 || threads > kMaxThreads) return 0;
+  int64_t& slot = cached[device * kSteps + (threads + 31) / 32];
+  if (slot == 0)  // 0 (unknown) is asked again next time
+    slot = least_resident_blocks(device, threads, kernel_of<T, T, VEC, false>(), kernel_of<T, T, VEC, true>(),
+                                 kernel_of<T, float, VEC, false>(), kernel_of<T, float, VEC, true>());
+  return slot;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#include "rocm_sd/device.h"
 #include "rocm_sd/launch.h"
 
 namespace rsd {
@@ -51,6 +52,23 @@ bool resident_nhwc_plan(const GroupNormArgs& a, ResidentPlan* plan);
 size_t resident_nhwc_workspace_bytes(const GroupNormArgs& a, const ResidentPlan& p);
 hipError_t resident_nhwc_launch(const GroupNormArgs& a, const ResidentPlan& p);
 
+// Blocks of `threads` threads that fit on the device at once for the least occupant of `kernels` (the
+// instances one launch may pick among: the resident paths size their exchange by it), or 0 when the runtime
+// cannot tell, in which case the resident paths are refused, never guessed. Callers cache the answer.
+template <class... Kernels>
+int64_t least_resident_blocks(int device, int threads, Kernels... kernels) {
+  int least = 1 << 30;
+  for (const void* kernel : {reinterpret_cast<const void*>(kernels)...}) {
+    int blocks = 0;
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != hipSuccess) {
+      (void)hipGetLastError();
+      blocks = 0;
+    }
+    least = std::min(least, blocks);
+  }
+  return int64_t(least) * device_attribute(device, Attr::multiprocessors, 0);
+}
+
 // The split path's channels_last kernels hold a pixel row (C / vec threads) in one block.
 constexpr int kMaxThreadsNhwc = 1024;
 size_t split_workspace_bytes(const GroupNormArgs& a);
@@ -65,13 +83,17 @@ __device__ __forceinline__ float2 mean_rstd_of(const WelfordStats& s, float eps)
 
 // y = x * a + b folds the input bias, the normalisation and the affine transform of channel `ch`:
 // ((x + in_bias) - mean) * rstd * gamma + beta.
+// The same from gamma[ch] and beta[ch] already loaded (the kernels that load them before their statistics
+// are known).
+__device__ __forceinline__ void scale_shift_of(float gm, float bt, float2 mr, float& a, float& b, float in_bias = 0.f) {
+  a = mr.y * gm;
+  b = fmaf(in_bias - mr.x, a, bt);
+}
+
 template <class P>
 __device__ __forceinline__ void scale_shift(const P* gamma, const P* beta, int ch, float2 mr, float& a, float& b,
                                             float in_bias = 0.f) {
-  const float gm = gamma ? to_float(gamma[ch]) : 1.f;
-  const float bt = beta ? to_float(beta[ch]) : 0.f;
-  a = mr.y * gm;
-  b = fmaf(in_bias - mr.x, a, bt);
+  scale_shift_of(gamma ? to_float(gamma[ch]) : 1.f, beta ? to_float(beta[ch]) : 0.f, mr, a, b, in_bias);
 }
 
 // The input bias of channel `ch` of one image (a row of the (N, C) input_bias), 0 without one.
