@@ -47,10 +47,10 @@ def _out_shape(x, weight, pad_h, pad_w) -> tuple[int, ...]:
             x.shape[3] + 2 * pad_w - weight.shape[3] + 1)
 
 
-
 def hosts_ck() -> bool:
     """Whether this build has CK instances for the op: the patched modules route through it only then."""
     return bool(ck_instances())
+
 
 def ck_reasons(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, pad_h: int,
                pad_w: int) -> list[str]:

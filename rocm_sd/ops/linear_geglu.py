@@ -39,10 +39,10 @@ def ck_instances() -> tuple[str, ...]:
     return tuple(ck_listing("ck_linear_geglu_instances"))
 
 
-
 def hosts_ck() -> bool:
     """Whether this build has CK instances for the op: the patched modules route through it only then."""
     return bool(ck_instances())
+
 
 def ck_reasons(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
     """Why the CK instances cannot take this call (no GPU needed to ask)."""
