@@ -64,6 +64,17 @@ def test_hip_sources_compile_for_amd_and_contain_kernels(tmp_path):
             attention = (tmp_path / f"{family}-{target}.s").read_text()
             if target in ("gfx90a", "gfx940"):  # CDNA: the flash-attention kernels run on MFMA
                 assert "v_mfma_f32_16x16x16" in attention, f"{target}: {family} without MFMA instructions"
+    # Private (scratch) memory in a kernel is a register spill or a local the compiler could not keep in registers;
+    # on AMD each access is a vector-memory round trip. No kernel needs any: a 16-byte struct temporary in
+    # compat.h's copy16_async once sent every attention tile copy through scratch on all three targets.
+    offenders = []
+    for asm_path in sorted(tmp_path.glob("*-gfx*.s")):
+        text = asm_path.read_text()
+        names = re.findall(r"^\s*\.amdhsa_kernel\s+(\S+)", text, re.M)
+        sizes = re.findall(r"^\s*\.amdhsa_private_segment_fixed_size\s+(\d+)", text, re.M)
+        assert len(names) == len(sizes), asm_path.name
+        offenders += [f"{asm_path.stem}: {name} ({size} bytes)" for name, size in zip(names, sizes) if int(size)]
+    assert not offenders, "kernels using scratch memory:\n" + "\n".join(offenders)
 
 
 def test_attention_compiles_for_rdna3_wmma(tmp_path):

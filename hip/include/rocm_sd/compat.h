@@ -176,9 +176,12 @@ __device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool 
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" : : "r"(address), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
 #else
-  Bytes16 value = {{0u, 0u, 0u, 0u}};
-  if (valid) value = *static_cast<const Bytes16*>(gmem);
-  *static_cast<Bytes16*>(smem) = value;
+  // A clang vector, not a struct: the struct form was kept in scratch memory by hipcc (four private stores and
+  // loads around every 16-byte copy of the attention kernels' tiles on gfx90a / gfx940 / gfx1030).
+  typedef uint32_t u32x4 __attribute__((ext_vector_type(4)));
+  u32x4 value = {0u, 0u, 0u, 0u};
+  if (valid) value = *static_cast<const u32x4*>(gmem);
+  *static_cast<u32x4*>(smem) = value;
 #endif
 }
 
