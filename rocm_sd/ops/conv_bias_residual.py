@@ -47,6 +47,7 @@ def _out_shape(x, weight, pad_h, pad_w) -> tuple[int, ...]:
             x.shape[3] + 2 * pad_w - weight.shape[3] + 1)
 
 
+@torch.compiler.assume_constant_result  # asked inside patched forwards: torch.compile must not trace into _C
 def hosts_ck() -> bool:
     """Whether this build has CK instances for the op: the patched modules route through it only then."""
     return bool(ck_instances())

@@ -39,6 +39,7 @@ def ck_instances() -> tuple[str, ...]:
     return tuple(ck_listing("ck_linear_geglu_instances"))
 
 
+@torch.compiler.assume_constant_result  # asked inside patched forwards: torch.compile must not trace into _C
 def hosts_ck() -> bool:
     """Whether this build has CK instances for the op: the patched modules route through it only then."""
     return bool(ck_instances())
