@@ -85,8 +85,10 @@ def build_sd_pipeline(arch: str = "sd15", device="cpu", dtype=torch.float32, see
         raise ValueError(f"unknown architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
     spec = ARCHITECTURES[arch]
     torch.manual_seed(seed)
+    # steps_offset=1 as the published SD configs have it (diffusers warns about 0 and prints the whole config);
+    # with linspace spacing it does not move a single timestep.
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                       **spec.scheduler)
+                                       steps_offset=1, **spec.scheduler)
     common = dict(vae=AutoencoderKL(**spec.vae), text_encoder=CLIPTextModel(CLIPTextConfig(**spec.text)),
                   tokenizer=None, unet=UNet2DConditionModel(**spec.unet), scheduler=scheduler)
     if spec.text_2 is None:
