@@ -83,11 +83,6 @@ __device__ __forceinline__ T shfl(T v, int src) {
 __device__ __forceinline__ int lane_id() { return threadIdx.x % RSD_WAVE; }
 __device__ __forceinline__ int wave_id() { return threadIdx.x / RSD_WAVE; }
 
-// 16-byte plain-old-data vector, the widest global access on both vendors.
-struct alignas(16) Bytes16 {
-  uint32_t w[4];
-};
-
 // Store that should not linger in the last-level cache (output of a pass over a tensor larger
 // than L2: keeping it would evict input lines the next pass wants).
 template <class V>
