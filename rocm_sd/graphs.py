@@ -233,7 +233,10 @@ class GraphedCall:
                            + tuple((id(t), t.shape, t.dtype) for t in self._weight_list))
             self._structure = self._structures.setdefault(fingerprint, len(self._structures))
             self._seen_epoch = _structure_epoch
-        return (self._structure,) + tuple(t.data_ptr() for t in self._weight_list)
+        pointers = tuple(t.data_ptr() for t in self._weight_list)
+        if 0 in pointers and any(t.is_meta for t in self._weight_list):
+            raise _Ineligible("weights on the meta device (CPU offload brings them in for each call)")
+        return (self._structure,) + pointers
 
     # -- capture ----------------------------------------------------------------------------------
     def _capture(self, args, kwargs, leaves: list, spec):

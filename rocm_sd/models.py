@@ -132,11 +132,18 @@ def prompt_token_ids(prompt: str, vocab_size: int, length: int = 77) -> torch.Te
     return torch.tensor([ids])
 
 
+def _input_device(pipe, module) -> torch.device:
+    """Where `module`'s inputs go: the pipeline's execution device when diffusers knows one (with CPU offload the
+    weights sit on the CPU or the meta device between calls and accelerate's hooks bring them to it)."""
+    device = getattr(pipe, "_execution_device", None)
+    return torch.device(device) if device is not None else module.device
+
+
 @torch.no_grad()
 def encode_prompt(pipe, prompt: str) -> torch.Tensor:
     """The first text encoder's last hidden state for `prompt` (SD1.x/2.x conditioning)."""
     te = pipe.text_encoder
-    ids = prompt_token_ids(prompt, te.config.vocab_size).to(te.device)
+    ids = prompt_token_ids(prompt, te.config.vocab_size).to(_input_device(pipe, te))
     return te(ids)[0]
 
 
@@ -146,7 +153,7 @@ def _encode_xl(pipe, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
     # and the second encoder's projected pooled output.
     states = []
     for te in (pipe.text_encoder, pipe.text_encoder_2):
-        out = te(prompt_token_ids(prompt, te.config.vocab_size).to(te.device), output_hidden_states=True)
+        out = te(prompt_token_ids(prompt, te.config.vocab_size).to(_input_device(pipe, te)), output_hidden_states=True)
         states.append(out.hidden_states[-2])
     return torch.cat(states, dim=-1), out.text_embeds
 

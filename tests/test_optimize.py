@@ -9,7 +9,7 @@ from rocm_sd.modules import GroupNormAct
 
 
 def run_pipe(pipe, steps=2, seed=0, output_type="latent"):
-    device = pipe.unet.device
+    device = pipe._execution_device  # the GPU under CPU offload, where the weights sit elsewhere between calls
     conditioning = models.prompt_kwargs(pipe, "a photo of a cat")
     with torch.no_grad():
         return pipe(**conditioning, num_inference_steps=steps,
@@ -365,3 +365,75 @@ def test_img2img_and_controlnet_pipelines_patch_and_revert():
         assert (optimized - reference).abs().max() < 1e-4
         assert torch.equal(run(pipe, **kwargs), reference)
     assert report["controlnet"]["group_norm+silu"] > 0 and report["controlnet"]["graphed: forward"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offload", ["model", "sequential"])
+@pytest.mark.parametrize("order", ["offload_first", "optimize_first"])
+def test_cpu_offload(offload, order):
+    # diffusers' enable_model_cpu_offload / enable_sequential_cpu_offload (accelerate hooks bring weights to the GPU
+    # for each call): the optimized pipeline must run and agree with the offloaded reference, never capture graphs
+    # over weights that move, and never read a weight still on the meta device (the fused forwards call the hooked
+    # modules instead). Sequential offload installed before optimize() wraps the modules' own forwards: optimize()
+    # then leaves those models untouched and says so.
+    pytest.importorskip("accelerate")
+    from rocm_sd.patch.pipeline import OFFLOAD_FIRST
+
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float16)
+    enable = pipe.enable_model_cpu_offload if offload == "model" else pipe.enable_sequential_cpu_offload
+    enable(device="cuda")
+    reference = run_pipe(pipe)
+    if order == "optimize_first":
+        pipe.remove_all_hooks()
+        rocm_sd.optimize(pipe)
+        enable(device="cuda")
+    else:
+        rocm_sd.optimize(pipe)
+    optimized = run_pipe(pipe)
+    report = rocm_sd.report(pipe)
+    if offload == "sequential" and order == "offload_first":
+        assert all(report[name] == {OFFLOAD_FIRST: 1} for name in ("unet", "vae", "text_encoder")), report
+        assert torch.equal(optimized, reference)
+    else:
+        assert rocm_sd.stats()["group_norm"].get("rocm_sd", 0) > 0, rocm_sd.stats()
+        assert not any("graph replays" in key for key in report["unet"]), report["unet"]
+        rel = (optimized.float() - reference.float()).norm() / reference.float().norm()
+        assert rel < 2e-2, rel
+    pipe.remove_all_hooks()
+    rocm_sd.revert(pipe)
+
+
+def test_accelerate_hooks_keep_the_fused_forwards_off_and_optimize_out(tiny_pipe):
+    # Stands in for accelerate's `_hf_hook` attribute (sequential CPU offload), which the GPU test above uses for
+    # real: hooked modules keep their weights on the meta device until their own forward runs.
+    from rocm_sd.patch.pipeline import OFFLOAD_FIRST
+
+    pipe = tiny_pipe
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, cuda_graph=False, channels_last=False)
+        resnet = next(m for m in pipe.unet.modules() if type(m).__name__ == "ResnetBlock2D")
+        block = next(m for m in pipe.unet.modules() if type(m).__name__ == "BasicTransformerBlock")
+        x = torch.randn(2, resnet.conv1.in_channels, 8, 8)
+        temb = torch.randn(2, resnet.time_emb_proj.in_features)
+        tokens = torch.randn(2, 16, block.norm1.normalized_shape[0])
+        context = torch.randn(2, 7, block.attn2.to_k.in_features)
+        with torch.no_grad():
+            fused = resnet(x, temb), block(tokens, encoder_hidden_states=context)
+            rocm_sd.reset_stats()
+            resnet.conv1._hf_hook = block.norm2._hf_hook = object()
+            hooked = resnet(x, temb), block(tokens, encoder_hidden_states=context)
+        del resnet.conv1._hf_hook, block.norm2._hf_hook
+        stats = rocm_sd.stats()
+        assert "bias_residual" not in stats and "add_layer_norm" not in stats, stats  # the hosts' own forwards ran
+        for a, b in zip(fused, hooked):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    rocm_sd.revert(pipe)
+
+    pipe.unet.conv_in._hf_hook = object()  # as if enable_sequential_cpu_offload() came first
+    try:
+        rocm_sd.optimize(pipe, cuda_graph=False)
+        assert rocm_sd.report(pipe)["unet"] == {OFFLOAD_FIRST: 1}
+        assert "resnet fused" in rocm_sd.report(pipe)["vae"]
+    finally:
+        del pipe.unet.conv_in._hf_hook
+        rocm_sd.revert(pipe)

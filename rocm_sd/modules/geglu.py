@@ -39,6 +39,7 @@ class GEGLUFused(nn.Module):
 
 
 def _plain_linear(proj: nn.Module) -> bool:
-    """An nn.Linear with a bias and no hooks: its forward is F.linear (a LoRA wrapper or a hook keeps the call)."""
+    """An nn.Linear with a bias and no hooks: its forward is F.linear (a LoRA wrapper, a hook or accelerate's
+    offload hook keeps the call)."""
     return type(proj) is nn.Linear and proj.bias is not None and not proj._forward_hooks \
-        and not proj._forward_pre_hooks
+        and not proj._forward_pre_hooks and not hasattr(proj, "_hf_hook")

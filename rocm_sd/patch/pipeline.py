@@ -52,6 +52,10 @@ GRAPHED_CALLS = {
 }
 
 
+OFFLOAD_FIRST = ("skipped: accelerate hooks on its modules (sequential CPU offload); call rocm_sd.optimize() "
+                 "before enable_sequential_cpu_offload()")
+
+
 def _untouched(target) -> dict[str, nn.Module]:
     """A pipeline's models that optimize() does not patch (safety checker, image encoder, ...)."""
     components = getattr(target, "components", None)
@@ -160,6 +164,11 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
         record = PatchRecord()
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
+        elif any(hasattr(m, "_hf_hook") for m in model.modules() if m is not model):
+            # Sequential CPU offload already installed: accelerate's hooks wrap the modules' own forwards, which
+            # the swapped modules would no longer reach (their weights stay on the meta device).
+            record.counts[OFFLOAD_FIRST] += 1
+            log.warning("rocm_sd.optimize: %s left untouched: %s", name, OFFLOAD_FIRST)
         elif type(model).__name__ in TEXT_ENCODERS:
             if not text_encoder:
                 record.counts["skipped: text_encoder=False"] += 1

@@ -20,7 +20,7 @@ from .. import ops
 from ..modules.group_norm import GroupNormAct
 from ..ops.conv_bias_residual import hosts_ck as conv_hosts_ck
 from .core import PatchRecord, derived
-from .swap import needs_grad
+from .swap import needs_grad, offload_hooked
 
 
 def _plain_conv(conv) -> bool:
@@ -73,6 +73,8 @@ def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
+    if offload_hooked(self.conv1, self.conv2, self.time_emb_proj):  # the weights below are read directly
+        return type(self).forward(self, input_tensor, temb, *args, **kwargs)
     hidden = _conv_without_bias(self.conv1, self.norm1(input_tensor))
     proj = self.time_emb_proj
     if proj is not None and temb is not None and _plain_projection(proj, temb):

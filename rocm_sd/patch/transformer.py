@@ -19,7 +19,7 @@ from torch import nn
 from .. import ops
 from ..modules.layer_norm import LayerNormFused
 from .core import PatchRecord
-from .swap import needs_grad
+from .swap import needs_grad, offload_hooked
 
 
 def fusable(block: nn.Module) -> bool:
@@ -39,7 +39,8 @@ def _add_norm(norm: LayerNormFused, x: torch.Tensor, residual: torch.Tensor) -> 
 def fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, encoder_hidden_states=None,
                   encoder_attention_mask=None, timestep=None, cross_attention_kwargs=None, class_labels=None,
                   added_cond_kwargs=None) -> torch.Tensor:
-    if cross_attention_kwargs or hidden_states.dim() != 3 or needs_grad(self, hidden_states):
+    if (cross_attention_kwargs or hidden_states.dim() != 3 or needs_grad(self, hidden_states)
+            or offload_hooked(self.norm2, self.norm3)):  # the fused adds read the norms' weights directly
         return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
                                   timestep, cross_attention_kwargs, class_labels, added_cond_kwargs)
     attn_output = self.attn1(self.norm1(hidden_states),
