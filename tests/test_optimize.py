@@ -379,16 +379,16 @@ def test_cpu_offload(offload, order):
     pytest.importorskip("accelerate")
     from rocm_sd.patch.pipeline import OFFLOAD_FIRST
 
-    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float16)
-    enable = pipe.enable_model_cpu_offload if offload == "model" else pipe.enable_sequential_cpu_offload
-    enable(device="cuda")
-    reference = run_pipe(pipe)
+    def offloaded(pipe):
+        (pipe.enable_model_cpu_offload if offload == "model" else pipe.enable_sequential_cpu_offload)(device="cuda")
+        return pipe
+
+    reference = run_pipe(offloaded(models.build_sd_pipeline("tiny", "cpu", torch.float16)))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float16)  # the same seeded weights
     if order == "optimize_first":
-        pipe.remove_all_hooks()
-        rocm_sd.optimize(pipe)
-        enable(device="cuda")
+        offloaded(rocm_sd.optimize(pipe))
     else:
-        rocm_sd.optimize(pipe)
+        rocm_sd.optimize(offloaded(pipe))
     optimized = run_pipe(pipe)
     report = rocm_sd.report(pipe)
     if offload == "sequential" and order == "offload_first":
