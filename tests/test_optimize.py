@@ -437,3 +437,53 @@ def test_accelerate_hooks_keep_the_fused_forwards_off_and_optimize_out(tiny_pipe
     finally:
         del pipe.unet.conv_in._hf_hook
         rocm_sd.revert(pipe)
+
+
+LORA_TARGETS = [["conv1", "conv2", "conv_shortcut"], ["time_emb_proj"], ["conv"],
+                ["proj_in", "proj_out", "to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]]
+
+
+def _unet_output(unet):
+    generator = torch.Generator().manual_seed(0)
+    sample = torch.randn(2, unet.config.in_channels, 8, 8, generator=generator).to(unet.device, unet.dtype)
+    states = torch.randn(2, 77, unet.config.cross_attention_dim, generator=generator).to(unet.device, unet.dtype)
+    with torch.no_grad():
+        return unet(sample, torch.tensor([10.0, 10.0], device=unet.device), states).sample
+
+
+def _with_lora(unet, targets):
+    from peft import LoraConfig
+
+    torch.manual_seed(1)  # the same adapter weights on every call; init_lora_weights=False: not a no-op
+    unet.add_adapter(LoraConfig(r=4, target_modules=targets, init_lora_weights=False))
+    return unet
+
+
+@pytest.mark.parametrize("targets", LORA_TARGETS, ids=lambda t: t[0])
+def test_lora_loaded_after_optimize_is_applied(targets):
+    # PEFT puts a wrapper in place of each target module. The fused resnet read conv1 / conv2's weights directly
+    # (a LoRA there crashed it) and the time embedding's SiLU sat in a hook of time_emb_proj (a LoRA there saw the
+    # input without it): both must follow the wrapped modules.
+    pytest.importorskip("peft")
+    expected = _unet_output(_with_lora(models.build_sd_pipeline("tiny", "cpu", torch.float32).unet, targets))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, cuda_graph=False, channels_last=False)
+        got = _unet_output(_with_lora(pipe.unet, targets))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    rocm_sd.revert(pipe)
+
+
+@pytest.mark.gpu
+def test_lora_loaded_after_optimize_on_gpu_recaptures_and_applies():
+    pytest.importorskip("peft")
+    targets = [name for group in LORA_TARGETS for name in group]
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    expected = _unet_output(_with_lora(models.build_sd_pipeline("tiny", "cuda", torch.float16).unet, targets))
+    rocm_sd.optimize(pipe)
+    _unet_output(pipe.unet)  # captured without the adapter
+    got = _unet_output(_with_lora(pipe.unet, targets))
+    assert rocm_sd.report(pipe)["unet"].get("forward: graph captures", 0) >= 2, rocm_sd.report(pipe)["unet"]
+    rel = (got.float() - expected.float()).norm() / expected.float().norm()
+    assert rel < 2e-2, rel
+    rocm_sd.revert(pipe)

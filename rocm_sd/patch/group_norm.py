@@ -4,7 +4,8 @@ Fusions, each only where the module's forward is known to apply the two in seque
   - ResnetBlock2D (time_embedding_norm "default", or the VAE decoder's "group" without a time embedding;
     SiLU nonlinearity): norm1 and norm2 become
     GroupNorm+SiLU and `nonlinearity` becomes Identity; the one other use of `nonlinearity`, on the
-    time embedding, moves into a forward pre-hook of `time_emb_proj`, so the block computes the same.
+    time embedding, moves into a forward pre-hook of the block on its `temb` argument, so the block computes
+    the same.
   - conv_norm_out followed by conv_act (UNet2DConditionModel, UNet2DModel, the VAE's Encoder and
     Decoder): conv_norm_out becomes GroupNorm+SiLU and conv_act becomes Identity.
 Every other nn.GroupNorm becomes a plain rocm_sd GroupNorm.
@@ -15,7 +16,7 @@ from torch import nn
 
 from ..modules.group_norm import GroupNormAct
 from .core import PatchRecord
-from .resnet import plain_time_embedding, silu_input
+from .resnet import plain_time_embedding, silu_temb
 
 # Classes whose forward runs `conv_act(conv_norm_out(x))` and uses conv_act nowhere else.
 NORM_OUT_THEN_ACT = {"UNet2DConditionModel", "UNet2DModel", "Encoder", "Decoder"}
@@ -33,7 +34,7 @@ def _fuse_resnet(block: nn.Module, record: PatchRecord) -> bool:
     record.replace_child(block, "norm2", GroupNormAct.from_group_norm(block.norm2, act="silu"))
     record.replace_child(block, "nonlinearity", nn.Identity())
     if block.time_emb_proj is not None and not block.skip_time_act:
-        record.add_hook(block.time_emb_proj.register_forward_pre_hook(silu_input))
+        record.add_hook(block.register_forward_pre_hook(silu_temb, with_kwargs=True))
     record.counts["group_norm+silu"] += 2
     return True
 

@@ -27,6 +27,13 @@ def _plain_conv(conv) -> bool:
     return type(conv) is nn.Conv2d and conv.padding_mode == "zeros" and conv.bias is not None
 
 
+def _weights_readable(conv) -> bool:
+    """Still a plain nn.Conv2d whose call is F.conv2d, so the fused path may read its weight and bias: a LoRA loaded
+    after optimize() (PEFT puts a wrapper module in its place), a hook, or accelerate's offload hook each need the
+    module's own call."""
+    return _plain_conv(conv) and not conv._forward_hooks and not conv._forward_pre_hooks and not offload_hooked(conv)
+
+
 def plain_time_embedding(block: nn.Module) -> bool:
     """Whether the block's forward runs norm2(h [+ time embedding]) then its nonlinearity: mode "default",
     or any mode but "scale_shift" without a time-embedding projection (the VAE decoder's up blocks are
@@ -46,17 +53,23 @@ def fusable(block: nn.Module) -> bool:
 CACHE_ATTR = "_rocm_sd_resnet_cache"  # tensors derived from the block's weights (core.derived)
 
 
-def silu_input(module, args):
-    """The forward pre-hook the GroupNorm patch puts on time_emb_proj: the SiLU the block's nonlinearity
-    applied to the time embedding before it became Identity."""
-    return (F.silu(args[0]),) + tuple(args[1:])
+def silu_temb(block, args, kwargs):
+    """The forward pre-hook (with kwargs) the GroupNorm patch puts on a ResnetBlock2D whose `nonlinearity` it made
+    Identity: the SiLU that nonlinearity applied to the time embedding before time_emb_proj, applied to the block's
+    `temb` argument instead. On the argument, not as a hook of time_emb_proj: a LoRA loaded later replaces
+    time_emb_proj by a wrapper whose low-rank branch must see the same SiLU input as its base layer."""
+    if len(args) > 1 and args[1] is not None:
+        return (args[0], F.silu(args[1])) + tuple(args[2:]), kwargs
+    if kwargs.get("temb") is not None:
+        return args, {**kwargs, "temb": F.silu(kwargs["temb"])}
+    return None
 
 
 def _plain_projection(proj: nn.Module, temb: torch.Tensor) -> bool:
-    """time_emb_proj is a plain nn.Linear (no LoRA wrapper) whose only hook is silu_input, and nothing needs
+    """time_emb_proj is a plain nn.Linear without hooks (no LoRA wrapper, no offload hook), and nothing needs
     gradients or is being traced: its projection can take the folded bias."""
-    return (type(proj) is nn.Linear and proj.bias is not None and not proj._forward_hooks
-            and all(hook is silu_input for hook in proj._forward_pre_hooks.values())
+    return (type(proj) is nn.Linear and proj.bias is not None and not proj._forward_hooks and not offload_hooked(proj)
+            and not proj._forward_pre_hooks
             and temb.dtype == proj.weight.dtype and not needs_grad(proj, temb) and not torch.compiler.is_compiling())
 
 
@@ -73,15 +86,14 @@ def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
-    if offload_hooked(self.conv1, self.conv2, self.time_emb_proj):  # the weights below are read directly
+    if not (_weights_readable(self.conv1) and _weights_readable(self.conv2)):  # read directly below
         return type(self).forward(self, input_tensor, temb, *args, **kwargs)
     hidden = _conv_without_bias(self.conv1, self.norm1(input_tensor))
     proj = self.time_emb_proj
     if proj is not None and temb is not None and _plain_projection(proj, temb):
         # The projection with conv1's bias folded into its own (the GEMM epilogue adds both).
-        input_bias = F.linear(F.silu(temb) if proj._forward_pre_hooks else temb, proj.weight, _time_bias(self))
+        input_bias = F.linear(temb, proj.weight, _time_bias(self))  # temb: after the block's silu_temb hook
     elif proj is not None and temb is not None:
-        # time_emb_proj carries the SiLU pre-hook of the GroupNorm patch (when the block applies one).
         input_bias = proj(temb) + self.conv1.bias
     else:  # no time embedding (the VAE): conv1's bias for every image, made once per batch size
         bias, n = self.conv1.bias, hidden.shape[0]
