@@ -146,8 +146,9 @@ def test_transformer_blocks_fold_their_residual_adds_into_the_norms(tiny_pipe):
 
 
 @pytest.mark.gpu
-def test_optimized_pipeline_on_gpu_matches_reference():
-    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_optimized_pipeline_on_gpu_matches_reference(dtype):
+    pipe = models.build_sd_pipeline("tiny", "cuda", dtype)
     reference = run_pipe(pipe)
     same_precision_again = run_pipe(pipe)
     rocm_sd.optimize(pipe)
@@ -158,7 +159,7 @@ def test_optimized_pipeline_on_gpu_matches_reference():
     rocm_sd.revert(pipe)
     assert torch.equal(run_pipe(pipe), same_precision_again)
     rel = (optimized.float() - reference.float()).norm() / reference.float().norm()
-    assert rel < 2e-2, rel
+    assert rel < (2e-2 if dtype == torch.float16 else 5e-2), rel  # bf16: 3 fewer mantissa bits
 
 
 def test_graphed_calls_are_installed_and_reverted(tiny_pipe):
@@ -487,3 +488,32 @@ def test_lora_loaded_after_optimize_on_gpu_recaptures_and_applies():
     rel = (got.float() - expected.float()).norm() / expected.float().norm()
     assert rel < 2e-2, rel
     rocm_sd.revert(pipe)
+
+
+def test_inpainting_pipeline_patches_and_reverts():
+    # StableDiffusionInpaintPipeline: a UNet of 9 input channels (latents, mask, masked image latents).
+    from diffusers import StableDiffusionInpaintPipeline, UNet2DConditionModel
+
+    base = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel.from_config({**base.unet.config, "in_channels": 9})
+    pipe = StableDiffusionInpaintPipeline(**{**base.components, "unet": unet})
+    pipe.set_progress_bar_config(disable=True)
+    conditioning = models.prompt_kwargs(pipe, "a cat")
+    image = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    mask = torch.zeros(1, 1, 64, 64)
+    mask[..., 16:48, 16:48] = 1
+
+    def run():
+        with torch.no_grad():
+            return pipe(**conditioning, image=image, mask_image=mask, num_inference_steps=2, height=64, width=64,
+                        generator=torch.Generator().manual_seed(0), output_type="latent").images
+
+    reference = run()
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe)
+        optimized = run()
+    assert rocm_sd.report(pipe)["unet"]["resnet fused"] > 0
+    torch.testing.assert_close(optimized, reference, rtol=1e-3, atol=1e-3)  # fused adds in another order
+    rocm_sd.revert(pipe)
+    assert torch.equal(run(), reference)
