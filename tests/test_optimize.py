@@ -517,3 +517,21 @@ def test_inpainting_pipeline_patches_and_reverts():
     torch.testing.assert_close(optimized, reference, rtol=1e-3, atol=1e-3)  # fused adds in another order
     rocm_sd.revert(pipe)
     assert torch.equal(run(), reference)
+
+
+def test_a_hook_on_a_fused_blocks_norm_still_runs(tiny_pipe):
+    # The fused transformer block reads norm2 / norm3's weights in rocm_sd::add_layer_norm: a user's hook on one of
+    # them must make the block call the norm instead of skipping the hook.
+    pipe = tiny_pipe
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, cuda_graph=False, channels_last=False)
+        block = next(m for m in pipe.unet.modules() if type(m).__name__ == "BasicTransformerBlock")
+        calls = []
+        handle = block.norm2.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+        x = torch.randn(2, 16, block.norm1.normalized_shape[0])
+        context = torch.randn(2, 7, block.attn2.to_k.in_features)
+        with torch.no_grad():
+            block(x, encoder_hidden_states=context)
+        handle.remove()
+    rocm_sd.revert(pipe)
+    assert calls == [torch.Size([2, 16, block.norm1.normalized_shape[0]])]
