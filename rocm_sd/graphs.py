@@ -35,6 +35,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from .modules.hooks import accelerate_hooked
+
 log = logging.getLogger("rocm_sd")
 
 # Signatures kept per callable (CFG on/off x a few resolutions x a few weight sets). A new signature past it
@@ -199,7 +201,7 @@ class GraphedCall:
             raise _Ineligible("autograd is on (graphs are captured under torch.no_grad / inference_mode)")
         if _get_current_dispatch_mode() is not None:
             raise _Ineligible("a TorchDispatchMode is active (recording, fake tensors)")
-        if hasattr(self.module, "_hf_hook"):
+        if accelerate_hooked(self.module):
             raise _Ineligible("accelerate hooks (CPU offload) move the weights between calls")
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if not any(isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" for leaf in leaves):

@@ -7,6 +7,7 @@ from torch import nn
 from .. import ops
 from ..ops.linear_geglu import hosts_ck as linear_geglu_hosts_ck
 from ..ops.geglu import geglu_ref
+from .hooks import called_plainly
 
 
 class GEGLUFused(nn.Module):
@@ -39,7 +40,5 @@ class GEGLUFused(nn.Module):
 
 
 def _plain_linear(proj: nn.Module) -> bool:
-    """An nn.Linear with a bias and no hooks: its forward is F.linear (a LoRA wrapper, a hook or accelerate's
-    offload hook keeps the call)."""
-    return type(proj) is nn.Linear and proj.bias is not None and not proj._forward_hooks \
-        and not proj._forward_pre_hooks and not hasattr(proj, "_hf_hook")
+    """An nn.Linear with a bias, called plainly (hooks.py): its forward is F.linear."""
+    return type(proj) is nn.Linear and proj.bias is not None and called_plainly(proj)

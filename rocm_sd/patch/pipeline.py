@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..graphs import GraphedCall, GraphPool
+from ..modules.hooks import accelerate_hooked
 from .attention import patch_attention
 from .core import RECORD_ATTR, PatchRecord
 from .geglu import patch_geglus
@@ -164,7 +165,7 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
         record = PatchRecord()
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
-        elif any(hasattr(m, "_hf_hook") for m in model.modules() if m is not model):
+        elif any(accelerate_hooked(m) for m in model.modules() if m is not model):
             # Sequential CPU offload already installed: accelerate's hooks wrap the modules' own forwards, which
             # the swapped modules would no longer reach (their weights stay on the meta device).
             record.counts[OFFLOAD_FIRST] += 1

@@ -18,9 +18,10 @@ from torch import nn
 
 from .. import ops
 from ..modules.group_norm import GroupNormAct
+from ..modules.hooks import called_plainly
 from ..ops.conv_bias_residual import hosts_ck as conv_hosts_ck
 from .core import PatchRecord, derived
-from .swap import needs_grad, offload_hooked
+from .swap import needs_grad
 
 
 def _plain_conv(conv) -> bool:
@@ -28,10 +29,8 @@ def _plain_conv(conv) -> bool:
 
 
 def _weights_readable(conv) -> bool:
-    """Still a plain nn.Conv2d whose call is F.conv2d, so the fused path may read its weight and bias: a LoRA loaded
-    after optimize() (PEFT puts a wrapper module in its place), a hook, or accelerate's offload hook each need the
-    module's own call."""
-    return _plain_conv(conv) and not conv._forward_hooks and not conv._forward_pre_hooks and not offload_hooked(conv)
+    """Still a plain nn.Conv2d called plainly (modules/hooks.py), so the fused path may read its weight and bias."""
+    return _plain_conv(conv) and called_plainly(conv)
 
 
 def plain_time_embedding(block: nn.Module) -> bool:
@@ -68,8 +67,7 @@ def silu_temb(block, args, kwargs):
 def _plain_projection(proj: nn.Module, temb: torch.Tensor) -> bool:
     """time_emb_proj is a plain nn.Linear without hooks (no LoRA wrapper, no offload hook), and nothing needs
     gradients or is being traced: its projection can take the folded bias."""
-    return (type(proj) is nn.Linear and proj.bias is not None and not proj._forward_hooks and not offload_hooked(proj)
-            and not proj._forward_pre_hooks
+    return (type(proj) is nn.Linear and proj.bias is not None and called_plainly(proj)
             and temb.dtype == proj.weight.dtype and not needs_grad(proj, temb) and not torch.compiler.is_compiling())
 
 

@@ -28,13 +28,6 @@ def needs_grad(module: nn.Module, x: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
 
 
-def offload_hooked(*modules: nn.Module | None) -> bool:
-    """Whether accelerate hooks (diffusers' enable_sequential_cpu_offload) bring any of these modules' weights to
-    the GPU at their own call, keeping them on the meta device in between: a fused forward that reads their
-    weights directly must call the modules instead (the host's forward)."""
-    return any(hasattr(module, "_hf_hook") for module in modules if module is not None)
-
-
 def _subclass(base: type, kind: str) -> type:
     key = (base, kind)
     if key not in _SUBCLASSES:

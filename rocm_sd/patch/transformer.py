@@ -17,21 +17,16 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..modules.hooks import called_plainly
 from ..modules.layer_norm import LayerNormFused
 from .core import PatchRecord
-from .swap import needs_grad, offload_hooked
+from .swap import needs_grad
 
 
 def fusable(block: nn.Module) -> bool:
     return (block.norm_type == "layer_norm" and block.pos_embed is None and block._chunk_size is None
             and block.attn2 is not None and isinstance(block.norm1, LayerNormFused)
             and isinstance(block.norm2, LayerNormFused) and isinstance(block.norm3, LayerNormFused))
-
-
-def _weights_readable(norm: nn.Module) -> bool:
-    """The fused adds read the norm's weight and bias directly: a hook on it, or accelerate's offload hook
-    (weights on the meta device between calls), needs the module's own call instead."""
-    return not norm._forward_hooks and not norm._forward_pre_hooks and not offload_hooked(norm)
 
 
 def _add_norm(norm: LayerNormFused, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +41,7 @@ def fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, encode
                   encoder_attention_mask=None, timestep=None, cross_attention_kwargs=None, class_labels=None,
                   added_cond_kwargs=None) -> torch.Tensor:
     if (cross_attention_kwargs or hidden_states.dim() != 3 or needs_grad(self, hidden_states)
-            or not (_weights_readable(self.norm2) and _weights_readable(self.norm3))):
+            or not (called_plainly(self.norm2) and called_plainly(self.norm3))):  # the fused adds read their weights
         return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
                                   timestep, cross_attention_kwargs, class_labels, added_cond_kwargs)
     attn_output = self.attn1(self.norm1(hidden_states),

@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from ..modules.hooks import called_plainly
 from ..ops.parity_shuffle import parity_shuffle_ref
 from .core import PatchRecord, derived
-from .swap import needs_grad, offload_hooked
+from .swap import needs_grad
 
 CACHE_ATTR = "_rocm_sd_folded_conv"
 
@@ -76,7 +77,7 @@ def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **
     conv = _conv_of(self)
     h, w = hidden_states.shape[-2:] if hidden_states.dim() == 4 else (0, 0)
     if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
-            or not isinstance(conv, nn.Conv2d) or conv._forward_hooks or conv._forward_pre_hooks or offload_hooked(conv)
+            or not (isinstance(conv, nn.Conv2d) and called_plainly(conv))
             or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states)
             or torch.compiler.is_compiling()):  # the weight cache cannot be traced; the compiler fuses its own way
         return type(self).forward(self, hidden_states, output_size, *args, **kwargs)
