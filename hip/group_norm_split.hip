@@ -168,17 +168,8 @@ __global__ void __launch_bounds__(kThreads) group_norm_stats_nchw(const T* __res
 // Adds a vector of GPV groups' channels (VEC / GPV each) plus their input biases to one accumulator per group.
 template <class T, int VEC, int GPV>
 __device__ __forceinline__ void add_by_group(ShiftedSums (&acc)[GPV], const Vec<T, VEC>& v, const float (&bias)[VEC]) {
-  constexpr int kPart = VEC / GPV;
-#pragma unroll
-  for (int j = 0; j < GPV; ++j) {
-#pragma unroll
-    for (int k = j * kPart; k < (j + 1) * kPart; ++k) {
-      const float d = to_float(v.v[k]) + (bias[k] - acc[j].shift);
-      acc[j].sum += d;
-      acc[j].sumsq = fmaf(d, d, acc[j].sumsq);
-    }
-    acc[j].n += float(kPart);
-  }
+  acc[0].template add<0, VEC / GPV>(v, bias);
+  if constexpr (GPV == 2) acc[1].template add<VEC / 2, VEC / 2>(v, bias);
 }
 
 // Grid (splits, n). x: (N, HW, C). Thread (row r, column t) reads channels [t*VEC, t*VEC+VEC) of

@@ -96,16 +96,21 @@ struct ShiftedSums {
     n += float(VEC);
   }
 
-  // Adds v + bias[k] element by element (a vector across channels, channels_last).
-  template <class T, int VEC>
+  // Adds v[k] + bias[k] for the COUNT elements from FIRST on (a vector across channels, channels_last: all of
+  // it, or the part of it in one group).
+  template <int FIRST, int COUNT, class T, int VEC>
   __device__ __forceinline__ void add(const Vec<T, VEC>& v, const float (&bias)[VEC]) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
+    for (int k = FIRST; k < FIRST + COUNT; ++k) {
       const float d = to_float(v.v[k]) + (bias[k] - shift);
       sum += d;
       sumsq = fmaf(d, d, sumsq);
     }
-    n += float(VEC);
+    n += float(COUNT);
+  }
+  template <class T, int VEC>
+  __device__ __forceinline__ void add(const Vec<T, VEC>& v, const float (&bias)[VEC]) {
+    add<0, VEC>(v, bias);
   }
 
   __device__ __forceinline__ WelfordStats stats() const {
