@@ -8,8 +8,8 @@
 //       (eight threads cover 128 contiguous bytes of a row) and writes rows of the transposed tile the same
 //       way; the transpose itself is shared-memory reads of single elements, whose rows are padded by one
 //       4-byte word so that the 8 rows a wave reads at once fall in different banks. Measured on H200 (bench/results,
-//       2026-11-22-layout_copy-0457d90-*): 85-88% of a same-size copy at 16-64 MiB, 79.8% of the 1 GiB copy
-//       ceiling at 64 MiB, from 64-72% / 54-65% for the register transpose below.
+//       2026-11-22-layout_copy-5751c22-*, with streaming stores from 16 MiB): 80.0-83.7% of the 1 GiB copy ceiling
+//       at 32-64 MiB and 96% of a same-size copy at 16 MiB, from 54-65% for the register transpose below.
 //   register (everything else): each thread moves one VEC x VEC block (VEC elements make one 16-byte
 //       vector where the sizes and pointers allow) through its registers: VEC vector loads along s, a
 //       register transpose, VEC vector stores along r. The thread at (a, b) of the block (b = tid % 8
