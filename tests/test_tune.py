@@ -212,9 +212,9 @@ def test_group_norm_takes_the_tuned_path_and_ignores_one_it_cannot_run(tmp_path)
 def test_database_file_is_json_people_can_read(tmp_path):
     db = TuningDB(device_key(), validators(), location=tmp_path)
     db.record("geglu|float16|nchw|rows=128,D=640", {"choice": "rocm_sd", "ms": 0.01})
-    data = json.loads(db.path.read_text())
-    assert data["results"]["geglu|float16|nchw|rows=128,D=640"]["choice"] == "rocm_sd"
-    assert data["device"]["arch"] == device_key().arch and data["validators"]["torch"] == torch.__version__
+    [table] = json.loads(db.path.read_text())["tables"]
+    assert table["results"]["geglu|float16|nchw|rows=128,D=640"]["choice"] == "rocm_sd"
+    assert table["device"]["arch"] == device_key().arch and table["validators"]["torch"] == torch.__version__
 
 
 def test_ranks_with_the_same_gpu_split_the_problems(tmp_path):

@@ -58,13 +58,44 @@ def test_stale_validators_ignore_the_file_with_the_reason(tmp_path):
         assert db(tmp_path, validators=newer).lookup(GN) is not None
 
 
-def test_writing_over_a_stale_file_keeps_it_aside(tmp_path):
+def test_another_software_version_keeps_its_own_table_in_the_same_file(tmp_path):
     db(tmp_path).record(GN, {"choice": "rocm_sd:split"})
     newer = db(tmp_path, validators=dict(VALID, kernels="def456"))
     newer.record(GN, {"choice": "torch"})
-    aside = list(tmp_path.glob("*.json.stale-*"))
-    assert len(aside) == 1 and json.loads(aside[0].read_text())["results"][GN]["choice"] == "rocm_sd:split"
+    assert not list(tmp_path.glob("*.json.*-*"))  # nothing set aside: both tables live in the one file
+    assert db(tmp_path).lookup(GN)["choice"] == "rocm_sd:split"
     assert db(tmp_path, validators=dict(VALID, kernels="def456")).lookup(GN)["choice"] == "torch"
+
+
+def test_alternating_software_versions_lose_no_result(tmp_path):
+    """ComfyUI's torch and the CLI's tuning into one database in turn: each write once set the other's file
+    aside under a name stamped to the second, so most results were overwritten."""
+    versions = [VALID, dict(VALID, torch="2.14.0")]
+    for i in range(20):
+        db(tmp_path, validators=versions[i % 2]).record(problem_key("op", "float16", "nhwc", i=i), {"choice": f"c{i}"})
+    for v, validators in enumerate(versions):
+        mine = db(tmp_path, validators=validators)
+        assert sorted(mine.results) == sorted(problem_key("op", "float16", "nhwc", i=i) for i in range(v, 20, 2))
+        assert not mine.notes
+
+
+def test_two_devices_sharing_one_file_keep_both_tables(tmp_path):
+    single = tmp_path / "tune.json"
+    TuningDB(MI300X, VALID, location=single, defaults_dir=None).record(GN, {"choice": "mi300"})
+    TuningDB(RX7900, VALID, location=single, defaults_dir=None).record(GN, {"choice": "rx7900"})
+    assert TuningDB(MI300X, VALID, location=single, defaults_dir=None).lookup(GN)["choice"] == "mi300"
+    assert TuningDB(RX7900, VALID, location=single, defaults_dir=None).lookup(GN)["choice"] == "rx7900"
+
+
+def test_a_format_1_file_is_read_and_kept_as_a_table(tmp_path):
+    path = db(tmp_path).path
+    path.write_text(json.dumps({"format": 1, "device": MI300X.as_dict(), "validators": VALID,
+                                "results": {GN: {"choice": "old"}}}))
+    assert db(tmp_path).lookup(GN)["choice"] == "old"
+    other = problem_key("op", "float16", "nhwc", i=1)
+    db(tmp_path, validators=dict(VALID, torch="2.14.0")).record(other, {"choice": "new"})
+    assert json.loads(path.read_text())["format"] == 2
+    assert db(tmp_path).lookup(GN)["choice"] == "old"
 
 
 @pytest.mark.parametrize("content", ["{not json", "", '{"format": 1, "results": []}', '["a list"]',
@@ -191,3 +222,155 @@ def test_chose_anywhere_tells_variants_from_the_plain_backend(tmp_path):
     mine.record(attention.replace("Lk=4096", "Lk=77"), {"choice": "torch:efficient"})
     assert mine.chose_anywhere("attention", "torch", variants_only=True)
     assert not mine.chose_anywhere("group_norm", "torch")
+
+
+class _FrozenClock:
+    """datetime with a now() that never moves: every set-aside happens in the same microsecond."""
+    class datetime(__import__("datetime").datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 11, 23, 12, 0, 0, 0)
+
+
+def test_set_asides_in_the_same_instant_never_overwrite_each_other(tmp_path, monkeypatch):
+    import rocm_sd.tune.db as db_module
+
+    monkeypatch.setattr(db_module, "datetime", _FrozenClock)
+    contents = [f"{{broken {i}" for i in range(3)]
+    for content in contents:
+        db(tmp_path).path.write_text(content)
+        db(tmp_path)
+    assert sorted(p.read_text() for p in tmp_path.glob("*.json.corrupt-*")) == contents
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000 + "]" * 100_000,
+                                     '{"format": 1, "device": {}, "results": {}, "n": ' + "9" * 5000 + "}"],
+                         ids=["nested-100000-deep", "integer-of-5000-digits"])
+def test_json_too_deep_or_numbers_too_long_are_corrupt_not_a_crash(tmp_path, content):
+    db(tmp_path).path.write_text(content)
+    fresh = db(tmp_path)
+    assert fresh.lookup(GN) is None and "moved to" in fresh.notes[0]
+    assert [p.read_text() for p in tmp_path.glob("*.json.corrupt-*")] == [content]
+
+
+@pytest.mark.parametrize("choice", [5, "", None, ["torch"]])
+def test_a_result_without_a_string_choice_makes_the_file_corrupt(tmp_path, choice):
+    """Dispatch reads the choice as a string on every call: a bad one must never reach it."""
+    path = db(tmp_path).path
+    path.write_text(json.dumps({"format": 1, "device": MI300X.as_dict(), "validators": VALID,
+                                "results": {GN: {"choice": choice}}}))
+    fresh = db(tmp_path)
+    assert fresh.lookup(GN) is None and "no choice" in fresh.notes[0]
+    with pytest.raises(ValueError, match="choice"):
+        fresh.record(GN, {"choice": choice})
+
+
+def test_a_reader_waits_for_the_lock_before_moving_a_corrupt_file_aside(tmp_path, monkeypatch):
+    """A reader that saw a corrupt file must not rename what a writer puts there meanwhile: it takes the lock,
+    reads again, and moves the file only if it is still corrupt."""
+    import threading
+
+    from filelock import FileLock
+
+    import rocm_sd.tune.db as db_module
+
+    monkeypatch.setattr(db_module, "READ_LOCK_TIMEOUT_S", 30.0)
+    path = db(tmp_path).path
+    path.write_text("{half-written by someone")
+    loaded = {}
+    with FileLock(str(path) + ".lock"):  # a writer is at work
+        reader = threading.Thread(target=lambda: loaded.setdefault("db", db(tmp_path)))
+        reader.start()
+        reader.join(timeout=1.0)
+        assert reader.is_alive() and path.read_text() == "{half-written by someone"  # not renamed under the writer
+        path.write_text(json.dumps({"format": 1, "device": MI300X.as_dict(), "validators": VALID,
+                                    "results": {GN: {"choice": "fresh"}}}))
+    reader.join(timeout=30)
+    assert loaded["db"].lookup(GN)["choice"] == "fresh" and not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_a_directory_at_the_database_path_is_not_renamed(tmp_path):
+    folder_named_json = tmp_path / "tune.json"
+    folder_named_json.mkdir()
+    reader = TuningDB(MI300X, VALID, location=folder_named_json, defaults_dir=None)
+    assert reader.lookup(GN) is None and "not a regular file" in reader.notes[0]
+    with pytest.raises(RuntimeError, match="tune.json.*not a regular file"):
+        reader.record(GN, {"choice": "torch"})
+    assert folder_named_json.is_dir() and list(tmp_path.iterdir()) == [folder_named_json] + \
+        [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]
+
+
+def _record_until_killed(folder: str, acknowledged: str) -> None:
+    target = TuningDB(MI300X, VALID, location=__import__("pathlib").Path(folder), defaults_dir=None)
+    with open(acknowledged, "a") as log:
+        for i in range(10**9):
+            key = problem_key("op", "float16", "nhwc", pid=os.getpid(), i=i)
+            target.record(key, {"choice": "torch"})
+            log.write(key + "\n")  # written only once record() has returned: the result counts as saved
+            log.flush()
+
+
+def test_killed_writers_leave_no_partial_files_and_lose_nothing_saved(tmp_path):
+    import random
+    import signal
+    import time
+
+    ctx = multiprocessing.get_context("fork")  # no re-import per writer: 20 kills stay fast
+    acknowledged = tmp_path / "acknowledged.txt"
+    folder = tmp_path / "db"
+    rng = random.Random(0)
+    for _ in range(20):
+        writer = ctx.Process(target=_record_until_killed, args=(str(folder), str(acknowledged)))
+        writer.start()
+        time.sleep(rng.uniform(0.05, 0.3))
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+    assert len([p for p in os.listdir(folder) if p.endswith(".tmp")]) <= 1
+    saved = db(folder)
+    assert not saved.notes
+    assert set(acknowledged.read_text().split()) <= set(saved.results)
+    saved.record(GN, {"choice": "torch"})
+    assert not [p for p in os.listdir(folder) if p.endswith(".tmp")]
+
+
+def test_a_batch_saves_once_per_interval_and_on_leaving_the_block(tmp_path, monkeypatch):
+    import rocm_sd.tune.db as db_module
+
+    writes = []
+    real_write = db_module.write_json_atomically
+    monkeypatch.setattr(db_module, "write_json_atomically", lambda *a, **k: (writes.append(1), real_write(*a, **k)))
+    tuner = db(tmp_path)
+    keys = [problem_key("op", "float16", "nhwc", i=i) for i in range(50)]
+    with tuner.batched(interval_s=3600):
+        for key in keys:
+            tuner.record(key, {"choice": "torch"})
+        assert tuner.lookup(keys[7])["choice"] == "torch" and not writes  # visible at once, saved later
+    assert len(writes) == 1 and sorted(db(tmp_path).results) == sorted(keys)
+    with pytest.raises(KeyboardInterrupt):
+        with tuner.batched(interval_s=3600):
+            tuner.record(GN, {"choice": "rocm_sd"})
+            raise KeyboardInterrupt  # Ctrl-C during tuning: what was measured is still saved
+    assert db(tmp_path).lookup(GN)["choice"] == "rocm_sd"
+    writes.clear()
+    with tuner.batched(interval_s=0):
+        for key in keys[:5]:
+            tuner.record(key, {"choice": "rocm_sd"})
+    assert len(writes) == 5
+
+
+def _batched_writer(folder: str, worker: int, n: int) -> None:
+    target = TuningDB(MI300X, VALID, location=__import__("pathlib").Path(folder), defaults_dir=None)
+    with target.batched(interval_s=0.05):
+        for i in range(n):
+            target.record(problem_key("op", "float16", "nhwc", worker=worker, i=i), {"choice": f"{worker}-{i}"})
+
+
+def test_concurrent_batched_writers_lose_nothing(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_batched_writer, args=(str(tmp_path), w, 100)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs)
+    assert len(db(tmp_path)) == 400

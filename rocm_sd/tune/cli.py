@@ -11,7 +11,8 @@
    cuDNN's benchmark mode on CUDA (which keeps nothing on disk).
 2. Per problem, every candidate is checked against a float64 truth (a fast wrong kernel is never
    chosen), timed with device events on inputs cycling through more memory than the L2 cache, and the
-   best is written to the database at once with its runners-up: killed halfway, --resume goes on.
+   best is written to the database with its runners-up (saved every few seconds, and on Ctrl-C):
+   killed halfway, --resume goes on.
 3. A table: op, problem, the choice, its speed-up over PyTorch.
 """
 from __future__ import annotations
@@ -137,16 +138,17 @@ def main(argv=None) -> int:
     todo = _rank_share(todo, device)
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
     done, stopped = [], 0
-    for i, (k, call, count) in enumerate(tqdm(todo, unit="problem", disable=None)):
-        if args.budget_s is not None and time.monotonic() - start > args.budget_s:
-            stopped = len(todo) - i
-            break
-        outcome = measure(call, device, l2_bytes)
-        if outcome.choice is None:
-            print(f"  {k}: no candidate passed: {outcome.rejected}", file=sys.stderr)
-            continue
-        db.record(k, outcome.as_result(count))
-        done.append(k)
+    with db.batched():  # saved every few seconds and at the end, Ctrl-C included
+        for i, (k, call, count) in enumerate(tqdm(todo, unit="problem", disable=None)):
+            if args.budget_s is not None and time.monotonic() - start > args.budget_s:
+                stopped = len(todo) - i
+                break
+            outcome = measure(call, device, l2_bytes)
+            if outcome.choice is None:
+                print(f"  {k}: no candidate passed: {outcome.rejected}", file=sys.stderr)
+                continue
+            db.record(k, outcome.as_result(count))
+            done.append(k)
     active.reload()
     shutdown()  # leaves the torchrun job cleanly when _rank_share joined one; nothing otherwise
     _print_table(db, done)

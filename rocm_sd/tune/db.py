@@ -5,12 +5,18 @@ Where: $ROCM_SD_TUNE_DB (a folder, or one .json file), else the platform's cache
 the device key (device_key.py). A read-only default database shipped in rocm_sd/tune/defaults/ (heuristic
 choices for known architectures) answers what the user's file does not: the user's results always win.
 
-A file is used only when its device and validators match this process; otherwise it is ignored with a
-message saying what differs (ROCM_SD_TUNE_ACCEPT_STALE=1 uses it anyway). Writes hold a file lock
-(several ranks of a torchrun job, ComfyUI and the CLI may tune at once), merge with what is on disk, and
-replace the file atomically (temp file + fsync + rename), one result at a time, so a killed tuner loses
-nothing already measured. A corrupt file, or a stale one about to be overwritten, is moved aside with a
-warning, never deleted.
+A file holds one table per (device, software) pair: results count only for the device and the software
+(validators: rocm_sd, kernel sources, runtime, driver, torch) they were measured with. ComfyUI's torch and
+the CLI's, or two GPUs sharing one .json file, each read and write their own table and never evict
+another's. A process whose software has no table yet says what the nearest table was measured with
+(ROCM_SD_TUNE_ACCEPT_STALE=1 uses that one anyway).
+
+Writes hold a file lock (several ranks of a torchrun job, ComfyUI and the CLI may tune at once), merge with
+what is on disk, and replace the file atomically through one temporary name that only the lock holder
+uses, so a killed writer leaves no partial database and at most one temporary file, which the next write
+replaces. A result is saved when record() returns; inside batched() results are saved together every few
+seconds and when the block ends. A corrupt file is moved aside under the lock (a unique name, never over
+another file) with a warning, never deleted; a path that is not a regular file is never touched.
 
 Keys are problem strings, `op|dtype|layout|name=value,...` (problem_key()); a lookup that misses falls
 back to the nearest tuned shape of the same op, dtype and layout (log-distance over the numeric values),
@@ -18,13 +24,18 @@ then to None: the op's own heuristic decides.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import glob
 import json
 import logging
 import math
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Mapping
 
 from filelock import FileLock, Timeout
 
@@ -34,8 +45,12 @@ from .device_key import DeviceKey
 
 log = logging.getLogger("rocm_sd")
 
-FORMAT = 1
+FORMAT = 2          # {"format": 2, "tables": [{"device", "validators", "written", "results"}, ...]}
+LEGACY_FORMAT = 1   # {"format": 1, "device", "validators", "results"}: read as one table, rewritten as format 2
 LOCK_TIMEOUT_S = 120.0
+# A reader only takes the lock to move a corrupt file aside: inference must not wait long for that.
+READ_LOCK_TIMEOUT_S = 10.0
+BATCH_INTERVAL_S = 10.0
 DEFAULTS_DIR = Path(__file__).with_name("defaults")
 
 
@@ -62,7 +77,7 @@ def _distance(a: dict[str, str], b: dict[str, str]) -> float:
                 return math.inf
             continue
         if x != y:
-            if x <= 0 or y <= 0:
+            if x <= 0 or y <= 0 or not math.isfinite(x) or not math.isfinite(y):
                 return math.inf
             total += abs(math.log(x / y))
     return total
@@ -83,19 +98,92 @@ def _file_for(location: Path, device: DeviceKey) -> Path:
     return location if location.suffix == ".json" else location / f"{device.file_stem}.json"
 
 
-def _stamp() -> str:
-    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
 
 
 class DatabaseError(RuntimeError):
-    """A tuning result could not be saved (lock held too long, folder not writable)."""
+    """A tuning result could not be saved (lock held too long, folder not writable, path not a file)."""
+
+
+# ---- the file format ---------------------------------------------------------------------------
+
+@dataclass
+class _Read:
+    """What reading a database path found: tables, nothing (no file), or why it cannot be used."""
+    tables: list[dict] | None = None
+    corrupt: str | None = None      # the content is not a database: move it aside
+    unreadable: str | None = None   # the path cannot be read (a folder, permissions): leave it alone
+
+
+def _table_problem(table) -> str | None:
+    """Why `table` is not a valid table, or None."""
+    if not isinstance(table, dict):
+        return "a table is not an object"
+    for part in ("device", "validators", "results"):
+        if not isinstance(table.get(part), dict):
+            return f"missing or malformed {part!r}"
+    for key, result in table["results"].items():
+        choice = result.get("choice") if isinstance(result, dict) else None
+        if not isinstance(choice, str) or not choice:
+            return f"result {key[:80]!r} has no choice (a non-empty string)"
+    return None
+
+
+def _tables_of(data) -> tuple[list[dict] | None, str | None]:
+    """The tables of a parsed file of either format, or (None, why it is not a database)."""
+    if not isinstance(data, dict):
+        return None, "not a rocm_sd tuning database (not a JSON object)"
+    if data.get("format") == LEGACY_FORMAT:
+        tables = [{"device": data.get("device"), "validators": data.get("validators", {}),
+                   "results": data.get("results")}]
+    elif data.get("format") == FORMAT:
+        tables = data.get("tables")
+        if not isinstance(tables, list):
+            return None, "not a rocm_sd tuning database (no list of tables)"
+    else:
+        return None, f"format {str(data.get('format'))[:40]!r}, this rocm_sd reads formats {LEGACY_FORMAT} and {FORMAT}"
+    for table in tables:
+        problem = _table_problem(table)
+        if problem:
+            return None, f"not a rocm_sd tuning database ({problem})"
+    return tables, None
+
+
+def _read(path: Path) -> _Read:
+    if not path.exists() and not path.is_symlink():
+        return _Read()
+    if not path.is_file():
+        return _Read(unreadable="not a regular file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return _Read()
+    except OSError as exc:
+        return _Read(unreadable=f"{type(exc).__name__}: {exc}")
+    # ValueError covers malformed JSON and integers longer than Python's digit limit; RecursionError, JSON nested
+    # deeper than the parser's stack.
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return _Read(corrupt=f"{type(exc).__name__}: {str(exc)[:200]}")
+    tables, problem = _tables_of(data)
+    return _Read(corrupt=problem) if problem else _Read(tables=tables)
+
+
+def _unique_aside(path: Path, why: str) -> Path:
+    """A name beside `path` that no file has: the time to the microsecond, then a counter."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    aside, n = path.with_name(f"{path.name}.{why}-{stamp}"), 1
+    while aside.exists() or aside.is_symlink():
+        aside, n = path.with_name(f"{path.name}.{why}-{stamp}-{n}"), n + 1
+    return aside
 
 
 FROM_CONFIG = "from config"  # TuningDB's default defaults_dir: DEFAULTS_DIR unless ROCM_SD_TUNE_DEFAULTS=0
 
 
 class TuningDB:
-    """Tuning results of one device: the user's file over the shipped defaults."""
+    """Tuning results of one device: the user's table over the shipped defaults."""
 
     def __init__(self, device: DeviceKey, validators: dict[str, str], location: Path | None = None,
                  defaults_dir: Path | str | None = FROM_CONFIG, accept_stale: bool | None = None):
@@ -105,67 +193,86 @@ class TuningDB:
         self.path = _file_for(location or default_location(), device)
         self.accept_stale = config.current.tune_accept_stale if accept_stale is None else accept_stale
         self.notes: list[str] = []   # what happened to the files on loading: for `info` and the tuner
-        self.results: dict[str, dict] = self._load(self.path, check_validators=True) or {}
+        self.results: dict[str, dict] = self._load_user() or {}
         defaults = defaults_dir / f"{device.file_stem}.json" if defaults_dir is not None else None
         # Shipped defaults are heuristics, not measurements of this software: only the device must match.
-        self.defaults: dict[str, dict] = (self._load(defaults, check_validators=False) or {}) if defaults else {}
+        self.defaults: dict[str, dict] = (self._load_shipped(defaults) or {}) if defaults else {}
         self._nearest: dict[str, str | None] = {}
+        self._pending: dict[str, dict] | None = None   # results queued inside batched()
+        self._batch_interval_s = BATCH_INTERVAL_S
+        self._last_save = 0.0
 
     # ---- reading ------------------------------------------------------------------------------
 
-    def _read(self, path: Path) -> tuple[dict | None, str | None]:
-        """(content, None), (None, None) when there is no file, or (None, why it is corrupt)."""
+    def _lock(self, timeout: float) -> FileLock:
+        return FileLock(str(self.path) + ".lock", timeout=timeout)
+
+    def _load_user(self) -> dict[str, dict] | None:
+        read = _read(self.path)
+        if read.corrupt:
+            read = self._set_aside_if_still_corrupt(read.corrupt)
+        if read.unreadable:
+            self._note(f"tuning database {self.path} is {read.unreadable}; not used")
+        return self._pick(read.tables, self.path, check_validators=True) if read.tables is not None else None
+
+    def _load_shipped(self, path: Path) -> dict[str, dict] | None:
+        read = _read(path)
+        if read.corrupt or read.unreadable:  # inside the installed package: report, never rename
+            self._note(f"shipped tuning defaults {path} not used: {read.corrupt or read.unreadable}")
+            return None
+        return self._pick(read.tables, path, check_validators=False) if read.tables is not None else None
+
+    def _set_aside_if_still_corrupt(self, why: str) -> _Read:
+        """Under the lock, read again (a writer may have replaced the file since) and move it aside only if it
+        is still corrupt: a reader must never rename the database a writer has just written."""
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            return None, None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return None, f"{type(exc).__name__}: {exc}"
-        if not isinstance(data, dict) or not isinstance(data.get("results"), dict) \
-                or not isinstance(data.get("device"), dict) or not isinstance(data.get("validators", {}), dict) \
-                or not all(isinstance(v, dict) and "choice" in v for v in data["results"].values()):
-            return None, "not a rocm_sd tuning database (missing or malformed device/validators/results)"
-        if data.get("format") != FORMAT:
-            return None, f"format {data.get('format')!r}, this rocm_sd reads format {FORMAT}"
-        return data, None
+            with self._lock(READ_LOCK_TIMEOUT_S):
+                again = _read(self.path)
+                if again.corrupt:
+                    self._set_aside(again.corrupt)
+                    return _Read()
+                return again
+        except Timeout:
+            self._note(f"tuning database {self.path} is corrupt ({why}); not used (another process holds its lock, "
+                       "so it is left in place)")
+        except OSError as exc:
+            self._note(f"tuning database {self.path} is corrupt ({why}) and could not be moved aside ({exc}); not used")
+        return _Read()
 
-    def _mismatch(self, data: dict, check_validators: bool) -> list[str]:
-        wrong = [f"device {k} {data['device'].get(k)!r} (this one: {v!r})"
-                 for k, v in self.device.as_dict().items() if data["device"].get(k) != v]
-        if check_validators:
-            wrong += [f"{k} {data['validators'].get(k)!r} (now {v!r})"
-                      for k, v in self.validators.items() if data["validators"].get(k) != v]
-        return wrong
+    def _set_aside(self, why: str) -> None:
+        """Move the corrupt file to a name no file has. The caller holds the lock."""
+        aside = _unique_aside(self.path, "corrupt")
+        os.replace(self.path, aside)
+        self._note(f"tuning database {self.path} was corrupt ({why}); moved to {aside}, starting fresh")
 
-    def _load(self, path: Path, check_validators: bool) -> dict[str, dict] | None:
-        data, corrupt = self._read(path)
-        if corrupt:
-            self._set_aside(path, "corrupt", corrupt)
+    def _device_mismatch(self, table: dict) -> list[str]:
+        return [f"device {k} {table['device'].get(k)!r} (this one: {v!r})"
+                for k, v in self.device.as_dict().items() if table["device"].get(k) != v]
+
+    def _software_mismatch(self, table: dict) -> list[str]:
+        return [f"{k} {table['validators'].get(k)!r} (now {v!r})"
+                for k, v in self.validators.items() if table["validators"].get(k) != v]
+
+    def _pick(self, tables: list[dict], path: Path, check_validators: bool) -> dict[str, dict] | None:
+        """The results of the table measured on this device (and, with check_validators, this software)."""
+        same_device = [t for t in tables if not self._device_mismatch(t)]
+        exact = [t for t in same_device if not (check_validators and self._software_mismatch(t))]
+        if exact:
+            return exact[-1]["results"]
+        if not tables:
             return None
-        if data is None:
-            return None
-        wrong = self._mismatch(data, check_validators)
-        if wrong and not (self.accept_stale and check_validators):
-            self._note(f"ignoring tuning database {path}: measured with {'; '.join(wrong)}. Tune again "
-                       "(python -m rocm_sd.tune), or set ROCM_SD_TUNE_ACCEPT_STALE=1 to use it anyway")
-            return None
-        if wrong:
-            self._note(f"using stale tuning database {path} (ROCM_SD_TUNE_ACCEPT_STALE=1): {'; '.join(wrong)}")
-        return data["results"]
+        nearest = max(same_device, key=lambda t: str(t.get("written", ""))) if same_device else tables[-1]
+        wrong = self._device_mismatch(nearest) + (self._software_mismatch(nearest) if check_validators else [])
+        if same_device and self.accept_stale:
+            self._note(f"using stale tuning results in {path} (ROCM_SD_TUNE_ACCEPT_STALE=1): {'; '.join(wrong)}")
+            return nearest["results"]
+        self._note(f"ignoring tuning results in {path}: measured with {'; '.join(wrong)}. Tune again "
+                   "(python -m rocm_sd.tune), or set ROCM_SD_TUNE_ACCEPT_STALE=1 to use them anyway")
+        return None
 
     def _note(self, message: str) -> None:
         self.notes.append(message)
         log.warning("rocm_sd: %s", message)
-
-    def _set_aside(self, path: Path, why: str, detail: str) -> None:
-        aside = path.with_name(f"{path.name}.{why}-{_stamp()}")
-        try:
-            os.replace(path, aside)
-        except OSError as exc:  # e.g. the shipped defaults in a read-only install: just do not use it
-            self._note(f"tuning database {path} is {why} ({detail}) and could not be moved aside ({exc}); not used")
-            return
-        self._note(f"tuning database {path} was {why} ({detail}); moved to {aside}, starting fresh")
 
     # ---- lookups ------------------------------------------------------------------------------
 
@@ -200,7 +307,7 @@ class TuningDB:
             prefix, colon, _ = choice.partition(":")
             return prefix == backend and (bool(colon) or not variants_only)
 
-        return any(key.startswith(op + "|") and chosen(str(result.get("choice", "")))
+        return any(key.startswith(op + "|") and chosen(result["choice"])
                    for table in (self.results, self.defaults) for key, result in table.items())
 
     def __len__(self) -> int:
@@ -209,40 +316,96 @@ class TuningDB:
     # ---- writing ------------------------------------------------------------------------------
 
     def record(self, key: str, result: dict) -> None:
-        """Save one result now: lock, merge with the file as it is on disk, replace atomically."""
-        if "choice" not in result:
-            raise ValueError("a tuning result needs a 'choice'")
-        result = {**result, "measured": result.get("measured", datetime.datetime.now().isoformat(timespec="seconds"))}
+        """Save one result: now (saved when this returns), or inside batched() with the batch."""
+        stamped = {key: self._stamped(key, result)}
+        if self._pending is None:
+            self.record_many(stamped)
+            return
+        self._pending.update(stamped)
+        self.results = {**self.results, **stamped}
+        self._nearest.clear()
+        if time.monotonic() - self._last_save >= self._batch_interval_s:
+            self.flush()
+
+    @contextlib.contextmanager
+    def batched(self, interval_s: float = BATCH_INTERVAL_S) -> Iterator[TuningDB]:
+        """record() inside the block saves every `interval_s` seconds and when the block ends (an error or Ctrl-C
+        included): a tuning run takes the lock a few times instead of once per result, which is what keeps
+        many processes tuning into one file fast. A kill -9 loses at most the results of the last interval,
+        none that a save had returned for."""
+        if self._pending is not None:
+            raise RuntimeError("TuningDB.batched() is not reentrant")
+        self._pending, self._batch_interval_s, self._last_save = {}, interval_s, time.monotonic()
+        try:
+            yield self
+        finally:
+            try:
+                self.flush()
+            finally:
+                self._pending = None
+
+    def flush(self) -> None:
+        """Save the results queued by batched() now."""
+        if self._pending:
+            self.record_many(self._pending)
+            self._pending.clear()
+        self._last_save = time.monotonic()
+
+    def record_many(self, results: Mapping[str, dict]) -> None:
+        """Save results now, in one locked merge with the file as it is on disk (other writers' results and
+        other devices' and software's tables kept), replacing the file atomically."""
+        stamped = {key: self._stamped(key, result) for key, result in results.items()}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S):
-                on_disk = self._current_results_for_writing()
-                on_disk[key] = result
-                self._write(on_disk)
+            with self._lock(LOCK_TIMEOUT_S):
+                tables = self._tables_for_writing()
+                mine = self._own_table(tables)
+                mine["results"].update(stamped)
+                mine["written"] = _now()
+                self._write(tables)
         except Timeout as exc:
             raise DatabaseError(f"another process has held {self.path}.lock for over {LOCK_TIMEOUT_S:.0f} s; "
                                 "if none is tuning, delete the lock file") from exc
         except OSError as exc:
             raise DatabaseError(f"cannot write the tuning database {self.path}: {exc}. Point ROCM_SD_TUNE_DB "
                                 "at a writable folder") from exc
-        self.results = on_disk
+        self.results = {**mine["results"], **(self._pending or {})}
         self._nearest.clear()
 
-    def _current_results_for_writing(self) -> dict[str, dict]:
-        """What the file holds now (other writers' results included), or {} after moving a bad file aside."""
-        data, corrupt = self._read(self.path)
-        if corrupt:
-            self._set_aside(self.path, "corrupt", corrupt)
-            return {}
-        if data is None:
-            return {}
-        wrong = self._mismatch(data, check_validators=True)
-        if wrong:  # its results belong to other software or another device: keep them, beside
-            self._set_aside(self.path, "stale", "; ".join(wrong))
-            return {}
-        return dict(data["results"])
+    @staticmethod
+    def _stamped(key: str, result: dict) -> dict:
+        if not isinstance(key, str) or not isinstance(result, dict) or not isinstance(result.get("choice"), str) \
+                or not result["choice"]:
+            raise ValueError(f"a tuning result needs a string key and a 'choice' (a non-empty string): "
+                             f"{key!r}: {result!r}")
+        return {**result, "measured": result.get("measured", _now())}
 
-    def _write(self, results: dict[str, dict]) -> None:
-        data = {"format": FORMAT, "device": self.device.as_dict(), "validators": self.validators,
-                "results": dict(sorted(results.items()))}
-        write_json_atomically(self.path, data)
+    def _tables_for_writing(self) -> list[dict]:
+        """The file's tables now (other writers' results included), or [] after moving a corrupt file aside.
+        The caller holds the lock."""
+        read = _read(self.path)
+        if read.unreadable:
+            raise DatabaseError(f"cannot write the tuning database {self.path}: it is {read.unreadable}. Move it "
+                                "away, or point ROCM_SD_TUNE_DB at a folder or a .json file")
+        if read.corrupt:
+            self._set_aside(read.corrupt)
+            return []
+        return read.tables or []
+
+    def _own_table(self, tables: list[dict]) -> dict:
+        """This device's and software's table in `tables`, added if there is none."""
+        for table in tables:
+            if not self._device_mismatch(table) and not self._software_mismatch(table):
+                return table
+        table = {"device": self.device.as_dict(), "validators": self.validators, "results": {}}
+        tables.append(table)
+        return table
+
+    def _write(self, tables: list[dict]) -> None:
+        """Replace the file. The caller holds the lock, so no other writer is between write and rename: a
+        temporary file left here was left by a killed writer."""
+        for orphan in self.path.parent.glob(glob.escape(self.path.name) + "*.tmp"):
+            orphan.unlink(missing_ok=True)
+        data = {"format": FORMAT,
+                "tables": [{**t, "results": dict(sorted(t["results"].items()))} for t in tables]}
+        write_json_atomically(self.path, data, lock_held=True)
