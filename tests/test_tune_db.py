@@ -159,24 +159,26 @@ def test_an_unwritable_folder_is_a_clear_error(tmp_path):
         TuningDB(MI300X, VALID, location=blocker / "sub", defaults_dir=None).record(GN, {"choice": "x"})
 
 
-def _writer(folder: str, worker: int, n: int) -> None:
+def _writer(folder: str, worker: int, n: int, batch_interval_s: float | None) -> None:
     target = TuningDB(MI300X, VALID, location=__import__("pathlib").Path(folder), defaults_dir=None)
-    for i in range(n):
-        target.record(problem_key("op", "float16", "nhwc", worker=worker, i=i), {"choice": f"{worker}-{i}"})
+    with target.batched(batch_interval_s) if batch_interval_s is not None else __import__("contextlib").nullcontext():
+        for i in range(n):
+            target.record(problem_key("op", "float16", "nhwc", worker=worker, i=i), {"choice": f"{worker}-{i}"})
 
 
-def test_concurrent_writers_lose_nothing(tmp_path):
+@pytest.mark.parametrize("batch_interval_s", [None, 0.05], ids=["each-record-saved", "batched"])
+def test_concurrent_writers_lose_nothing(tmp_path, batch_interval_s):
     """Several processes (torchrun ranks, ComfyUI and the CLI) record at once: every result survives."""
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 15)) for w in range(4)]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 50, batch_interval_s)) for w in range(4)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=120)
     assert all(p.exitcode == 0 for p in procs)
     final = db(tmp_path)
-    assert len(final) == 60 and not final.notes
-    assert final.lookup(problem_key("op", "float16", "nhwc", worker=3, i=14))["choice"] == "3-14"
+    assert len(final) == 200 and not final.notes
+    assert final.lookup(problem_key("op", "float16", "nhwc", worker=3, i=49))["choice"] == "3-49"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
@@ -356,21 +358,3 @@ def test_a_batch_saves_once_per_interval_and_on_leaving_the_block(tmp_path, monk
         for key in keys[:5]:
             tuner.record(key, {"choice": "rocm_sd"})
     assert len(writes) == 5
-
-
-def _batched_writer(folder: str, worker: int, n: int) -> None:
-    target = TuningDB(MI300X, VALID, location=__import__("pathlib").Path(folder), defaults_dir=None)
-    with target.batched(interval_s=0.05):
-        for i in range(n):
-            target.record(problem_key("op", "float16", "nhwc", worker=worker, i=i), {"choice": f"{worker}-{i}"})
-
-
-def test_concurrent_batched_writers_lose_nothing(tmp_path):
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_batched_writer, args=(str(tmp_path), w, 100)) for w in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert all(p.exitcode == 0 for p in procs)
-    assert len(db(tmp_path)) == 400
