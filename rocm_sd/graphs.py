@@ -24,6 +24,7 @@ hand) need `rocm_sd.invalidate_graphs(pipe)` after them.
 from __future__ import annotations
 
 import logging
+import types
 import warnings
 import weakref
 from collections import Counter, OrderedDict, deque
@@ -152,6 +153,21 @@ class GraphedCall:
         self._structure = -1
         self._seen_epoch = -1
         _install_structure_hooks()
+
+    # -- copies -----------------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        """A copy (copy.deepcopy, pickle) gets the callable and its settings, never the graphs: those replay the
+        original's memory. The copy captures its own on first use. A bound method is kept as (function, owner)
+        so that a deep copy rebinds it to the copied model and pickle never looks it up by name."""
+        fn = (self.fn.__func__, self.fn.__self__) if isinstance(self.fn, types.MethodType) else self.fn
+        return {"fn": fn, "module": self.module, "name": self.name, "ignore_kwargs": self.ignore_kwargs,
+                "pool_owner": self.pool_owner}
+
+    def __setstate__(self, state: dict) -> None:
+        fn = state["fn"]
+        if isinstance(fn, tuple):
+            fn = types.MethodType(*fn)
+        self.__init__(fn, state["module"], state["name"], state["ignore_kwargs"], state["pool_owner"])
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -354,6 +370,10 @@ class GraphPool:
 
     def __init__(self):
         self._pools: dict = {}  # device -> (pool handle, the live graphs captured into it)
+
+    def __reduce__(self):
+        # A copied pipeline's calls share one new, empty pool (the copy's memo maps this pool to one copy).
+        return GraphPool, ()
 
     def handle(self, device: torch.device):
         entry = self._pools.get(device)

@@ -75,6 +75,19 @@ def test_optimize_twice_is_a_no_op_and_flags_turn_off(tiny_pipe):
     rocm_sd.revert(pipe)
 
 
+def test_optimize_again_with_other_flags_says_they_were_not_applied(tiny_pipe, caplog):
+    pipe = tiny_pipe
+    rocm_sd.optimize(pipe)
+    with caplog.at_level("WARNING", logger="rocm_sd"):
+        rocm_sd.optimize(pipe)
+        assert not caplog.records  # the same flags: nothing to say
+        rocm_sd.optimize(pipe, group_norm=False, geglu=False)
+    [warning] = {r.getMessage() for r in caplog.records if "unet" in r.getMessage()}
+    assert "group_norm=True, geglu=True" in warning and "group_norm=False, geglu=False not applied" in warning
+    assert "rocm_sd.revert()" in warning and count(pipe.unet, GroupNormAct) > 0
+    rocm_sd.revert(pipe)
+
+
 def test_optimize_a_single_model_and_unknown_models():
     unet = models.build_sd_pipeline("tiny").unet
     rocm_sd.optimize(unet)

@@ -21,5 +21,5 @@ def patch_attention(model: nn.Module, record: PatchRecord) -> None:
             record.counts[f"attention kept: {type(old).__name__}"] += 1
             continue
         module.set_processor(RocmAttnProcessor(old))
-        record.undo.append(lambda module=module, old=old: module.set_processor(old))
+        record.on_revert(module.set_processor, old)
         record.counts["attention processor"] += 1

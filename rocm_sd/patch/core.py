@@ -1,6 +1,7 @@
 """Reversible edits of a model: every change records how to undo itself."""
 from __future__ import annotations
 
+import functools
 import types
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,42 +13,71 @@ from torch import nn
 RECORD_ATTR = "_rocm_sd_record"
 
 
-_MISSING = object()
+class _Missing:
+    """'No instance attribute was there': one object, kept by copy.deepcopy and pickle (unlike object())."""
+    def __reduce__(self):
+        return "_MISSING"
+
+
+_MISSING = _Missing()
+
+
+def _restore_attr(obj, name: str, old) -> None:
+    if old is _MISSING:
+        delattr(obj, name)
+    else:
+        setattr(obj, name, old)
 
 
 @dataclass
 class PatchRecord:
     """What optimize() did to one model: undo actions (run last-first), counts for the report, and the
-    graphed calls installed on it (their live counters join the report)."""
-    undo: list[Callable[[], None]] = field(default_factory=list)
+    graphed calls installed on it (their live counters join the report).
+
+    Undo actions are data, `(function, args, kwargs)`, never closures, and functions installed on modules are
+    `functools.partial`s, never bound methods of local functions: copy.deepcopy and pickle then carry a record
+    whose every reference is remapped to the copy's own modules (the copy's memo maps each object an entry
+    names), so reverting a copy never touches the original, and an optimized model pickles."""
+    undo: list[tuple[Callable, tuple, dict]] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     graphed: dict = field(default_factory=dict)
+    flags: dict = field(default_factory=dict)   # the optimize() keywords it was made with
+
+    def on_revert(self, fn: Callable, *args, **kwargs) -> None:
+        """Call fn(*args, **kwargs) on revert. `fn`: a module-level function or a method of an object the model
+        holds (a closure would keep pointing at the original model in a copy)."""
+        if isinstance(fn, types.FunctionType) and fn.__closure__:
+            raise TypeError(f"undo action {fn!r} is a closure: a copy of the model would undo the original")
+        self.undo.append((fn, args, kwargs))
 
     def set_attr(self, obj, name: str, value) -> None:
         """Set an instance attribute; undo restores the previous instance attribute or removes it."""
-        old = obj.__dict__.get(name, _MISSING)
+        self.on_revert(_restore_attr, obj, name, obj.__dict__.get(name, _MISSING))
         setattr(obj, name, value)
-        self.undo.append(lambda: setattr(obj, name, old) if old is not _MISSING else delattr(obj, name))
+
+    def bind(self, module: nn.Module, name: str, fn: Callable) -> None:
+        """module.<name> = fn with `module` as its first argument (a method of this instance only)."""
+        self.set_attr(module, name, functools.partial(fn, module))
 
     def replace_forward(self, module: nn.Module, forward: Callable, count: str, **state) -> None:
         """module.forward = `forward` bound to module, with fresh per-module `state` attributes (caches);
         undo removes both."""
         for name, value in state.items():
             self.set_attr(module, name, value)
-        self.set_attr(module, "forward", types.MethodType(forward, module))
+        self.bind(module, "forward", forward)
         self.counts[count] += 1
 
     def replace_child(self, parent: nn.Module, name: str, new: nn.Module) -> None:
-        old = getattr(parent, name)
+        self.on_revert(setattr, parent, name, getattr(parent, name))
         setattr(parent, name, new)
-        self.undo.append(lambda: setattr(parent, name, old))
 
     def add_hook(self, handle) -> None:
-        self.undo.append(handle.remove)
+        self.on_revert(handle.remove)
 
     def revert(self) -> None:
         while self.undo:
-            self.undo.pop()()
+            fn, args, kwargs = self.undo.pop()
+            fn(*args, **kwargs)
 
 
 def derived(store: dict, name: str, sources: tuple, make: Callable[[], torch.Tensor], *extra) -> torch.Tensor:

@@ -8,8 +8,6 @@ method skips the copy when the block's input (the residual) is channels_last; va
 """
 from __future__ import annotations
 
-import types
-
 import torch
 from torch import nn
 
@@ -32,6 +30,5 @@ def _output_keeping_channels_last(self, hidden_states, residual, batch_size, hei
 def patch_transformer_layouts(model: nn.Module, record: PatchRecord) -> None:
     for module in model.modules():
         if type(module).__name__ == "Transformer2DModel" and hasattr(module, "_get_output_for_continuous_inputs"):
-            record.set_attr(module, "_get_output_for_continuous_inputs",
-                            types.MethodType(_output_keeping_channels_last, module))
+            record.bind(module, "_get_output_for_continuous_inputs", _output_keeping_channels_last)
             record.counts["transformer output kept channels_last"] += 1

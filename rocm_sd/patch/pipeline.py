@@ -76,9 +76,17 @@ def _install_graphs(model: nn.Module, record: PatchRecord, pool: GraphPool) -> N
 
 def _to_channels_last(model: nn.Module, record: PatchRecord) -> None:
     model.to(memory_format=torch.channels_last)
-    record.undo.append(lambda: model.to(memory_format=torch.contiguous_format))
+    record.on_revert(model.to, memory_format=torch.contiguous_format)
     record.counts["channels_last"] += 1
     patch_transformer_layouts(model, record)
+
+
+def _unfuse_qkv(model: nn.Module, added: list[tuple[nn.Module, str]]) -> None:
+    model.unfuse_qkv_projections()  # restores the processors, but leaves the fused Linear modules
+    for module, name in added:
+        delattr(module, name)
+        if hasattr(module, "fused_projections"):
+            module.fused_projections = False
 
 
 def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
@@ -88,15 +96,7 @@ def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
     before = {id(m): set(m._modules) for m in model.modules()}
     fuse()
     added = [(m, name) for m in model.modules() if id(m) in before for name in set(m._modules) - before[id(m)]]
-
-    def undo():
-        model.unfuse_qkv_projections()  # restores the processors, but leaves the fused Linear modules
-        for module, name in added:
-            delattr(module, name)
-            if hasattr(module, "fused_projections"):
-                module.fused_projections = False
-
-    record.undo.append(undo)
+    record.on_revert(_unfuse_qkv, model, added)
     record.counts["fused qkv"] += 1
 
 
@@ -154,15 +154,17 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
     Unknown components (a safety checker, an image encoder, a model class rocm_sd does not know) are
     left untouched and listed as such in the report.
     """
+    flags = {name: value for name, value in locals().items() if name != "target"}  # every keyword, as given
     models = _models(target)
     if not models:
         log.warning("rocm_sd.optimize: nothing to optimize in %s", type(target).__name__)
     pool = GraphPool()  # the models of one pipeline run one after another: one memory pool
     for name, model in models.items():
-        if getattr(model, RECORD_ATTR, None) is not None:
-            log.info("rocm_sd.optimize: %s is already optimized", name)
+        existing = getattr(model, RECORD_ATTR, None)
+        if existing is not None:
+            _say_already_optimized(name, existing.flags, flags)
             continue
-        record = PatchRecord()
+        record = PatchRecord(flags=flags)
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
         elif any(accelerate_hooked(m) for m in model.modules() if m is not model):
@@ -206,6 +208,18 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
     for name, model in _untouched(target).items():
         log.info("rocm_sd.optimize: %s (%s) left untouched", name, type(model).__name__)
     return target
+
+
+def _say_already_optimized(name: str, applied: dict, asked: dict) -> None:
+    changed = {flag: value for flag, value in asked.items() if applied.get(flag) != value}
+    if not changed:
+        log.info("rocm_sd.optimize: %s is already optimized", name)
+        return
+    # Patches stack in one order (graphs capture what the others left): a flag cannot be taken out alone.
+    log.warning("rocm_sd.optimize: %s is already optimized with %s; %s not applied. Call rocm_sd.revert() on it "
+                "first, then optimize() with the new flags", name,
+                ", ".join(f"{flag}={applied.get(flag)}" for flag in changed),
+                ", ".join(f"{flag}={value}" for flag, value in changed.items()))
 
 
 def _load_tuning(model) -> None:
