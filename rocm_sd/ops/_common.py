@@ -37,11 +37,22 @@ def layout_of(x: torch.Tensor) -> int | None:
     return None
 
 
-def output_like(x: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor in x's layout (channels-innermost stays so, with x's strides)."""
+def output_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised tensor in x's layout (channels-innermost stays so, with x's strides), of x's dtype unless
+    `dtype` says."""
     if layout_of(x) == NHWC:
-        return torch.empty_like(x, memory_format=torch.channels_last) if x.dim() == 4 else torch.empty_like(x)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+        if x.dim() == 4:
+            return torch.empty_like(x, dtype=dtype, memory_format=torch.channels_last)
+        return torch.empty_like(x, dtype=dtype)
+    return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+def into_output(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A PyTorch path's result `y` as output_like(x, dtype) lays it out, which is what the op's kernel and fake
+    kernel return: copied only where it is not that already."""
+    if layout_of(x) != NHWC and y.dtype == (dtype or x.dtype) and y.is_contiguous():
+        return y
+    return output_like(x, dtype).copy_(y)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

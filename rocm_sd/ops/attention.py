@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
+from ._checks import check_floating, check_same_device, fail
 from ._common import (DTYPE_CODES, PlanCache, ck_listing, custom_op, kernel_reasons, stream_handle, tensor_key,
                       tuned_choice_for)
 
@@ -92,10 +93,24 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     chunk = query_chunk(q, k.shape[1], budget_bytes) if budget_bytes is not None else q.shape[1]
     if chunk >= q.shape[1]:
         return _sdpa(q, k, v, scale).transpose(1, 2).contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = _output(q, v)
     for start in range(0, q.shape[1], chunk):
         out[:, start:start + chunk] = _sdpa(q[:, start:start + chunk], k, v, scale).transpose(1, 2)
     return out
+
+
+def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raises what SDPA would raise for [B, L, H, D] views, and for batches or heads SDPA would broadcast (this op
+    maps query b, head h to key b, head h; its output has q's batch and heads and v's head dim)."""
+    check_floating(OP, q=q, k=k, v=v)
+    check_same_device(OP, q, k=k, v=v)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        fail(OP, f"q, k, v must be 4-D [batch, seq, heads, head_dim], got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+    if not q.dtype == k.dtype == v.dtype:
+        fail(OP, f"expected q, k and v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2] or k.shape[3] != q.shape[3] or v.shape[:3] != k.shape[:3]:
+        fail(OP, f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: q and k need one batch, head "
+                 "count and head dim, k and v one batch, length and head count")
 
 
 def input_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> list[str]:
@@ -135,8 +150,8 @@ def _kernel_args(q, k, v, out_ptr: int, out_strides: list[int], scale: float) ->
             [_strides(q), _strides(k), _strides(v), out_strides], float(scale))
 
 
-def _output(q: torch.Tensor) -> torch.Tensor:
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+def _output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype, device=q.device)
 
 
 def _call(q, k, v, scale, out: torch.Tensor | None, instance: str, mode: str, stream: int = 0) -> str:
@@ -174,7 +189,7 @@ def describe(q, k, v, scale: float, instance: str = "") -> str:
 
 def attention_kernel(q, k, v, scale: float, out: torch.Tensor | None = None, instance: str = "") -> torch.Tensor:
     """The HIP kernel itself, no dispatch (tests call it with a poisoned `out`; the tuner names instances)."""
-    y = _output(q) if out is None else out
+    y = _output(q, v) if out is None else out
     _call(q, k, v, scale, y, instance, "run", stream_handle(q.device))
     return y
 
@@ -196,7 +211,7 @@ def ck_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
 
 def attention_ck(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One Composable Kernel instance, by name (`ck_instances()`); it raises when it cannot take the call."""
-    y = _output(q)
+    y = _output(q, v)
     _ext._C.ck_attention(name, *_kernel_args(q, k, v, y.data_ptr(), _strides(y), scale), stream_handle(q.device),
                          q.device.index)
     return y
@@ -228,6 +243,7 @@ def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
     """(reasons against the kernel, the choice, the kernel instance: a rocm_sd instance name, or "ck:<name>") for
     one shape. Untuned shapes take the vendor's SDPA (module docstring): a policy, counted as torch with no
     notice. A tuned CK instance this build or call cannot run gives way to rocm_sd's own kernel."""
+    check_args(q, k, v)
     tuned = tuned_choice_for(OP, q.device, (q, k, v, scale))
     choice = tuned if tuned is not None else dispatch.TORCH
     if dispatch.ck_instance(choice) in ck_instances() and not ck_reasons(q, k, v, scale):
@@ -256,4 +272,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 
 @attention.register_fake
 def _(q, k, v, scale):
-    return _output(q)
+    check_args(q, k, v)
+    return _output(q, v)

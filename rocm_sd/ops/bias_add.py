@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, custom_op, dtype_reasons, kernel_reasons, layout_of, output_like,
-                      stream_handle, tensor_key, tuned_choice_for)
+from ._checks import check_broadcasts_to, check_floating, check_min_dims, check_same_device, fail
+from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, into_output, kernel_reasons, layout_of,
+                      output_like, stream_handle, tensor_key, tuned_choice_for)
 
 OP = "bias_residual"
 
@@ -18,6 +19,18 @@ OP = "bias_residual"
 def bias_residual_ref(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """(residual + (x + bias)) * scale in PyTorch ops: conv2's output with its bias, plus the shortcut."""
     return (residual + (x + bias.reshape(bias.shape + (1,) * (x.dim() - 2)))) * scale
+
+
+def check_args(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor) -> torch.dtype:
+    """Raises what the reference's PyTorch ops would raise, and for a residual that would enlarge the output
+    (which the op's output, in x's shape, cannot hold); returns the output dtype (PyTorch's type promotion)."""
+    check_floating(OP, input=x, residual=residual, bias=bias)
+    check_min_dims(OP, x, 2, "(N, C, ...)")
+    check_same_device(OP, x, residual=residual, bias=bias)
+    check_broadcasts_to(OP, "residual", residual, x)
+    if tuple(bias.shape) != (x.shape[1],):
+        fail(OP, f"bias of shape {tuple(bias.shape)} is not a ({x.shape[1]},) vector")
+    return torch.promote_types(torch.promote_types(x.dtype, residual.dtype), bias.dtype)
 
 
 def input_reasons(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor) -> list[str]:
@@ -62,15 +75,16 @@ _plans = PlanCache()
 
 @custom_op("rocm_sd::bias_residual")
 def bias_residual(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
-    key = (tensor_key(x), tensor_key(residual), tensor_key(bias))
-    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, residual, bias, scale),
-                                                         tuned_choice_for(OP, x.device, (x, residual, bias, scale))))
+    def plan():
+        dtype = check_args(x, residual, bias)
+        return dtype, supports(x, residual, bias, scale), tuned_choice_for(OP, x.device, (x, residual, bias, scale))
+
+    dtype, reasons, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(residual), tensor_key(bias)), plan)
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return bias_residual_kernel(x, residual, bias, scale)
-    y = bias_residual_ref(x, residual, bias, scale)
-    return output_like(x).copy_(y) if layout_of(x) == NHWC else y.contiguous()
+    return into_output(x, bias_residual_ref(x, residual, bias, scale), dtype)
 
 
 @bias_residual.register_fake
 def _(x, residual, bias, scale):
-    return output_like(x)
+    return output_like(x, check_args(x, residual, bias))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .. import _ext
 from . import bias_add
+from ._checks import check_floating, check_same_device, fail
 from ._common import (NHWC, PlanCache, ck_hosted_plan, ck_listing, custom_op, layout_of, output_like, run_ck_hosted,
                       stream_handle, tensor_key)
 
@@ -33,7 +34,7 @@ def conv_bias_residual_composed(x, weight, bias, residual, scale, pad_h, pad_w) 
     """The default path: the vendor convolution, then rocm_sd::bias_residual (which dispatches and counts itself).
     The result has the residual's layout (what the fake kernel promises) whatever layout the convolution chose."""
     y = bias_add.bias_residual.call(F.conv2d(x, weight, None, 1, (pad_h, pad_w)), residual, bias, scale)
-    return y if y.stride() == residual.stride() else output_like(residual).copy_(y)
+    return y if y.stride() == residual.stride() else output_like(residual, y.dtype).copy_(y)
 
 
 @cache
@@ -45,6 +46,27 @@ def ck_instances() -> tuple[str, ...]:
 def _out_shape(x, weight, pad_h, pad_w) -> tuple[int, ...]:
     return (x.shape[0], weight.shape[0], x.shape[2] + 2 * pad_h - weight.shape[2] + 1,
             x.shape[3] + 2 * pad_w - weight.shape[3] + 1)
+
+
+def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, pad_h: int,
+               pad_w: int) -> torch.dtype:
+    """Raises what conv2d and the residual add would raise, and for a residual of another shape than the
+    convolution's output (the op's output takes the residual's shape and layout); returns the output dtype."""
+    check_floating(OP, input=x, weight=weight, bias=bias, residual=residual)
+    check_same_device(OP, x, weight=weight, bias=bias, residual=residual)
+    if x.dim() != 4 or weight.dim() != 4 or weight.shape[1] != x.shape[1]:
+        fail(OP, f"input {tuple(x.shape)} and weight {tuple(weight.shape)} are not (N, C, H, W) and (K, C, R, S)")
+    if weight.dtype != x.dtype:
+        fail(OP, f"input dtype {x.dtype} and weight dtype {weight.dtype} should be the same")
+    if tuple(bias.shape) != (weight.shape[0],):
+        fail(OP, f"bias of shape {tuple(bias.shape)} is not a ({weight.shape[0]},) vector")
+    if pad_h < 0 or pad_w < 0 or min(_out_shape(x, weight, pad_h, pad_w)[2:]) < 1:
+        fail(OP, f"padding ({pad_h}, {pad_w}) of a {tuple(x.shape[2:])} input with {tuple(weight.shape[2:])} "
+                 "kernels gives no output")
+    if tuple(residual.shape) != _out_shape(x, weight, pad_h, pad_w):
+        fail(OP, f"residual of shape {tuple(residual.shape)} is not the convolution's output shape "
+                 f"{_out_shape(x, weight, pad_h, pad_w)}")
+    return torch.promote_types(torch.promote_types(x.dtype, residual.dtype), bias.dtype)
 
 
 @torch.compiler.assume_constant_result  # asked inside patched forwards: torch.compile must not trace into _C
@@ -91,14 +113,18 @@ _plans = PlanCache()
 def conv_bias_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                        scale: float, pad_h: int, pad_w: int) -> torch.Tensor:
     args = (x, weight, bias, residual, scale, pad_h, pad_w)
+    def plan():
+        dtype = check_args(x, weight, bias, residual, pad_h, pad_w)
+        return (dtype, *ck_hosted_plan(OP, x.device, args, ck_instances(),
+                                       lambda: ck_reasons(x, weight, bias, residual, pad_h, pad_w)))
+
     key = (tensor_key(x), tensor_key(weight), tensor_key(bias), tensor_key(residual), pad_h, pad_w)
-    ck, tuned = _plans.get_or_compute(key, lambda: ck_hosted_plan(
-        OP, x.device, args, ck_instances(), lambda: ck_reasons(x, weight, bias, residual, pad_h, pad_w)))
+    dtype, ck, tuned = _plans.get_or_compute(key, plan)
     return run_ck_hosted(OP, ck, tuned, lambda name: conv_bias_residual_ck(name, *args),
-                         lambda: output_like(residual).copy_(conv_bias_residual_ref(*args)),
+                         lambda: output_like(residual, dtype).copy_(conv_bias_residual_ref(*args)),
                          lambda: conv_bias_residual_composed(*args))
 
 
 @conv_bias_residual.register_fake
 def _(x, weight, bias, residual, scale, pad_h, pad_w):
-    return output_like(residual)
+    return output_like(residual, check_args(x, weight, bias, residual, pad_h, pad_w))

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
+from ._checks import check_floating, check_min_dims, fail
 from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, stream_handle, tensor_key,
                       tuned_choice_for)
 
@@ -20,6 +21,14 @@ def geglu_ref(x: torch.Tensor) -> torch.Tensor:
     """diffusers' GEGLU after the projection, op for op (exact gelu); differentiable."""
     hidden, gate = x.chunk(2, dim=-1)
     return hidden * F.gelu(gate)
+
+
+def check_args(x: torch.Tensor) -> None:
+    """Raises for what diffusers' GEGLU could not split into two halves (ops/_checks.py)."""
+    check_floating(OP, input=x)
+    check_min_dims(OP, x, 1, "(..., 2D)")
+    if x.shape[-1] % 2:
+        fail(OP, f"last dimension {x.shape[-1]} is odd: GEGLU splits it into two equal halves")
 
 
 def input_reasons(x: torch.Tensor) -> list[str]:
@@ -60,7 +69,11 @@ _plans = PlanCache()
 
 @custom_op("rocm_sd::geglu")
 def geglu(x: torch.Tensor) -> torch.Tensor:
-    reasons, tuned = _plans.get_or_compute(tensor_key(x), lambda: (supports(x), tuned_choice_for(OP, x.device, (x,))))
+    def plan():
+        check_args(x)
+        return supports(x), tuned_choice_for(OP, x.device, (x,))
+
+    reasons, tuned = _plans.get_or_compute(tensor_key(x), plan)
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return geglu_kernel(x)
     return geglu_ref(x).contiguous()
@@ -68,4 +81,5 @@ def geglu(x: torch.Tensor) -> torch.Tensor:
 
 @geglu.register_fake
 def _(x):
+    check_args(x)
     return _output(x)

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
-from ._common import (DTYPE_CODES, NHWC, PlanCache, ck_listing, custom_op, dtype_reasons, kernel_reasons, layout_of,
-                      output_like, param_reasons, stream_handle, tensor_key, tuned_choice_for)
+from ._checks import check_floating, check_min_dims, check_norm_params, check_same_device, fail
+from ._common import (DTYPE_CODES, NHWC, PlanCache, ck_listing, custom_op, dtype_reasons, into_output, kernel_reasons,
+                      layout_of, output_like, param_reasons, stream_handle, tensor_key, tuned_choice_for)
 
 OP = "group_norm"
 # Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and
@@ -32,6 +33,21 @@ def group_norm_ref(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None
     if silu:
         y = F.silu(y)
     return y
+
+
+def check_args(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               input_bias: torch.Tensor | None) -> None:
+    """Raises what PyTorch's GroupNorm would raise for these arguments (ops/_checks.py)."""
+    check_floating(OP, input=x, input_bias=input_bias)
+    check_min_dims(OP, x, 2, "(N, C, ...)")
+    if num_groups <= 0 or x.shape[1] % num_groups:
+        fail(OP, f"expected the number of channels ({x.shape[1]}) to be divisible by num_groups ({num_groups})")
+    check_norm_params(OP, x, weight, bias, x.shape[1])
+    check_same_device(OP, x, input_bias=input_bias)
+    if input_bias is not None and tuple(input_bias.shape) != tuple(x.shape[:2]):
+        fail(OP, f"input_bias of shape {tuple(input_bias.shape)} is not (N, C) = {tuple(x.shape[:2])}")
+    if input_bias is not None and input_bias.dtype != x.dtype:  # x + input_bias would change the normalised dtype
+        fail(OP, f"input_bias dtype {input_bias.dtype} differs from the input's {x.dtype}")
 
 
 def input_reasons(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None) -> list[str]:
@@ -147,6 +163,7 @@ def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
     key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias), tensor_key(input_bias))
 
     def compute():
+        check_args(x, num_groups, weight, bias, input_bias)
         reasons = supports(x, num_groups, weight, bias, eps, silu, input_bias)
         if reasons:
             return reasons, None, "auto", None
@@ -178,10 +195,11 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bi
         y = group_norm_ref(x.float(), num_groups, weight, bias, eps, silu, input_bias).to(x.dtype)
     else:
         y = group_norm_ref(x, num_groups, weight, bias, eps, silu, input_bias)
-    # Same layout as the kernel's output, so the fake kernel below holds for both backends.
-    return output_like(x).copy_(y) if layout_of(x) == NHWC else y.contiguous()
+    # x's dtype and layout, as the kernel's output: the fake kernel below holds for both backends.
+    return into_output(x, y)
 
 
 @group_norm.register_fake
 def _(x, num_groups, weight, bias, eps, silu, input_bias=None):
+    check_args(x, num_groups, weight, bias, input_bias)
     return output_like(x)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, dispatch
+from ._checks import check_broadcasts_to, check_floating, check_min_dims, check_norm_params, check_same_device
 from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, param_reasons, stream_handle,
                       tensor_key, tuned_choice_for)
 
@@ -22,6 +23,14 @@ OP = "layer_norm"
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """torch.nn.functional.layer_norm over the last dimension; differentiable."""
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def check_args(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, op: str = OP,
+               dtype: torch.dtype | None = None) -> None:
+    """Raises what PyTorch's LayerNorm would raise for these arguments (ops/_checks.py)."""
+    check_floating(op, input=x)
+    check_min_dims(op, x, 1, "(..., C)")
+    check_norm_params(op, x, weight, bias, x.shape[-1], dtype)
 
 
 def input_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> list[str]:
@@ -63,9 +72,11 @@ _plans = PlanCache()
 
 @custom_op("rocm_sd::layer_norm")
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    key = (tensor_key(x), tensor_key(weight), tensor_key(bias))
-    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(x, weight, bias, eps),
-                                                         tuned_choice_for(OP, x.device, (x, weight, bias, eps))))
+    def plan():
+        check_args(x, weight, bias)
+        return supports(x, weight, bias, eps), tuned_choice_for(OP, x.device, (x, weight, bias, eps))
+
+    reasons, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(weight), tensor_key(bias)), plan)
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return layer_norm_kernel(x, weight, bias, eps)
     return _torch_layer_norm(x, weight, bias, eps)
@@ -82,6 +93,7 @@ def _torch_layer_norm(x, weight, bias, eps):
 
 @layer_norm.register_fake
 def _(x, weight, bias, eps):
+    check_args(x, weight, bias)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -95,6 +107,17 @@ def add_layer_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     """(x + residual, layer_norm(x + residual)): what the unpatched transformer block computes."""
     total = x + residual
     return total, layer_norm_ref(total, weight, bias, eps)
+
+
+def check_add_args(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None) -> torch.dtype:
+    """Raises what x + residual and PyTorch's LayerNorm would raise; returns the sum's (the outputs') dtype."""
+    check_floating(ADD_OP, input=x, residual=residual)
+    check_same_device(ADD_OP, x, residual=residual)
+    check_broadcasts_to(ADD_OP, "residual", residual, x)
+    dtype = torch.promote_types(x.dtype, residual.dtype)
+    check_args(x, weight, bias, ADD_OP, dtype)
+    return dtype
 
 
 def _residual_reasons(x: torch.Tensor, residual: torch.Tensor) -> list[str]:
@@ -131,10 +154,13 @@ _add_plans = PlanCache()
 @custom_op("rocm_sd::add_layer_norm")
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def plan():
+        check_add_args(x, residual, weight, bias)
+        return (add_layer_norm_supports(x, residual, weight, bias, eps),
+                tuned_choice_for(ADD_OP, x.device, (x, residual, weight, bias, eps)))
+
     key = (tensor_key(x), tensor_key(residual), tensor_key(weight), tensor_key(bias))
-    reasons, tuned = _add_plans.get_or_compute(key, lambda: (
-        add_layer_norm_supports(x, residual, weight, bias, eps),
-        tuned_choice_for(ADD_OP, x.device, (x, residual, weight, bias, eps))))
+    reasons, tuned = _add_plans.get_or_compute(key, plan)
     if dispatch.choose(ADD_OP, reasons, tuned) == dispatch.KERNEL:
         return add_layer_norm_kernel(x, residual, weight, bias, eps)
     total = (x + residual).contiguous()
@@ -143,4 +169,6 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 
 @add_layer_norm.register_fake
 def _(x, residual, weight, bias, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(x, memory_format=torch.contiguous_format)
+    dtype = check_add_args(x, residual, weight, bias)
+    return (torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format),
+            torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
+from ._checks import fail
 from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, stream_handle, tensor_key,
                       tuned_choice_for)
 
@@ -34,6 +35,12 @@ def _output(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 def layout_copy_ref(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     """PyTorch's strided copy into a new tensor of the requested memory format (never x itself)."""
     return _output(x, channels_last).copy_(x)
+
+
+def check_args(x: torch.Tensor, channels_last: bool) -> None:
+    """PyTorch's rule: only 4-D tensors have a channels_last memory format."""
+    if channels_last and x.dim() != 4:
+        fail(OP, f"a {x.dim()}-D tensor has no channels_last layout (4-D (N, C, H, W) only)")
 
 
 def input_reasons(x: torch.Tensor, channels_last: bool) -> list[str]:
@@ -90,6 +97,7 @@ _plans = PlanCache()
 def _plan(x, channels_last) -> tuple[list[str], str | None]:
     """(reasons against the kernel, the choice): the tuning database's, else default_choice (a policy, counted
     as torch with no notice)."""
+    check_args(x, channels_last)
     reasons = supports(x, channels_last)
     tuned = tuned_choice_for(OP, x.device, (x, channels_last))
     if tuned is None and not reasons:
@@ -108,4 +116,5 @@ def layout_copy(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 
 @layout_copy.register_fake
 def _(x, channels_last):
+    check_args(x, channels_last)
     return _output(x, channels_last)

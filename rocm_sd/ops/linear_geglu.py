@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext
+from ._checks import check_floating, check_same_device, fail
 from .geglu import geglu, geglu_ref
 from ._common import PlanCache, ck_hosted_plan, ck_listing, custom_op, run_ck_hosted, stream_handle, tensor_key
 
@@ -62,6 +63,18 @@ def ck_reasons(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return reasons
 
 
+def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    """Raises what F.linear and the GEGLU split would raise (ops/_checks.py)."""
+    check_floating(OP, input=x, weight=weight, bias=bias)
+    check_same_device(OP, x, weight=weight, bias=bias)
+    if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % 2:
+        fail(OP, f"input {tuple(x.shape)} and weight {tuple(weight.shape)} are not (..., K) and (2N, K)")
+    if tuple(bias.shape) != (weight.shape[0],):
+        fail(OP, f"bias of shape {tuple(bias.shape)} is not a ({weight.shape[0]},) vector")
+    if not x.dtype == weight.dtype == bias.dtype:
+        fail(OP, f"expected input, weight and bias of one dtype, got {x.dtype}, {weight.dtype}, {bias.dtype}")
+
+
 def _output(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[:-1] + (weight.shape[0] // 2,))
 
@@ -82,9 +95,11 @@ _plans = PlanCache()
 
 @custom_op("rocm_sd::linear_geglu")
 def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    ck, tuned = _plans.get_or_compute(
-        (tensor_key(x), tensor_key(weight), tensor_key(bias)),
-        lambda: ck_hosted_plan(OP, x.device, (x, weight, bias), ck_instances(), lambda: ck_reasons(x, weight, bias)))
+    def plan():
+        check_args(x, weight, bias)
+        return ck_hosted_plan(OP, x.device, (x, weight, bias), ck_instances(), lambda: ck_reasons(x, weight, bias))
+
+    ck, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(weight), tensor_key(bias)), plan)
     return run_ck_hosted(OP, ck, tuned, lambda name: linear_geglu_ck(name, x, weight, bias),
                          lambda: linear_geglu_ref(x, weight, bias).contiguous(),
                          lambda: linear_geglu_composed(x, weight, bias))
@@ -92,4 +107,5 @@ def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> t
 
 @linear_geglu.register_fake
 def _(x, weight, bias):
+    check_args(x, weight, bias)
     return _output(x, weight)

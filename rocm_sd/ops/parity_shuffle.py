@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import _ext, dispatch
+from ._checks import check_floating, check_same_device, fail
 from ._common import (DTYPE_CODES, NHWC, PlanCache, custom_op, dtype_reasons, kernel_reasons, layout_of, stream_handle,
                       tensor_key, tuned_choice_for)
 
@@ -34,6 +35,16 @@ def parity_shuffle_ref(parities: torch.Tensor, bias: torch.Tensor | None) -> tor
             block = 2 * a + b
             out[:, :, a::2, b::2].copy_(parities[:, block * c:(block + 1) * c, a:a + h, b:b + w])
     return out if bias is None else out.add_(bias.reshape(1, c, 1, 1))
+
+
+def check_args(parities: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Raises for arguments that are not (N, 4C, H + 1, W + 1) parities with a (C,) bias (ops/_checks.py)."""
+    check_floating(OP, parities=parities, bias=bias)
+    check_same_device(OP, parities, bias=bias)
+    if parities.dim() != 4 or parities.shape[1] % 4 or parities.shape[2] < 2 or parities.shape[3] < 2:
+        fail(OP, f"parities of shape {tuple(parities.shape)} are not (N, 4C, H + 1, W + 1) with H, W >= 1")
+    if bias is not None and tuple(bias.shape) != (parities.shape[1] // 4,):
+        fail(OP, f"bias of shape {tuple(bias.shape)} is not a ({parities.shape[1] // 4},) vector")
 
 
 def input_reasons(parities: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
@@ -76,9 +87,11 @@ _plans = PlanCache()
 
 @custom_op("rocm_sd::parity_shuffle")
 def parity_shuffle(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    key = (tensor_key(parities), tensor_key(bias))
-    reasons, tuned = _plans.get_or_compute(key, lambda: (supports(parities, bias),
-                                                         tuned_choice_for(OP, parities.device, (parities, bias))))
+    def plan():
+        check_args(parities, bias)
+        return supports(parities, bias), tuned_choice_for(OP, parities.device, (parities, bias))
+
+    reasons, tuned = _plans.get_or_compute((tensor_key(parities), tensor_key(bias)), plan)
     if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
         return parity_shuffle_kernel(parities, bias)
     return parity_shuffle_ref(parities, bias)
@@ -86,4 +99,5 @@ def parity_shuffle(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.T
 
 @parity_shuffle.register_fake
 def _(parities, bias):
+    check_args(parities, bias)
     return _output(parities)
