@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 
 CHECKPOINT_SUFFIXES = (".safetensors",)
+# The single-file formats ComfyUI and A1111 load. A .ckpt is a pickle, which can run code when it is loaded: only
+# its header-only .safetensors counterpart is read here.
+SINGLE_FILE_SUFFIXES = CHECKPOINT_SUFFIXES + (".ckpt",)
 
 # (key suffix, which dimension to read) -> {its size: architecture}: the cross-attention width tells SD1.x (768,
 # CLIP-L) from SD2.x (1024, OpenCLIP-H); SDXL base has a 2816-wide class embedding (pooled text + sizes).

@@ -6,7 +6,7 @@ import importlib.metadata
 
 import torch
 
-from . import __version__, _ext, models, platform
+from . import __version__, _ext, cli_args, models, platform
 from .ops import ALL_OPS
 
 
@@ -81,53 +81,64 @@ def info() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rocm_sd", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="platform, GPU, kernel library and why any op would fall back")
-    demo = sub.add_parser("demo", help="generate one image with and without rocm_sd and compare")
-    demo.add_argument("--out", default="rocm_sd_demo", help="folder for the two PNGs")
-    demo.add_argument("--arch", choices=sorted(models.ARCHITECTURES), help="default: sd15 on a GPU, tiny on a CPU")
-    demo.add_argument("--steps", type=int)
-    demo.add_argument("--size", type=int, help="image height and width in pixels")
-    demo.add_argument("--repeats", type=int, default=3)
-    bench = sub.add_parser("bench", help="eager, torch.compile and rocm_sd side by side (shared/PERF.md protocol)")
-    bench.add_argument("--model", default=None, choices=sorted(models.ARCHITECTURES),
-                       help="architecture, random weights (default: sd15 on a GPU, tiny on a CPU)")
-    bench.add_argument("--size", type=int, help="image height and width in pixels")
-    bench.add_argument("--steps", type=int, default=50)
-    bench.add_argument("--batch", type=int, default=1, help="images per prompt (the UNet sees 2x with CFG)")
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--warmup", type=int, default=2, help="untimed calls after the first")
-    bench.add_argument("--engines", default=None,
-                       help="comma-separated, from: eager, compile, compile-reduce-overhead, rocm_sd, rocm_sd+compile, "
-                            "onnxruntime (default: all on a GPU, eager,rocm_sd on a CPU)")
-    bench.add_argument("--ablation", action="store_true", help="one more rocm_sd row per optimize() flag toggled")
-    bench.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
-    bench.add_argument("--out", default="bench/results", help="folder for the .md/.json results ('' to skip)")
+def _bench(args) -> int:
+    from . import bench
+
+    on_gpu = platform.gpu_available()
+    engines = args.engines or (bench.ENGINES if on_gpu else ("eager", "rocm_sd"))
+    bench.run(model=args.model or ("sd15" if on_gpu else "tiny"), size=args.size, steps=args.steps, batch=args.batch,
+              repeats=args.repeats, warmup=args.warmup, engines=engines, ablation=args.ablation, out_dir=args.out,
+              profile=args.profile)
+    return 0
+
+
+def _demo(args) -> int:
+    from . import demo
+
+    demo.run(out_dir=args.out, arch=args.arch, steps=args.steps, size=args.size, repeats=args.repeats)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import bench
     from .parallel import generate
 
-    generate.add_arguments(sub.add_parser(
-        "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"))
-    args = parser.parse_args(argv)
-    if args.command == "generate":
-        return generate.main(args)
-    if args.command == "info":
-        return info()
-    if args.command == "bench":
-        from . import bench as bench_module
+    parser = argparse.ArgumentParser(prog="python -m rocm_sd", description=__doc__)
+    cli_args.add_debug_flag(parser)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli_args.command(sub.add_parser("info", help="platform, GPU, kernel library and why any op would fall back"),
+                     lambda args: info())
+    demo = cli_args.command(sub.add_parser("demo", help="generate one image with and without rocm_sd and compare"),
+                            _demo)
+    demo.add_argument("--out", default="rocm_sd_demo", type=cli_args.output_folder, help="folder for the two PNGs")
+    demo.add_argument("--arch", choices=sorted(models.ARCHITECTURES), help="default: sd15 on a GPU, tiny on a CPU")
+    demo.add_argument("--steps", type=cli_args.positive_int)
+    demo.add_argument("--size", type=cli_args.image_size, help="image height and width in pixels")
+    demo.add_argument("--repeats", type=cli_args.positive_int, default=3)
+    bench_parser = cli_args.command(sub.add_parser(
+        "bench", help="eager, torch.compile and rocm_sd side by side (shared/PERF.md protocol)"), _bench)
+    bench_parser.add_argument("--model", default=None, choices=sorted(models.ARCHITECTURES),
+                              help="architecture, random weights (default: sd15 on a GPU, tiny on a CPU)")
+    bench_parser.add_argument("--size", type=cli_args.image_size, help="image height and width in pixels")
+    bench_parser.add_argument("--steps", type=cli_args.positive_int, default=50)
+    bench_parser.add_argument("--batch", type=cli_args.positive_int, default=1,
+                              help="images per prompt (the UNet sees 2x with CFG)")
+    bench_parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
+    bench_parser.add_argument("--warmup", type=cli_args.non_negative_int, default=2,
+                              help="untimed calls after the first")
+    bench_parser.add_argument("--engines", type=cli_args.subset_of(bench.ENGINES, "engines"),
+                              help=f"comma-separated, from: {', '.join(bench.ENGINES)} "
+                                   "(default: all on a GPU, eager,rocm_sd on a CPU)")
+    bench_parser.add_argument("--ablation", action="store_true",
+                              help="one more rocm_sd row per optimize() flag toggled")
+    bench_parser.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
+    bench_parser.add_argument("--out", default="bench/results", type=cli_args.optional_output_folder,
+                              help="folder for the .md/.json results ('' to skip)")
+    generate.add_arguments(cli_args.command(sub.add_parser(
+        "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"),
+        generate.main))
+    return parser
 
-        on_gpu = platform.gpu_available()
-        engines = tuple(args.engines.split(",")) if args.engines else (
-            bench_module.ENGINES if on_gpu else ("eager", "rocm_sd"))
-        unknown = set(engines) - set(bench_module.ENGINES)
-        if unknown:
-            parser.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(bench_module.ENGINES)}")
-        bench_module.run(model=args.model or ("sd15" if on_gpu else "tiny"), size=args.size, steps=args.steps,
-                         batch=args.batch, repeats=args.repeats, warmup=args.warmup, engines=engines,
-                         ablation=args.ablation, out_dir=args.out, profile=args.profile)
-        return 0
-    from . import demo as demo_module
 
-    demo_module.run(out_dir=args.out, arch=args.arch, steps=args.steps, size=args.size, repeats=args.repeats)
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    return cli_args.main(build_parser(), argv)

@@ -6,12 +6,22 @@ ROCM_SD_BACKEND=op:backend  force a backend per op, comma-separated: `group_norm
 ROCM_SD_LOG=0               silence the one-line notice printed for each distinct fallback reason
 ROCM_SD_TUNE_DB=PATH        where tuning databases live: a folder (one file per device) or one .json file
 ROCM_SD_TUNE_ACCEPT_STALE=1 use a tuning database measured with other software (versions, driver) anyway
+ROCM_SD_TUNE_DEFAULTS=0     do not read the default databases shipped in rocm_sd/tune/defaults/
+
+Switches take 1/true/yes/on or 0/false/no/off (any case); empty is the default. A value that is none of these,
+or a ROCM_SD_BACKEND that is not op:backend entries, gets one warning naming the variable and is ignored: the
+default is used. Not an error: these are read at `import rocm_sd`, inside ComfyUI, A1111 and user scripts, where
+a typo in a setting must not stop the host application from starting; the defaults are what runs without the
+variable, and the warning says what was not applied.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
+
+log = logging.getLogger("rocm_sd")
 
 
 @dataclass
@@ -24,27 +34,48 @@ class Config:
     tune_defaults: bool = True  # read the shipped default databases (rocm_sd/tune/defaults/) beneath the user's
 
 
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _ignored(name: str, value: str, accepted: str, default: str) -> None:
+    log.warning("rocm_sd: ignoring %s=%r: %s; using the default (%s)", name, value, accepted, default)
+
+
 def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    return value not in ("0", "false", "no", "off")
+    value = os.environ.get(name, "").strip()
+    if value.lower() in TRUE + FALSE:
+        return value.lower() in TRUE
+    if value:
+        _ignored(name, value, f"a switch is one of {', '.join(TRUE + FALSE)}", "on" if default else "off")
+    return default
 
 
 def _parse_backends(spec: str) -> dict[str, str]:
+    """{op: backend} from `op:backend,...`; ValueError naming the first entry of another form."""
     forced = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         op, sep, backend = item.partition(":")
-        if not sep or not op or not backend:
-            raise ValueError(f"ROCM_SD_BACKEND entry {item!r} is not of the form op:backend")
+        if not sep or not op.strip() or not backend.strip():
+            raise ValueError(f"entry {item!r} is not of the form op:backend")
         forced[op.strip()] = backend.strip()
     return forced
+
+
+def _forced_backends() -> dict[str, str]:
+    # All or nothing: applying the well-formed half of a list would run a mix the user never asked for.
+    spec = os.environ.get("ROCM_SD_BACKEND", "")
+    try:
+        return _parse_backends(spec)
+    except ValueError as error:
+        _ignored("ROCM_SD_BACKEND", spec, f"{error}; give comma-separated op:backend entries, e.g. group_norm:torch "
+                 "or *:rocm_sd", "no backend forced")
+        return {}
 
 
 def _from_env() -> Config:
     return Config(
         strict=_flag("ROCM_SD_STRICT", False),
-        forced_backends=_parse_backends(os.environ.get("ROCM_SD_BACKEND", "")),
+        forced_backends=_forced_backends(),
         log_fallbacks=_flag("ROCM_SD_LOG", True),
         tune_db=os.environ.get("ROCM_SD_TUNE_DB") or None,
         tune_accept_stale=_flag("ROCM_SD_TUNE_ACCEPT_STALE", False),

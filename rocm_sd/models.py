@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import checkpoints
+
 # CLIP text encoders (hidden size, depth, heads, MLP width, activation), as in the released models.
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
               max_position_embeddings=77, hidden_act="quick_gelu", vocab_size=49408)
@@ -105,16 +107,52 @@ def default_size(arch: str) -> int:
     return ARCHITECTURES[arch].size
 
 
+MODEL_INDEX = "model_index.json"  # what makes a folder a diffusers pipeline: from_pretrained reads it first
+
+
+def model_problem(model: str, checkpoint_files: bool = False) -> str | None:
+    """Why `model` names no model a command can use, or None. load_pipeline takes an architecture name (random
+    weights) or a local diffusers model folder; `python -m rocm_sd.tune` also takes single-file checkpoints
+    (`checkpoint_files`: it tunes their architecture's shapes). Reads no weights: commands check --model with it
+    before they build anything."""
+    if model in ARCHITECTURES or os.path.isfile(os.path.join(model, MODEL_INDEX)):
+        return None
+    if checkpoint_files and checkpoints.is_checkpoint_file(model):
+        return None
+    return f"{model!r} is {_what_it_is(model)}; accepted: {_accepted_models(checkpoint_files)}" + (
+        _conversion_hint(checkpoint_files) if model.lower().endswith(checkpoints.SINGLE_FILE_SUFFIXES) else "")
+
+
+def _what_it_is(model: str) -> str:
+    if os.path.isdir(model):
+        return f"a folder without {MODEL_INDEX}, not a diffusers model"
+    if not os.path.isfile(model):
+        return "neither an architecture nor an existing file or folder"
+    if model.lower().endswith(checkpoints.SINGLE_FILE_SUFFIXES):
+        return "a single-file checkpoint"
+    return "a file, not a diffusers model folder"
+
+
+def _accepted_models(checkpoint_files: bool) -> str:
+    kinds = [f"an architecture ({', '.join(sorted(ARCHITECTURES))})", "a local diffusers model folder"]
+    if checkpoint_files:
+        kinds.append(f"a {' or '.join(checkpoints.CHECKPOINT_SUFFIXES)} checkpoint file")
+    return f"{', '.join(kinds[:-1])} or {kinds[-1]}"
+
+
+def _conversion_hint(checkpoint_files: bool) -> str:
+    tune = "" if checkpoint_files else (f"; `python -m rocm_sd.tune` takes {'/'.join(checkpoints.CHECKPOINT_SUFFIXES)} "
+                                        "files as they are, tuning their architecture's shapes")
+    return f" (diffusers' from_single_file(...).save_pretrained(folder) makes a diffusers folder of one{tune})"
+
+
 def load_pipeline(model: str, device, dtype):
     """An architecture name from ARCHITECTURES (random weights) or a local diffusers model folder."""
     if model in ARCHITECTURES:
         return build_sd_pipeline(model, device, dtype)
-    if not os.path.isdir(model):
-        hint = (" (a single-file checkpoint: `python -m rocm_sd.tune` takes it, tuning its architecture's shapes; "
-                "this command needs a diffusers folder, e.g. from diffusers' from_single_file(...).save_pretrained)"
-                if model.lower().endswith((".safetensors", ".ckpt")) else "")
-        raise ValueError(f"--model {model!r} is neither an architecture ({', '.join(sorted(ARCHITECTURES))}) "
-                         f"nor a local diffusers model folder{hint}")
+    problem = model_problem(model)
+    if problem:
+        raise ValueError(f"--model {problem}")
     from diffusers import DiffusionPipeline
 
     pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype, local_files_only=True)

@@ -173,10 +173,13 @@ def test_cfg_parallel_matches_one_process(tmp_path, one_process):
 
 
 def test_generate_fails_cleanly_on_every_rank(tmp_path):
-    proc, _ = _generate(tmp_path, "bad", 2, "--model", str(tmp_path / "no-such-model"))
+    # A model folder that passes the up-front --model check (it has a model_index.json) and fails to load.
+    (tmp_path / "broken-model").mkdir()
+    (tmp_path / "broken-model" / "model_index.json").write_text("{not json")
+    proc, _ = _generate(tmp_path, "bad", 2, "--model", str(tmp_path / "broken-model"))
     assert proc.returncode != 0
     assert "rocm_sd generate failed on 2 ranks" in proc.stderr
-    assert "rank 0 failed during pipeline setup" in proc.stderr and "neither an architecture" in proc.stderr
+    assert "rank 0 failed during pipeline setup" in proc.stderr and "model_index.json" in proc.stderr
 
 
 def test_two_cfg_pairs_are_data_parallel_among_themselves(tmp_path, one_process):

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .. import models, patch, platform
+from .. import cli_args, models, patch, platform
 from ..files import write_json_atomically
 from .cfg import enable_cfg_parallel
 from .mesh import DEFAULT_TIMEOUT_S, Mesh, init, shutdown
@@ -151,37 +151,37 @@ def _save_png(image: np.ndarray, path: str) -> None:
     Image.fromarray(image).save(path)
 
 
-def read_prompts(path: str | None, inline: list[str] | None) -> list[str]:
-    prompts = list(inline or [])
-    if path:
-        with open(path, encoding="utf-8") as f:
-            prompts += [line.strip() for line in f if line.strip()]
+def read_prompts(from_file: list[str] | None, inline: list[str] | None) -> list[str]:
+    """The job's prompts: --prompt's, then the lines of the --prompts file (read and checked while parsing)."""
+    prompts = list(inline or []) + list(from_file or [])
     if not prompts:
-        raise ValueError("no prompts: give --prompts FILE (one per line) or --prompt TEXT")
+        raise cli_args.UsageError("no prompts: give --prompts FILE (one per line) or --prompt TEXT")
     return prompts
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--prompts", help="text file, one prompt per line (blank lines skipped)")
+    parser.add_argument("--prompts", type=cli_args.text_lines,
+                        help="text file, one prompt per line (blank lines skipped)")
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable; added before --prompts)")
     parser.add_argument("--negative", default="", help="negative prompt for every image")
-    parser.add_argument("--out", required=True, help="folder for <index>.png and run.json (written by rank 0)")
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--out", required=True, type=cli_args.output_folder,
+                        help="folder for <index>.png and run.json (written by rank 0)")
+    parser.add_argument("--model", default=None, type=cli_args.pipeline_model,
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
                              "diffusers model folder (default: sd15 on a GPU, tiny on a CPU)")
     parser.add_argument("--mode", choices=("data", "cfg"), default="data",
                         help="data: prompts over all GPUs; cfg: each image's guidance halves on a pair of GPUs")
-    parser.add_argument("--height", type=int)
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--guidance", type=float, default=7.5)
-    parser.add_argument("--batch", type=int, default=1, help="prompts per pipeline call")
+    parser.add_argument("--height", type=cli_args.image_size)
+    parser.add_argument("--width", type=cli_args.image_size)
+    parser.add_argument("--steps", type=cli_args.positive_int, default=50)
+    parser.add_argument("--guidance", type=cli_args.finite_float, default=7.5)
+    parser.add_argument("--batch", type=cli_args.positive_int, default=1, help="prompts per pipeline call")
     parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
                         help="default: float16 on a GPU, float32 on a CPU")
     parser.add_argument("--no-optimize", action="store_true", help="plain diffusers (to compare)")
     parser.add_argument("--no-warmup", action="store_true", help="time the first calls too")
-    parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+    parser.add_argument("--timeout-s", type=cli_args.positive_float, default=DEFAULT_TIMEOUT_S,
                         help="longest wait for another rank before the job fails")
 
 
@@ -189,7 +189,10 @@ def main(args) -> int:
     start = time.perf_counter()
     job = Job(prompts=read_prompts(args.prompts, args.prompt), negative=args.negative, seed=args.seed,
               batch=args.batch, height=args.height, width=args.width, steps=args.steps, guidance=args.guidance)
-    mesh = init(args.mode, args.timeout_s)
+    try:
+        mesh = init(args.mode, args.timeout_s)
+    except ValueError as error:  # cfg mode on an odd number of processes (one without torchrun): init says so
+        raise cli_args.UsageError(f"argument --mode: {error}") from None
     on_gpu = mesh.device.type == "cuda"
     model = args.model or ("sd15" if on_gpu else "tiny")
     dtype = getattr(torch, args.dtype or ("float16" if on_gpu else "float32"))

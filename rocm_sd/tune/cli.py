@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .. import checkpoints, models, patch, platform
+from .. import checkpoints, cli_args, models, patch, platform
 from . import active, problems
 from .db import TuningDB, default_location
 from .device_key import device_key, validators
@@ -39,24 +39,28 @@ from .vendor import vendor_tuning
 HARVEST_STEPS = 2
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rocm_sd.tune", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="sd15",
+    cli_args.command(parser, tune)
+    parser.add_argument("--model", default="sd15", type=cli_args.tunable_model,
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}), a local "
                              "diffusers model folder, or a .safetensors checkpoint as ComfyUI and A1111 load them "
                              "(its architecture's shapes are tuned)")
-    parser.add_argument("--height", type=int)
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--batch", type=int, default=1, help="images per call (the UNet sees twice as many with CFG)")
+    parser.add_argument("--height", type=cli_args.image_size)
+    parser.add_argument("--width", type=cli_args.image_size)
+    parser.add_argument("--batch", type=cli_args.positive_int, default=1,
+                        help="images per call (the UNet sees twice as many with CFG)")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
-    parser.add_argument("--ops", help=f"comma-separated subset of {', '.join(problems.OPS)}")
-    parser.add_argument("--budget-s", type=float, help="start no new problem after this many seconds")
+    parser.add_argument("--ops", type=cli_args.subset_of(problems.OPS, "ops"),
+                        help=f"comma-separated subset of {', '.join(problems.OPS)}")
+    parser.add_argument("--budget-s", type=cli_args.positive_float,
+                        help="start no new problem after this many seconds")
     parser.add_argument("--resume", action="store_true", help="skip problems the database already holds")
     parser.add_argument("--db", help="database folder or .json file (default: ROCM_SD_TUNE_DB or the cache folder)")
     parser.add_argument("--list", action="store_true", help="list the harvested problems and stop")
     parser.add_argument("--dry-run", action="store_true", help="list problems and candidates, measure nothing")
-    return parser.parse_args(argv)
+    return parser
 
 
 def _rank_share(items: list, device) -> list:
@@ -73,31 +77,28 @@ def _rank_share(items: list, device) -> list:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    """`python -m rocm_sd.tune` with `argv`: its exit status (2: a bad argument, 1: a failure), in-process too."""
+    return cli_args.main(build_parser(), argv)
+
+
+def tune(args) -> int:
     if checkpoints.is_checkpoint_file(args.model):
         try:
             arch = checkpoints.architecture_of(args.model)
-        except ValueError as error:
-            print(f"rocm_sd.tune: {error}", file=sys.stderr)
-            return 2
+        except ValueError as error:  # its header names no architecture rocm_sd knows: read before anything is built
+            raise cli_args.UsageError(f"argument --model: {error}") from None
         print(f"{args.model}: {arch} architecture; tuning its shapes with random weights (the weights' values do not "
               "change which kernel is fastest)")
         args.model = arch
     measuring = not (args.list or args.dry_run)
     on_gpu = platform.gpu_available()
     if measuring and not on_gpu:
-        print("rocm_sd.tune measures on a GPU and torch sees none; --list and --dry-run work without one",
-              file=sys.stderr)
-        return 2
+        raise cli_args.UsageError("tuning measures on a GPU and torch sees none; --list and --dry-run work without one")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     dtype = getattr(torch, args.dtype) if on_gpu else torch.float32
-    wanted = set(args.ops.split(",")) if args.ops else set(problems.OPS)
-    unknown = wanted - set(problems.OPS)
-    if unknown:
-        print(f"unknown ops {sorted(unknown)}; tunable: {', '.join(problems.OPS)}", file=sys.stderr)
-        return 2
+    wanted = set(args.ops or problems.OPS)
 
     key = device_key(device if on_gpu else None)
     db = TuningDB(key, validators(device if on_gpu else None),

@@ -1,0 +1,199 @@
+"""What `python -m rocm_sd` and `python -m rocm_sd.tune` share: argument types that reject a bad value while
+parsing, before any model is built, and the way a command ends when something goes wrong.
+
+A bad argument is a usage error: argparse's usage, then one line naming the argument, the value and what is
+accepted (`python -m rocm_sd bench: error: argument --steps: -3 is not a positive integer`), exit status 2.
+A failure while running is one line and exit status 1; --debug lets its traceback through instead.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from . import models
+
+USAGE_ERROR, FAILURE, INTERRUPTED = 2, 1, 130
+
+
+class UsageError(ValueError):
+    """A bad argument that only the command can see (a combination of arguments, the number of processes):
+    raised before anything is built, reported as argparse reports a bad value."""
+
+
+# ---- argument types: each returns the value or raises ArgumentTypeError with what is accepted ----------
+
+def _int_from(text: str, minimum: int, accepted: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise argparse.ArgumentTypeError(f"{text} is not {accepted}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _int_from(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _int_from(text, 0, "a non-negative integer")
+
+
+# diffusers' Stable Diffusion pipelines refuse other sizes (check_inputs): the VAE makes one latent of 8x8 pixels.
+# The UNet needs no more: it resizes its upsampled features to the skip connections when the latents do not halve
+# evenly (e.g. 520 pixels, 65 latents).
+SIZE_MULTIPLE = 8
+
+
+def image_size(text: str) -> int:
+    """Image height or width in pixels."""
+    accepted = (f"a positive multiple of {SIZE_MULTIPLE} (Stable Diffusion's VAE makes one latent per "
+                f"{SIZE_MULTIPLE}x{SIZE_MULTIPLE} pixels; diffusers' pipelines take multiples of {SIZE_MULTIPLE} only)")
+    value = _int_from(text, 1, accepted)
+    if value % SIZE_MULTIPLE:
+        raise argparse.ArgumentTypeError(f"{text} is not {accepted}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):  # float() takes "nan" and "inf": a NaN guidance makes NaN images
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def text_lines(path: str) -> list[str]:
+    """A UTF-8 text file's non-blank lines, stripped: one item (a prompt) per line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise argparse.ArgumentTypeError(f"{path} is a folder, not a text file") from None
+    except UnicodeDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{path} is not UTF-8 text (byte {error.start} cannot be decoded)") from None
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from None
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{path} is a binary file, not text (it holds NUL bytes)")
+    lines = [line.strip() for line in text.split("\n") if line.strip()]
+    if not lines:
+        raise argparse.ArgumentTypeError(f"{path} holds no text, one item per line (blank lines are skipped)")
+    return lines
+
+
+def output_folder(path: str) -> str:
+    """A folder this process can write in, existing or not. Nothing is created but a temporary file in the deepest
+    folder that exists: writing one shows that the folder can be made and written where os.access can be wrong
+    (root on sysfs or an NFS export with root_squash, SELinux)."""
+    if not path:
+        raise argparse.ArgumentTypeError("an empty path is not a folder")
+    deepest = Path(path)
+    try:
+        while not deepest.exists():
+            deepest = deepest.parent
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot look at {path}: {error.strerror}") from None
+    if not deepest.is_dir():
+        where = "" if str(deepest) == os.path.normpath(path) else f"{path}: "
+        raise argparse.ArgumentTypeError(f"{where}{deepest} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=deepest):
+            pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot write in {deepest}: {error.strerror}") from None
+    return path
+
+
+def optional_output_folder(path: str) -> str:
+    """output_folder, or '' for none."""
+    return path and output_folder(path)
+
+
+def pipeline_model(model: str) -> str:
+    """What builds a pipeline: an architecture name (random weights) or a local diffusers model folder."""
+    problem = models.model_problem(model)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return model
+
+
+def tunable_model(model: str) -> str:
+    """pipeline_model, or a single-file checkpoint whose architecture's shapes are tuned."""
+    problem = models.model_problem(model, checkpoint_files=True)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return model
+
+
+def subset_of(choices, what: str) -> Callable[[str], tuple[str, ...]]:
+    """A comma-separated list of some of `choices` (`what` names them in the message: 'ops', 'engines'); empty for
+    none given, which the commands read as their default."""
+    def parse(text: str) -> tuple[str, ...]:
+        wanted = tuple(filter(None, (item.strip() for item in text.split(","))))
+        unknown = sorted(set(wanted) - set(choices))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; choose from {', '.join(choices)}")
+        return wanted
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+# ---- how a command runs and ends ---------------------------------------------------------------------
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: no default, so that `python -m rocm_sd --debug bench` is not undone by the bench parser's default.
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="let a failure's Python traceback through (by default it is one line)")
+
+
+def command(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """`parser` runs `run(args)`, and reports bad arguments found by it in its own name."""
+    parser.set_defaults(run=run, command_parser=parser)
+    add_debug_flag(parser)
+    return parser
+
+
+def main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Parse `argv` and run the command it names; its exit status, never an exception for what a user can get
+    wrong. In-process callers (ComfyUI's tune node, tests) get the status as `python -m` would exit with it."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse has printed the help (0) or a usage error (2)
+        return stop.code
+    command_parser, debug = args.command_parser, getattr(args, "debug", False)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        command_parser.print_usage(sys.stderr)
+        print(f"{command_parser.prog}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{command_parser.prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - any failure: one line, the traceback under --debug
+        if debug:
+            raise
+        print(f"{command_parser.prog}: error: {type(error).__name__}: {error} (--debug shows the traceback)",
+              file=sys.stderr)
+        return FAILURE
