@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .. import models, patch, platform
-from ..files import write_json_atomically
+from ..files import write_atomically, write_json_atomically
 from .cfg import enable_cfg_parallel
 from .lookout import Lookout
 from .mesh import DEFAULT_TIMEOUT_S, Mesh, init, shutdown
@@ -147,9 +147,10 @@ def run(mesh: Mesh, pipe, job: Job, out_dir: str | None = None, progress: bool =
 
 
 def _save_png(image: np.ndarray, path: str) -> None:
+    """Whole or not at all: the lookout may end rank 0 while a writer thread is in the middle of an image."""
     from PIL import Image
 
-    Image.fromarray(image).save(path)
+    write_atomically(path, lambda f: Image.fromarray(image).save(f, format="PNG"), durable=False)
 
 
 def read_prompts(path: str | None, inline: list[str] | None) -> list[str]:
