@@ -5,13 +5,17 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 
-def write_json_atomically(path: str | os.PathLike, data, lock_held: bool = False) -> None:
-    """Temp file in the same folder + fsync + rename: a reader sees the old file or the new one, never half
-    of one. With `lock_held` (the caller holds a lock every writer of `path` takes) the temporary file has
-    one fixed name, `<name>.tmp`: a writer killed between write and rename leaves that one file, which the
-    next write replaces, instead of a new uniquely named orphan per kill."""
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object], durable: bool = True,
+                     lock_held: bool = False) -> None:
+    """write(file) into a temp file in the same folder, then rename it to `path`: a reader sees the old file
+    or the new one, never half of one, and a process that ends at any point leaves no partial `path` (at
+    most a stray temp file). `durable` syncs the data to disk before the rename, so that a power cut cannot
+    leave an empty `path` either. With `lock_held` (the caller holds a lock every writer of `path` takes) the
+    temporary file has one fixed name, `<name>.tmp`: a writer killed between write and rename leaves that one
+    file, which the next write replaces, instead of a new uniquely named orphan per kill."""
     path = Path(path)
     if lock_held:
         tmp = str(path.with_name(path.name + ".tmp"))
@@ -19,11 +23,16 @@ def write_json_atomically(path: str | os.PathLike, data, lock_held: bool = False
     else:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomically(path: str | os.PathLike, data, lock_held: bool = False) -> None:
+    write_atomically(path, lambda f: f.write(json.dumps(data, indent=1).encode("utf-8")), lock_held=lock_held)

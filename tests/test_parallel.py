@@ -8,11 +8,15 @@ arithmetic in every process, so data-parallel images must be identical bit for b
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,10 +24,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rocm_sd.parallel.lookout import Lookout
 from rocm_sd.parallel.mesh import Mesh, init
-from rocm_sd.parallel.rounds import JobFailed, batches, run_rounds, schedule
+from rocm_sd.parallel.rounds import JobFailed, RankError, batches, run_rounds, schedule
 
 PROMPTS = ["a red fox in the snow", "a lighthouse at dawn", "snowy mountains", "a bowl of fruit", "a city at night"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _fail(how: str) -> None:
+    """The injected failure: 'raise' an error, or 'die' without a word, as a crashed driver would."""
+    if how == "raise":
+        raise RuntimeError("out of memory on purpose")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---- how work is dealt ------------------------------------------------------------------------------
@@ -70,9 +83,7 @@ def _job(rank: int, world: int, store: str, how: str, results) -> None:
 
     def work(item: int):
         if how != "ok" and rank == 1 and item == 3:
-            if how == "raise":
-                raise RuntimeError("out of memory on purpose")
-            os._exit(7)  # dies without a word, as a crashed driver would
+            _fail(how)
         return item * 10
 
     seen = []
@@ -120,18 +131,67 @@ def test_a_failing_rank_ends_the_job_on_every_rank(tmp_path, how):
     assert results[0][2] < 60
 
 
+# ---- the lookout: what ended a job that no collective could report ------------------------------------
+
+def test_lookout_explains_a_broken_job_by_the_published_errors_else_by_the_lost_ranks():
+    store = dist.HashStore()
+    rank0, rank1, rank2 = (Lookout(rank, 3, store, report=print) for rank in range(3))
+    starting = threading.Thread(target=rank1.start)  # off the main thread: pytest's SIGTERM stays as it is
+    starting.start()
+    starting.join()
+    rank2._beat()  # once, then no more: killed
+    assert rank0.explain("round 4") == ("rank 2 was lost during round 4: its process ended without reporting an "
+                                        "error (killed, or a crash in native code; torchrun's log has its exit code)")
+    rank1.stop()  # before the error below is published: its lookout would end this process
+    rank2.publish(RankError(2, "round 4", "RuntimeError: out of memory on purpose", "Traceback ..."))
+    assert rank0.explain("round 4") == ("rank 2 failed during round 4: RuntimeError: out of memory on purpose\n\n"
+                                        "rank 2's traceback:\nTraceback ...")
+
+
 # ---- end to end: torchrun -m rocm_sd generate -------------------------------------------------------
 
-def _generate(tmp_path, name: str, nproc: int, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+_FAULT = "TEST_PARALLEL_FAULT"  # "<rank> <warm-up|round> <raise|die>": read by this module's main, run by torchrun
+_FAULT_AT = "fault injected at unix time "
+
+
+def _generate(tmp_path, name: str, nproc: int, *args: str, fault: str = "",
+              timeout_s: int = 60) -> tuple[subprocess.CompletedProcess, str]:
+    """torchrun -m rocm_sd generate, or with a `fault` this module's main, which injects it (_inject_fault)."""
     out = tmp_path / name
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "rocm_sd", "generate", "--model", "tiny", "--prompts", str(prompts), "--out", str(out),
-           "--steps", "3", "--batch", "2", "--timeout-s", "60", *args]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+           "-m", "tests.test_parallel" if fault else "rocm_sd", "generate", "--model", "tiny",
+           "--prompts", str(prompts), "--out", str(out), "--steps", "3", "--batch", "2",
+           "--timeout-s", str(timeout_s), *args]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", _FAULT: fault}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     return proc, str(out)
+
+
+def _inject_fault(rank: str, phase: str, how: str) -> None:
+    """Make `rank` fail in the second UNet step of its first pipeline call of `phase`: its CFG partner has
+    been through one all-gather with it and waits in the next."""
+    from rocm_sd.parallel import generate
+
+    if os.environ["RANK"] != rank:
+        return
+    call_pipeline = generate.call_pipeline
+
+    def failing_call(pipe, job, indices, steps=None):
+        if (steps is not None) == (phase == "warm-up"):  # warm-up calls are the short ones
+            unet_step, count = pipe.unet.forward, itertools.count(1)
+
+            def failing_step(*args, **kwargs):
+                if next(count) == 2:
+                    print(f"{_FAULT_AT}{time.time()}", file=sys.stderr, flush=True)
+                    _fail(how)
+                return unet_step(*args, **kwargs)
+
+            pipe.unet.forward = failing_step
+        return call_pipeline(pipe, job, indices, steps)
+
+    generate.call_pipeline = failing_call
 
 
 def _images(folder: str) -> list[np.ndarray]:
@@ -192,3 +252,47 @@ def test_two_cfg_pairs_are_data_parallel_among_themselves(tmp_path, one_process)
     assert len(images) == len(PROMPTS)
     for i, (a, b) in enumerate(zip(one_process, images)):
         assert np.abs(a - b).max() <= 2, f"image {i}: max difference {np.abs(a - b).max()}"
+
+
+# ---- a rank that fails in the middle of a job: every rank stops within seconds, rank 0 says why -------------
+
+def _failed_job(tmp_path, nproc: int, mode: str, fault: str) -> tuple[str, float]:
+    """Rank 0's report of the job that `fault` broke, and the seconds from the fault to the job's end. The
+    process group's timeout is 120 s: a rank that waited for it would end the job far later than asserted."""
+    proc, _ = _generate(tmp_path, "failed", nproc, "--mode", mode, fault=fault, timeout_s=120)
+    ended = time.time()
+    assert proc.returncode != 0
+    assert _FAULT_AT in proc.stderr, proc.stderr[-3000:]
+    failed = float(proc.stderr.split(_FAULT_AT)[1].split()[0])
+    start = proc.stderr.find("rocm_sd generate failed on")  # only rank 0 says this; torchrun names ranks too
+    assert start >= 0, proc.stderr[-3000:]
+    return proc.stderr[start:], ended - failed
+
+
+@pytest.mark.parametrize("nproc,fault,step", [
+    (2, "1 warm-up raise", "warm-up"),
+    (2, "1 round raise", "round 0 (item 0)"),
+    (2, "0 round raise", "round 0 (item 0)"),
+    (4, "3 round raise", "round 0 (item 1)"),  # ranks 0 and 1 wait in the agreement, rank 2 in the pair's gather
+])
+def test_a_cfg_rank_that_raises_ends_the_job_within_seconds(tmp_path, nproc, fault, step):
+    report, seconds = _failed_job(tmp_path, nproc, "cfg", fault)
+    rank = fault.split()[0]
+    assert report.splitlines()[1] == f"rank {rank} failed during {step}: RuntimeError: out of memory on purpose"
+    assert f"rank {rank}'s traceback" in report
+    assert seconds < 30, f"the job ended {seconds:.0f} s after the failure"
+
+
+@pytest.mark.parametrize("mode", ["data", "cfg"])
+def test_rank0_names_a_rank_that_was_killed(tmp_path, mode):
+    report, seconds = _failed_job(tmp_path, 2, mode, "1 round die")
+    assert report.splitlines()[1].startswith("rank 1 was lost during round 0 (item 0): its process ended")
+    assert seconds < 30, f"the job ended {seconds:.0f} s after the kill"
+
+
+if __name__ == "__main__":  # a process of _generate's torchrun job with a fault: rocm_sd's command, one rank failing
+    if os.environ.get(_FAULT):
+        _inject_fault(*os.environ[_FAULT].split())
+    from rocm_sd.cli import main
+
+    raise SystemExit(main())

@@ -1,6 +1,7 @@
 """Several GPUs through torch.distributed, launched by torchrun: prompts over GPUs (data parallel) or each
 image's guidance halves over a pair of GPUs (cfg). See mesh.py for the two modes, rounds.py for how work
-is dealt and failures stop the job, cfg.py for the split UNet step, generate.py for the command."""
+is dealt and failures stop the job, lookout.py for the failures no collective can carry, cfg.py for the
+split UNet step, generate.py for the command."""
 from .cfg import disable_cfg_parallel, enable_cfg_parallel
 from .generate import Job, prepare, run
 from .mesh import Mesh, init, shutdown

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
+from .rounds import LostContact
+
 # The calls split per model: (component attribute on the pipeline, method).
 SPLIT_CALLS = (("unet", "forward"), ("controlnet", "forward"), ("vae", "decode"))
 _WRAPPED_ATTR = "_rocm_sd_cfg_parallel"
@@ -49,8 +51,14 @@ class SplitBatchCall:
                                else y, out)
 
     def _gather(self, part: torch.Tensor) -> torch.Tensor:
+        """The pair's one collective per step, kept bare: a partner that fails never joins it, and its
+        lookout ends this rank too (lookout.py). On NCCL the call returns once queued, and the wait for a
+        partner that never comes is at the host's next synchronization instead."""
         whole = part.new_empty((2 * part.shape[0], *part.shape[1:]))
-        _all_gather_single(whole, part.contiguous(), group=self.group)
+        try:
+            _all_gather_single(whole, part.contiguous(), group=self.group)
+        except Exception as exc:  # noqa: BLE001 -- the backends' error types differ (gloo, NCCL, RCCL)
+            raise LostContact(f"the all-gather of {self.label} with this rank's CFG partner broke") from exc
         return whole
 
 

@@ -15,15 +15,16 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from .. import cli_args, models, patch, platform
-from ..files import write_json_atomically
+from ..files import write_atomically, write_json_atomically
 from .cfg import enable_cfg_parallel
+from .lookout import Lookout
 from .mesh import DEFAULT_TIMEOUT_S, Mesh, init, shutdown
 from .rounds import JobFailed, all_gather, batches, checked, gather_to_root, run_rounds
 
@@ -146,9 +147,10 @@ def run(mesh: Mesh, pipe, job: Job, out_dir: str | None = None, progress: bool =
 
 
 def _save_png(image: np.ndarray, path: str) -> None:
+    """Whole or not at all: the lookout may end rank 0 while a writer thread is in the middle of an image."""
     from PIL import Image
 
-    Image.fromarray(image).save(path)
+    write_atomically(path, lambda f: Image.fromarray(image).save(f, format="PNG"), durable=False)
 
 
 def read_prompts(from_file: list[str] | None, inline: list[str] | None) -> list[str]:
@@ -185,6 +187,19 @@ def add_arguments(parser) -> None:
                         help="longest wait for another rank before the job fails")
 
 
+def report_failure(mesh: Mesh, message: str) -> None:
+    print(f"rocm_sd generate failed on {mesh.world} ranks:\n{message}" if mesh.rank == 0
+          else f"rank {mesh.rank}: stopping, the job failed ({message.splitlines()[0]})", file=sys.stderr)
+
+
+def with_lookout(mesh: Mesh) -> Mesh:
+    """The mesh with a lookout started on it: where no collective can bring this rank a failure (a CFG
+    partner's, a lost rank), the lookout reports it with report_failure and ends the process (lookout.py)."""
+    store = torch.distributed.distributed_c10d._get_default_store()
+    lookout = Lookout(mesh.rank, mesh.world, store, lambda message: report_failure(mesh, message))
+    return replace(mesh, lookout=lookout.start())
+
+
 def main(args) -> int:
     start = time.perf_counter()
     job = Job(prompts=read_prompts(args.prompts, args.prompt), negative=args.negative, seed=args.seed,
@@ -193,6 +208,8 @@ def main(args) -> int:
         mesh = init(args.mode, args.timeout_s)
     except ValueError as error:  # cfg mode on an odd number of processes (one without torchrun): init says so
         raise cli_args.UsageError(f"argument --mode: {error}") from None
+    if mesh.distributed:
+        mesh = with_lookout(mesh)
     on_gpu = mesh.device.type == "cuda"
     model = args.model or ("sd15" if on_gpu else "tiny")
     dtype = getattr(torch, args.dtype or ("float16" if on_gpu else "float32"))
@@ -202,10 +219,12 @@ def main(args) -> int:
         images, timings = run(mesh, pipe, job, out_dir=args.out, warmup=not args.no_warmup)
     except JobFailed as exc:
         # Every rank stops here together; rank 0 says what happened where. The process group is not torn
-        # down: after a lost rank that can block, and the processes end now anyway.
-        print(f"rocm_sd generate failed on {mesh.world} ranks:\n{exc}" if mesh.rank == 0
-              else f"rank {mesh.rank}: stopping, the job failed ({str(exc).splitlines()[0]})", file=sys.stderr)
+        # down: after a lost rank that can block, and the processes end now anyway. JobFailed comes only
+        # from several ranks, which have a lookout: it reports, unless it is ending the process already.
+        mesh.lookout.conclude(str(exc))
         return 1
+    if mesh.lookout is not None:
+        mesh.lookout.stop()
     timings.setup_s = setup_s
     if mesh.rank == 0:
         summary = timings.summary(len(job.prompts))

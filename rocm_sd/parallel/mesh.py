@@ -13,11 +13,15 @@ import datetime
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from .. import platform
+
+if TYPE_CHECKING:
+    from .lookout import Lookout
 
 MODES = ("data", "cfg")
 # How long a collective may wait for a slow or stuck rank before the job ends with an error. The first
@@ -33,6 +37,7 @@ class Mesh:
     cfg: int                      # ranks per image: 2 in cfg mode, else 1
     device: torch.device
     cfg_group: object = None      # the process group of this rank's CFG pair (cfg mode only)
+    lookout: Lookout | None = None  # this rank's watch on the others, where the caller started one
 
     @property
     def distributed(self) -> bool:

@@ -8,7 +8,9 @@ After each step (building the pipeline, each round) every rank says whether it w
 small all-gather; if any rank failed, every rank raises JobFailed naming the rank and its error, so the
 job ends at once instead of leaving the others waiting. A rank that dies without a word (killed, a
 crash in a driver) breaks the collective: that is reported as JobFailed as well, and the process
-group's timeout bounds the wait where the backend cannot tell (a hung GPU).
+group's timeout bounds the wait where the backend cannot tell (a hung GPU). Where a rank cannot reach
+the agreement (its CFG partner failed and it waits in the pair's all-gather) or cannot tell which rank
+died, the mesh's lookout (lookout.py) takes over.
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ from .mesh import Mesh
 
 class JobFailed(RuntimeError):
     """Raised on every rank when one rank failed a step of the job."""
+
+
+class LostContact(JobFailed):
+    """A collective with other ranks broke (one died, or its connection did): no error of this rank's own."""
 
 
 @dataclass(frozen=True)
@@ -46,25 +52,37 @@ def schedule(n_items: int, dp: int) -> list[list[int | None]]:
     return [[k * dp + j if k * dp + j < n_items else None for j in range(dp)] for k in range(n_rounds)]
 
 
-def _lost_contact(step: str, error: Exception) -> JobFailed:
-    return JobFailed(f"lost contact with another rank during {step} ({type(error).__name__}: {error}); "
-                     "the rank that died is named in torchrun's log")
+def describe(failures: list[RankError], trace: bool) -> str:
+    """One line per failed rank, then (with `trace`) the first one's traceback."""
+    lines = "\n".join(f"rank {f.rank} failed during {f.step}: {f.error}" for f in failures)
+    return lines + (f"\n\nrank {failures[0].rank}'s traceback:\n{failures[0].trace}" if trace else "")
+
+
+def _lost_contact(mesh: Mesh, step: str, error: Exception) -> LostContact:
+    """What broke the collective: the lookout names the failed or lost ranks where it can."""
+    known = mesh.lookout.explain(step) if mesh.lookout is not None else ""
+    return LostContact(known or f"lost contact with another rank during {step} ({type(error).__name__}: {error}); "
+                       "the rank that died is named in torchrun's log")
 
 
 def checked(mesh: Mesh, step: str, fn: Callable):
     """fn() on this rank, then agree with every rank that `step` worked; JobFailed on all ranks if not."""
+    if mesh.lookout is not None:
+        mesh.lookout.step = step
     try:
         result, error = fn(), None
+    except LostContact as exc:  # a collective inside fn (the CFG pair's all-gather) broke
+        raise _lost_contact(mesh, step, exc.__cause__ or exc) from exc
     except Exception as exc:  # noqa: BLE001 -- any failure must reach the other ranks, not strand them
         if not mesh.distributed:
             raise
         result, error = None, RankError(mesh.rank, step, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        if mesh.lookout is not None:  # for a CFG partner that waits in the pair's all-gather, not the agreement
+            mesh.lookout.publish(error)
     if mesh.distributed:
         failed = [s for s in all_gather(mesh, step, error) if s is not None]
         if failed:
-            lines = [f"rank {s.rank} failed during {s.step}: {s.error}" for s in failed]
-            detail = failed[0].trace if mesh.rank == 0 else ""
-            raise JobFailed("\n".join(lines) + (f"\n\nrank {failed[0].rank}'s traceback:\n{detail}" if detail else ""))
+            raise JobFailed(describe(failed, trace=mesh.rank == 0))
     return result
 
 
@@ -76,7 +94,7 @@ def all_gather(mesh: Mesh, step: str, obj) -> list:
     try:
         dist.all_gather_object(out, obj)
     except Exception as exc:  # noqa: BLE001 -- the backends' error types differ (gloo, NCCL, RCCL)
-        raise _lost_contact(step, exc) from exc
+        raise _lost_contact(mesh, step, exc) from exc
     return out
 
 
@@ -88,7 +106,7 @@ def gather_to_root(mesh: Mesh, step: str, obj) -> list | None:
     try:
         dist.gather_object(obj, out, dst=0)
     except Exception as exc:  # noqa: BLE001
-        raise _lost_contact(step, exc) from exc
+        raise _lost_contact(mesh, step, exc) from exc
     return out
 
 
