@@ -168,6 +168,31 @@ def test_attention_uses_the_matrix_units(table):
             assert arch in section, f"README's Supported AMD GPUs table does not explain {arch}"
 
 
+RDNA3 = ("gfx1100", "gfx1101", "gfx1151")
+
+
+def instance_name(kernel):
+    """attention_kernel<bf16,48,4,1,64> -> bf16_d48_w4_r1_n64 (hip/attention.hip's names); wide ones end _n16_wide."""
+    dtype, dim, waves, rows, *block_n = kernel[kernel.index("<") + 1:-1].split(",")
+    tail = f"_n{block_n[0]}" if block_n else "_n16_wide"
+    return f"{dtype}_d{dim}_w{waves}_r{rows}{tail}"
+
+
+def test_rdna3_refuses_exactly_the_spilling_attention_instances(hip_build, table):
+    """attention_check never offers an instance that spills on RDNA3 / RDNA3.5, and refuses nothing else."""
+    spilling = {instance_name(k["name"]) for arch in RDNA3 for k in table["targets"][arch]
+                if k["family"].startswith("attention") and (k["scratch"] or k["vgpr_spill"])}
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _C; "
+             "print(json.dumps({a: _C.attention_refused_instances(a) for a in sys.argv[2:]}))")
+    result = in_root("/usr/bin/python3", "-c", probe, hip_build.parent, *TARGETS)
+    assert result.returncode == 0, result.stderr
+    refused = json.loads(result.stdout)
+    for arch in TARGETS:
+        want = spilling if arch in RDNA3 else set()
+        assert set(refused[arch]) == want, (f"{arch}: refused but not spilling: {sorted(set(refused[arch]) - want)}; "
+                                            f"spilling but offered: {sorted(want - set(refused[arch]))}")
+
+
 def test_lds_within_each_arch_limit(table):
     over = [f"{arch}: {k['name']} {k['lds']} B" for arch, kernels in table["targets"].items() for k in kernels
             if k["lds"] > LDS_LIMIT.get(arch, 64 * 1024)]
