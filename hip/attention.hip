@@ -249,6 +249,12 @@ std::string arch_of(int device) {
 // per device (hipGetDeviceProperties is slow); a racing first call just computes the same value twice.
 enum class MatrixUnits : int { unknown = 0, none, nv, cdna, rdna3 };
 
+bool is_rdna3(const std::string& arch) {
+  for (const char* a : {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151"})
+    if (arch == a) return true;
+  return false;
+}
+
 MatrixUnits matrix_units(int device) {
   static std::array<std::atomic<int>, 64> cache{};
   const bool cacheable = device >= 0 && device < 64;
@@ -261,8 +267,7 @@ MatrixUnits matrix_units(int device) {
 #else
   for (const char* a : {"gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
     if (arch == a) units = MatrixUnits::cdna;
-  for (const char* a : {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151"})
-    if (arch == a) units = MatrixUnits::rdna3;
+  if (is_rdna3(arch)) units = MatrixUnits::rdna3;
 #endif
   if (cacheable) cache[device].store(static_cast<int>(units));
   return units;
@@ -270,11 +275,30 @@ MatrixUnits matrix_units(int device) {
 
 bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
 
+// Instances that spill registers to scratch on RDNA3 / RDNA3.5 (gfx1100 / gfx1101 / gfx1151) with clang 21, read
+// from the code objects (bench/results/amd-resources-hipcc7.0.2-clang21.1.8.md): the fp32 accumulators of a
+// wave's whole rows sit at the 256-VGPR cap, worst in bf16 (gfx11 has no bf16 conversion instruction). They are
+// never offered there; tests/test_build_rocm.py checks this rule against the table exactly.
+bool spills_on_rdna3(const Instance& inst) {
+  if (inst.padded_dim > kMaxNarrowDim) return inst.rows > 1;  // wide: two query tiles a wave
+  if (inst.dtype == DType::f16)
+    return inst.block_n == 64 && (inst.rows > 1 ? inst.padded_dim >= 48 : inst.padded_dim == 160);
+  if (inst.padded_dim == 32) return inst.rows > 1 && inst.block_n == 64;
+  return !(inst.padded_dim <= 96 && inst.rows == 1 && inst.block_n == 32);
+}
+
 }  // namespace
 
 std::vector<std::string> attention_instances() {
   std::vector<std::string> names;
   for (const Instance& inst : all_instances()) names.emplace_back(inst.name);
+  return names;
+}
+
+std::vector<std::string> attention_refused_instances(const std::string& arch) {
+  std::vector<std::string> names;
+  for (const Instance& inst : all_instances())
+    if (is_rdna3(arch) && spills_on_rdna3(inst)) names.emplace_back(inst.name);
   return names;
 }
 
@@ -299,7 +323,11 @@ std::string attention_check(const AttentionArgs& a) {
     default: break;
   }
   std::string why;
-  if (!find_instance(a, &why)) return why.empty() ? "no instance for these arguments" : why;
+  const Instance* inst = find_instance(a, &why);
+  if (!inst) return why.empty() ? "no instance for these arguments" : why;
+  if (matrix_units(a.device) == MatrixUnits::rdna3 && spills_on_rdna3(*inst))
+    return std::string("instance ") + inst->name + " spills registers to scratch on " + arch_of(a.device) +
+           " (bench/results/amd-resources-*.md)";
   return std::string();
 }
 

@@ -250,6 +250,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("attention_instances", &rsd::attention_instances,
         "Names of the compiled attention instances: dtype, padded head dim, waves, 16-query tiles a wave, keys a tile.");
+  m.def("attention_refused_instances", &rsd::attention_refused_instances, py::arg("arch"),
+        "The instances the kernel refuses on a GPU of this architecture (they spill registers there).");
 
   m.def(
       "attention",

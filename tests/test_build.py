@@ -1,5 +1,8 @@
-"""Compile checks of hip/: AMD targets with hipcc (HIP_PLATFORM=amd) and NVIDIA targets with nvcc.
-Nothing runs. Set ROCM_SD_REQUIRE_BUILD_TOOLS=1 (CI does) to fail instead of skip when a compiler is missing."""
+"""Compile checks of hip/ with the host's compilers: NVIDIA targets with nvcc, and the Debian bookworm hipcc 5.2
+(clang 15) lane for what the current-ROCm lane (tests/test_build_rocm.py: hipcc 7 / clang 21 in a sid root,
+_C linked for gfx90a, gfx942, gfx950, gfx1100, gfx1101, gfx1151, gfx1200, gfx1201) does not cover: RDNA2
+(gfx1030, not a default target) and the Composable Kernel instances. Nothing runs. Set
+ROCM_SD_REQUIRE_BUILD_TOOLS=1 (CI does) to fail instead of skip when a compiler is missing."""
 import concurrent.futures
 import os
 import pathlib
@@ -12,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERNELS = sorted((ROOT / "hip").glob("*.hip"))
-AMD_TARGETS = ["gfx90a", "gfx940", "gfx1030"]
+AMD_TARGETS = ["gfx1030"]  # gfx90a / gfx940 / gfx1100 moved to tests/test_build_rocm.py (gfx90a, gfx942, gfx11)
 NVIDIA_TARGETS = ["80", "90"]
 FLAGS = ["-std=c++17", "-O3", f"-I{ROOT / 'hip' / 'include'}"]
 
@@ -60,13 +63,10 @@ def test_hip_sources_compile_for_amd_and_contain_kernels(tmp_path):
         wave = 64 if target.startswith("gfx9") else 32
         assert f".wavefront_size: {wave}" in asm, f"{target}: expected wave{wave} code"
         assert "global_load_dwordx4" in asm, f"{target}: no 16-byte loads in the GroupNorm kernels"
-        for family in ("attention", "attention_wide"):
-            attention = (tmp_path / f"{family}-{target}.s").read_text()
-            if target in ("gfx90a", "gfx940"):  # CDNA: the flash-attention kernels run on MFMA
-                assert "v_mfma_f32_16x16x16" in attention, f"{target}: {family} without MFMA instructions"
     # Private (scratch) memory in a kernel is a register spill or a local the compiler could not keep in registers;
     # on AMD each access is a vector-memory round trip. No kernel needs any: a 16-byte struct temporary in
-    # compat.h's copy16_async once sent every attention tile copy through scratch on all three targets.
+    # compat.h's copy16_async once sent every attention tile copy through scratch on all three targets then
+    # checked here (gfx90a / gfx940 / gfx1030).
     offenders = []
     for asm_path in sorted(tmp_path.glob("*-gfx*.s")):
         text = asm_path.read_text()
@@ -75,20 +75,6 @@ def test_hip_sources_compile_for_amd_and_contain_kernels(tmp_path):
         assert len(names) == len(sizes), asm_path.name
         offenders += [f"{asm_path.stem}: {name} ({size} bytes)" for name, size in zip(names, sizes) if int(size)]
     assert not offenders, "kernels using scratch memory:\n" + "\n".join(offenders)
-
-
-def test_attention_compiles_for_rdna3_wmma(tmp_path):
-    # RDNA3 (gfx1100, RX 7900) is not in AMD_TARGETS because Debian ships no device library for it;
-    # the attention kernel needs none (-nogpulib), and must use WMMA there.
-    hipcc = need("hipcc")
-    env = {**os.environ, "HIP_PLATFORM": "amd"}
-    sources = [ROOT / "hip" / "attention.hip", ROOT / "hip" / "attention_wide.hip"]  # both families
-    compile_all([Cmd([hipcc, "-x", "hip", *FLAGS, "-nogpulib", "--offload-arch=gfx1100", "--cuda-device-only", "-S",
-                      src, "-o", tmp_path / f"{src.stem}-gfx1100.s"], env) for src in sources])
-    for src in sources:
-        asm = (tmp_path / f"{src.stem}-gfx1100.s").read_text()
-        assert "v_wmma_f32_16x16x16_f16" in asm and "v_wmma_f32_16x16x16_bf16" in asm, src.name
-        assert ".wavefront_size: 32" in asm, src.name
 
 
 def test_hip_sources_compile_for_nvidia(tmp_path):

@@ -169,6 +169,8 @@ struct AttentionArgs {
 // Every compiled instance, named by its parameters: "f16_d64_w4_r2_n64" (dtype, padded head dim, waves a
 // block, 16-query tiles a wave, keys a tile); the wide family (head dims above 160) ends in "_wide".
 std::vector<std::string> attention_instances();
+// The instances attention_check refuses on a device of this architecture ("gfx1100"): those that spill there.
+std::vector<std::string> attention_refused_instances(const std::string& arch);
 std::string attention_check(const AttentionArgs& a);
 // The instance and grid these arguments get, or "error: ...".
 std::string attention_describe(const AttentionArgs& a);

@@ -43,12 +43,12 @@
 #include <stdint.h>
 
 // ---- wave size in device code ----
-// nvcc: 32. clang/hipcc: the target's wavefront size (64 on gfx9/CDNA, 32 on RDNA unless
-// -mwavefrontsize64). The host pass has no wave size: host code must ask the device.
+// nvcc: 32. clang/hipcc: from the target's family macro (clang 21 deprecates __AMDGCN_WAVEFRONT_SIZE):
+// gfx9 (GCN5 / CDNA: gfx90a, gfx942, gfx950) runs wave64 only; gfx10 / gfx11 / gfx12 (RDNA) compile wave32
+// (rocm_sd never builds them with -mwavefrontsize64). The host pass has no wave size: host code must ask
+// the device.
 #if defined(RSD_PLATFORM_CUDA)
 #define RSD_WAVE 32
-#elif defined(__AMDGCN_WAVEFRONT_SIZE)
-#define RSD_WAVE __AMDGCN_WAVEFRONT_SIZE
 #elif defined(__GFX9__)
 #define RSD_WAVE 64
 #else

@@ -1,0 +1,223 @@
+"""The current ROCm toolchain lane: `_C` configured, compiled and linked with CMake (ROCM_SD_GPU=hip) by Debian
+sid's hipcc 7 / clang 21 for the default GPU_TARGETS, inside the sid root of .ci/rocm_toolchain.sh, then
+checked from its code objects: it loads (no GPU here, so it may only fail at "no device"), holds a code object
+per target, and its kernel resource table (.ci/amd_resources.py) has no scratch or spills, matrix
+instructions in every attention kernel, LDS within each arch's limit and no occupancy below the committed table,
+except the gaps tests/amd_known_gaps.json lists, exactly (a new gap fails, and so does a fixed one until it
+leaves the list). Nothing runs on a GPU.
+
+Needs root and ROCM_SD_SID_ROOT (.ci/run sets both; locally: `export ROCM_SD_SID_ROOT=$(.ci/rocm_toolchain.sh
+ensure)`). ROCM_SD_WRITE_RESOURCES=1 writes the table into bench/results/ (commit it with a toolchain change)."""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOOLCHAIN = ROOT / ".ci" / "rocm_toolchain.sh"
+RESULTS = ROOT / "bench" / "results"
+GAPS = json.loads((pathlib.Path(__file__).with_name("amd_known_gaps.json")).read_text())
+# CMakeLists.txt's default GPU_TARGETS: what the lane must link, each with a code object.
+TARGETS = ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201"]
+LDS_LIMIT = {"gfx950": 160 * 1024}  # bytes per workgroup; 64 KiB everywhere else
+MATRIX = {"gfx90a": "v_mfma", "gfx942": "v_mfma", "gfx950": "v_mfma"}  # gfx11 / gfx12: v_wmma
+
+pytestmark = pytest.mark.build
+
+sys.path.insert(0, str(ROOT / ".ci"))
+import amd_resources  # noqa: E402
+
+
+def sid_root():
+    root = os.environ.get("ROCM_SD_SID_ROOT")
+    if not root or not pathlib.Path(root, "usr/bin/hipcc").exists():
+        if os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"):
+            pytest.fail("ROCM_SD_SID_ROOT is not a sid ROCm root (ROCM_SD_REQUIRE_BUILD_TOOLS is set; .ci/run makes it)")
+        pytest.skip("no sid ROCm root (ROCM_SD_SID_ROOT; .ci/rocm_toolchain.sh ensure)")
+    if os.geteuid() != 0:
+        pytest.skip("the sid root is entered with chroot: needs root")
+    return root
+
+
+def in_root(*command, env=None, timeout=3600):
+    """Runs command (the root's tools by absolute path) inside the sid root, in this directory."""
+    return subprocess.run([str(TOOLCHAIN), "exec", "--", *map(str, command)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def timed(step, *command, env=None):
+    start = time.monotonic()
+    result = in_root(*command, env=env)
+    seconds = time.monotonic() - start
+    print(f"rocm lane: {step}: {seconds:.0f} s")
+    assert result.returncode == 0, f"{step} failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    return result, seconds
+
+
+@pytest.fixture(scope="module")
+def hip_build(tmp_path_factory):
+    """_C for the default GPU_TARGETS, configured and built by CMake in the sid root (without CK instances:
+    CMake finds no CK headers there; test_build.py compiles those)."""
+    sid_root()
+    build = tmp_path_factory.mktemp("hip_build")
+    env = {"ROCM_SD_CK_ROOT": "", "GPU_TARGETS": "", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    timed("cmake configure", "/usr/bin/cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DROCM_SD_GPU=hip",
+          "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_HIP_COMPILER=/usr/lib/llvm-21/bin/clang++",
+          "-DCMAKE_CXX_COMPILER=/usr/lib/llvm-21/bin/clang++", env=env)
+    timed("compile and link _C", "/usr/bin/cmake", "--build", build, env=env)
+    log = (build / ".ninja_log").read_text().splitlines()[1:]
+    steps = sorted(((int(end) - int(start)) / 1000, target) for start, end, _, target, _ in
+                   (line.split("\t") for line in log))
+    print("rocm lane: slowest steps: " + ", ".join(f"{pathlib.Path(t).name} {s:.0f} s" for s, t in steps[::-1][:5]))
+    (so,) = build.glob("_C*.so")
+    return so
+
+
+@pytest.fixture(scope="module")
+def table(hip_build, tmp_path_factory):
+    start = time.monotonic()
+    table = amd_resources.build_table(hip_build, tmp_path_factory.mktemp("code_objects"),
+                                      command="pytest tests/test_build_rocm.py (the CMake build of _C for "
+                                              + ";".join(TARGETS) + ")")
+    print(f"rocm lane: resource table: {time.monotonic() - start:.0f} s")
+    if os.environ.get("ROCM_SD_WRITE_RESOURCES"):
+        for path in amd_resources.write(table, RESULTS):
+            print(f"rocm lane: wrote {path.relative_to(ROOT)}")
+    return table
+
+
+def test_c_links_and_loads_without_a_gpu(hip_build):
+    """Every symbol resolves at load (LD_BIND_NOW), the build says it is a HIP build for the default targets, and
+    the first runtime call fails only because there is no GPU."""
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import _C; b = _C.build_info(); print(b['platform'], "
+             "b['targets']); print('device:', _C.check_kernel_image(0))")
+    result = in_root("/usr/bin/python3", "-c", probe, hip_build.parent, env={"LD_BIND_NOW": "1"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "undefined symbol" not in output, output
+    assert f"hip {','.join(TARGETS)}" in output, output
+    assert re.search(r"device: .*no ROCm-capable device", output), output
+
+
+def test_a_code_object_per_target(table):
+    """clang-offload-bundler lists every target (and the host) in each offload bundle of _C, and each target's
+    code objects hold the same kernels."""
+    assert table["bundles"], "no offload bundles in _C's .hip_fatbin section"
+    for bundle, entries in table["bundles"].items():
+        targets = sorted(e.rsplit("-", 1)[-1] for e in entries if e.startswith("hip"))
+        assert targets == sorted(TARGETS), f"{bundle}: {entries}"
+        assert any(e.startswith("host-") for e in entries), f"{bundle}: {entries}"
+    names = {arch: {k["name"] for k in kernels} for arch, kernels in table["targets"].items()}
+    assert sorted(names) == sorted(TARGETS)
+    for arch in TARGETS:
+        assert names[arch] == names["gfx90a"], f"{arch}: kernels differ from gfx90a's"
+        assert len(names[arch]) > 100, f"{arch}: {len(names[arch])} kernels"
+
+
+def _gap_check(kind, found: dict[str, list[str]]):
+    """found: arch -> offending kernels. Must equal the committed list exactly."""
+    known = {arch: sorted(names) for arch, names in GAPS[kind].items() if not arch.startswith("_")}
+    found = {arch: sorted(names) for arch, names in found.items() if names}
+    problems = []
+    for arch in sorted(set(known) | set(found)):
+        new = sorted(set(found.get(arch, [])) - set(known.get(arch, [])))
+        fixed = sorted(set(known.get(arch, [])) - set(found.get(arch, [])))
+        if new:
+            problems.append(f"{arch}: NEW {kind}: " + ", ".join(new))
+        if fixed:
+            problems.append(f"{arch}: no longer {kind} (remove from tests/amd_known_gaps.json): " + ", ".join(fixed))
+    assert not problems, "\n".join(problems)
+
+
+def test_wave_size_and_wide_loads(table):
+    """wave64 on CDNA, wave32 on RDNA; the GroupNorm kernels read with 16-byte loads on every target."""
+    for arch, kernels in table["targets"].items():
+        wave = 64 if arch.startswith("gfx9") else 32
+        assert {k["wave"] for k in kernels} == {wave}, arch
+        group_norm = [k for k in kernels if "group_norm" in k["family"]]
+        assert len(group_norm) >= 4 and any(k["load128"] for k in group_norm), f"{arch}: no 16-byte GroupNorm loads"
+
+
+def test_no_scratch_or_spills_beyond_the_known_gaps(table):
+    """Scratch (private memory: a spill or a local kept in memory), a dynamic stack, spilled VGPRs, and SGPRs
+    spilled into VGPR lanes."""
+    scratch, sgpr = {}, {}
+    for arch, kernels in table["targets"].items():
+        scratch[arch] = [k["name"] for k in kernels if k["scratch"] or k["vgpr_spill"] or k["dynamic_stack"]]
+        sgpr[arch] = [k["name"] for k in kernels if k["sgpr_spill"] and not (k["scratch"] or k["vgpr_spill"])]
+    _gap_check("scratch", scratch)
+    _gap_check("sgpr_spills", sgpr)
+
+
+def test_attention_uses_the_matrix_units(table):
+    """CDNA: v_mfma; RDNA3/4: v_wmma; an arch without it is listed (with the reason the README gives)."""
+    missing = {}
+    for arch, kernels in table["targets"].items():
+        want = MATRIX.get(arch, "v_wmma")
+        missing[arch] = [k["name"] for k in kernels if k["family"].startswith("attention") and k["matrix"] != want]
+    _gap_check("attention_without_matrix", missing)
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Supported AMD GPUs"):]
+    for arch in GAPS["attention_without_matrix"]:
+        if not arch.startswith("_"):
+            assert arch in section, f"README's Supported AMD GPUs table does not explain {arch}"
+
+
+RDNA3 = ("gfx1100", "gfx1101", "gfx1151")
+
+
+def instance_name(kernel):
+    """attention_kernel<bf16,48,4,1,64> -> bf16_d48_w4_r1_n64 (hip/attention.hip's names); wide ones end _n16_wide."""
+    dtype, dim, waves, rows, *block_n = kernel[kernel.index("<") + 1:-1].split(",")
+    tail = f"_n{block_n[0]}" if block_n else "_n16_wide"
+    return f"{dtype}_d{dim}_w{waves}_r{rows}{tail}"
+
+
+def test_rdna3_refuses_exactly_the_spilling_attention_instances(hip_build, table):
+    """attention_check never offers an instance that spills on RDNA3 / RDNA3.5, and refuses nothing else."""
+    spilling = {instance_name(k["name"]) for arch in RDNA3 for k in table["targets"][arch]
+                if k["family"].startswith("attention") and (k["scratch"] or k["vgpr_spill"])}
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _C; "
+             "print(json.dumps({a: _C.attention_refused_instances(a) for a in sys.argv[2:]}))")
+    result = in_root("/usr/bin/python3", "-c", probe, hip_build.parent, *TARGETS)
+    assert result.returncode == 0, result.stderr
+    refused = json.loads(result.stdout)
+    for arch in TARGETS:
+        want = spilling if arch in RDNA3 else set()
+        assert set(refused[arch]) == want, (f"{arch}: refused but not spilling: {sorted(set(refused[arch]) - want)}; "
+                                            f"spilling but offered: {sorted(want - set(refused[arch]))}")
+
+
+def test_lds_within_each_arch_limit(table):
+    over = [f"{arch}: {k['name']} {k['lds']} B" for arch, kernels in table["targets"].items() for k in kernels
+            if k["lds"] > LDS_LIMIT.get(arch, 64 * 1024)]
+    assert not over, "\n".join(over)
+
+
+def committed_table(toolchain):
+    """The committed table of this toolchain, else the newest committed one (sid moved: compare with it)."""
+    exact = RESULTS / f"amd-resources-{toolchain}.json"
+    if exact.exists():
+        return exact
+    tables = sorted(RESULTS.glob("amd-resources-*.json"), key=lambda p: amd_resources.load(p)["date"])
+    return tables[-1] if tables else None
+
+
+def test_occupancy_not_below_the_committed_table(table):
+    path = committed_table(table["toolchain"])
+    assert path is not None, "no committed bench/results/amd-resources-*.json (ROCM_SD_WRITE_RESOURCES=1 writes one)"
+    committed = amd_resources.load(path)
+    worse = []
+    for arch, kernels in table["targets"].items():
+        before = {k["name"]: k for k in committed["targets"].get(arch, [])}
+        for k in kernels:
+            old = before.get(k["name"])
+            if old and k["waves_per_simd"] < old["waves_per_simd"]:
+                worse.append(f"{arch}: {k['name']} {old['waves_per_simd']} -> {k['waves_per_simd']} waves/SIMD "
+                             f"({k['limited_by']}: VGPR {old['vgpr']} -> {k['vgpr']}, LDS {old['lds']} -> {k['lds']})")
+    assert not worse, f"occupancy below {path.relative_to(ROOT)}:\n" + "\n".join(worse)
