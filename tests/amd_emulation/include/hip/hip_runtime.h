@@ -1,0 +1,131 @@
+// Stand-in for <hip/hip_runtime.h> when rocm_sd's kernel sources are compiled as host C++ for the CPU
+// emulation (tests/amd_emulation): the device-code keywords become host C++, threadIdx / blockIdx name the
+// running fiber's coordinates (rsd_emu/lanes.h), the cross-lane builtins become wave-wide operations
+// (rsd_emu/wave_ops.h), and the runtime calls rocm_sd's launchers make act on one emulated device.
+// Triple-chevron launches are rewritten to rsd_emu::launch(kernel, grid, block, shmem, stream)(args...) by
+// tests/amd_emulation/build.py before compiling (no C++ compiler parses <<< >>>).
+#pragma once
+
+#include <math.h>  // fmaxf, expf... in the global namespace, as device code names them
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "rsd_emu/lanes.h"
+
+#if !defined(RSD_EMU_ARCH)
+#error "RSD_EMU_ARCH (e.g. \"gfx942\") names the emulated device"
+#endif
+
+// ---- device-code keywords ----
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// Shared memory is per block; a block runs on one OS thread from start to end (lanes.h), so a thread_local
+// static is exactly one copy per running block. It keeps its contents from the previous block that ran on the
+// same thread, as real LDS holds garbage.
+#define __shared__ thread_local
+
+using dim3 = rsd_emu::Dim3;
+#define threadIdx (::rsd_emu::this_lane().thread_idx)
+#define blockIdx (::rsd_emu::this_block().block_idx)
+#define blockDim (::rsd_emu::this_block().block_dim)
+#define gridDim (::rsd_emu::this_block().grid_dim)
+
+inline void __syncthreads() { rsd_emu::block_barrier(); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// ---- math and bit functions of the device libraries, at host precision ----
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline uint32_t __umulhi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }
+
+// ---- atomics with HIP memory scopes: host atomics (one coherent memory, scopes are moot) ----
+#define __HIP_MEMORY_SCOPE_AGENT 3
+namespace rsd_emu {
+template <class T>
+T atomic_load(const T* p, int order) {
+  T v;
+  __atomic_load(p, &v, order);
+  return v;
+}
+}  // namespace rsd_emu
+#define __hip_atomic_load(p, order, scope) ::rsd_emu::atomic_load(p, order)
+#define __hip_atomic_fetch_add(p, v, order, scope) __atomic_fetch_add(p, v, order)
+#define __builtin_amdgcn_s_sleep(n) ::rsd_emu::yield()
+
+// ---- runtime API ----
+enum hipError_t { hipSuccess = 0, hipErrorInvalidDevice = 101, hipErrorLaunchFailure = 719 };
+enum hipDeviceAttribute_t {
+  hipDeviceAttributeMultiprocessorCount,
+  hipDeviceAttributeWarpSize,
+  hipDeviceAttributeL2CacheSize,
+};
+typedef struct ihipStream_t* hipStream_t;
+struct hipDeviceProp_t {
+  char name[256];
+  char gcnArchName[256];
+  int multiProcessorCount, warpSize, l2CacheSize, major, minor;
+};
+struct hipFuncAttributes {
+  int maxThreadsPerBlock, numRegs;
+  size_t sharedSizeBytes, localSizeBytes;
+};
+
+hipError_t hipGetLastError();
+const char* hipGetErrorString(hipError_t e);
+hipError_t hipGetDevice(int* device);
+hipError_t hipSetDevice(int device);
+hipError_t hipGetDeviceCount(int* count);
+hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attr, int device);
+hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device);
+hipError_t hipRuntimeGetVersion(int* v);
+hipError_t hipDriverGetVersion(int* v);
+hipError_t hipMemsetAsync(void* p, int value, size_t bytes, hipStream_t stream);
+
+namespace rsd_emu {
+// The emulated device: few multiprocessors, each holding a couple of blocks, so that kernels sized from
+// these numbers launch small grids whose blocks all run at once (one OS thread each).
+constexpr int kMultiprocessors = 4;
+constexpr int kBlocksPerMultiprocessor = 2;
+
+void set_launch_error(const std::string& message);
+
+// kernel<<<grid, block, shmem, stream>>>(args...) is rewritten to launch(kernel, grid, block, shmem, stream)(args...).
+template <class... Params>
+auto launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes = 0, hipStream_t = nullptr) {
+  return [=](auto&&... args) {
+    if (shared_bytes != 0) {
+      set_launch_error("dynamic shared memory is not emulated");
+      return;
+    }
+    std::tuple<std::decay_t<Params>...> params(std::forward<decltype(args)>(args)...);
+    const std::function<void()> body = [&]() { std::apply(kernel, params); };
+    set_launch_error(run_grid(grid, block, body, kMultiprocessors * kBlocksPerMultiprocessor));
+  };
+}
+}  // namespace rsd_emu
+
+template <class Kernel>
+hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int, size_t) {
+  *blocks = rsd_emu::kBlocksPerMultiprocessor;
+  return hipSuccess;
+}
+inline hipError_t hipFuncGetAttributes(hipFuncAttributes* attr, const void*) {
+  *attr = hipFuncAttributes{1024, 0, 0, 0};
+  return hipSuccess;
+}
+
+#include "rsd_emu/wave_ops.h"

@@ -1,0 +1,140 @@
+// HIP's cross-lane builtins as wave-wide operations of the emulation (rsd_emu/lanes.h): a kernel's lane calls
+// them with its own operands, as on the GPU; the call returns once the whole wave has called, with the result
+// the instruction gives that lane.
+//
+//   __shfl_xor / __shfl        HIP's definitions (hip/amd_detail/amd_warp_functions.h) over ds_bpermute:
+//                              the source lane index is computed per lane, then every lane reads the value
+//                              its index names. A source outside the width's segment falls back to the lane
+//                              itself (__shfl_xor), as HIP does; a source lane that does not exist fails.
+//   __builtin_amdgcn_mfma_*    rsd_emu/amdgcn_matrix.h, for a wave of 64
+//   __builtin_amdgcn_wmma_*    rsd_emu/amdgcn_matrix.h, for a wave of 32
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "rsd_emu/amdgcn_matrix.h"
+#include "rsd_emu/lanes.h"
+
+namespace rsd_emu {
+
+template <class T>
+struct ShuffleIn {
+  T value;
+  int source;  // lane in the wave to read
+};
+
+template <class T>
+T bpermute(const char* name, T value, int source) {
+  return wave_collective<ShuffleIn<T>, T>(name, ShuffleIn<T>{value, source}, [name](const ShuffleIn<T>* in, T* out, int lanes) {
+    for (int l = 0; l < lanes; ++l) {
+      // ds_bpermute addresses lanes modulo the wave size (address bits [7:2] on wave64, [6:2] on wave32).
+      const int source_lane = in[l].source & (wave_size() - 1);
+      if (source_lane >= lanes) fail(std::string(name) + " reads lane " + std::to_string(source_lane) + " of a partial wave");
+      out[l] = in[source_lane].value;
+    }
+  });
+}
+
+inline int lane_in_wave() { return this_lane().linear % wave_size(); }
+
+}  // namespace rsd_emu
+
+template <class T>
+T __shfl_xor(T var, int lane_mask, int width = rsd_emu::wave_size()) {
+  const int self = rsd_emu::lane_in_wave();
+  int index = self ^ lane_mask;
+  index = index >= ((self + width) & ~(width - 1)) ? self : index;
+  return rsd_emu::bpermute("__shfl_xor", var, index);
+}
+
+template <class T>
+T __shfl(T var, int src_lane, int width = rsd_emu::wave_size()) {
+  const int self = rsd_emu::lane_in_wave();
+  const int index = (src_lane & (width - 1)) + (self & ~(width - 1));
+  return rsd_emu::bpermute("__shfl", var, index);
+}
+
+// ---- matrix instructions: the clang builtins' vector operand types ----
+namespace rsd_emu {
+typedef _Float16 half4 __attribute__((ext_vector_type(4)));
+typedef _Float16 half16 __attribute__((ext_vector_type(16)));
+typedef short short4 __attribute__((ext_vector_type(4)));
+typedef short short16 __attribute__((ext_vector_type(16)));
+typedef float float4 __attribute__((ext_vector_type(4)));
+typedef float float8 __attribute__((ext_vector_type(8)));
+
+template <int N, int ACC>
+struct MatrixOperands {
+  uint16_t a[N], b[N];
+  float c[ACC];
+};
+template <int ACC>
+struct Accumulator {
+  float d[ACC];
+};
+
+template <int N, class V>
+void bits_of(uint16_t (&bits)[N], const V& v) {
+  for (int k = 0; k < N; ++k) {
+    auto element = v[k];
+    std::memcpy(&bits[k], &element, 2);
+  }
+}
+
+// One matrix instruction for the wave: gathers every lane's A, B and C, runs `instruction(a, b, c, d)` on the
+// lane-major arrays (rsd_emu/amdgcn_matrix.h), and hands each lane its D.
+template <int LANES, int N, int ACC, class Result, class In, class Acc, class Instruction>
+Result matrix_instruction(const char* name, const In& a, const In& b, const Acc& c, Instruction instruction) {
+  MatrixOperands<N, ACC> in;
+  bits_of(in.a, a);
+  bits_of(in.b, b);
+  for (int k = 0; k < ACC; ++k) in.c[k] = c[k];
+  const Accumulator<ACC> d = wave_collective<MatrixOperands<N, ACC>, Accumulator<ACC>>(
+      name, in, [=](const MatrixOperands<N, ACC>* ins, Accumulator<ACC>* outs, int lanes) {
+        if (lanes != LANES) fail(std::string(name) + " needs a full wave of " + std::to_string(LANES) + " lanes");
+        uint16_t av[LANES][N], bv[LANES][N];
+        float cv[LANES][ACC], dv[LANES][ACC];
+        for (int l = 0; l < LANES; ++l) {
+          std::memcpy(av[l], ins[l].a, sizeof(av[l]));
+          std::memcpy(bv[l], ins[l].b, sizeof(bv[l]));
+          std::memcpy(cv[l], ins[l].c, sizeof(cv[l]));
+        }
+        try {
+          instruction(av, bv, cv, dv);
+        } catch (const std::logic_error& e) {
+          fail(std::string(name) + ": " + e.what());
+        }
+        for (int l = 0; l < LANES; ++l) std::memcpy(outs[l].d, dv[l], sizeof(dv[l]));
+      });
+  Result r;
+  for (int k = 0; k < ACC; ++k) r[k] = d.d[k];
+  return r;
+}
+
+template <class In, class Acc>
+float4 mfma_16x16x16(const char* name, amdgcn::Elem elem, const In& a, const In& b, const Acc& c, int cbsz, int abid,
+                     int blgp) {
+  return matrix_instruction<64, 4, 4, float4>(name, a, b, c, [=](auto av, auto bv, auto cv, auto dv) {
+    amdgcn::mfma_f32_16x16x16(elem, av, bv, cv, dv, cbsz, abid, blgp);
+  });
+}
+
+template <class In, class Acc>
+float8 wmma_16x16x16_w32(const char* name, amdgcn::Elem elem, const In& a, const In& b, const Acc& c) {
+  return matrix_instruction<32, 16, 8, float8>(name, a, b, c, [=](auto av, auto bv, auto cv, auto dv) {
+    amdgcn::wmma_f32_16x16x16_w32(elem, av, bv, cv, dv);
+  });
+}
+
+}  // namespace rsd_emu
+
+#define __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, c, cbsz, abid, blgp) \
+  ::rsd_emu::mfma_16x16x16("v_mfma_f32_16x16x16f16", ::rsd_emu::amdgcn::Elem::f16, a, b, c, cbsz, abid, blgp)
+#define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, cbsz, abid, blgp) \
+  ::rsd_emu::mfma_16x16x16("v_mfma_f32_16x16x16bf16_1k", ::rsd_emu::amdgcn::Elem::bf16, a, b, c, cbsz, abid, blgp)
+#define __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, c) \
+  ::rsd_emu::wmma_16x16x16_w32("v_wmma_f32_16x16x16_f16_w32", ::rsd_emu::amdgcn::Elem::f16, a, b, c)
+#define __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c) \
+  ::rsd_emu::wmma_16x16x16_w32("v_wmma_f32_16x16x16_bf16_w32", ::rsd_emu::amdgcn::Elem::bf16, a, b, c)

@@ -1,0 +1,86 @@
+"""The AMD code paths executed on the CPU (tests/amd_emulation): the matrix-core instructions' documented lane
+layouts, then rocm_sd's kernels compiled as host C++ for an emulated gfx942 (CDNA3: wave64, MFMA) and gfx1100
+(RDNA3: wave32, WMMA), checked against float64 references with the GPU tests' tolerances.
+
+What this proves and what it cannot: tests/amd_emulation/include/rsd_emu/lanes.h (execution model) and the
+closing note of issue 24. No AMD GPU is involved."""
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+
+from rocm_sd.ops._common import within_tolerance
+from rocm_sd.ops.layer_norm import add_layer_norm_ref, layer_norm_ref
+from tests.amd_emulation import build
+
+pytestmark = [pytest.mark.amd_emulation,
+              pytest.mark.skipif(build.compiler() is None, reason="the AMD emulation needs clang++")]
+
+ARCHS = list(build.ARCHS)
+DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def test_matrix_instructions_follow_the_documented_layouts(tmp_path):
+    exe = tmp_path / "matrix_layout_test"
+    subprocess.run([build.compiler(), "-std=c++17", "-O1", f"-I{build.INCLUDE}",
+                    str(build.HERE / "matrix_layout_test.cpp"), "-o", str(exe)], check=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stdout + run.stderr
+
+
+def test_launch_rewrite_finds_every_kernel_expression():
+    text = ("case 1: k<T, 4><<<blocks, kThreads, 0, stream>>>(x, y); break;\n"
+            "kernel_of<T, P, decltype(tag)::value>()<<<b, t, 0, s>>>(\n  a);\n"
+            "apply\n    <<<dim3(unsigned(p.splits), 2u), p.threads, 0, stream>>>(q);")
+    assert build.rewrite_launches(text) == (
+        "case 1: ::rsd_emu::launch(k<T, 4>, blocks, kThreads, 0, stream)(x, y); break;\n"
+        "::rsd_emu::launch(kernel_of<T, P, decltype(tag)::value>(), b, t, 0, s)(\n  a);\n"
+        "::rsd_emu::launch(apply, dim3(unsigned(p.splits), 2u), p.threads, 0, stream)(q);")
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def emulated(request):
+    """(arch, the emulated kernels' library) for one architecture; built once per source state (cached)."""
+    library = ctypes.CDLL(str(build.build(request.param, ["layer_norm"])))
+    library.rsd_emu_layer_norm.restype = ctypes.c_char_p
+    library.rsd_emu_layer_norm.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                                                                   ctypes.c_int64, ctypes.c_float]
+    return request.param, library
+
+
+def _ptr(t):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+# Rows x channels: SD widths (vector loads of 8 halves, several vectors a lane on wave32), odd channel counts
+# (scalar loads, lanes without a vector), a row shorter than a wave, and rows that leave the last wave of the
+# last block idle.
+LAYER_NORM_SHAPES = [(5, 320), (3, 77), (9, 1280), (2, 24), (37, 40)]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["layer_norm", "add_layer_norm"])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
+@pytest.mark.parametrize("shape", LAYER_NORM_SHAPES, ids=str)
+def test_layer_norm(emulated, shape, dtype, residual):
+    arch, library = emulated
+    rows, c = shape
+    x = (torch.randn(shape) * 2 + 0.5).to(dtype)
+    w, b = (torch.rand(c) + 0.5).to(dtype), torch.randn(c).to(dtype)
+    r = torch.randn(shape).to(dtype) if residual else None
+    y = torch.full_like(x, float("nan"))
+    total = torch.full_like(x, float("nan")) if residual else None
+    error = library.rsd_emu_layer_norm(_ptr(x), _ptr(r), _ptr(total), _ptr(y), _ptr(w), _ptr(b), DTYPES[dtype],
+                                       DTYPES[dtype], rows, c, 1e-5)
+    assert error == b"", error.decode()
+    if residual:
+        truth = add_layer_norm_ref(x.double(), r.double(), w.double(), b.double(), 1e-5)
+        same = add_layer_norm_ref(x, r, w, b, 1e-5)
+        # The kernel normalises the stored (rounded) sum, as torch does: judge y against the truth of that sum.
+        truth = (truth[0], layer_norm_ref(same[0].double(), w.double(), b.double(), 1e-5))
+        ok, err, allowed = within_tolerance((total, y), truth, same)
+    else:
+        ok, err, allowed = within_tolerance(y, layer_norm_ref(x.double(), w.double(), b.double(), 1e-5),
+                                            layer_norm_ref(x, w, b, 1e-5))
+    assert ok, f"{arch} {shape} {dtype}: max err {err:.3g} > allowed {allowed:.3g}"
