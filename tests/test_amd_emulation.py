@@ -6,14 +6,17 @@ What this proves and what it cannot: tests/amd_emulation/include/rsd_emu/lanes.h
 closing note of issue 24. No AMD GPU is involved."""
 
 import ctypes
+import math
 import subprocess
 
 import pytest
 import torch
 
 from rocm_sd.ops._common import within_tolerance
+from rocm_sd.ops.attention import attention_ref
 from rocm_sd.ops.layer_norm import add_layer_norm_ref, layer_norm_ref
 from tests.amd_emulation import build
+from tests.ops.test_attention import make_qkv
 
 pytestmark = [pytest.mark.amd_emulation,
               pytest.mark.skipif(build.compiler() is None, reason="the AMD emulation needs clang++")]
@@ -42,11 +45,21 @@ def test_launch_rewrite_finds_every_kernel_expression():
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    """(arch, the emulated kernels' library) for one architecture; built once per source state (cached)."""
+    """(arch, the emulated layer_norm library) for one architecture; built once per source state (cached)."""
     library = ctypes.CDLL(str(build.build(request.param, ["layer_norm"])))
     library.rsd_emu_layer_norm.restype = ctypes.c_char_p
     library.rsd_emu_layer_norm.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
                                                                    ctypes.c_int64, ctypes.c_float]
+    return request.param, library
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def emulated_attention(request):
+    """(arch, the emulated attention library: narrow and wide families)."""
+    library = ctypes.CDLL(str(build.build(request.param, ["attention", "attention_wide"])))
+    library.rsd_emu_attention.restype = ctypes.c_char_p
+    library.rsd_emu_attention.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 5 + [
+        ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_char_p]
     return request.param, library
 
 
@@ -84,3 +97,32 @@ def test_layer_norm(emulated, shape, dtype, residual):
         ok, err, allowed = within_tolerance(y, layer_norm_ref(x.double(), w.double(), b.double(), 1e-5),
                                             layer_norm_ref(x, w, b, 1e-5))
     assert ok, f"{arch} {shape} {dtype}: max err {err:.3g} > allowed {allowed:.3g}"
+
+
+# (batch, q_len, kv_len, heads, head_dim, instance or "" for the heuristic): 77 text keys, odd query counts that
+# leave waves of the last block without rows, head dims 40 / 64 / 80 / 160 (padded 48 / 64 / 80 / 160), two query
+# tiles a wave, and the wide family (168, 504, 512) whose waves split the head dim.
+ATTENTION_CASES = [(3, 77, 77, 2, 40, ""), (1, 33, 17, 2, 8, ""), (2, 20, 77, 1, 64, "f16_d64_w4_r2_n32"),
+                   (1, 70, 45, 1, 80, ""), (1, 16, 1, 1, 160, ""), (1, 40, 90, 1, 168, ""), (3, 17, 33, 1, 504, ""),
+                   (1, 1, 1, 1, 512, "")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=str)
+def test_attention(emulated_attention, case, dtype):
+    arch, library = emulated_attention
+    batch, q_len, kv_len, heads, dim, instance = case
+    if instance and dtype == torch.bfloat16:
+        instance = instance.replace("f16_", "bf16_", 1)
+    q, k, v = make_qkv(batch, q_len, kv_len, heads, dim, dtype, "cpu")
+    scale = 1.0 / math.sqrt(dim)
+    out = torch.full(q.shape, float("nan"), dtype=dtype)  # poisoned: every element must be written
+    strides = (ctypes.c_int64 * 12)(*[s for t in (q, k, v, out) for s in t.stride()[:3]])
+    error = library.rsd_emu_attention(_ptr(q), _ptr(k), _ptr(v), _ptr(out), DTYPES[dtype], batch, heads, q_len, kv_len,
+                                      dim, strides, scale, instance.encode()).decode()
+    if "spills registers" in error:
+        pytest.skip(f"{arch}: {error} (refused on this architecture, as on the GPU)")
+    assert error == "", error
+    truth = attention_ref(q.double(), k.double(), v.double(), scale)
+    ok, err, allowed = within_tolerance(out, truth, attention_ref(q, k, v, scale))
+    assert ok, f"{arch} {case} {dtype}: max err {err:.3g} > allowed {allowed:.3g}"

@@ -104,7 +104,7 @@ def build(arch: str, families: list[str]) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     flags = [cxx, "-std=c++17", "-O1", "-g0", "-fPIC", "-pthread", "-w", f"-I{INCLUDE}", f"-I{HIP / 'include'}",
              "-D__HIP_PLATFORM_AMD__", f'-DRSD_EMU_ARCH="{arch}"'] + [f"-D{d}" for d in ARCHS[arch]["defines"]]
-    units = [HERE / "runtime.cpp", HERE / "kernel_api.cpp"]
+    units = [HERE / "runtime.cpp"] + [HERE / f"entry_{f}.cpp" for f in families if (HERE / f"entry_{f}.cpp").exists()]
     for src in sources:
         rewritten = out_dir / f"hip_{src.stem}.cpp"
         rewritten.write_text(f'#line 1 "{src}"\n' + rewrite_launches(src.read_text()))
