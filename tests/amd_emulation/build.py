@@ -118,4 +118,14 @@ def build(arch: str, families: list[str]) -> Path:
     tmp = out_dir / f"kernels.{os.getpid()}.so"
     subprocess.run([*flags, "-shared", *objects, "-o", str(tmp)], check=True, capture_output=True, text=True)
     tmp.replace(library)
+    _prune(arch, keep=out_dir)
     return library
+
+
+def _prune(arch: str, keep: Path, newest: int = 6) -> None:
+    """Removes all but the `newest` builds of `arch` (each source state makes one; worktrees share the cache, so
+    a few stay). A library another process has loaded stays mapped after its file is gone."""
+    builds = sorted(cache_root().glob(f"{arch}-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in builds[newest:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
