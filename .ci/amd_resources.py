@@ -366,9 +366,11 @@ def load(path: pathlib.Path) -> dict:
     return raw
 
 
-def write(table: dict, out: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+def write(table: dict, out: pathlib.Path, what: str = "") -> tuple[pathlib.Path, pathlib.Path]:
+    """amd-resources[-<what>]-<toolchain>.json / .md in `out` (what: "ck" for the Composable Kernel build)."""
     out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = (out / f"amd-resources-{table['toolchain']}{suffix}" for suffix in (".json", ".md"))
+    stem = "-".join(filter(None, ("amd-resources", what, table["toolchain"])))
+    json_path, md_path = (out / f"{stem}{suffix}" for suffix in (".json", ".md"))
     json_path.write_text(dumps(table))
     md_path.write_text(markdown(table))
     return json_path, md_path

@@ -2,11 +2,12 @@
 layouts, then rocm_sd's kernels compiled as host C++ for an emulated gfx942 (CDNA3: wave64, MFMA) and gfx1100
 (RDNA3: wave32, WMMA), checked against float64 references with the GPU tests' tolerances.
 
-What this proves and what it cannot: tests/amd_emulation/include/rsd_emu/lanes.h (execution model) and the
-closing note of issue 24. No AMD GPU is involved."""
+What this proves and what it cannot: tests/amd_emulation/include/rsd_emu/lanes.h (execution model) and README's
+"Supported AMD GPUs". No AMD GPU is involved."""
 
 import ctypes
 import math
+import os
 import subprocess
 
 import pytest
@@ -18,8 +19,10 @@ from rocm_sd.ops.layer_norm import add_layer_norm_ref, layer_norm_ref
 from tests.amd_emulation import build
 from tests.ops.test_attention import make_qkv
 
+# CI sets ROCM_SD_REQUIRE_BUILD_TOOLS: a missing clang++ then fails the tests instead of skipping them.
 pytestmark = [pytest.mark.amd_emulation,
-              pytest.mark.skipif(build.compiler() is None, reason="the AMD emulation needs clang++")]
+              pytest.mark.skipif(build.compiler() is None and not os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"),
+                                 reason="the AMD emulation needs clang++")]
 
 ARCHS = list(build.ARCHS)
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

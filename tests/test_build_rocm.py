@@ -8,6 +8,7 @@ leaves the list). Nothing runs on a GPU.
 
 Needs root and ROCM_SD_SID_ROOT (.ci/run sets both; locally: `export ROCM_SD_SID_ROOT=$(.ci/rocm_toolchain.sh
 ensure)`). ROCM_SD_WRITE_RESOURCES=1 writes the table into bench/results/ (commit it with a toolchain change)."""
+import hashlib
 import json
 import os
 import pathlib
@@ -59,13 +60,10 @@ def timed(step, *command, env=None):
     return result, seconds
 
 
-@pytest.fixture(scope="module")
-def hip_build(tmp_path_factory):
-    """_C for the default GPU_TARGETS, configured and built by CMake in the sid root (without CK instances:
-    CMake finds no CK headers there; test_build.py compiles those)."""
-    sid_root()
-    build = tmp_path_factory.mktemp("hip_build")
-    env = {"ROCM_SD_CK_ROOT": "", "GPU_TARGETS": "", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+def cmake_build(build: pathlib.Path, targets: str, ck_root: str) -> pathlib.Path:
+    """_C configured and built by CMake in the sid root for `targets` ("" = CMakeLists.txt's defaults), with the
+    Composable Kernel instances when `ck_root` names CK's headers."""
+    env = {"ROCM_SD_CK_ROOT": ck_root, "GPU_TARGETS": targets, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
     timed("cmake configure", "/usr/bin/cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DROCM_SD_GPU=hip",
           "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_HIP_COMPILER=/usr/lib/llvm-21/bin/clang++",
           "-DCMAKE_CXX_COMPILER=/usr/lib/llvm-21/bin/clang++", env=env)
@@ -76,6 +74,41 @@ def hip_build(tmp_path_factory):
     print("rocm lane: slowest steps: " + ", ".join(f"{pathlib.Path(t).name} {s:.0f} s" for s, t in steps[::-1][:5]))
     (so,) = build.glob("_C*.so")
     return so
+
+
+@pytest.fixture(scope="module")
+def hip_build(tmp_path_factory):
+    """_C for the default GPU_TARGETS, without CK instances (they are built for CDNA only: ck_build)."""
+    sid_root()
+    return cmake_build(tmp_path_factory.mktemp("hip_build"), "", "")
+
+
+# CK's instances are XDL (MFMA) device ops: on RDNA they compile to empty kernels, so CDNA3 / CDNA4 only.
+CK_TARGETS = ["gfx942", "gfx950"]
+
+
+@pytest.fixture(scope="module")
+def ck_build(tmp_path_factory):
+    """_C with every generated Composable Kernel instance for CK_TARGETS, CK's headers from ROCM_SD_CK_ROOT
+    (.ci/run fetches them from the amd-aiter wheel: ck_templates/ck_headers.py)."""
+    sid_root()
+    ck_root = os.environ.get("ROCM_SD_CK_ROOT", "")
+    if not pathlib.Path(ck_root, "include", "ck").is_dir():
+        if os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"):
+            pytest.fail(f"no Composable Kernel headers under ROCM_SD_CK_ROOT={ck_root!r}")
+        pytest.skip("no Composable Kernel headers (ROCM_SD_CK_ROOT; python3 ck_templates/ck_headers.py fetch DIR)")
+    return cmake_build(tmp_path_factory.mktemp("ck_build"), ";".join(CK_TARGETS), ck_root)
+
+
+@pytest.fixture(scope="module")
+def ck_table(ck_build, tmp_path_factory):
+    table = amd_resources.build_table(ck_build, tmp_path_factory.mktemp("ck_code_objects"),
+                                      command="pytest tests/test_build_rocm.py (the CMake build of _C with CK "
+                                              "instances for " + ";".join(CK_TARGETS) + ")")
+    if os.environ.get("ROCM_SD_WRITE_RESOURCES"):
+        for path in amd_resources.write(table, RESULTS, "ck"):
+            print(f"rocm lane: wrote {path.relative_to(ROOT)}")
+    return table
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +152,11 @@ def test_a_code_object_per_target(table):
         assert len(names[arch]) > 100, f"{arch}: {len(names[arch])} kernels"
 
 
-def _gap_check(kind, found: dict[str, list[str]]):
-    """found: arch -> offending kernels. Must equal the committed list exactly."""
-    known = {arch: sorted(names) for arch, names in GAPS[kind].items() if not arch.startswith("_")}
+def _gap_check(kind, found: dict[str, list[str]], ck: bool = False):
+    """found: arch ("ck:<arch>" for the CK build's kernels, with `ck`) -> offending kernels. Must equal the
+    committed list exactly."""
+    known = {arch: sorted(names) for arch, names in GAPS[kind].items()
+             if not arch.startswith("_") and arch.startswith("ck:") == ck}
     found = {arch: sorted(names) for arch, names in found.items() if names}
     problems = []
     for arch in sorted(set(known) | set(found)):
@@ -221,3 +256,55 @@ def test_occupancy_not_below_the_committed_table(table):
                 worse.append(f"{arch}: {k['name']} {old['waves_per_simd']} -> {k['waves_per_simd']} waves/SIMD "
                              f"({k['limited_by']}: VGPR {old['vgpr']} -> {k['vgpr']}, LDS {old['lds']} -> {k['lds']})")
     assert not worse, f"occupancy below {path.relative_to(ROOT)}:\n" + "\n".join(worse)
+
+
+def _ck_kernels(table, arch):
+    return [k for k in table["targets"][arch] if k["name"].startswith("ck::")]
+
+
+def ck_id(name: str) -> str:
+    """A CK kernel's template name runs to kilobytes: its base name and a hash of the whole, for the gap lists."""
+    return f"{re.sub(r'<.*', '', name)}#{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+
+
+def test_ck_instances_are_linked_and_listed_for_cdna(ck_build, ck_table):
+    """Every generated instance is compiled for gfx942 and gfx950 by clang 21, linked into _C and listed by it."""
+    from ck_templates.instances import (ATTENTION_INSTANCES, CONV_BIAS_RESIDUAL_INSTANCES, GROUP_NORM_INSTANCES,
+                                        LINEAR_GEGLU_INSTANCES)
+
+    expected = {"ck_group_norm_instances": len(GROUP_NORM_INSTANCES),
+                "ck_attention_instances": len(ATTENTION_INSTANCES),
+                "ck_linear_geglu_instances": len(LINEAR_GEGLU_INSTANCES),
+                "ck_conv_bias_residual_instances": len(CONV_BIAS_RESIDUAL_INSTANCES)}
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _C; "
+             "print(json.dumps({f: len(getattr(_C, f)()) for f in sys.argv[2:]}))")
+    result = in_root("/usr/bin/python3", "-c", probe, ck_build.parent, *expected, env={"LD_BIND_NOW": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout) == expected
+    for bundle, entries in ck_table["bundles"].items():
+        assert sorted(e.rsplit("-", 1)[-1] for e in entries if e.startswith("hip")) == CK_TARGETS, bundle
+    for arch in CK_TARGETS:
+        assert len(_ck_kernels(ck_table, arch)) >= sum(expected.values()), f"{arch}: CK kernels missing"
+
+
+def test_ck_kernels_use_mfma_without_scratch_beyond_the_known_gaps(ck_table):
+    """CK's GEMM, attention and convolution kernels run on MFMA (its normalization kernels have no matrix work),
+    hold no scratch or spilled registers and are not empty, except the listed gaps (by ck_id), and fit the
+    arch's LDS. An empty kernel (a body the CK headers compile away for this target) would leave its output
+    unwritten: the tuner's check against a float64 truth refuses it, and it must never become a default."""
+    scratch, sgpr, empty = {}, {}, {}
+    for arch in CK_TARGETS:
+        kernels = _ck_kernels(ck_table, arch)
+        scratch[f"ck:{arch}"] = [ck_id(k["name"]) for k in kernels if k["scratch"] or k["vgpr_spill"]
+                                 or k["dynamic_stack"]]
+        sgpr[f"ck:{arch}"] = [ck_id(k["name"]) for k in kernels if k["sgpr_spill"] and not (k["scratch"]
+                                                                                             or k["vgpr_spill"])]
+        empty[f"ck:{arch}"] = [ck_id(k["name"]) for k in kernels if k["vgpr"] == 0]
+        without_mfma = [k["name"] for k in kernels if k["vgpr"] and "normalization" not in k["name"]
+                        and k["matrix"] != "v_mfma"]
+        assert not without_mfma, f"{arch}: CK kernels without MFMA: {without_mfma}"
+        over = [k["name"] for k in kernels if k["lds"] > LDS_LIMIT.get(arch, 64 * 1024)]
+        assert not over, f"{arch}: CK kernels over the LDS limit: {over}"
+    _gap_check("scratch", scratch, ck=True)
+    _gap_check("sgpr_spills", sgpr, ck=True)
+    _gap_check("ck_empty", empty, ck=True)
