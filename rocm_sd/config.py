@@ -50,13 +50,19 @@ def _flag(name: str, default: bool) -> bool:
     return default
 
 
+# The backends a name can force (dispatch.KERNEL, dispatch.TORCH): checked here, once, when the variable is read.
+BACKENDS = ("rocm_sd", "torch")
+
+
 def _parse_backends(spec: str) -> dict[str, str]:
-    """{op: backend} from `op:backend,...`; ValueError naming the first entry of another form."""
+    """{op: backend} from `op:backend,...`; ValueError naming the first entry of another form or backend."""
     forced = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         op, sep, backend = item.partition(":")
         if not sep or not op.strip() or not backend.strip():
             raise ValueError(f"entry {item!r} is not of the form op:backend")
+        if backend.strip() not in BACKENDS:
+            raise ValueError(f"entry {item!r} names backend {backend.strip()!r}, not one of {', '.join(BACKENDS)}")
         forced[op.strip()] = backend.strip()
     return forced
 

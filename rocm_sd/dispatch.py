@@ -15,9 +15,8 @@ import logging
 
 from . import config
 
-KERNEL = "rocm_sd"
-TORCH = "torch"
-BACKENDS = (KERNEL, TORCH)
+KERNEL, TORCH = config.BACKENDS
+BACKENDS = config.BACKENDS
 # Tuned choices "ck:<instance>" name a Composable Kernel instance built into _C (ROCm builds with CK,
 # ck_templates/): rocm_sd's kernels too, so they run and are counted as KERNEL.
 CK = "ck"
@@ -51,10 +50,8 @@ class FallbackError(RuntimeError):
 
 def forced_backend(op: str) -> str | None:
     """The backend asked for by name for `op` (force_backend, ROCM_SD_BACKEND), or None."""
-    forced = _forced.get(op) or config.current.forced_backends.get(op) or config.current.forced_backends.get("*")
-    if forced is not None and forced not in BACKENDS:
-        raise ValueError(f"unknown backend {forced!r} for {op}; choose one of {BACKENDS}")
-    return forced
+    # Both sources hold known backends only: force_backend checks its argument, config the environment's.
+    return _forced.get(op) or config.current.forced_backends.get(op) or config.current.forced_backends.get("*")
 
 
 def torch_chosen(op: str, tuned: str | None) -> bool:

@@ -234,3 +234,12 @@ def test_a_switch_with_another_value_warns_and_keeps_its_default(name, field, de
 def test_well_formed_backends_still_parse(monkeypatch):
     monkeypatch.setenv("ROCM_SD_BACKEND", " group_norm:torch , *:rocm_sd ")
     assert config._from_env().forced_backends == {"group_norm": "torch", "*": "rocm_sd"}
+
+
+def test_an_unknown_backend_name_is_ignored_when_the_variable_is_read(monkeypatch, caplog):
+    """It once passed import and raised at every op call: inference must never stop for a setting."""
+    monkeypatch.setenv("ROCM_SD_BACKEND", "group_norm:torch,*:cuda")
+    with caplog.at_level(logging.WARNING, logger="rocm_sd"):
+        assert config._from_env().forced_backends == {}
+    [warning] = [r.getMessage() for r in caplog.records if "ROCM_SD_BACKEND" in r.getMessage()]
+    assert "names backend 'cuda', not one of rocm_sd, torch" in warning

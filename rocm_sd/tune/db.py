@@ -322,7 +322,7 @@ class TuningDB:
             self.record_many(stamped)
             return
         self._pending.update(stamped)
-        self.results = {**self.results, **stamped}
+        self.results.update(stamped)  # visible to lookups now, saved with the batch
         self._nearest.clear()
         if time.monotonic() - self._last_save >= self._batch_interval_s:
             self.flush()
