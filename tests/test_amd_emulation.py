@@ -2,8 +2,8 @@
 layouts, then rocm_sd's kernels compiled as host C++ for an emulated gfx942 (CDNA3: wave64, MFMA) and gfx1100
 (RDNA3: wave32, WMMA), checked against float64 references with the GPU tests' tolerances.
 
-What this proves and what it cannot: tests/amd_emulation/include/rsd_emu/lanes.h (execution model) and README's
-"Supported AMD GPUs". No AMD GPU is involved."""
+What this proves and what it cannot: tests/amd_emulation/include/rsd_emu/lanes.h (execution model) and docs/amd.md.
+No AMD GPU is involved."""
 
 import ctypes
 import math
