@@ -39,25 +39,40 @@ using attn::Params;
 constexpr int kMaxNarrowDim = 160;  // the narrow family's largest padded head dim
 constexpr int kMaxHeadDim = 512;    // the wide family's
 
-// Shared-memory stages: two (the next K and V tiles load while this one computes) where two fit in the
-// 48 KiB of static shared memory every target grants, else one.
-template <int DP, int kBlockN>
-__host__ __device__ constexpr int stages_for() {
-  return 2 * 2 * kBlockN * (DP + 8) * 2 <= 48 * 1024 ? 2 : 1;
-}
+// What a block keeps in shared memory, in elements (DP: padded head dim, LD = DP + 8 its row stride): K and V
+// tiles of kBlockN rows, double-buffered (the next tile's copy runs while this one computes) where two stages
+// fit in the 48 KiB of static shared memory every target grants, else once; and, when kQInShared, the block's
+// Q tile in a region of its own beside one stage, within the 64 KiB of LDS an AMD workgroup may use (AMD's
+// copies are synchronous, compat.h: a second stage would only take LDS, and so occupancy, from Q). Otherwise Q
+// is staged through the K / V tiles on its way into registers.
+template <bool kQShared, int DP, int kBlockM, int kBlockN>
+struct SharedPlan {
+  static constexpr int kLd = DP + 8, kTile = kBlockN * kLd, kStatic = 48 * 1024 / 2, kAmdLds = 64 * 1024 / 2;
+  static constexpr bool kQInShared = kQShared && kBlockM * kLd + 2 * kTile <= kAmdLds;
+  static constexpr int kQRegion = kQInShared ? kBlockM * kLd : 0;
+  static constexpr int kStages = !kQInShared && 4 * kTile <= kStatic ? 2 : 1;
+  static constexpr int kElements = kQRegion + kStages * 2 * kTile;
+  static_assert(kQInShared || kBlockM <= 2 * kStages * kBlockN, "the Q tile is staged in the K / V shared memory");
+};
+
+// Q's fragments stay in registers unless the policy asks for shared memory (kQFromShared: RDNA3, whose replicated
+// operands double them) and they would take more than this many VGPRs a lane: with the fp32 output accumulators
+// beside them, the largest tiles spill at 64 (bench/results/amd-resources-*.md).
+constexpr int kQRegisterLimit = 48;
 
 template <class T, int DP, int kWaves, int kRows, int kBlockN>
 __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Params<T> p) {
 #if defined(RSD_HAS_WAVE_MMA)
   using Mma = WaveMma;
-  constexpr int LD = DP + 8;  // 16 bytes of padding: rows start on different banks
   constexpr int kWaveRows = 16 * kRows, kBlockM = kWaveRows * kWaves, kThreads = kWaves * RSD_WAVE;
-  constexpr int kStages = stages_for<DP, kBlockN>();
   constexpr int kSlices = DP / 16, kKeyTiles = kBlockN / 16, kSlots = Mma::kSlots;
-  constexpr int kTile = kBlockN * LD;  // elements of one K or V tile
-  static_assert(kBlockM <= 2 * kStages * kBlockN, "the Q tile is staged in the K / V shared memory");
-  __shared__ __align__(16) uint16_t storage[kStages * 2 * kTile];
-  T* const tiles = reinterpret_cast<T*>(storage);  // stage s: keys at 2 s kTile, values at (2 s + 1) kTile
+  constexpr int kQRegisters = kRows * kSlices * int(sizeof(typename Mma::QFrag) / 4);
+  using Plan = SharedPlan<(Mma::kQFromShared && kQRegisters > kQRegisterLimit), DP, kBlockM, kBlockN>;
+  constexpr int LD = Plan::kLd, kTile = Plan::kTile, kStages = Plan::kStages;
+  constexpr bool kQInShared = Plan::kQInShared;
+  __shared__ __align__(16) uint16_t storage[Plan::kElements];
+  T* const q_tile = reinterpret_cast<T*>(storage);  // Q's own region, or the first K / V stage
+  T* const tiles = q_tile + Plan::kQRegion;           // stage s: keys at 2 s kTile, values at (2 s + 1) kTile
 
   const int tid = threadIdx.x, wave = rsd::wave_id();
   const int64_t batch = blockIdx.z, head = blockIdx.y;
@@ -66,18 +81,25 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
   const T* k = p.k + batch * p.k_stride[0] + head * p.k_stride[2];
   const T* v = p.v + batch * p.v_stride[0] + head * p.v_stride[2];
 
-  load_rows<T, DP, LD>(tiles, q, p.q_stride[1], min(kBlockM, p.q_len - q0), kBlockM, p.head_dim, tid, kThreads);
+  load_rows<T, DP, LD>(q_tile, q, p.q_stride[1], min(kBlockM, p.q_len - q0), kBlockM, p.head_dim, tid, kThreads);
   async_commit();
   async_wait<0>();
   __syncthreads();
-  // The wave's kRows tiles of 16 queries: rows kWaveRows * wave + 16 * r of the block.
-  typename Mma::QFrag q_frag[kRows][kSlices];
+  // The wave's kRows tiles of 16 queries: rows kWaveRows * wave + 16 * r of the block, in registers unless the
+  // policy reads them from shared memory.
+  const T* const wave_q = q_tile + kWaveRows * wave * LD;
+  typename Mma::QFrag q_frag[kQInShared ? 1 : kRows][kQInShared ? 1 : kSlices];
+  if constexpr (!kQInShared) {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int s = 0; s < kSlices; ++s)
-      q_frag[r][s] = Mma::template load_q<T>(tiles + (kWaveRows * wave + 16 * r) * LD, LD, 16 * s);
-  __syncthreads();
+      for (int s = 0; s < kSlices; ++s) q_frag[r][s] = Mma::template load_q<T>(wave_q + 16 * r * LD, LD, 16 * s);
+    __syncthreads();
+  }
+  auto q_fragment = [&](int r, int s) -> typename Mma::QFrag {
+    if constexpr (kQInShared) return Mma::template load_q<T>(wave_q + 16 * r * LD, LD, 16 * s);
+    else return q_frag[r][s];
+  };
 
   auto load_tile = [&](int key0, int stage) {
     const int valid = min(kBlockN, p.kv_len - key0);
@@ -133,7 +155,8 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
       for (int s = 0; s < kSlices; ++s) {
         const typename Mma::KFrag key_frag = Mma::template load_k<T>(keys, LD, 16 * n, 16 * s);  // shared by the rows
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][n], q_frag[r][s], key_frag);
+        for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][n], q_fragment(r, s), key_frag);
+        mma_schedule_boundary();
       }
 
 #pragma unroll
@@ -149,6 +172,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
         const typename Mma::VFrag value_frag = Mma::template load_v<T>(values, LD, 16 * n, 16 * s);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) Mma::template pv<T>(out[r][s], probs[r], value_frag);
+        mma_schedule_boundary();
       }
     }
     __syncthreads();  // the next loads overwrite this stage
@@ -207,37 +231,6 @@ int padded_dim(int64_t head_dim) {
   return 0;
 }
 
-// The heuristic until the tuner says otherwise (measured on the H200 at SD's shapes,
-// bench/notes/attention.md): the smallest padded head dim that holds the head; two query tiles a wave for
-// long self-attention up to head dim 64 (K / V reads amortised; shorter sequences want the grid of one
-// tile a wave); 64 keys a tile up to head dim 96 unless the keys are few (77 or 154 text tokens waste
-// less padding in tiles of 32), else 32. Head dims above 160: the wide family's 4 waves of 128 dims with two
-// query tiles (the most work per barrier; 1.15x / 1.05x SDPA at the VAE's 4096 / 16384 tokens on the H200).
-const Instance* pick_instance(const AttentionArgs& a) {
-  const int dp = padded_dim(a.head_dim);
-  const bool many_keys = a.kv_len > 160;
-  int waves = 4, rows = dp <= 64 && many_keys && a.q_len >= 2048 ? 2 : 1;
-  int block_n = dp <= 96 && many_keys ? 64 : 32;
-  if (dp > kMaxNarrowDim) rows = 2, block_n = 16;
-  for (const Instance& inst : all_instances())
-    if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.waves == waves && inst.rows == rows &&
-        inst.block_n == block_n)
-      return &inst;
-  return nullptr;
-}
-
-const Instance* find_instance(const AttentionArgs& a, std::string* why) {
-  if (a.instance.empty()) return pick_instance(a);
-  for (const Instance& inst : all_instances()) {
-    if (a.instance != inst.name) continue;
-    if (inst.dtype != a.dtype) *why = "instance " + a.instance + " is for another dtype";
-    else if (inst.padded_dim < a.head_dim) *why = "instance " + a.instance + " holds a smaller head dim";
-    return why->empty() ? &inst : nullptr;
-  }
-  *why = "no attention instance named " + a.instance;
-  return nullptr;
-}
-
 // The device's architecture name without feature suffixes ("gfx942", "sm_90"), or "" if the runtime cannot say.
 std::string arch_of(int device) {
   DeviceInfo info;
@@ -245,47 +238,80 @@ std::string arch_of(int device) {
   return info.arch.substr(0, info.arch.find(':'));
 }
 
-// Which matrix-unit policy (wave_mma.h) the device's architecture has. Asked on every check, so cached
-// per device (hipGetDeviceProperties is slow); a racing first call just computes the same value twice.
-enum class MatrixUnits : int { unknown = 0, none, nv, cdna, rdna3 };
+// Which matrix-unit policy (wave_mma.h) an architecture has.
+enum class MatrixUnits : int { unknown = 0, none, nv, cdna, rdna3, rdna4 };
 
-bool is_rdna3(const std::string& arch) {
+MatrixUnits matrix_units_of(const std::string& arch) {
+  if (arch.empty()) return MatrixUnits::unknown;
+#if defined(RSD_PLATFORM_CUDA)
+  if (arch.rfind("sm_", 0) == 0 && std::atoi(arch.c_str() + 3) >= 80) return MatrixUnits::nv;
+#else
+  for (const char* a : {"gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
+    if (arch == a) return MatrixUnits::cdna;
   for (const char* a : {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151"})
-    if (arch == a) return true;
-  return false;
+    if (arch == a) return MatrixUnits::rdna3;
+  if (arch == "gfx1200" || arch == "gfx1201") return MatrixUnits::rdna4;
+#endif
+  return MatrixUnits::none;
 }
 
+// Asked on every check, so cached per device (hipGetDeviceProperties is slow); a racing first call just computes
+// the same value twice.
 MatrixUnits matrix_units(int device) {
   static std::array<std::atomic<int>, 64> cache{};
   const bool cacheable = device >= 0 && device < 64;
   if (cacheable && cache[device].load() != 0) return static_cast<MatrixUnits>(cache[device].load());
-  const std::string arch = arch_of(device);
-  if (arch.empty()) return MatrixUnits::unknown;
-  MatrixUnits units = MatrixUnits::none;
-#if defined(RSD_PLATFORM_CUDA)
-  if (arch.rfind("sm_", 0) == 0 && std::atoi(arch.c_str() + 3) >= 80) units = MatrixUnits::nv;
-#else
-  for (const char* a : {"gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
-    if (arch == a) units = MatrixUnits::cdna;
-  if (is_rdna3(arch)) units = MatrixUnits::rdna3;
-#endif
-  if (cacheable) cache[device].store(static_cast<int>(units));
+  const MatrixUnits units = matrix_units_of(arch_of(device));
+  if (cacheable && units != MatrixUnits::unknown) cache[device].store(static_cast<int>(units));
   return units;
 }
 
-bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
-
-// Instances that spill registers to scratch on RDNA3 / RDNA3.5 (gfx1100 / gfx1101 / gfx1151) with clang 21, read
-// from the code objects (bench/results/amd-resources-hipcc7.0.2-clang21.1.8.md): the fp32 accumulators of a
-// wave's whole rows sit at the 256-VGPR cap, worst in bf16 (gfx11 has no bf16 conversion instruction). They are
-// never offered there; tests/test_build_rocm.py checks this rule against the table exactly.
-bool spills_on_rdna3(const Instance& inst) {
-  if (inst.padded_dim > kMaxNarrowDim) return inst.rows > 1;  // wide: two query tiles a wave
-  if (inst.dtype == DType::f16)
-    return inst.block_n == 64 && (inst.rows > 1 ? inst.padded_dim >= 48 : inst.padded_dim == 160);
-  if (inst.padded_dim == 32) return inst.rows > 1 && inst.block_n == 64;
-  return !(inst.padded_dim <= 96 && inst.rows == 1 && inst.block_n == 32);
+// Instances that spill registers to scratch on RDNA (gfx11 / gfx12, wave32, 256 VGPRs) with clang 21, read from
+// the code objects (bench/results/amd-resources-hipcc7.0.2-clang21.1.8.md): the wide family's two query tiles
+// a wave of 128 dims (Q and the fp32 output accumulators of 2 x 8 head-dim slices). Never offered there;
+// tests/test_build_rocm.py checks this rule against the table exactly.
+bool spills_on(MatrixUnits units, const Instance& inst) {
+  const bool rdna = units == MatrixUnits::rdna3 || units == MatrixUnits::rdna4;
+  return rdna && inst.padded_dim > kMaxNarrowDim && inst.waves == 4 && inst.rows > 1;
 }
+
+// The heuristic until the tuner says otherwise (measured on the H200 at SD's shapes,
+// bench/notes/attention.md): the smallest padded head dim that holds the head; two query tiles a wave for
+// long self-attention up to head dim 64 (K / V reads amortised; shorter sequences want the grid of one
+// tile a wave); 64 keys a tile up to head dim 96 unless the keys are few (77 or 154 text tokens waste
+// less padding in tiles of 32), else 32. Head dims above 160: the wide family's 4 waves of 128 dims with two
+// query tiles (the most work per barrier; 1.15x / 1.05x SDPA at the VAE's 4096 / 16384 tokens on the H200),
+// one query tile where two spill (RDNA).
+const Instance* pick_instance(const AttentionArgs& a, MatrixUnits units) {
+  const int dp = padded_dim(a.head_dim);
+  const bool many_keys = a.kv_len > 160;
+  int waves = 4, rows = dp <= 64 && many_keys && a.q_len >= 2048 ? 2 : 1;
+  int block_n = dp <= 96 && many_keys ? 64 : 32;
+  if (dp > kMaxNarrowDim) rows = 2, block_n = 16;
+  for (int attempt = 0; attempt < 2; ++attempt, rows = 1)
+    for (const Instance& inst : all_instances())
+      if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.waves == waves && inst.rows == rows &&
+          inst.block_n == block_n && !spills_on(units, inst))
+        return &inst;
+  return nullptr;
+}
+
+const Instance* find_instance(const AttentionArgs& a, MatrixUnits units, std::string* why) {
+  if (a.instance.empty()) return pick_instance(a, units);
+  for (const Instance& inst : all_instances()) {
+    if (a.instance != inst.name) continue;
+    if (inst.dtype != a.dtype) *why = "instance " + a.instance + " is for another dtype";
+    else if (inst.padded_dim < a.head_dim) *why = "instance " + a.instance + " holds a smaller head dim";
+    else if (spills_on(units, inst))
+      *why = "instance " + a.instance + " spills registers to scratch on " + arch_of(a.device) +
+             " (bench/results/amd-resources-*.md)";
+    return why->empty() ? &inst : nullptr;
+  }
+  *why = "no attention instance named " + a.instance;
+  return nullptr;
+}
+
+bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
 
 }  // namespace
 
@@ -297,8 +323,9 @@ std::vector<std::string> attention_instances() {
 
 std::vector<std::string> attention_refused_instances(const std::string& arch) {
   std::vector<std::string> names;
+  const MatrixUnits units = matrix_units_of(arch.substr(0, arch.find(':')));
   for (const Instance& inst : all_instances())
-    if (is_rdna3(arch) && spills_on_rdna3(inst)) names.emplace_back(inst.name);
+    if (spills_on(units, inst)) names.emplace_back(inst.name);
   return names;
 }
 
@@ -316,18 +343,17 @@ std::string attention_check(const AttentionArgs& a) {
     if (!aligned(ptr, 16)) return "a data pointer is not 16-byte aligned";
   if (!stride_ok(a.q_stride) || !stride_ok(a.k_stride) || !stride_ok(a.v_stride) || !stride_ok(a.out_stride))
     return "batch, sequence or head strides not multiples of 8 elements (16-byte rows)";
-  switch (matrix_units(a.device)) {
+  const MatrixUnits units = matrix_units(a.device);
+  switch (units) {
     case MatrixUnits::unknown: return "the runtime could not describe device " + std::to_string(a.device);
     case MatrixUnits::none:
-      return "no matrix-unit attention policy for " + arch_of(a.device) + " (mma sm_80+, MFMA gfx90a/gfx94x, WMMA gfx11)";
+      return "no matrix-unit attention policy for " + arch_of(a.device) +
+             " (mma sm_80+, MFMA gfx90a/gfx94x/gfx950, WMMA gfx11/gfx12)";
     default: break;
   }
   std::string why;
-  const Instance* inst = find_instance(a, &why);
+  const Instance* inst = find_instance(a, units, &why);
   if (!inst) return why.empty() ? "no instance for these arguments" : why;
-  if (matrix_units(a.device) == MatrixUnits::rdna3 && spills_on_rdna3(*inst))
-    return std::string("instance ") + inst->name + " spills registers to scratch on " + arch_of(a.device) +
-           " (bench/results/amd-resources-*.md)";
   return std::string();
 }
 
@@ -335,7 +361,7 @@ std::string attention_describe(const AttentionArgs& a) {
   const std::string why = attention_check(a);
   if (!why.empty()) return "error: " + why;
   std::string unused;
-  const Instance* inst = find_instance(a, &unused);
+  const Instance* inst = find_instance(a, matrix_units(a.device), &unused);
   return std::string(inst->name) + " grid=" + std::to_string(ceil_div(a.q_len, inst->block_m)) + "x" +
          std::to_string(a.heads) + "x" + std::to_string(a.batch);
 }
@@ -346,7 +372,7 @@ std::string attention_forward(const AttentionArgs& a) {
   DeviceGuard guard(a.device);
   if (!guard.error().empty()) return guard.error();
   std::string unused;
-  const Instance* inst = find_instance(a, &unused);
+  const Instance* inst = find_instance(a, matrix_units(a.device), &unused);
   inst->launch(a, device_attribute(a.device, Attr::wave_size, 64), static_cast<hipStream_t>(a.stream));
   const hipError_t err = hipGetLastError();
   if (err != hipSuccess) return std::string("attention launch failed: ") + hipGetErrorString(err);

@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) wide_attention_kernel(const
       const typename Mma::KFrag key_frag = Mma::template load_k<T>(keys, LD, 0, d_first + 16 * s);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][0], q_frag[r][s], key_frag);
+      mma_schedule_boundary();
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
@@ -142,6 +143,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) wide_attention_kernel(const
       const typename Mma::VFrag value_frag = Mma::template load_v<T>(values, LD, 0, d_first + 16 * s);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) Mma::template pv<T>(out[r][s], probs[r], value_frag);
+      mma_schedule_boundary();
     }
     __syncthreads();  // the value tile and the partials are free
     if (more) load_values(key0 + kBlockN);

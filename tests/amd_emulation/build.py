@@ -25,7 +25,8 @@ INCLUDE = HERE / "include"
 # Emulated architectures: the macros clang defines for the target, and the wave size compat.h derives from them.
 ARCHS = {
     "gfx942": {"defines": ["__GFX9__", "__gfx942__"], "wave": 64},  # CDNA3: wave64, MFMA
-    "gfx1100": {"defines": ["__GFX11__", "__gfx1100__"], "wave": 32},  # RDNA3: wave32, WMMA
+    "gfx1100": {"defines": ["__GFX11__", "__gfx1100__"], "wave": 32},  # RDNA3: wave32, WMMA (replicated operands)
+    "gfx1201": {"defines": ["__GFX12__", "__gfx1201__"], "wave": 32},  # RDNA4: wave32, WMMA (gfx12 layout)
 }
 
 CHEVRON = re.compile(r"<<<(.*?)>>>\s*\(", re.S)

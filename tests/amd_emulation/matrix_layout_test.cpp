@@ -5,9 +5,12 @@
 //   2. one non-zero element at a time: A = e(i, k), B = e(k, j) must give D = e(i, j), at D's documented place,
 //      for every (i, k, j); and C = e(i, j) with A = B = 0 must come back unchanged;
 //   3. one random product per instruction against a plain matrix product.
-// Prints "ok <n> checks" or the first failure, exit status 1 on failure. Driven by tests/test_amd_emulation.py.
+// Prints "ok <n> checks" or the first failure, exit status 1 on failure. With --tables it prints instead every
+// entry of its tables in the calculator's notation, which tests/test_amd_emulation.py compares with the
+// calculator's own output (matrix_layouts.json), entry by entry.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -43,6 +46,10 @@ Place mfma_d(int i, int j) { return {j + 16 * (i / 4), i % 4, 0}; }
 Place wmma_a(int i, int k) { return {i, k / 2, k % 2}; }
 Place wmma_b(int k, int j) { return {j, k / 2, k % 2}; }
 Place wmma_d(int i, int j) { return {j + 16 * (i % 2), i / 2, 0}; }
+// v_wmma_f32_16x16x16_{f16,bf16} on gfx12 (RDNA4 ISA 7.12; the half-waves split K in groups of four).
+Place gfx12_a(int i, int k) { return {i + 16 * ((k / 4) % 2), 2 * (k / 8) + (k % 4) / 2, k % 2}; }
+Place gfx12_b(int k, int j) { return {j + 16 * ((k / 4) % 2), 2 * (k / 8) + (k % 4) / 2, k % 2}; }
+Place gfx12_d(int i, int j) { return {j + 16 * (i / 8), i % 8, 0}; }
 
 uint16_t one(Elem e) { return e == Elem::f16 ? 0x3c00 : 0x3f80; }
 
@@ -56,6 +63,7 @@ uint16_t bits_of_exact(Elem e, float v) {
 
 struct Instruction {
   const char* name;
+  const char* calculator;  // its key in matrix_layouts.json: "<calculator architecture> <instruction>"
   Elem elem;
   int lanes, inputs, acc;
   Place (*a)(int, int);
@@ -67,7 +75,11 @@ struct Instruction {
 void run(const Instruction& ins, const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
          const std::vector<float>& c, std::vector<float>& d) {
   d.assign(c.size(), 0.f);
-  if (ins.lanes == 64)
+  if (ins.inputs == 8)
+    wmma_f32_16x16x16_w32_gfx12(ins.elem, reinterpret_cast<const uint16_t(*)[8]>(a.data()),
+                                reinterpret_cast<const uint16_t(*)[8]>(b.data()),
+                                reinterpret_cast<const float(*)[8]>(c.data()), reinterpret_cast<float(*)[8]>(d.data()));
+  else if (ins.lanes == 64)
     mfma_f32_16x16x16(ins.elem, reinterpret_cast<const uint16_t(*)[4]>(a.data()),
                       reinterpret_cast<const uint16_t(*)[4]>(b.data()), reinterpret_cast<const float(*)[4]>(c.data()),
                       reinterpret_cast<float(*)[4]>(d.data()), 0, 0, 0);
@@ -151,7 +163,10 @@ const HandChecked kHandChecked[] = {
     {"mfma D[15][15]", mfma_d, 15, 15, {63, 3, 0}}, {"wmma A[3][7]", wmma_a, 3, 7, {3, 3, 1}},
     {"wmma B[9][4]", wmma_b, 9, 4, {4, 4, 1}},      {"wmma D[0][0]", wmma_d, 0, 0, {0, 0, 0}},
     {"wmma D[1][0]", wmma_d, 1, 0, {16, 0, 0}},     {"wmma D[2][5]", wmma_d, 2, 5, {5, 1, 0}},
-    {"wmma D[15][15]", wmma_d, 15, 15, {31, 7, 0}},
+    {"wmma D[15][15]", wmma_d, 15, 15, {31, 7, 0}},  {"gfx12 A[0][4]", gfx12_a, 0, 4, {16, 0, 0}},
+    {"gfx12 A[2][9]", gfx12_a, 2, 9, {2, 2, 1}},     {"gfx12 A[3][14]", gfx12_a, 3, 14, {19, 3, 0}},
+    {"gfx12 B[7][1]", gfx12_b, 7, 1, {17, 1, 1}},    {"gfx12 D[8][0]", gfx12_d, 8, 0, {16, 0, 0}},
+    {"gfx12 D[7][15]", gfx12_d, 7, 15, {15, 7, 0}},
 };
 
 void hand_checked() {
@@ -166,7 +181,7 @@ void wmma_refuses_unreplicated_operands() {
   std::vector<uint16_t> a(32 * 16, 0), b(32 * 16, 0);
   std::vector<float> c(32 * 8, 0.f), d;
   a[16 * 16 + 3] = one(Elem::f16);  // lane 16 only
-  const Instruction ins{"wmma_f16", Elem::f16, 32, 16, 8, wmma_a, wmma_b, wmma_d, true};
+  const Instruction ins{"wmma_f16", "", Elem::f16, 32, 16, 8, wmma_a, wmma_b, wmma_d, true};
   bool refused = false;
   try {
     run(ins, a, b, c, d);
@@ -176,18 +191,51 @@ void wmma_refuses_unreplicated_operands() {
   CHECK(refused, "wmma accepted an A operand that differs between the two half-waves");
 }
 
+const Instruction kInstructions[] = {
+    {"v_mfma_f32_16x16x16f16", "cdna3 v_mfma_f32_16x16x16_f16", Elem::f16, 64, 4, 4, mfma_a, mfma_b, mfma_d, false},
+    {"v_mfma_f32_16x16x16bf16_1k", "cdna3 v_mfma_f32_16x16x16_bf16", Elem::bf16, 64, 4, 4, mfma_a, mfma_b, mfma_d,
+     false},
+    {"v_wmma_f32_16x16x16_f16_w32", "rdna3 v_wmma_f32_16x16x16_f16", Elem::f16, 32, 16, 8, wmma_a, wmma_b, wmma_d,
+     true},
+    {"v_wmma_f32_16x16x16_bf16_w32", "rdna3 v_wmma_f32_16x16x16_bf16", Elem::bf16, 32, 16, 8, wmma_a, wmma_b, wmma_d,
+     true},
+    {"v_wmma_f32_16x16x16_f16_w32_gfx12", "rdna4 v_wmma_f32_16x16x16_f16", Elem::f16, 32, 8, 8, gfx12_a, gfx12_b,
+     gfx12_d, false},
+    {"v_wmma_f32_16x16x16_bf16_w32_gfx12", "rdna4 v_wmma_f32_16x16x16_bf16", Elem::bf16, 32, 8, 8, gfx12_a, gfx12_b,
+     gfx12_d, false},
+};
+
+// "v<VGPR>{<lane>}" and, for 16-bit inputs, ".[15:0]" / ".[31:16]"; replicated inputs list lane + 16 as well.
+void print_place(Place p, bool input, bool replicated) {
+  for (int copy = 0; copy < (replicated ? 2 : 1); ++copy) {
+    std::printf("%sv%d{%d}", copy ? " " : "", p.vgpr, p.lane + 16 * copy);
+    if (input) std::printf(p.half ? ".[31:16]" : ".[15:0]");
+  }
+}
+
+// One line per entry: "<calculator key>|<matrix>|<row>|<column>|<places>".
+void print_tables() {
+  for (const Instruction& ins : kInstructions)
+    for (const char* matrix : {"A", "B", "D"})
+      for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) {
+          std::printf("%s|%s|%d|%d|", ins.calculator, matrix, r, c);
+          if (*matrix == 'D') print_place(ins.d(r, c), false, false);
+          else print_place(*matrix == 'A' ? ins.a(r, c) : ins.b(r, c), true, ins.replicated);
+          std::printf("\n");
+        }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--tables") == 0) {
+    print_tables();
+    return 0;
+  }
   hand_checked();
-  const Instruction instructions[] = {
-      {"v_mfma_f32_16x16x16f16", Elem::f16, 64, 4, 4, mfma_a, mfma_b, mfma_d, false},
-      {"v_mfma_f32_16x16x16bf16_1k", Elem::bf16, 64, 4, 4, mfma_a, mfma_b, mfma_d, false},
-      {"v_wmma_f32_16x16x16_f16_w32", Elem::f16, 32, 16, 8, wmma_a, wmma_b, wmma_d, true},
-      {"v_wmma_f32_16x16x16_bf16_w32", Elem::bf16, 32, 16, 8, wmma_a, wmma_b, wmma_d, true},
-  };
   unsigned seed = 1;
-  for (const Instruction& ins : instructions) {
+  for (const Instruction& ins : kInstructions) {
     single_elements(ins);
     random_product(ins, seed++);
   }

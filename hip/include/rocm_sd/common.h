@@ -24,11 +24,19 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <>
 __device__ __forceinline__ bf16 from_float<bf16>(float v) {
+#if defined(__HIP_DEVICE_COMPILE__) && (defined(__GFX11__) || defined(__GFX12__))
+  // RDNA3 / RDNA4: the compiler's own conversion, the same rounding as selects. Written out as below, the NaN test
+  // became divergent branches around every conversion there, and the attention kernels spilled
+  // (bench/results/amd-resources-*.md). Elsewhere the code below keeps fewer registers live (CDNA's bf16 kernels
+  // lose occupancy with the selects).
+  return bf16{__builtin_bit_cast(uint16_t, static_cast<__bf16>(v))};
+#else
   // Round to nearest even; NaN stays NaN (quiet bit forced so truncation cannot make it Inf).
   uint32_t u = __float_as_uint(v);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t(u >> 16)};
+#endif
 }
 
 // VEC consecutive elements, loaded and stored as one access of VEC * sizeof(T) bytes.

@@ -3,6 +3,7 @@
 //   NvMma16816   NVIDIA sm_80+   mma.sync m16n8k16 (two per 16x16 tile), wave 32
 //   CdnaMfma16   AMD CDNA        v_mfma_f32_16x16x16{f16,bf16_1k} (gfx90a/94x/950), wave 64
 //   Rdna3Wmma16  AMD RDNA3       v_wmma_f32_16x16x16_{f16,bf16}_w32 (gfx11), wave 32
+//   Rdna4Wmma16  AMD RDNA4       v_wmma_f32_16x16x16_{f16,bf16} (gfx12), wave 32
 //
 // Every policy computes, for the 16 query rows a wave owns, 16x16 tiles of
 //   S = Q K^T   (scores: 16 queries x 16 keys, head-dim slice of 16 as the reduction)
@@ -17,9 +18,13 @@
 // WMMA's layouts the transposed score accumulator is already (nearly) the operand layout P takes
 // next, so P never goes through shared memory, and every lane keeps the softmax state of one query.
 // Their layouts follow AMD's instruction documentation (CDNA3 ISA section 7, the AMD Matrix
-// Instruction Calculator; RDNA3 ISA section 7.9 / GPUOpen's WMMA guide); rocm_sd has had no AMD GPU to run them on
-// (compile-checked only), which is why the dispatcher uses this kernel on AMD only where the tuner
-// validated it on the user's GPU (rocm_sd/ops/attention.py).
+// Instruction Calculator; RDNA3 ISA section 7.9 / GPUOpen's WMMA guide; RDNA4 ISA section 7.12). rocm_sd has had
+// no AMD GPU to run them on: they are compile-checked (tests/test_build_rocm.py) and executed lane by lane by
+// the CPU emulation (tests/amd_emulation), which is why the dispatcher uses this kernel on AMD only where the
+// tuner validated it on the user's GPU (rocm_sd/ops/attention.py).
+//
+// kQFromShared: whether the attention kernel should read large Q tiles' fragments from shared memory for every
+// product instead of keeping them in registers (hip/attention.hip, kQRegisterLimit).
 #pragma once
 
 #include <type_traits>
@@ -37,24 +42,32 @@
 #elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
     defined(__gfx1150__) || defined(__gfx1151__)
 #define RSD_WAVE_MMA_RDNA3 1
+#elif defined(__gfx1200__) || defined(__gfx1201__)
+#define RSD_WAVE_MMA_RDNA4 1
 #endif
 
 // Host and device passes alike: whether this compilation pass has a policy (the host pass of a HIP
 // build has none of the arch macros; it launches by the device's arch, see attention.hip).
-#if defined(RSD_WAVE_MMA_NV) || defined(RSD_WAVE_MMA_CDNA) || defined(RSD_WAVE_MMA_RDNA3)
+#if defined(RSD_WAVE_MMA_NV) || defined(RSD_WAVE_MMA_CDNA) || defined(RSD_WAVE_MMA_RDNA3) || \
+    defined(RSD_WAVE_MMA_RDNA4)
 #define RSD_HAS_WAVE_MMA 1
 #endif
 
 namespace rsd {
 
-// 2^x for softmax: the hardware's approximate exp2 (2 ulp), as flash-attention uses.
+// 2^x for softmax: the hardware's approximate exp2 (denormal results flush to zero: irrelevant to probabilities),
+// as flash-attention uses.
 __device__ __forceinline__ float fast_exp2(float x) {
 #if defined(RSD_PLATFORM_CUDA)
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+#elif (defined(RSD_WAVE_MMA_RDNA3) || defined(RSD_WAVE_MMA_RDNA4)) && defined(__has_builtin) && \
+    __has_builtin(__builtin_amdgcn_exp2f)
+  // v_exp_f32 alone: llvm.exp2 adds a denormal rescale around it, registers RDNA's attention tiles lack.
+  return __builtin_amdgcn_exp2f(x);
 #else
-  return __builtin_exp2f(x);  // llvm.exp2: v_exp_f32
+  return __builtin_exp2f(x);
 #endif
 }
 
@@ -69,6 +82,15 @@ template <int... kOffsets>
 __device__ __forceinline__ float xor_sum(float x) {
   ((x += rsd::shfl_xor(x, kOffsets)), ...);
   return x;
+}
+
+// A point the instruction scheduler may not move instructions across, on the RDNA targets: there a wave's rows
+// fill the 256 VGPRs, and loads of later fragments hoisted above earlier products spill to scratch
+// (bench/results/amd-resources-*.md). Elsewhere nothing.
+__device__ __forceinline__ void mma_schedule_boundary() {
+#if defined(RSD_WAVE_MMA_RDNA3) || defined(RSD_WAVE_MMA_RDNA4)
+  __builtin_amdgcn_sched_barrier(0);  // mask 0: nothing crosses
+#endif
 }
 
 template <class T>
@@ -91,6 +113,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // product i / 4, row slot (i % 4) / 2 (row g or g + 8), column 8 * (i / 4) + 2t + i % 2.
 struct NvMma16816 {
   static constexpr int kSlots = 2;  // query rows per lane: g and g + 8
+  static constexpr bool kQFromShared = false;
   struct QFrag { uint32_t r[4]; };
   struct Acc { float v[8]; };       // a 16x16 fp32 tile (scores or output)
   struct PFrag { uint32_t r[4]; };
@@ -192,7 +215,7 @@ using WaveMma = NvMma16816;
 
 #endif
 
-#if defined(RSD_WAVE_MMA_CDNA) || defined(RSD_WAVE_MMA_RDNA3)
+#if defined(RSD_WAVE_MMA_CDNA) || defined(RSD_WAVE_MMA_RDNA3) || defined(RSD_WAVE_MMA_RDNA4)
 namespace amd {
 // The AMD matrix builtins take clang vectors: _Float16 for f16, short (raw bits) for bf16, float for the
 // accumulator. Fragments are kept as plain arrays; these convert at the builtin call.
@@ -220,6 +243,22 @@ __device__ __forceinline__ auto operand(const uint16_t (&bits)[N]) {
 }
 
 template <int N>
+using uint_vec = uint32_t __attribute__((ext_vector_type(N)));
+
+// The same from N 32-bit words of two packed 16-bit values each (the low half the lower index): probabilities
+// are converted in pairs (pack2), which keeps bf16's software rounding at one register per pair.
+template <class T, int N>
+__device__ __forceinline__ auto operand(const uint32_t (&words)[N]) {
+  uint_vec<N> v;
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = words[k];
+  if constexpr (std::is_same<T, __half>::value)
+    return __builtin_bit_cast(half_vec<2 * N>, v);
+  else
+    return __builtin_bit_cast(short_vec<2 * N>, v);
+}
+
+template <int N>
 __device__ __forceinline__ float_vec<N> accumulator(const float (&c)[N]) {
   float_vec<N> v;
 #pragma unroll
@@ -235,6 +274,29 @@ __device__ __forceinline__ void store(float (&c)[N], const Vector& v) {
 }  // namespace amd
 #endif
 
+#if defined(RSD_WAVE_MMA_RDNA3) || defined(RSD_WAVE_MMA_RDNA4)
+// What the RDNA3 and RDNA4 policies share: wave 32, lane = 16 h + i, every lane owns query i (lanes i and i + 16
+// hold the same one), 8 fp32 accumulator elements a lane, and the transposed products S^T = K Q^T and
+// O^T = V^T P^T through the policy's own mma (its instruction's builtin).
+template <class Policy>
+struct Wave32Wmma16 {
+  static constexpr int kSlots = 1;
+  struct Acc { float v[8]; };
+
+  __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
+  __device__ static constexpr int s_slot(int) { return 0; }
+  __device__ static constexpr int o_slot(int) { return 0; }
+
+  template <class T, class QFrag, class KFrag>
+  __device__ static void scores(Acc& s, const QFrag& q, const KFrag& k) { Policy::template mma<T>(s.v, k.h, q.h); }
+  template <class T, class PFrag, class VFrag>
+  __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { Policy::template mma<T>(o.v, v.h, p.w); }
+
+  __device__ static float row_max(float x) { return xor_max<16>(x); }
+  __device__ static float row_sum(float x) { return xor_sum<16>(x); }
+};
+#endif
+
 #if defined(RSD_WAVE_MMA_CDNA)
 // ---- AMD CDNA: v_mfma_f32_16x16x16, wave 64, lane = 16 * q + i (i: 0..15, q: 0..3) ---------------------
 // A (16x16, m x k): lane holds A[i][4q..4q+3];  B (k x n): B[4q..4q+3][i];  C (m x n): C[4q..4q+3][i].
@@ -243,6 +305,7 @@ __device__ __forceinline__ void store(float (&c)[N], const Vector& v) {
 // (lane: V[keys 4q..4q+3][dim i]); the result O^T lane holds O[query i][dims 4q..4q+3].
 struct CdnaMfma16 {
   static constexpr int kSlots = 1;  // every lane owns query i
+  static constexpr bool kQFromShared = false;
   struct QFrag { uint16_t h[4]; };
   struct Acc { float v[4]; };
   struct PFrag { uint16_t h[4]; };
@@ -308,17 +371,15 @@ using WaveMma = CdnaMfma16;
 // C (m x n, 8 floats): element e is C[2e + h][i].
 // S^T = K Q^T: lane holds S[query i][keys 2e + h]. O^T = V^T P^T needs B = P^T with all 16 keys of
 // query i in one lane: the other 8 come from lane i + 16 (h flipped) by one shuffle per element.
-struct Rdna3Wmma16 {
-  static constexpr int kSlots = 1;
+struct Rdna3Wmma16 : Wave32Wmma16<Rdna3Wmma16> {
+  // Replicated operands make a Q fragment 8 VGPRs a lane per 16 head dims, as many as the fp32 output
+  // accumulators: at large head dims Q is better read from shared memory (hip/attention.hip kQRegisterLimit).
+  static constexpr bool kQFromShared = true;
   struct QFrag { uint16_t h[16]; };
-  struct Acc { float v[8]; };
-  struct PFrag { uint16_t h[16]; };
+  struct PFrag { uint32_t w[8]; };  // packed pairs
   struct KFrag { uint16_t h[16]; };  // A of S^T = K Q^T: key i, dims 0..15
   struct VFrag { uint16_t h[16]; };  // A of O^T = V^T P^T: dim i, keys 0..15
 
-  __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
-  __device__ static constexpr int s_slot(int) { return 0; }
-  __device__ static constexpr int o_slot(int) { return 0; }
   __device__ static int s_key(int e) { return 2 * e + rsd::lane_id() / 16; }
   __device__ static int o_dim(int e) { return 2 * e + rsd::lane_id() / 16; }
 
@@ -331,8 +392,8 @@ struct Rdna3Wmma16 {
     return f;
   }
 
-  template <class T>
-  __device__ static void mma(float (&c)[8], const uint16_t (&a)[16], const uint16_t (&b)[16]) {
+  template <class T, class A, class B>
+  __device__ static void mma(float (&c)[8], const A& a, const B& b) {
     const amd::float_vec<8> acc = amd::accumulator(c);
     if constexpr (std::is_same<T, __half>::value)
       amd::store(c, __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(amd::operand<T>(a), amd::operand<T>(b), acc));
@@ -350,17 +411,13 @@ struct Rdna3Wmma16 {
   }
 
   template <class T>
-  __device__ static void scores(Acc& s, const QFrag& q, const KFrag& k) { mma<T>(s.v, k.h, q.h); }
-
-  template <class T>
   __device__ static PFrag to_p(const Acc& p) {
     const bool upper = rsd::lane_id() >= 16;
     PFrag f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float mine = p.v[e], other = rsd::shfl_xor(p.v[e], 16);  // keys 2e + h and 2e + 1 - h
-      f.h[2 * e] = bits_of(from_float<T>(upper ? other : mine));
-      f.h[2 * e + 1] = bits_of(from_float<T>(upper ? mine : other));
+      f.w[e] = pack2<T>(upper ? other : mine, upper ? mine : other);
     }
     return f;
   }
@@ -373,15 +430,83 @@ struct Rdna3Wmma16 {
     for (int j = 0; j < 16; ++j) f.h[j] = col[j * ld];
     return f;
   }
-
-  template <class T>
-  __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma<T>(o.v, v.h, p.h); }
-
-  // Lanes i and i + 16 hold the same query.
-  __device__ static float row_max(float x) { return xor_max<16>(x); }
-  __device__ static float row_sum(float x) { return xor_sum<16>(x); }
 };
 using WaveMma = Rdna3Wmma16;
+#elif defined(RSD_WAVE_MMA_RDNA4)
+// ---- AMD RDNA4: v_wmma_f32_16x16x16_*, wave 32, lane = 16 * h + i (i: 0..15, h: 0..1) -----------------------
+// No replication: the half-waves split the reduction index in groups of four. Element e of a lane's 8-element
+// A / B operand is reduction index kidx(e) = 8 (e / 4) + 4 h + e % 4: A (m x k) lane holds A[i][kidx(0..7)],
+// B (k x n) B[kidx(0..7)][i]; C (m x n, 8 floats): element e is C[8 h + e][i].
+// S^T = K Q^T with the key tile's rows permuted (row r of A is key swap_bits_2_3(r)): the lane's score element e
+// is then key kidx(e) of query i, exactly the key B of O^T = V^T P^T needs in element e, so P goes from the
+// score accumulator to the next operand in place (no shuffles, unlike RDNA3). O^T lane holds O[query i][dims
+// 8 h + e].
+struct Rdna4Wmma16 : Wave32Wmma16<Rdna4Wmma16> {
+  static constexpr bool kQFromShared = false;
+  struct QFrag { uint16_t h[8]; };
+  struct PFrag { uint32_t w[4]; };  // packed pairs
+  struct KFrag { uint16_t h[8]; };  // A of S^T = K Q^T: key swap_bits_2_3(i), dims kidx(0..7)
+  struct VFrag { uint16_t h[8]; };  // A of O^T = V^T P^T: dim i, keys kidx(0..7)
+
+  __device__ static int kidx(int e) { return 8 * (e / 4) + 4 * (rsd::lane_id() / 16) + e % 4; }
+  // Row r of the score product holds key r with bits 2 and 3 exchanged (an involution of 0..15).
+  __device__ static constexpr int swap_bits_2_3(int r) { return (r & 3) | ((r & 4) << 1) | ((r & 8) >> 1); }
+
+  __device__ static int s_key(int e) { return kidx(e); }
+  __device__ static int o_dim(int e) { return 8 * (rsd::lane_id() / 16) + e; }
+
+  // Elements kidx(0..7) of a row: two runs of four at 4 h and 8 + 4 h.
+  template <class T>
+  __device__ static void load_row_halves(uint16_t (&h)[8], const T* row) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + 4 * (rsd::lane_id() / 16);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      h[e] = p[e];
+      h[4 + e] = p[8 + e];
+    }
+  }
+
+  template <class T>
+  __device__ static QFrag load_q(const T* q, int ld, int d0) {
+    QFrag f;
+    load_row_halves(f.h, q + (rsd::lane_id() % 16) * ld + d0);
+    return f;
+  }
+
+  template <class T, class A, class B>
+  __device__ static void mma(float (&c)[8], const A& a, const B& b) {
+    const amd::float_vec<8> acc = amd::accumulator(c);
+    if constexpr (std::is_same<T, __half>::value)
+      amd::store(c, __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(amd::operand<T>(a), amd::operand<T>(b), acc));
+    else
+      amd::store(c, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(amd::operand<T>(a), amd::operand<T>(b), acc));
+  }
+
+  template <class T>
+  __device__ static KFrag load_k(const T* k, int ld, int key0, int d0) {
+    KFrag f;
+    load_row_halves(f.h, k + (key0 + swap_bits_2_3(rsd::lane_id() % 16)) * ld + d0);
+    return f;
+  }
+
+  template <class T>
+  __device__ static PFrag to_p(const Acc& p) {
+    PFrag f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) f.w[k] = pack2<T>(p.v[2 * k], p.v[2 * k + 1]);
+    return f;
+  }
+
+  template <class T>
+  __device__ static VFrag load_v(const T* v, int ld, int key0, int d0) {
+    const uint16_t* col = reinterpret_cast<const uint16_t*>(v + key0 * ld + d0 + rsd::lane_id() % 16);
+    VFrag f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f.h[e] = col[kidx(e) * ld];
+    return f;
+  }
+};
+using WaveMma = Rdna4Wmma16;
 #endif
 
 }  // namespace rsd

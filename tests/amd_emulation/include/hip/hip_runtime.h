@@ -71,6 +71,8 @@ T atomic_load(const T* p, int order) {
 #define __hip_atomic_load(p, order, scope) ::rsd_emu::atomic_load(p, order)
 #define __hip_atomic_fetch_add(p, v, order, scope) __atomic_fetch_add(p, v, order)
 #define __builtin_amdgcn_s_sleep(n) ::rsd_emu::yield()
+// A scheduling hint for the compiler (what may move across it); nothing to execute.
+#define __builtin_amdgcn_sched_barrier(mask) ((void)(mask))
 
 // ---- runtime API ----
 enum hipError_t { hipSuccess = 0, hipErrorInvalidDevice = 101, hipErrorLaunchFailure = 719 };

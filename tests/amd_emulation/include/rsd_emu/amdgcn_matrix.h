@@ -2,6 +2,7 @@
 //
 //   v_mfma_f32_16x16x16f16 / v_mfma_f32_16x16x16bf16_1k   CDNA (gfx90a, gfx94x, gfx950), wave 64
 //   v_wmma_f32_16x16x16_f16_w32 / ..._bf16_w32             RDNA3 (gfx11), wave 32
+//   v_wmma_f32_16x16x16_f16 / ..._bf16 (gfx12 builtins)    RDNA4 (gfx12), wave 32
 //
 // Each computes D = A B + C for 16x16 matrices (A: M x K, B: K x N, C, D: M x N) with 16-bit inputs and fp32
 // C / D, the operands spread over the lanes of a wave. This file is the one place where those spreads are
@@ -34,6 +35,16 @@
 //   applications on RDNA 3 using WMMA" (a_frag[e] = A[lane % 16][e], b_frag[e] = B[e][lane % 16],
 //   D row = 2 e + lane / 16); the Matrix Instruction Calculator's RDNA3 tables; LLVM IntrinsicsAMDGPU.td
 //   (int_amdgcn_wmma_f32_16x16x16_f16: v16f16, v16f16, v8f32; ..._bf16: v16i16 raw bits).
+//
+// v_wmma_f32_16x16x16_{f16,bf16} on gfx12 (builtins ..._w32_gfx12), 32 lanes, l = 16 h + i:
+//   A: 8 halves a lane (4 VGPRs)   element e of lane l = A[i][8 (e / 4) + 4 h + e % 4]   (no replication: the
+//                                  half-waves split K in groups of four)
+//   B: 8 halves a lane (4 VGPRs)   element e of lane l = B[8 (e / 4) + 4 h + e % 4][i]
+//   C/D: 8 floats a lane (8 VGPRs) element e of lane l = D[8 h + e][i]      (column i, rows 8h..8h+7)
+//   Sources: the Matrix Instruction Calculator's RDNA4 tables (`-a rdna4 -i v_wmma_f32_16x16x16_f16 -A -R`:
+//   A[i][k] in lane i + 16 ((k / 4) % 2), VGPR 2 (k / 8) + (k % 4) / 2, half k % 2; D[i][j] in lane j + 16 (i / 8),
+//   VGPR i % 8), kept in tests/amd_emulation/matrix_layouts.json; RDNA4 ISA guide, section 7.12 "Wave Matrix
+//   Multiply Accumulate"; LLVM IntrinsicsAMDGPU.td / BuiltinsAMDGPU.def (v8f16 or v8i16 raw bf16, v8f32).
 //
 // Arithmetic: 16-bit inputs are converted exactly (fp16 and bf16 values are exact in fp32), every product is
 // exact, and D = sum + C is formed in double and rounded once to fp32 (round to nearest even). The hardware also
@@ -96,6 +107,13 @@ struct Wmma16x16x16W32 {
   static Slot d(int row, int col) { return {col + 16 * (row % 2), row / 2}; }
 };
 
+struct Wmma16x16x16W32Gfx12 {
+  static constexpr int kLanes = 32, kInput = 8, kAcc = 8;
+  static Slot a(int row, int k) { return {row + 16 * ((k / 4) % 2), 4 * (k / 8) + k % 4}; }
+  static Slot b(int k, int col) { return {col + 16 * ((k / 4) % 2), 4 * (k / 8) + k % 4}; }
+  static Slot d(int row, int col) { return {col + 16 * (row / 8), row % 8}; }
+};
+
 // D = A B + C for one wave. a, b: kLanes x kInput 16-bit bits; c, d: kLanes x kAcc floats (d may alias c).
 template <class Layout>
 void matrix_fma(Elem elem, const uint16_t* a, const uint16_t* b, const float* c, float* d) {
@@ -138,6 +156,12 @@ inline void wmma_f32_16x16x16_w32(Elem elem, const uint16_t (*a)[16], const uint
             "wmma w32: lanes 16..31 must hold the same B operand as lanes 0..15");
   }
   matrix_fma<Wmma16x16x16W32>(elem, &a[0][0], &b[0][0], &c[0][0], &d[0][0]);
+}
+
+// v_wmma_f32_16x16x16_f16 / _bf16 on gfx12 (elem f16 / bf16): 32 lanes, every lane its own operands.
+inline void wmma_f32_16x16x16_w32_gfx12(Elem elem, const uint16_t (*a)[8], const uint16_t (*b)[8],
+                                        const float (*c)[8], float (*d)[8]) {
+  matrix_fma<Wmma16x16x16W32Gfx12>(elem, &a[0][0], &b[0][0], &c[0][0], &d[0][0]);
 }
 
 }  // namespace amdgcn

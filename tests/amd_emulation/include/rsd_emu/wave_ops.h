@@ -7,7 +7,7 @@
 //                              its index names. A source outside the width's segment falls back to the lane
 //                              itself (__shfl_xor), as HIP does; a source lane that does not exist fails.
 //   __builtin_amdgcn_mfma_*    rsd_emu/amdgcn_matrix.h, for a wave of 64
-//   __builtin_amdgcn_wmma_*    rsd_emu/amdgcn_matrix.h, for a wave of 32
+//   __builtin_amdgcn_wmma_*    rsd_emu/amdgcn_matrix.h, for a wave of 32 (gfx11's and gfx12's builtins)
 #pragma once
 
 #include <cstdint>
@@ -59,8 +59,10 @@ T __shfl(T var, int src_lane, int width = rsd_emu::wave_size()) {
 // ---- matrix instructions: the clang builtins' vector operand types ----
 namespace rsd_emu {
 typedef _Float16 half4 __attribute__((ext_vector_type(4)));
+typedef _Float16 half8 __attribute__((ext_vector_type(8)));
 typedef _Float16 half16 __attribute__((ext_vector_type(16)));
 typedef short short4 __attribute__((ext_vector_type(4)));
+typedef short short8 __attribute__((ext_vector_type(8)));
 typedef short short16 __attribute__((ext_vector_type(16)));
 typedef float float4 __attribute__((ext_vector_type(4)));
 typedef float float8 __attribute__((ext_vector_type(8)));
@@ -128,6 +130,13 @@ float8 wmma_16x16x16_w32(const char* name, amdgcn::Elem elem, const In& a, const
   });
 }
 
+template <class In, class Acc>
+float8 wmma_16x16x16_w32_gfx12(const char* name, amdgcn::Elem elem, const In& a, const In& b, const Acc& c) {
+  return matrix_instruction<32, 8, 8, float8>(name, a, b, c, [=](auto av, auto bv, auto cv, auto dv) {
+    amdgcn::wmma_f32_16x16x16_w32_gfx12(elem, av, bv, cv, dv);
+  });
+}
+
 }  // namespace rsd_emu
 
 #define __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, c, cbsz, abid, blgp) \
@@ -138,3 +147,7 @@ float8 wmma_16x16x16_w32(const char* name, amdgcn::Elem elem, const In& a, const
   ::rsd_emu::wmma_16x16x16_w32("v_wmma_f32_16x16x16_f16_w32", ::rsd_emu::amdgcn::Elem::f16, a, b, c)
 #define __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c) \
   ::rsd_emu::wmma_16x16x16_w32("v_wmma_f32_16x16x16_bf16_w32", ::rsd_emu::amdgcn::Elem::bf16, a, b, c)
+#define __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(a, b, c) \
+  ::rsd_emu::wmma_16x16x16_w32_gfx12("v_wmma_f32_16x16x16_f16 (gfx12)", ::rsd_emu::amdgcn::Elem::f16, a, b, c)
+#define __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(a, b, c) \
+  ::rsd_emu::wmma_16x16x16_w32_gfx12("v_wmma_f32_16x16x16_bf16 (gfx12)", ::rsd_emu::amdgcn::Elem::bf16, a, b, c)
