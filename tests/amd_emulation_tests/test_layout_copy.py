@@ -19,9 +19,9 @@ def emulated(request):
                                   rsd_emu_layout_copy_describe=argtypes)
 
 
-# (N, C, H, W), and the kernel layout_copy_describe reports for 16-bit types (vector width, tiles): whole 64 x 64 tiles (the tiled
-# kernel through shared memory); 72 channels by 9 x 40 (the register kernel's 8 x 8 blocks of 16-bit pairs, partial
-# blocks on both axes); widths 2 and 1 (6 channels by 5 x 6, 5 by 7 x 9 with batch 3).
+# (N, C, H, W), and the kernel layout_copy_describe reports for 16-bit types (vector width, tiles): whole 64 x 64
+# tiles (the tiled kernel through shared memory); 72 channels by 9 x 40 (the register kernel's 8 x 8 blocks of 16-bit
+# pairs, partial blocks on both axes); widths 2 and 1 (6 channels by 5 x 6, 5 by 7 x 9 with batch 3).
 SHAPES = [((2, 64, 8, 16), "vec=8 tile=64x64"), ((2, 72, 9, 40), "vec=8"), ((1, 6, 5, 6), "vec=2"),
           ((3, 5, 7, 9), "vec=1")]
 
