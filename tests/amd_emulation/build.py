@@ -98,7 +98,7 @@ def build(arch: str, families: list[str]) -> Path:
     if cxx is None:
         raise RuntimeError("no clang++ found")
     sources = [HIP / "runtime.hip"] + [HIP / f"{f}.hip" for f in families]
-    out_dir = cache_root() / f"{arch}-{_digest(arch, sources, cxx)}"
+    out_dir = cache_root() / f"{arch}-{families[0]}-{_digest(arch, sources, cxx)}"
     library = out_dir / "kernels.so"
     if library.exists():
         return library
@@ -119,14 +119,16 @@ def build(arch: str, families: list[str]) -> Path:
     tmp = out_dir / f"kernels.{os.getpid()}.so"
     subprocess.run([*flags, "-shared", *objects, "-o", str(tmp)], check=True, capture_output=True, text=True)
     tmp.replace(library)
-    _prune(arch, keep=out_dir)
+    _prune(arch, families[0], keep=out_dir)
     return library
 
 
-def _prune(arch: str, keep: Path, newest: int = 6) -> None:
-    """Removes all but the `newest` builds of `arch` (each source state makes one; worktrees share the cache, so
-    a few stay). A library another process has loaded stays mapped after its file is gone."""
-    builds = sorted(cache_root().glob(f"{arch}-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+def _prune(arch: str, family: str, keep: Path, newest: int = 6) -> None:
+    """Removes all but the `newest` builds of the library named by `family` (its first) for `arch` (each source
+    state makes one; worktrees share the cache, so a few stay). Per library, not per architecture: one test run
+    builds a library per kernel family, more than `newest`. A library another process has loaded stays mapped
+    after its file is gone."""
+    builds = sorted(cache_root().glob(f"{arch}-{family}-*"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in builds[newest:]:
         if old != keep:
             shutil.rmtree(old, ignore_errors=True)

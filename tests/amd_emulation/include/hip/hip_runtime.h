@@ -58,6 +58,12 @@ template <class A, class B>
 inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
 inline uint32_t __umulhi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }
 
+// ---- HIP's vector type float2, as far as kernels use it: members x, y, 8-byte aligned ----
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
 // ---- atomics with HIP memory scopes: host atomics (one coherent memory, scopes are moot) ----
 #define __HIP_MEMORY_SCOPE_AGENT 3
 namespace rsd_emu {
@@ -70,9 +76,17 @@ T atomic_load(const T* p, int order) {
 }  // namespace rsd_emu
 #define __hip_atomic_load(p, order, scope) ::rsd_emu::atomic_load(p, order)
 #define __hip_atomic_fetch_add(p, v, order, scope) __atomic_fetch_add(p, v, order)
+// HIP's atomicAdd: relaxed, device scope; returns the old value.
+template <class T>
+T atomicAdd(T* p, T v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 #define __builtin_amdgcn_s_sleep(n) ::rsd_emu::yield()
 // A scheduling hint for the compiler (what may move across it); nothing to execute.
 #define __builtin_amdgcn_sched_barrier(mask) ((void)(mask))
+// A kernel that traps (the resident GroupNorm's wait past its bound) fails its launch, as on the GPU, instead of
+// killing the process that runs the emulation.
+#define __builtin_trap() ::rsd_emu::fail("the kernel trapped (__builtin_trap)")
 
 // ---- runtime API ----
 enum hipError_t { hipSuccess = 0, hipErrorInvalidDevice = 101, hipErrorLaunchFailure = 719 };

@@ -1,0 +1,14 @@
+// C entry point of the emulated geglu (see rsd_emu/entry_point.h).
+#include "rocm_sd/api.h"
+#include "rsd_emu/entry_point.h"
+
+extern "C" {
+
+// x: (rows, 2 d) contiguous, y: (rows, d).
+const char* rsd_emu_geglu(const void* x, void* y, int dtype, int64_t rows, int64_t d) {
+  // Positional, in api.h's field order: x, y, dtype, rows, d, stream, device.
+  const rsd::GegluArgs a{x, y, rsd::DType(dtype), rows, d, nullptr, 0};
+  return rsd_emu::answer(rsd::geglu_forward(a));
+}
+
+}  // extern "C"
