@@ -86,11 +86,15 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
 
-  m.def("ck_group_norm_instances", [] {
-    py::list out;
-    for (const auto& inst : rsd::ck_group_norm_instances()) out.append(py::make_tuple(inst.name, inst.silu));
-    return out;
-  });
+  m.def(
+      "ck_group_norm_instances",
+      [](const std::string& arch) {
+        py::list out;
+        for (const auto& inst : rsd::ck_group_norm_instances(arch)) out.append(py::make_tuple(inst.name, inst.silu));
+        return out;
+      },
+      py::arg("arch") = "",
+      "(name, silu) of the Composable Kernel GroupNorm instances with code for `arch` (all in the build for \"\").");
 
   m.def(
       "ck_group_norm_forward",
@@ -270,8 +274,9 @@ PYBIND11_MODULE(_C, m) {
       "out = softmax(q k^T * scale) v over [batch, seq, heads, head_dim] views. mode 'check': why the kernel would "
       "refuse (or ''); 'describe': the instance and grid it would run.");
 
-  m.def("ck_attention_instances", &rsd::ck_attention_instances,
-        "Names of the Composable Kernel attention instances in this build (ROCm with CK headers; else none).");
+  m.def("ck_attention_instances", &rsd::ck_attention_instances, py::arg("arch") = "",
+        "Names of the Composable Kernel attention instances with code for `arch` (a GPU arch, e.g. gfx942; all "
+        "in the build for \"\"). ROCm builds with CK headers only; else none.");
 
   m.def(
       "ck_attention",
@@ -285,8 +290,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("strides"), py::arg("scale"), py::arg("stream"), py::arg("device"),
       "One Composable Kernel attention instance by name, on attention()'s arguments; raises why it cannot run.");
 
-  m.def("ck_linear_geglu_instances", &rsd::ck_linear_geglu_instances,
-        "Names of the Composable Kernel GEGLU-projection instances in this build (ROCm with CK headers; else none).");
+  m.def("ck_linear_geglu_instances", &rsd::ck_linear_geglu_instances, py::arg("arch") = "",
+        "Names of the Composable Kernel GEGLU-projection instances with code for `arch` (a GPU arch, e.g. "
+        "gfx942; all in the build for \"\"). ROCm builds with CK headers only; else none.");
 
   m.def(
       "ck_linear_geglu",
@@ -299,8 +305,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("n"), py::arg("k"), py::arg("x_stride"), py::arg("stream"), py::arg("device"),
       "out = (x W[:n]^T + b[:n]) * gelu(x W[n:]^T + b[n:]) by one CK instance; raises why it cannot run.");
 
-  m.def("ck_conv_bias_residual_instances", &rsd::ck_conv_bias_residual_instances,
-        "Names of the Composable Kernel convolution + bias + residual instances in this build (else none).");
+  m.def("ck_conv_bias_residual_instances", &rsd::ck_conv_bias_residual_instances, py::arg("arch") = "",
+        "Names of the Composable Kernel convolution + bias + residual instances with code for `arch` (a GPU "
+        "arch, e.g. gfx942; all in the build for \"\"). ROCm builds with CK headers only; else none.");
 
   m.def(
       "ck_conv_bias_residual",

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,18 +20,51 @@ namespace rsd {
 namespace {
 
 #if defined(ROCM_SD_WITH_CK)
+// Whether an entry compiled for `targets` (its registry row: "gfx942;gfx950") has code for a GPU of `arch`
+// (gcnArchName, "gfx942:sramecc+:xnack-", or its processor alone); every entry when `arch` is empty.
+bool built_for(const char* targets, const std::string& arch) {
+  if (arch.empty()) return true;
+  const std::string processor = arch.substr(0, arch.find(':'));
+  const std::string list = targets;
+  for (size_t start = 0; start <= list.size();) {
+    size_t end = list.find(';', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string target = list.substr(start, end - start);
+    if (target.substr(0, target.find(':')) == processor) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+// The GPU's gcnArchName, asked once per device (the runtime's property query is slow); "" if it cannot say.
+std::string arch_of(int device) {
+  static std::mutex mutex;
+  static std::string cached[64];
+  if (device < 0 || device >= 64) return std::string();
+  std::lock_guard<std::mutex> lock(mutex);
+  DeviceInfo info;
+  if (cached[device].empty() && device_info(device, &info).empty()) cached[device] = info.arch;
+  return cached[device];
+}
+
 template <typename Table>
-std::vector<std::string> names_of(const Table& table) {
+std::vector<std::string> names_of(const Table& table, const std::string& arch) {
   std::vector<std::string> out;
-  for (const auto& entry : table) out.push_back(entry.name);
+  for (const auto& entry : table)
+    if (built_for(entry.targets, arch)) out.push_back(entry.name);
   return out;
 }
 
-// Runs the instance of `table` named `name` on `device`: "" on success, else why it could not.
+// Runs the instance of `table` named `name` on `device`: "" on success, else why it could not (among the
+// reasons: the device's arch is not one the instance was compiled for, whose code object would lack it).
 template <typename Table, typename Args>
 std::string run_named(const Table& table, const std::string& name, int device, const Args& args) {
   for (const auto& entry : table) {
     if (name != entry.name) continue;
+    const std::string arch = arch_of(device);
+    if (arch.empty()) return "cannot read the architecture of GPU " + std::to_string(device);
+    if (!built_for(entry.targets, arch))
+      return name + " is built for " + entry.targets + " only, not for this GPU (" + arch + ")";
     DeviceGuard guard(device);
     const char* why = entry.run(args);
     if (why != nullptr) return why;
@@ -56,10 +90,13 @@ std::string without_ck(const std::string& name) {
 
 }  // namespace
 
-std::vector<CkGroupNormInstance> ck_group_norm_instances() {
+std::vector<CkGroupNormInstance> ck_group_norm_instances(const std::string& arch) {
   std::vector<CkGroupNormInstance> out;
 #if defined(ROCM_SD_WITH_CK)
-  for (const auto& entry : ck::kGroupNormInstances) out.push_back({entry.name, entry.silu});
+  for (const auto& entry : ck::kGroupNormInstances)
+    if (built_for(entry.targets, arch)) out.push_back({entry.name, entry.silu});
+#else
+  (void)arch;
 #endif
   return out;
 }
@@ -74,10 +111,11 @@ std::string ck_group_norm_forward(const std::string& name, const CkGroupNormCall
 #endif
 }
 
-std::vector<std::string> ck_attention_instances() {
+std::vector<std::string> ck_attention_instances(const std::string& arch) {
 #if defined(ROCM_SD_WITH_CK)
-  return names_of(ck::kAttentionInstances);
+  return names_of(ck::kAttentionInstances, arch);
 #else
+  (void)arch;
   return {};
 #endif
 }
@@ -104,10 +142,11 @@ std::string ck_attention_forward(const std::string& name, const AttentionArgs& a
 #endif
 }
 
-std::vector<std::string> ck_linear_geglu_instances() {
+std::vector<std::string> ck_linear_geglu_instances(const std::string& arch) {
 #if defined(ROCM_SD_WITH_CK)
-  return names_of(ck::kLinearGegluInstances);
+  return names_of(ck::kLinearGegluInstances, arch);
 #else
+  (void)arch;
   return {};
 #endif
 }
@@ -125,10 +164,11 @@ std::string ck_linear_geglu_forward(const std::string& name, const CkLinearGeglu
 #endif
 }
 
-std::vector<std::string> ck_conv_bias_residual_instances() {
+std::vector<std::string> ck_conv_bias_residual_instances(const std::string& arch) {
 #if defined(ROCM_SD_WITH_CK)
-  return names_of(ck::kConvBiasResidualInstances);
+  return names_of(ck::kConvBiasResidualInstances, arch);
 #else
+  (void)arch;
   return {};
 #endif
 }

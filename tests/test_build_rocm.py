@@ -78,13 +78,18 @@ def cmake_build(build: pathlib.Path, targets: str, ck_root: str) -> pathlib.Path
 
 @pytest.fixture(scope="module")
 def hip_build(tmp_path_factory):
-    """_C for the default GPU_TARGETS, without CK instances (they are built for CDNA only: ck_build)."""
+    """_C for the default GPU_TARGETS, without CK instances (ck_build builds those, for fewer targets)."""
     sid_root()
     return cmake_build(tmp_path_factory.mktemp("hip_build"), "", "")
 
 
-# CK's instances are XDL (MFMA) device ops: on RDNA they compile to empty kernels, so CDNA3 / CDNA4 only.
-CK_TARGETS = ["gfx942", "gfx950"]
+# CK's GEMM, attention and convolution instances come as XDL (MFMA: CDNA) and WMMA (RDNA3/4) device ops, each
+# compiled only for its own targets (ck_templates/instances.py): CDNA3 / CDNA4 and RDNA3 / RDNA4, in one build
+# (its non-CK sources compiled once for the four, where two builds would compile their host code twice).
+CK_TARGETS = ["gfx942", "gfx950", "gfx1100", "gfx1201"]
+# CK's instruction-cache flush, which the WMMA GEMM's invoker compiles in for CK's timing runs (StreamConfig
+# flush_cache, never set by rocm_sd): a helper kernel, not an instance's, with no matrix work.
+CK_HELPER_KERNELS = {"ck::flush_icache"}
 
 
 @pytest.fixture(scope="module")
@@ -269,44 +274,79 @@ def ck_id(name: str) -> str:
     return f"{re.sub(r'<.*', '', name)}#{hashlib.sha1(name.encode()).hexdigest()[:10]}"
 
 
-def test_ck_instances_are_linked_and_listed_for_cdna(ck_build, ck_table):
-    """Every generated instance is compiled for gfx942 and gfx950 by clang 21, linked into _C and listed by it."""
+def _ck_instance_names(arch: str = "") -> dict[str, list[str]]:
+    """What each _C listing function must list for a GPU of `arch` ("": every instance in the build)."""
     from ck_templates.instances import (ATTENTION_INSTANCES, CONV_BIAS_RESIDUAL_INSTANCES, GROUP_NORM_INSTANCES,
-                                        LINEAR_GEGLU_INSTANCES)
+                                        LINEAR_GEGLU_INSTANCES, built_targets)
 
-    expected = {"ck_group_norm_instances": len(GROUP_NORM_INSTANCES),
-                "ck_attention_instances": len(ATTENTION_INSTANCES),
-                "ck_linear_geglu_instances": len(LINEAR_GEGLU_INSTANCES),
-                "ck_conv_bias_residual_instances": len(CONV_BIAS_RESIDUAL_INSTANCES)}
+    def names(instances):
+        return [i.name for i in instances if built_targets(i.family, [arch] if arch else CK_TARGETS)]
+
+    return {"ck_group_norm_instances": names(GROUP_NORM_INSTANCES),
+            "ck_attention_instances": names(ATTENTION_INSTANCES),
+            "ck_linear_geglu_instances": names(LINEAR_GEGLU_INSTANCES),
+            "ck_conv_bias_residual_instances": names(CONV_BIAS_RESIDUAL_INSTANCES)}
+
+
+def test_ck_instances_are_linked_and_listed_per_arch(ck_build, ck_table):
+    """Every generated instance is compiled by clang 21 for its family's targets only (XDL: gfx942 / gfx950, WMMA:
+    gfx1100 / gfx1201, GroupNorm: all four), linked into _C and listed by it: for a GPU arch, exactly the
+    instances with code for it (an XDL instance on gfx1100 would be an empty kernel, and so would a WMMA one on
+    gfx942); for no arch, all of them."""
     probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _C; "
-             "print(json.dumps({f: len(getattr(_C, f)()) for f in sys.argv[2:]}))")
-    result = in_root("/usr/bin/python3", "-c", probe, ck_build.parent, *expected, env={"LD_BIND_NOW": "1"})
+             "print(json.dumps({a: {f: [i if isinstance(i, str) else i[0] for i in getattr(_C, f)(a)] "
+             "for f in sys.argv[3:]} for a in json.loads(sys.argv[2])}))")
+    arches = ["", *CK_TARGETS, "gfx942:sramecc+:xnack-", "gfx90a", "gfx1030"]
+    result = in_root("/usr/bin/python3", "-c", probe, ck_build.parent, json.dumps(arches), *_ck_instance_names(),
+                     env={"LD_BIND_NOW": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert json.loads(result.stdout) == expected
+    listed = json.loads(result.stdout)
+    for arch in arches:
+        # gfx90a (CDNA2) is an XDL target, but not one of this build's: nothing but the build's own targets lists.
+        want = _ck_instance_names(arch) if arch in ("", *CK_TARGETS) or ":" in arch else \
+            {f: [] for f in _ck_instance_names()}
+        assert listed[arch] == want, arch
+    assert any("_wmma_" in n for n in listed["gfx1100"]["ck_attention_instances"])
+    assert not any("_wmma_" in n for n in listed["gfx942"]["ck_attention_instances"])
+    families = {"all": sorted(CK_TARGETS), "xdl": ["gfx942", "gfx950"], "wmma": ["gfx1100", "gfx1201"]}
+    seen = set()
     for bundle, entries in ck_table["bundles"].items():
-        assert sorted(e.rsplit("-", 1)[-1] for e in entries if e.startswith("hip")) == CK_TARGETS, bundle
+        targets = sorted(e.rsplit("-", 1)[-1] for e in entries if e.startswith("hip"))
+        assert targets in families.values(), f"{bundle}: {targets}"
+        seen.add(tuple(targets))
+    assert seen == {tuple(t) for t in families.values()}, "a family's sources are missing"
     for arch in CK_TARGETS:
-        assert len(_ck_kernels(ck_table, arch)) >= sum(expected.values()), f"{arch}: CK kernels missing"
+        instances = sum(len(names) for names in _ck_instance_names(arch).values())
+        assert len(_ck_kernels(ck_table, arch)) >= instances, f"{arch}: CK kernels missing"
 
 
-def test_ck_kernels_use_mfma_without_scratch_beyond_the_known_gaps(ck_table):
-    """CK's GEMM, attention and convolution kernels run on MFMA (its normalization kernels have no matrix work),
-    hold no scratch or spilled registers and are not empty, except the listed gaps (by ck_id), and fit the
-    arch's LDS. An empty kernel (a body the CK headers compile away for this target) would leave its output
-    unwritten: the tuner's check against a float64 truth refuses it, and it must never become a default."""
+def test_ck_kernels_use_the_arch_matrix_units_without_scratch_beyond_the_known_gaps(ck_table):
+    """CK's GEMM, attention and convolution kernels run on the arch's matrix instructions (v_mfma on gfx942 /
+    gfx950, v_wmma on gfx1100 / gfx1201; its normalization kernels have no matrix work), hold no scratch or
+    spilled registers and are not empty, except the listed gaps (by ck_id), and fit the arch's LDS. An empty
+    kernel (a body the CK headers compile away for this target) would leave its output unwritten: the tuner's
+    check against a float64 truth refuses it, and it must never become a default."""
     scratch, sgpr, empty = {}, {}, {}
     for arch in CK_TARGETS:
-        kernels = _ck_kernels(ck_table, arch)
+        kernels = [k for k in _ck_kernels(ck_table, arch) if k["name"] not in CK_HELPER_KERNELS]
         scratch[f"ck:{arch}"] = [ck_id(k["name"]) for k in kernels if k["scratch"] or k["vgpr_spill"]
                                  or k["dynamic_stack"]]
         sgpr[f"ck:{arch}"] = [ck_id(k["name"]) for k in kernels if k["sgpr_spill"] and not (k["scratch"]
                                                                                              or k["vgpr_spill"])]
         empty[f"ck:{arch}"] = [ck_id(k["name"]) for k in kernels if k["vgpr"] == 0]
-        without_mfma = [k["name"] for k in kernels if k["vgpr"] and "normalization" not in k["name"]
-                        and k["matrix"] != "v_mfma"]
-        assert not without_mfma, f"{arch}: CK kernels without MFMA: {without_mfma}"
+        want = MATRIX.get(arch, "v_wmma")
+        without = [k["name"] for k in kernels if k["vgpr"] and "normalization" not in k["name"] and k["matrix"] != want]
+        assert not without, f"{arch}: CK kernels without {want}: {without}"
+        # Each GEMM / attention / convolution instance has kernels with real matrix code here (a GEGLU instance two).
+        with_matrix = sum(1 for k in kernels if k["matrix"] == want)
+        names = _ck_instance_names(arch)
+        needed = len(names["ck_attention_instances"]) + 2 * len(names["ck_linear_geglu_instances"]) + \
+            len(names["ck_conv_bias_residual_instances"])
+        assert with_matrix >= needed, f"{arch}: {with_matrix} CK kernels with {want}, want at least {needed}"
         over = [k["name"] for k in kernels if k["lds"] > LDS_LIMIT.get(arch, 64 * 1024)]
         assert not over, f"{arch}: CK kernels over the LDS limit: {over}"
+    helpers = [k for arch in CK_TARGETS for k in _ck_kernels(ck_table, arch) if k["name"] in CK_HELPER_KERNELS]
+    assert all(k["instructions"] < 64 and not k["scratch"] for k in helpers), helpers
     _gap_check("scratch", scratch, ck=True)
     _gap_check("sgpr_spills", sgpr, ck=True)
     _gap_check("ck_empty", empty, ck=True)

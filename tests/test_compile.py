@@ -17,7 +17,7 @@ def test_optimized_unet_compiles_fullgraph_when_the_ck_listing_is_opaque(monkeyp
     empty.mkdir()
     hosting = [importlib.import_module(f"rocm_sd.ops.{name}") for name in ("conv_bias_residual", "linear_geglu")]
     for module in hosting:
-        monkeypatch.setattr(module, "ck_listing", lambda function: os.listdir(empty))
+        monkeypatch.setattr(module, "ck_listing", lambda function, device=None: os.listdir(empty))
         module.ck_instances.cache_clear()
     try:
         pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)

@@ -38,8 +38,8 @@ def test_builds_with_ck_instances_tune_the_ops_that_host_them(monkeypatch):
 
     geglu_module = importlib.import_module("rocm_sd.ops.linear_geglu")
     conv_module = importlib.import_module("rocm_sd.ops.conv_bias_residual")
-    monkeypatch.setattr(geglu_module, "ck_instances", lambda: ("ck_linear_geglu_f16_stand_in",))
-    monkeypatch.setattr(conv_module, "ck_instances", lambda: ("ck_conv_bias_residual_f16_stand_in",))
+    monkeypatch.setattr(geglu_module, "ck_instances", lambda device=None: ("ck_linear_geglu_f16_stand_in",))
+    monkeypatch.setattr(conv_module, "ck_instances", lambda device=None: ("ck_conv_bias_residual_f16_stand_in",))
     monkeypatch.setattr(problems, "linear_geglu_ck_instances", geglu_module.ck_instances)
     monkeypatch.setattr(problems, "conv_ck_instances", conv_module.ck_instances)
     pipe = rocm_sd.optimize(models.build_sd_pipeline("tiny"), cuda_graph=False)

@@ -187,11 +187,16 @@ def run_ck_hosted(op: str, ck: str | None, tuned: str | None, run_ck, run_torch,
     return run_composed()
 
 
-def ck_listing(function: str) -> list:
+def ck_listing(function: str, device: torch.device | None = None) -> list:
     """What _C's `function` (ck_group_norm_instances, ck_attention_instances) lists: the Composable Kernel
-    instances of ROCm builds with CK headers (ck_templates/); empty without them or without _C."""
+    instances of ROCm builds with CK headers (ck_templates/); empty without them or without _C. For a GPU
+    `device`, those with code for its arch (XDL instances on CDNA, WMMA ones on RDNA3/4); else all in the build."""
     listing = getattr(_ext._C, function, None) if _ext._C is not None else None
-    return list(listing()) if listing is not None else []
+    if listing is None:
+        return []
+    from .. import platform
+
+    return list(listing(platform.device_arch(device) if device is not None and device.type == "cuda" else ""))
 
 
 # ---- calling an op without torch's dispatcher --------------------------------------------------------------

@@ -194,10 +194,10 @@ def attention_kernel(q, k, v, scale: float, out: torch.Tensor | None = None, ins
     return y
 
 
-def ck_instances() -> list[str]:
-    """The Composable Kernel attention instances in this build: ROCm builds with CK headers only
-    (ck_templates/); empty elsewhere."""
-    return ck_listing("ck_attention_instances")
+def ck_instances(device: torch.device | None = None) -> list[str]:
+    """The Composable Kernel attention instances in this build (those with code for `device`'s GPU, given one):
+    ROCm builds with CK headers only (ck_templates/); empty elsewhere."""
+    return ck_listing("ck_attention_instances", device)
 
 
 def ck_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> list[str]:
@@ -246,7 +246,7 @@ def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
     check_args(q, k, v)
     tuned = tuned_choice_for(OP, q.device, (q, k, v, scale))
     choice = tuned if tuned is not None else dispatch.TORCH
-    if dispatch.ck_instance(choice) in ck_instances() and not ck_reasons(q, k, v, scale):
+    if dispatch.ck_instance(choice) in ck_instances(q.device) and not ck_reasons(q, k, v, scale):
         return [], choice, choice
     instance = choice.partition(":")[2] if choice.startswith(dispatch.KERNEL + ":") else ""
     return supports(q, k, v, scale, instance), choice, instance

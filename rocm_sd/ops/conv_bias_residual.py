@@ -38,9 +38,10 @@ def conv_bias_residual_composed(x, weight, bias, residual, scale, pad_h, pad_w) 
 
 
 @cache
-def ck_instances() -> tuple[str, ...]:
-    """Names of the CK convolution + bias + residual instances in this build: ROCm builds with CK headers only."""
-    return tuple(ck_listing("ck_conv_bias_residual_instances"))
+def ck_instances(device: torch.device | None = None) -> tuple[str, ...]:
+    """Names of the CK convolution + bias + residual instances in this build (those with code for `device`'s GPU,
+    given one): ROCm builds with CK headers only."""
+    return tuple(ck_listing("ck_conv_bias_residual_instances", device))
 
 
 def _out_shape(x, weight, pad_h, pad_w) -> tuple[int, ...]:
@@ -71,7 +72,8 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residu
 
 @torch.compiler.assume_constant_result  # asked inside patched forwards: torch.compile must not trace into _C
 def hosts_ck() -> bool:
-    """Whether this build has CK instances for the op: the patched modules route through it only then."""
+    """Whether this build has CK instances for the op (for any of its GPU targets): the patched modules route
+    through it only then (on a GPU none of them is built for, the op runs its composed default)."""
     return bool(ck_instances())
 
 
@@ -115,7 +117,7 @@ def conv_bias_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     args = (x, weight, bias, residual, scale, pad_h, pad_w)
     def plan():
         dtype = check_args(x, weight, bias, residual, pad_h, pad_w)
-        return (dtype, *ck_hosted_plan(OP, x.device, args, ck_instances(),
+        return (dtype, *ck_hosted_plan(OP, x.device, args, ck_instances(x.device),
                                        lambda: ck_reasons(x, weight, bias, residual, pad_h, pad_w)))
 
     key = (tensor_key(x), tensor_key(weight), tensor_key(bias), tensor_key(residual), pad_h, pad_w)

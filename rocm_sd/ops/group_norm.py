@@ -124,10 +124,10 @@ def group_norm_kernel(x: torch.Tensor, num_groups: int, weight: torch.Tensor | N
     return y
 
 
-def ck_instances() -> list[tuple[str, bool]]:
-    """(name, silu) of the Composable Kernel GroupNorm instances in this build: ROCm builds with CK headers
-    only (ck_templates/); empty elsewhere."""
-    return [tuple(i) for i in ck_listing("ck_group_norm_instances")]
+def ck_instances(device: torch.device | None = None) -> list[tuple[str, bool]]:
+    """(name, silu) of the Composable Kernel GroupNorm instances in this build (those with code for `device`'s
+    GPU, given one): ROCm builds with CK headers only (ck_templates/); empty elsewhere."""
+    return [tuple(i) for i in ck_listing("ck_group_norm_instances", device)]
 
 
 def ck_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -168,7 +168,8 @@ def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
         if reasons:
             return reasons, None, "auto", None
         tuned = tuned_choice_for(OP, x.device, (x, num_groups, weight, bias, eps, silu, input_bias))
-        if (dispatch.ck_instance(tuned), silu) in ck_instances() and not ck_reasons(x, weight, bias, input_bias):
+        ck_runs = (dispatch.ck_instance(tuned), silu) in ck_instances(x.device)
+        if ck_runs and not ck_reasons(x, weight, bias, input_bias):
             return reasons, tuned, tuned, None  # the tuner measured this CK instance fastest here
         path = tuned.partition(":")[2] if tuned and tuned.startswith(dispatch.KERNEL + ":") else "auto"
         try:

@@ -35,14 +35,16 @@ def linear_geglu_composed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 @cache
-def ck_instances() -> tuple[str, ...]:
-    """Names of the CK GEGLU-projection instances in this build: ROCm builds with CK headers only."""
-    return tuple(ck_listing("ck_linear_geglu_instances"))
+def ck_instances(device: torch.device | None = None) -> tuple[str, ...]:
+    """Names of the CK GEGLU-projection instances in this build (those with code for `device`'s GPU, given one):
+    ROCm builds with CK headers only."""
+    return tuple(ck_listing("ck_linear_geglu_instances", device))
 
 
 @torch.compiler.assume_constant_result  # asked inside patched forwards: torch.compile must not trace into _C
 def hosts_ck() -> bool:
-    """Whether this build has CK instances for the op: the patched modules route through it only then."""
+    """Whether this build has CK instances for the op (for any of its GPU targets): the patched modules route
+    through it only then (on a GPU none of them is built for, the op runs its composed default)."""
     return bool(ck_instances())
 
 
@@ -97,7 +99,8 @@ _plans = PlanCache()
 def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     def plan():
         check_args(x, weight, bias)
-        return ck_hosted_plan(OP, x.device, (x, weight, bias), ck_instances(), lambda: ck_reasons(x, weight, bias))
+        return ck_hosted_plan(OP, x.device, (x, weight, bias), ck_instances(x.device),
+                              lambda: ck_reasons(x, weight, bias))
 
     ck, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(weight), tensor_key(bias)), plan)
     return run_ck_hosted(OP, ck, tuned, lambda name: linear_geglu_ck(name, x, weight, bias),

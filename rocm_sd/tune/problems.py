@@ -54,6 +54,12 @@ def _meta(arg):
     return arg
 
 
+def _device(arg) -> torch.device | None:
+    """The device of a real argument (the CK instances offered are those with code for its GPU's arch); None for
+    a recorded spec (every instance in the build)."""
+    return arg.device if isinstance(arg, torch.Tensor) else None
+
+
 def _dtype(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -93,7 +99,7 @@ def _group_norm_candidates(x, num_groups, weight, bias, eps, silu, input_bias=No
     candidates = {TORCH: group_norm_ref, "rocm_sd:resident": kernel("resident"), "rocm_sd:split": kernel("split")}
     meta = [_meta(a) for a in (x, weight, bias, input_bias)]
     if not ck_reasons(*meta):  # Composable Kernel instances (ROCm builds with CK only)
-        for name, act_silu in ck_instances():
+        for name, act_silu in ck_instances(_device(x)):
             if act_silu == silu:
                 candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: group_norm_ck(_name, *a[:4], a[4])
     return candidates
@@ -152,7 +158,7 @@ def _attention_candidates(q, k, v, scale) -> dict:
             if attention_instance_fits(name, meta[0].dtype, meta[0].shape[-1]):
                 candidates[f"rocm_sd:{name}"] = lambda *a, _name=name: attention_kernel(*a, instance=_name)
     if not attention_ck_reasons(*meta, scale):
-        for name in attention_ck_instances():
+        for name in attention_ck_instances(_device(q)):
             candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: attention_ck(_name, *a)
     return candidates
 
@@ -169,7 +175,7 @@ def _linear_geglu_key(x, weight, bias) -> str:
 def _linear_geglu_candidates(x, weight, bias) -> dict:
     candidates = {TORCH: linear_geglu_ref, "rocm_sd": linear_geglu_composed}
     if not linear_geglu_ck_reasons(*[_meta(t) for t in (x, weight, bias)]):
-        for name in linear_geglu_ck_instances():
+        for name in linear_geglu_ck_instances(_device(x)):
             candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: linear_geglu_ck(_name, *a)
     return candidates
 
@@ -183,7 +189,7 @@ def _conv_bias_residual_key(x, weight, bias, residual, scale, pad_h, pad_w) -> s
 def _conv_bias_residual_candidates(x, weight, bias, residual, scale, pad_h, pad_w) -> dict:
     candidates = {TORCH: conv_bias_residual_ref, "rocm_sd": conv_bias_residual_composed}
     if not conv_ck_reasons(*[_meta(t) for t in (x, weight, bias, residual)], pad_h, pad_w):
-        for name in conv_ck_instances():
+        for name in conv_ck_instances(_device(x)):
             candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: conv_bias_residual_ck(_name, *a)
     return candidates
 

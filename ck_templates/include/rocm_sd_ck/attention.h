@@ -18,4 +18,10 @@ struct AttentionArgs {
 
 using AttentionInstanceEntry = InstanceEntry<AttentionArgs>;
 
+// Whether a tensor of `stride` (batch, sequence, head; elements) is a packed [batch, len, heads, dim] one: what
+// the WMMA instances take (a batch of one needs no batch stride).
+inline bool packed_bshd(const int stride[3], int batch, int len, int heads, int dim) {
+  return stride[2] == dim && stride[1] == heads * dim && (batch == 1 || stride[0] == len * heads * dim);
+}
+
 }  // namespace rsd::ck

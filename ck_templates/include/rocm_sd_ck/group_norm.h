@@ -20,6 +20,7 @@ using GroupNormFn = const char* (*)(const GroupNormArgs&);
 struct GroupNormInstanceEntry {
   const char* name;
   bool silu;
+  const char* targets;  // as InstanceEntry's (instance_entry.h): every target, GroupNorm being plain HIP
   GroupNormFn run;
 };
 

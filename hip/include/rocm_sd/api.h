@@ -178,12 +178,14 @@ std::string attention_forward(const AttentionArgs& a);
 
 // ---------------------------------------------------------------------------------------------
 // ck_backend.hip: the Composable Kernel instances built into _C (ROCm builds with CK headers only;
-// elsewhere the list is empty). GroupNorm(+SiLU) over channels_last fp16 x, fp16 gamma/beta.
+// elsewhere the lists are empty). Each list takes a GPU arch (gcnArchName, target features allowed): the
+// instances with code for it (XDL ones on CDNA, WMMA ones on RDNA3/4, GroupNorm everywhere), or, for "",
+// every instance in the build. GroupNorm(+SiLU) over channels_last fp16 x, fp16 gamma/beta.
 struct CkGroupNormInstance {
   std::string name;  // encodes every template parameter (ck_templates/instances.py)
   bool silu;
 };
-std::vector<CkGroupNormInstance> ck_group_norm_instances();
+std::vector<CkGroupNormInstance> ck_group_norm_instances(const std::string& arch);
 struct CkGroupNormCall {
   const void* x;
   const void* gamma;
@@ -197,8 +199,9 @@ struct CkGroupNormCall {
 // Empty string on success, else why the instance cannot run this call (or does not exist).
 std::string ck_group_norm_forward(const std::string& name, const CkGroupNormCall& a);
 
-// Attention (batched GEMM-softmax-GEMM, XDL) over fp16 q, k, v in attention_forward's layout and strides.
-std::vector<std::string> ck_attention_instances();
+// Attention (batched GEMM-softmax-GEMM, XDL or WMMA) over fp16 q, k, v in attention_forward's layout and strides
+// (WMMA: packed ones only).
+std::vector<std::string> ck_attention_instances(const std::string& arch);
 // Empty string on success, else why the instance cannot run this call (or does not exist).
 std::string ck_attention_forward(const std::string& name, const AttentionArgs& a);
 
@@ -214,7 +217,7 @@ struct CkLinearGegluCall {
   void* stream;
   int device;
 };
-std::vector<std::string> ck_linear_geglu_instances();
+std::vector<std::string> ck_linear_geglu_instances(const std::string& arch);
 // Empty string on success, else why the instance cannot run this call (or does not exist).
 std::string ck_linear_geglu_forward(const std::string& name, const CkLinearGegluCall& a);
 
@@ -231,7 +234,7 @@ struct CkConvBiasResidualCall {
   void* stream;
   int device;
 };
-std::vector<std::string> ck_conv_bias_residual_instances();
+std::vector<std::string> ck_conv_bias_residual_instances(const std::string& arch);
 // Empty string on success, else why the instance cannot run this call (or does not exist).
 std::string ck_conv_bias_residual_forward(const std::string& name, const CkConvBiasResidualCall& a);
 
