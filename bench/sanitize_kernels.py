@@ -9,7 +9,7 @@ statistics, finalize), the vector widths 8/4/2/1, and every attention instance w
 import torch
 
 from rocm_sd.ops.attention import attention_kernel, instance_fits, instances
-from rocm_sd.ops.bias_add import bias_residual_kernel
+from rocm_sd.ops.bias_residual import bias_residual_kernel
 from rocm_sd.ops.geglu import geglu_kernel
 from rocm_sd.ops.group_norm import group_norm_kernel
 from rocm_sd.ops.layer_norm import add_layer_norm_kernel, layer_norm_kernel

@@ -19,7 +19,7 @@ def _version(dist: str) -> str:
 
 def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
     """Why each op would fall back on `device`, for a typical SD input."""
-    from .ops.bias_add import supports as bias_residual_supports
+    from .ops.bias_residual import supports as bias_residual_supports
     from .ops.geglu import supports as geglu_supports
     from .ops.group_norm import supports as group_norm_supports
     from .ops.layer_norm import supports as layer_norm_supports

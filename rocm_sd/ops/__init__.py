@@ -1,7 +1,7 @@
 """rocm_sd custom ops. Importing this package registers every `torch.ops.rocm_sd.*` op."""
 from .attention import attention, attention_ref  # noqa: F401
 from .attention import kernel_may_run as attention_kernel_may_run  # noqa: F401
-from .bias_add import bias_residual, bias_residual_ref  # noqa: F401
+from .bias_residual import bias_residual, bias_residual_ref  # noqa: F401
 from .conv_bias_residual import conv_bias_residual, conv_bias_residual_ref  # noqa: F401
 from .geglu import geglu, geglu_ref  # noqa: F401
 from .group_norm import group_norm, group_norm_ref  # noqa: F401

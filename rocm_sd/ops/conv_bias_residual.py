@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext
-from . import bias_add
+from .bias_residual import bias_residual, bias_residual_ref
 from ._checks import check_floating, check_same_device, fail
 from ._common import (NHWC, PlanCache, ck_hosted_plan, ck_listing, custom_op, layout_of, output_like, run_ck_hosted,
                       stream_handle, tensor_key)
@@ -27,13 +27,13 @@ OP = "conv_bias_residual"
 def conv_bias_residual_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                            scale: float, pad_h: int, pad_w: int) -> torch.Tensor:
     """The convolution without bias, then rocm_sd::bias_residual's reference; differentiable."""
-    return bias_add.bias_residual_ref(F.conv2d(x, weight, None, 1, (pad_h, pad_w)), residual, bias, scale)
+    return bias_residual_ref(F.conv2d(x, weight, None, 1, (pad_h, pad_w)), residual, bias, scale)
 
 
 def conv_bias_residual_composed(x, weight, bias, residual, scale, pad_h, pad_w) -> torch.Tensor:
     """The default path: the vendor convolution, then rocm_sd::bias_residual (which dispatches and counts itself).
     The result has the residual's layout (what the fake kernel promises) whatever layout the convolution chose."""
-    y = bias_add.bias_residual.call(F.conv2d(x, weight, None, 1, (pad_h, pad_w)), residual, bias, scale)
+    y = bias_residual.call(F.conv2d(x, weight, None, 1, (pad_h, pad_w)), residual, bias, scale)
     return y if y.stride() == residual.stride() else output_like(residual, y.dtype).copy_(y)
 
 

@@ -21,8 +21,8 @@ from ..ops.attention import input_reasons as attention_input_reasons
 from ..ops.attention import instance_fits as attention_instance_fits
 from ..ops.attention import instances as attention_instances
 from ..ops.attention import supports as attention_supports
-from ..ops.bias_add import bias_residual_kernel, bias_residual_ref
-from ..ops.bias_add import supports as bias_residual_supports
+from ..ops.bias_residual import bias_residual_kernel, bias_residual_ref
+from ..ops.bias_residual import supports as bias_residual_supports
 from ..ops.conv_bias_residual import ck_instances as conv_ck_instances
 from ..ops.conv_bias_residual import ck_reasons as conv_ck_reasons
 from ..ops.conv_bias_residual import conv_bias_residual_ck, conv_bias_residual_composed, conv_bias_residual_ref

@@ -1,4 +1,4 @@
-"""bias_residual (hip/bias_add.hip) under the emulation, NCHW and NHWC."""
+"""bias_residual (hip/bias_residual.hip) under the emulation, NCHW and NHWC."""
 
 import ctypes
 
@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from rocm_sd.ops._common import DTYPE_CODES, NCHW, NHWC, within_tolerance
-from rocm_sd.ops.bias_add import bias_residual_ref
+from rocm_sd.ops.bias_residual import bias_residual_ref
 from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, run
-from tests.ops.test_bias_add import make
+from tests.ops.test_bias_residual import make
 
 pytestmark = MARKS
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["bias_add"], rsd_emu_bias_residual=[ctypes.c_void_p] * 4 + [
+    return request.param, library(request.param, ["bias_residual"], rsd_emu_bias_residual=[ctypes.c_void_p] * 4 + [
         ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_float])
 
 

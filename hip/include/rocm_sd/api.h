@@ -85,7 +85,7 @@ std::string geglu_check(const GegluArgs& a);
 std::string geglu_forward(const GegluArgs& a);
 
 // ---------------------------------------------------------------------------------------------
-// bias_add.hip: y = (x + residual + bias[c]) * scale, x / residual / y of one shape and layout
+// bias_residual.hip: y = (x + residual + bias[c]) * scale, x / residual / y of one shape and layout
 struct BiasResidualArgs {
   const void* x;
   const void* residual;

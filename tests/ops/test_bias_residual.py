@@ -3,7 +3,7 @@ import torch
 
 from rocm_sd import config, dispatch
 from rocm_sd.ops._common import within_tolerance
-from rocm_sd.ops.bias_add import bias_residual_kernel, bias_residual_ref, input_reasons, supports
+from rocm_sd.ops.bias_residual import bias_residual_kernel, bias_residual_ref, input_reasons, supports
 
 SHAPES = [(2, 320, 64, 64), (2, 1280, 8, 8), (1, 128, 512, 512), (3, 5, 7, 9), (2, 36, 1, 1)]
 
