@@ -135,22 +135,28 @@ ATTENTION_CASES = [(3, 77, 77, 2, 40, ""), (1, 33, 17, 2, 8, ""), (2, 20, 77, 1,
                    (1, 1, 1, 1, 512, "")]
 
 
+def run_attention(library, case, dtype):
+    """Runs one ATTENTION_CASES-style case on the emulated library: (the kernel's error, out, float64 truth,
+    same-precision reference). The output starts as NaN: every element must be written."""
+    batch, q_len, kv_len, heads, dim, instance = case
+    q, k, v = make_qkv(batch, q_len, kv_len, heads, dim, dtype, "cpu")
+    scale = 1.0 / math.sqrt(dim)
+    out = torch.full(q.shape, float("nan"), dtype=dtype)
+    strides = (ctypes.c_int64 * 12)(*[s for t in (q, k, v, out) for s in t.stride()[:3]])
+    error = library.rsd_emu_attention(_ptr(q), _ptr(k), _ptr(v), _ptr(out), DTYPES[dtype], batch, heads, q_len, kv_len,
+                                      dim, strides, scale, instance.encode()).decode()
+    return error, out, attention_ref(q.double(), k.double(), v.double(), scale), attention_ref(q, k, v, scale)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", ATTENTION_CASES, ids=str)
 def test_attention(emulated_attention, case, dtype):
     arch, library = emulated_attention
-    batch, q_len, kv_len, heads, dim, instance = case
-    if instance and dtype == torch.bfloat16:
-        instance = instance.replace("f16_", "bf16_", 1)
-    q, k, v = make_qkv(batch, q_len, kv_len, heads, dim, dtype, "cpu")
-    scale = 1.0 / math.sqrt(dim)
-    out = torch.full(q.shape, float("nan"), dtype=dtype)  # poisoned: every element must be written
-    strides = (ctypes.c_int64 * 12)(*[s for t in (q, k, v, out) for s in t.stride()[:3]])
-    error = library.rsd_emu_attention(_ptr(q), _ptr(k), _ptr(v), _ptr(out), DTYPES[dtype], batch, heads, q_len, kv_len,
-                                      dim, strides, scale, instance.encode()).decode()
+    if case[-1] and dtype == torch.bfloat16:
+        case = (*case[:-1], case[-1].replace("f16_", "bf16_", 1))
+    error, out, truth, same = run_attention(library, case, dtype)
     assert error == "", error
-    truth = attention_ref(q.double(), k.double(), v.double(), scale)
-    ok, err, allowed = within_tolerance(out, truth, attention_ref(q, k, v, scale))
+    ok, err, allowed = within_tolerance(out, truth, same)
     assert ok, f"{arch} {case} {dtype}: max err {err:.3g} > allowed {allowed:.3g}"
 
 
@@ -158,15 +164,10 @@ def test_attention_refuses_the_spilling_wide_instance_on_rdna(emulated_attention
     """Two query tiles a wave of the wide family spill on RDNA (hip/attention.hip spills_on): asked for by name it
     is refused there, and the heuristic's pick for the same call (the (1, 1, 1, 1, 512) case above) runs."""
     arch, library = emulated_attention
-    q, k, v = make_qkv(1, 20, 20, 1, 512, torch.float16, "cpu")
-    out = torch.full(q.shape, float("nan"), dtype=torch.float16)
-    strides = (ctypes.c_int64 * 12)(*[s for t in (q, k, v, out) for s in t.stride()[:3]])
-    error = library.rsd_emu_attention(_ptr(q), _ptr(k), _ptr(v), _ptr(out), DTYPES[torch.float16], 1, 1, 20, 20, 512,
-                                      strides, 1.0 / math.sqrt(512), b"f16_d512_w4_r2_n16_wide").decode()
+    error, out, truth, same = run_attention(library, (1, 20, 20, 1, 512, "f16_d512_w4_r2_n16_wide"), torch.float16)
     if build.ARCHS[arch]["wave"] == 32:
         assert "spills registers to scratch" in error, error
     else:
         assert error == "", error
-        truth = attention_ref(q.double(), k.double(), v.double(), 1.0 / math.sqrt(512))
-        ok, err, allowed = within_tolerance(out, truth, attention_ref(q, k, v, 1.0 / math.sqrt(512)))
+        ok, err, allowed = within_tolerance(out, truth, same)
         assert ok, f"{arch}: max err {err:.3g} > allowed {allowed:.3g}"
