@@ -13,7 +13,6 @@ from rocm_sd.ops.bias_residual import bias_residual_kernel
 from rocm_sd.ops.geglu import geglu_kernel
 from rocm_sd.ops.group_norm import group_norm_kernel
 from rocm_sd.ops.layer_norm import add_layer_norm_kernel, layer_norm_kernel
-from rocm_sd.ops.layout_copy import layout_copy_kernel
 from rocm_sd.ops.parity_shuffle import parity_shuffle_kernel
 
 
@@ -39,12 +38,6 @@ def main() -> None:
     for c in (16, 12, 3):  # vector widths 8, 4 and 1
         parities = torch.randn(2, 4 * c, 6, 8, device=dev, dtype=h).contiguous(memory_format=torch.channels_last)
         parity_shuffle_kernel(parities, torch.randn(c, device=dev, dtype=h))
-    for shape in ((2, 24, 9, 40), (3, 12, 4, 4), (1, 6, 5, 6), (3, 5, 7, 9)):  # vector widths 8, 4, 2, 1; partial tiles
-        x = torch.randn(shape, device=dev, dtype=h)
-        layout_copy_kernel(layout_copy_kernel(x, True), False)
-    for dtype in (h, torch.float32):  # the shared-memory kernel: whole 64 x 64 tiles
-        x = torch.randn(2, 64, 8, 16, device=dev, dtype=dtype)
-        layout_copy_kernel(layout_copy_kernel(x, True), False)
     # Attention: every instance at its padded head dim, with query and key tails (130 queries, 97 keys)
     # and packed K / V views.
     for name in instances():

@@ -188,23 +188,6 @@ PYBIND11_MODULE(_C, m) {
       py::arg("device"));
 
   m.def(
-      "layout_copy_forward",
-      [](uintptr_t in, uintptr_t out, int dtype, int64_t n, int64_t c, int64_t hw, bool to_channels_last,
-         uintptr_t stream, int device, const std::string& mode) {
-        rsd::LayoutCopyArgs a{as_ptr(in), as_mut_ptr(out), static_cast<rsd::DType>(dtype), n, c, hw, to_channels_last,
-                              as_mut_ptr(stream), device};
-        if (mode == "check") return rsd::layout_copy_check(a);
-        if (mode == "describe") return rsd::layout_copy_describe(a);
-        if (mode != "run") throw std::invalid_argument("layout_copy mode is run, check or describe, not " + mode);
-        raise_if(rsd::layout_copy_forward(a));
-        return std::string();
-      },
-      py::arg("in"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("c"), py::arg("hw"),
-      py::arg("to_channels_last"), py::arg("stream"), py::arg("device"), py::arg("mode") = "run",
-      "A dense (N, C, H, W) tensor copied between NCHW and channels_last; mode check / describe only say why it "
-      "would refuse (or '') / which vector width it takes.");
-
-  m.def(
       "parity_shuffle_forward",
       [](uintptr_t parities, uintptr_t bias, uintptr_t out, int dtype, int64_t n, int64_t h, int64_t w, int64_t c,
          uintptr_t stream, int device, bool check_only) {

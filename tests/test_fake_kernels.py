@@ -126,15 +126,8 @@ def case_linear_geglu(rng):
     return ops.linear_geglu, (x, _tensor(rng, (n2, k), _dtype(rng, x.dtype)), _tensor(rng, (n2,), _dtype(rng, x.dtype)))
 
 
-def case_layout_copy(rng):
-    shape = (rng.randint(1, 2), rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 4))[:rng.choice([4, 4, 3])]
-    to_channels_last = rng.random() < 0.5
-    x = _tensor(rng, shape, _dtype(rng), not to_channels_last)
-    return ops.layout_copy, (x, to_channels_last)
-
-
 CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case_bias_residual, case_parity_shuffle,
-         case_attention, case_conv_bias_residual, case_linear_geglu, case_layout_copy]
+         case_attention, case_conv_bias_residual, case_linear_geglu]
 
 
 def _outcome(op, args):

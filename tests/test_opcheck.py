@@ -27,10 +27,6 @@ CASES = {
         tuple(torch.randn(2, 16, 3, 2, 64, device=device, dtype=dtype).unbind(2)) if cl else
         (torch.randn(2, 16, 2, 40, device=device, dtype=dtype), torch.randn(2, 9, 2, 40, device=device, dtype=dtype),
          torch.randn(2, 9, 2, 40, device=device, dtype=dtype))) + (0.125,),
-    # layout_copy: NCHW -> channels_last, and (the `cl` variant) back, at C 16 x 8x8 and an odd C 3 x 5x7.
-    "layout_copy": lambda device, dtype, cl: (
-        torch.randn(2, 3, 5, 7, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last) if cl
-        else torch.randn(2, 16, 8, 8, device=device, dtype=dtype), not cl),
     "bias_residual": lambda device, dtype, cl: tuple(
         t.to(memory_format=torch.channels_last if cl and t.dim() == 4 else torch.contiguous_format) if t.dim() == 4 else t
         for t in (torch.randn(2, 64, 8, 8, device=device, dtype=dtype), torch.randn(2, 64, 8, 8, device=device, dtype=dtype),
@@ -72,10 +68,8 @@ def test_compile_fullgraph_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_opcheck_gpu(dtype):
-    # attention's and layout_copy's kernels run where tuned (or, for layout_copy, at large enough shapes);
-    # forced here so that opcheck exercises them, not the PyTorch paths
-    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"), \
-            dispatch.force_backend("layout_copy", "rocm_sd"):
+    # attention's kernel runs where tuned: forced here so that opcheck exercises it, not SDPA
+    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"):
         run_opcheck("cuda", dtype)
 
 
@@ -174,6 +168,5 @@ def test_call_takes_the_dispatcher_where_something_needs_it(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_call_runs_the_op_without_the_dispatcher_gpu(dtype, monkeypatch):
-    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"), \
-            dispatch.force_backend("layout_copy", "rocm_sd"):
+    with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"):
         run_direct_calls("cuda", dtype, monkeypatch)

@@ -6,10 +6,9 @@ from .conv_bias_residual import conv_bias_residual, conv_bias_residual_ref  # no
 from .geglu import geglu, geglu_ref  # noqa: F401
 from .group_norm import group_norm, group_norm_ref  # noqa: F401
 from .layer_norm import add_layer_norm, add_layer_norm_ref, layer_norm, layer_norm_ref  # noqa: F401
-from .layout_copy import layout_copy, layout_copy_ref  # noqa: F401
 from .linear_geglu import linear_geglu, linear_geglu_ref  # noqa: F401
 from .parity_shuffle import parity_shuffle, parity_shuffle_ref  # noqa: F401
 
 ALL_OPS = {"attention": attention, "group_norm": group_norm, "geglu": geglu, "bias_residual": bias_residual,
            "layer_norm": layer_norm, "add_layer_norm": add_layer_norm, "parity_shuffle": parity_shuffle,
-           "layout_copy": layout_copy, "linear_geglu": linear_geglu, "conv_bias_residual": conv_bias_residual}
+           "linear_geglu": linear_geglu, "conv_bias_residual": conv_bias_residual}

@@ -36,8 +36,6 @@ from ..ops.group_norm import supports as group_norm_supports
 from ..ops.layer_norm import add_layer_norm_kernel, add_layer_norm_ref, add_layer_norm_supports
 from ..ops.layer_norm import layer_norm_kernel, layer_norm_ref
 from ..ops.layer_norm import supports as layer_norm_supports
-from ..ops.layout_copy import layout_copy_kernel, layout_copy_ref
-from ..ops.layout_copy import supports as layout_copy_supports
 from ..ops.parity_shuffle import parity_shuffle_kernel, parity_shuffle_ref
 from ..ops.parity_shuffle import supports as parity_shuffle_supports
 from ..ops._common import NHWC, layout_of
@@ -133,12 +131,6 @@ def _parity_shuffle_key(parities, bias) -> str:
                        W=p.shape[3] - 1, bias=int(bias is not None))
 
 
-def _layout_copy_key(x, channels_last) -> str:
-    x = _meta(x)
-    return problem_key("layout_copy", _dtype(x), _layout(x), N=x.shape[0], C=x.shape[1], HW=_spatial(x),
-                       to=("nhwc" if channels_last else "nchw"))
-
-
 def _attention_key(q, k, v, scale) -> str:
     q, k = _meta(q), _meta(k)
     return problem_key("attention", _dtype(q), "bshd", B=q.shape[0], H=q.shape[2], Lq=q.shape[1], Lk=k.shape[1],
@@ -214,7 +206,6 @@ OPS: dict[str, OpTuning] = {
                                parity_shuffle_ref),
     "bias_residual": OpTuning(_bias_residual_key, _one_kernel(bias_residual_ref, bias_residual_kernel),
                               bias_residual_ref),
-    "layout_copy": OpTuning(_layout_copy_key, _one_kernel(layout_copy_ref, layout_copy_kernel), layout_copy_ref),
     "linear_geglu": OpTuning(_linear_geglu_key, _linear_geglu_candidates, linear_geglu_ref),
     "conv_bias_residual": OpTuning(_conv_bias_residual_key, _conv_bias_residual_candidates,
                                    conv_bias_residual_ref),
@@ -222,7 +213,7 @@ OPS: dict[str, OpTuning] = {
 SUPPORTS = {"attention": attention_supports, "group_norm": group_norm_supports, "geglu": geglu_supports,
             "layer_norm": layer_norm_supports, "add_layer_norm": add_layer_norm_supports,
             "parity_shuffle": parity_shuffle_supports, "bias_residual": bias_residual_supports,
-            "layout_copy": layout_copy_supports, "linear_geglu": _no_reasons, "conv_bias_residual": _no_reasons}
+            "linear_geglu": _no_reasons, "conv_bias_residual": _no_reasons}
 
 
 def key_of(call: OpCall) -> str:

@@ -102,21 +102,6 @@ std::string bias_residual_check(const BiasResidualArgs& a);
 std::string bias_residual_forward(const BiasResidualArgs& a);
 
 // ---------------------------------------------------------------------------------------------
-// layout_copy.hip: a dense (N, C, H, W) tensor copied between NCHW and NHWC (channels_last) memory.
-struct LayoutCopyArgs {
-  const void* in;         // dense, in the source layout
-  void* out;              // dense, in the other layout
-  DType dtype;
-  int64_t n, c, hw;       // hw = H * W
-  bool to_channels_last;  // NCHW -> NHWC, else NHWC -> NCHW
-  void* stream;
-  int device;
-};
-std::string layout_copy_check(const LayoutCopyArgs& a);
-std::string layout_copy_describe(const LayoutCopyArgs& a);  // "vec=8 blocks=40", or "error: ..."
-std::string layout_copy_forward(const LayoutCopyArgs& a);
-
-// ---------------------------------------------------------------------------------------------
 // parity_shuffle.hip: out[n, 2i + a, 2j + b, c] = parities[n, i + a, j + b, (2a + b) C + c] + bias[c], NHWC
 struct ParityShuffleArgs {
   const void* parities;  // (N, H + 1, W + 1, 4C) dense
