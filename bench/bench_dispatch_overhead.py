@@ -61,8 +61,8 @@ def main() -> None:
         ],
         "attention": [
             ("torch SDPA", lambda: F.scaled_dot_product_attention(q, q, q)),
-            ("rocm_sd.attention.attention (SDPA untuned; + the output copy to [B, L, H, D])",
-             lambda: rocm_sd.attention.attention(q, q, q)),
+            ("ops.attention.scaled_dot_product_attention (SDPA untuned)",
+             lambda: scaled_dot_product_attention(q, q, q)),
         ],
     }
     rows, lines = [], ["| op | call | host us per call |", "|---|---|---:|"]

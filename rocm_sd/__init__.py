@@ -6,10 +6,10 @@
     rocm_sd.report(pipe)        # what was replaced, graph replays, fallbacks and why
     rocm_sd.revert(pipe)        # back to the original modules
 """
-__version__ = "0.1.0"  # first: submodules read it while this package is still importing
-
 from . import ops  # noqa: F401  (registers torch.ops.rocm_sd.*)
 from .dispatch import reset_stats, stats
+from .tune import active as _tuning  # noqa: F401  (the tuned choices the ops dispatch by)
+from .version import __version__
 from .patch import invalidate_graphs, optimize, report, revert
 
 __all__ = ["optimize", "revert", "report", "invalidate_graphs", "stats", "reset_stats", "__version__"]

@@ -6,8 +6,9 @@ import importlib.metadata
 
 import torch
 
-from . import __version__, _ext, cli_args, models, platform
-from .ops import ALL_OPS
+from . import _ext, cli_args, models, platform
+from .version import __version__
+from .ops import REGISTRY
 
 
 def _version(dist: str) -> str:
@@ -18,19 +19,9 @@ def _version(dist: str) -> str:
 
 
 def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
-    """Why each op would fall back on `device`, for a typical SD input."""
-    from .ops.bias_residual import supports as bias_residual_supports
-    from .ops.geglu import supports as geglu_supports
-    from .ops.group_norm import supports as group_norm_supports
-    from .ops.layer_norm import supports as layer_norm_supports
-
+    """Why each op's kernel could not run its first sample call (OpSpec.samples) on `device`: [] where it can."""
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    x = torch.randn(2, 320, 8, 8, device=device, dtype=dtype)
-    w = torch.ones(320, device=device, dtype=x.dtype)
-    return {"group_norm": group_norm_supports(x, 32, w, torch.zeros_like(w), 1e-5, True),
-            "geglu": geglu_supports(torch.randn(2, 64, 2560, device=device, dtype=dtype)),
-            "layer_norm": layer_norm_supports(torch.randn(2, 64, 320, device=device, dtype=dtype), w, w, 1e-5),
-            "bias_residual": bias_residual_supports(x, x, w, 1.0)}
+    return {name: spec.supports(*spec.samples(device, dtype)[0]) for name, spec in REGISTRY.items()}
 
 
 def _tuning_summary(device: torch.device) -> str:
@@ -59,21 +50,19 @@ def info() -> int:
     if build:
         rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
                            f"(runtime {build['runtime_version']}, kernel sources {build.get('source_hash', 'unknown')})"))
-        from .ops.attention import ck_instances as attention_instances
-        from .ops.conv_bias_residual import ck_instances as conv_instances
-        from .ops.group_norm import ck_instances as group_norm_instances
-        from .ops.linear_geglu import ck_instances as linear_geglu_instances
-
-        counts = {"GroupNorm": len(group_norm_instances()), "attention": len(attention_instances()),
-                  "GEGLU projection": len(linear_geglu_instances()), "conv+bias+residual": len(conv_instances())}
+        counts = {name: len(spec.ck_instances()) for name, spec in REGISTRY.items() if spec.ck_instances is not None}
         rows.append(("CK instances", ", ".join(f"{n} {name}" for name, n in counts.items()) if any(counts.values())
                      else "none (built on ROCm when Composable Kernel headers are found)"))
     else:
         rows.append(("_C", _ext.LOAD_ERROR))
     device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
     for op, reasons in _sample_call_reasons(device).items():
-        rows.append((f"op {op}", "rocm_sd kernel" if not reasons else "PyTorch fallback: " + "; ".join(reasons)))
-    rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in ALL_OPS)))
+        if REGISTRY[op].kernel is None:  # the ops hosting CK fusions: their default path is composed
+            state = "vendor GEMM / convolution, then its rocm_sd epilogue op (a CK instance where tuned faster)"
+        else:
+            state = "rocm_sd kernel" if not reasons else "PyTorch fallback: " + "; ".join(reasons)
+        rows.append((f"op {op}", state))
+    rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in REGISTRY)))
     rows.append(("tuning database", _tuning_summary(device)))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+from typing import Callable, Protocol
 
 from . import config
 
@@ -61,10 +62,12 @@ def torch_chosen(op: str, tuned: str | None) -> bool:
     return forced == TORCH or (forced is None and torch_variant(tuned) is not None)
 
 
-def choose(op: str, reasons: list[str], tuned: str | None = None) -> str:
+def choose(op: str, reasons: list[str], tuned: str | None = None, counted_as: str = KERNEL) -> str:
     """Backend for one call of `op`, given the reasons the kernel cannot run it (empty: it can) and the
     tuning database's choice for its shape (`torch[:variant]`, `rocm_sd[:variant]`, or None when untuned). A tuned
-    `torch` is a measured choice, not a fallback: it is counted as torch, with no notice, even in strict mode."""
+    `torch` is a measured choice, not a fallback: it is counted as torch, with no notice, even in strict mode.
+    A kernel-path call is counted as `counted_as` (the ops hosting CK fusions count their default path as
+    COMPOSED)."""
     forced = forced_backend(op)
     if torch_chosen(op, tuned):
         backend = TORCH
@@ -81,8 +84,48 @@ def choose(op: str, reasons: list[str], tuned: str | None = None) -> str:
                 _logged.add((op, reason))
                 if config.current.log_fallbacks:
                     log.warning("rocm_sd::%s uses PyTorch: %s", op, reason)
-    count(op, backend)
+    count(op, counted_as if backend == KERNEL else backend)
     return backend
+
+
+# ---- the tuned choices: tune/active.py registers itself as their source when it is imported (rocm_sd/__init__
+# imports it), so the ops ask the tuning database through here and never import tune/ ---------------------------
+
+class TuningSource(Protocol):
+    def tuned_choice(self, device, key_fn: Callable[[], str]) -> str | None: ...
+    def chose_anywhere(self, device, op: str, backend: str, variants_only: bool = False) -> bool: ...
+
+
+_tuning: TuningSource | None = None
+_on_tuning_changed: list[Callable[[], None]] = []
+
+
+def use_tuning(source: TuningSource | None) -> TuningSource | None:
+    """Make `source` answer tuned_choice / chose_anywhere; returns the previous source (tests swap in their own)."""
+    global _tuning
+    previous, _tuning = _tuning, source
+    tuning_changed()
+    return previous
+
+
+def tuned_choice(device, key_fn: Callable[[], str]) -> str | None:
+    """The tuning database's choice for the problem `key_fn()` on `device` (asked once per shape), or None."""
+    return _tuning.tuned_choice(device, key_fn) if _tuning is not None else None
+
+
+def chose_anywhere(device, op: str, backend: str, variants_only: bool = False) -> bool:
+    """Whether `device`'s database chose `backend` (or only its "backend:..." variants) for any problem of `op`."""
+    return _tuning is not None and _tuning.chose_anywhere(device, op, backend, variants_only)
+
+
+def on_tuning_changed(callback: Callable[[], None]) -> None:
+    """Run `callback` whenever the tuned choices may have changed (the ops drop their per-shape plans)."""
+    _on_tuning_changed.append(callback)
+
+
+def tuning_changed() -> None:
+    for callback in _on_tuning_changed:
+        callback()
 
 
 def count(op: str, backend: str) -> None:

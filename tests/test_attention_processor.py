@@ -7,7 +7,7 @@ from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
 import rocm_sd
 from rocm_sd import models
-from rocm_sd.modules.attention_processor import RocmAttnProcessor
+from rocm_sd.modules.attention import RocmAttnProcessor
 
 CONFIGS = {
     "self": dict(query_dim=64, heads=4, dim_head=16),

@@ -129,9 +129,9 @@ def test_ck_attention_reasons_and_tuner_candidates(monkeypatch):
     assert attention.ck_reasons(q, q, q, 0.125) == []
     assert "CK attention instances take float16, not torch.bfloat16" in attention.ck_reasons(*[q.bfloat16()] * 3, 0.125)
     assert attention.ck_instances() == []  # CPU build: no CK
-    monkeypatch.setattr(problems, "attention_ck_instances", lambda device=None: ["ck_attention_a", "ck_attention_b"])
-    assert {"ck:ck_attention_a", "ck:ck_attention_b"} <= set(problems._attention_candidates(q, q, q, 0.125))
-    assert not any(c.startswith("ck:") for c in problems._attention_candidates(*[q.bfloat16()] * 3, 0.125))
+    monkeypatch.setattr(attention, "ck_instances", lambda device=None: ["ck_attention_a", "ck_attention_b"])
+    assert {"ck:ck_attention_a", "ck:ck_attention_b"} <= set(problems.OPS["attention"].candidates(q, q, q, 0.125))
+    assert not any(c.startswith("ck:") for c in problems.OPS["attention"].candidates(*[q.bfloat16()] * 3, 0.125))
 
 
 def test_a_tuned_ck_attention_instance_is_dispatched_to(monkeypatch):
@@ -143,18 +143,18 @@ def test_a_tuned_ck_attention_instance_is_dispatched_to(monkeypatch):
 
     attention = importlib.import_module("rocm_sd.ops.attention")
     calls = []
-    monkeypatch.setattr(attention, "tuned_choice_for", lambda *a: "ck:ck_attention_a")
+    monkeypatch.setattr(dispatch, "tuned_choice", lambda device, key_fn: "ck:ck_attention_a")
     monkeypatch.setattr(attention, "attention_ck", lambda name, *a: calls.append(name) or torch.zeros_like(a[0]))
     q = torch.randn(1, 16, 2, 40, dtype=torch.float16)
     monkeypatch.setattr(attention, "ck_instances", lambda device=None: ["ck_attention_a"])
-    attention._plans.clear()
+    attention.SPEC.plans.clear()
     attention.attention.call(q, q, q, 0.125)
     assert calls == ["ck_attention_a"] and dispatch.stats()["attention"] == {"rocm_sd": 1}
 
     monkeypatch.setattr(attention, "ck_instances", lambda device=None: [])  # a CK build's database, used without CK
-    attention._plans.clear()
+    attention.SPEC.plans.clear()
     out = attention.attention.call(q, q, q, 0.125)  # rocm_sd's own kernel would run; on the CPU, PyTorch
-    attention._plans.clear()
+    attention.SPEC.plans.clear()
     assert calls == ["ck_attention_a"]
     torch.testing.assert_close(out, attention.attention_ref(q, q, q, 0.125))
 

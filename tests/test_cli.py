@@ -56,18 +56,17 @@ def test_bench_rejects_unknown_engines():
 
 def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
     """The loaded-_C branch of `info`, on a CPU machine: a build that lists CK instances, and one that has none."""
-    import importlib
-
     from rocm_sd import _ext, cli
+    from rocm_sd.ops import REGISTRY
 
-    group_norm = importlib.import_module("rocm_sd.ops.group_norm")  # the module; rocm_sd.ops.group_norm is the op
+    group_norm = REGISTRY["group_norm"]
 
     monkeypatch.setattr(_ext, "build_info", lambda: {"platform": "hip", "targets": "gfx942", "runtime_version": 60400,
                                                      "source_hash": "abc"})
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [("ck_group_norm_swish_f16_b64_c1x64_s1x1_v1", True)])
     assert cli.info() == 0
     out = capsys.readouterr().out
-    assert "built for hip targets gfx942 (runtime 60400, kernel sources abc)" in out and "1 GroupNorm" in out
+    assert "built for hip targets gfx942 (runtime 60400, kernel sources abc)" in out and "1 group_norm" in out
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [])
     cli.info()
     assert "none (built on ROCm when Composable Kernel headers are found)" in capsys.readouterr().out

@@ -56,7 +56,7 @@ def case_group_norm(rng):
     weight = _tensor(rng, (c if rng.random() < 0.9 else c + 1,), p) if rng.random() < 0.8 else None
     bias = _tensor(rng, (c,), p) if rng.random() < 0.8 else None
     input_bias = _tensor(rng, (n, c), _dtype(rng, x.dtype)) if rng.random() < 0.3 else None
-    return ops.group_norm, (x, groups, weight, bias, 1e-5, rng.random() < 0.5, input_bias)
+    return torch.ops.rocm_sd.group_norm, (x, groups, weight, bias, 1e-5, rng.random() < 0.5, input_bias)
 
 
 def case_layer_norm(rng):
@@ -64,7 +64,7 @@ def case_layer_norm(rng):
     x = _tensor(rng, (rng.randint(1, 3), rng.randint(1, 4), c), _dtype(rng))
     p = _dtype(rng, x.dtype)
     weight = _tensor(rng, (c if rng.random() < 0.9 else c + 1,), p) if rng.random() < 0.8 else None
-    return ops.layer_norm, (x, weight, _tensor(rng, (c,), p) if rng.random() < 0.8 else None, 1e-5)
+    return torch.ops.rocm_sd.layer_norm, (x, weight, _tensor(rng, (c,), p) if rng.random() < 0.8 else None, 1e-5)
 
 
 def case_add_layer_norm(rng):
@@ -72,12 +72,12 @@ def case_add_layer_norm(rng):
     x = _tensor(rng, (rng.randint(1, 3), rng.randint(1, 4), c), _dtype(rng))
     residual = _tensor(rng, _maybe_broadcast(rng, x.shape), _dtype(rng, x.dtype))
     p = _dtype(rng, x.dtype)
-    return ops.add_layer_norm, (x, residual, _tensor(rng, (c,), p), _tensor(rng, (c,), p), 1e-5)
+    return torch.ops.rocm_sd.add_layer_norm, (x, residual, _tensor(rng, (c,), p), _tensor(rng, (c,), p), 1e-5)
 
 
 def case_geglu(rng):
     shape = (rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 5) * 2 - (1 if rng.random() < 0.2 else 0))
-    return ops.geglu, (_tensor(rng, shape, _dtype(rng)),)
+    return torch.ops.rocm_sd.geglu, (_tensor(rng, shape, _dtype(rng)),)
 
 
 def case_bias_residual(rng):
@@ -87,7 +87,7 @@ def case_bias_residual(rng):
     residual = _tensor(rng, _maybe_broadcast(rng, x.shape) if dims else (), _dtype(rng, x.dtype),
                        rng.random() < 0.5)
     bias = _tensor(rng, (x.shape[1] if dims >= 2 else 3,), _dtype(rng, x.dtype))
-    return ops.bias_residual, (x, residual, bias, rng.choice([1.0, 0.5]))
+    return torch.ops.rocm_sd.bias_residual, (x, residual, bias, rng.choice([1.0, 0.5]))
 
 
 def case_parity_shuffle(rng):
@@ -95,7 +95,7 @@ def case_parity_shuffle(rng):
     parities = _tensor(rng, (rng.randint(1, 2), 4 * c + (1 if rng.random() < 0.1 else 0), rng.randint(2, 4),
                              rng.randint(2, 4)), _dtype(rng), rng.random() < 0.7)
     bias = _tensor(rng, (c,), _dtype(rng, parities.dtype)) if rng.random() < 0.7 else None
-    return ops.parity_shuffle, (parities, bias)
+    return torch.ops.rocm_sd.parity_shuffle, (parities, bias)
 
 
 def case_attention(rng):
@@ -106,7 +106,7 @@ def case_attention(rng):
     kb = b if rng.random() < 0.8 else b + 1
     k = _tensor(rng, (kb, lk, h, d if rng.random() < 0.9 else d + 8), _dtype(rng, dtype))
     v = _tensor(rng, (kb, lk, h, d if rng.random() < 0.7 else 2 * d), _dtype(rng, dtype))
-    return ops.attention, (q, k, v, 0.125)
+    return torch.ops.rocm_sd.attention, (q, k, v, 0.125)
 
 
 def case_conv_bias_residual(rng):
@@ -117,13 +117,13 @@ def case_conv_bias_residual(rng):
     out_shape = (n, k, x.shape[2] + 2 * pad - r + 1, x.shape[3] + 2 * pad - r + 1)
     residual = _tensor(rng, out_shape if rng.random() < 0.9 else (n, k, 1, 1), _dtype(rng, x.dtype),
                        rng.random() < 0.5)
-    return ops.conv_bias_residual, (x, weight, _tensor(rng, (k,), _dtype(rng, x.dtype)), residual, 1.0, pad, pad)
+    return torch.ops.rocm_sd.conv_bias_residual, (x, weight, _tensor(rng, (k,), _dtype(rng, x.dtype)), residual, 1.0, pad, pad)
 
 
 def case_linear_geglu(rng):
     k, n2 = rng.randint(1, 6), 2 * rng.randint(1, 4) + (1 if rng.random() < 0.1 else 0)
     x = _tensor(rng, (rng.randint(1, 2), rng.randint(1, 3), k), _dtype(rng))
-    return ops.linear_geglu, (x, _tensor(rng, (n2, k), _dtype(rng, x.dtype)), _tensor(rng, (n2,), _dtype(rng, x.dtype)))
+    return torch.ops.rocm_sd.linear_geglu, (x, _tensor(rng, (n2, k), _dtype(rng, x.dtype)), _tensor(rng, (n2,), _dtype(rng, x.dtype)))
 
 
 CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case_bias_residual, case_parity_shuffle,
@@ -188,25 +188,25 @@ def _gn_args(**change):
 ], ids=["int", "bool", "float64-with-fp32-params", "meta-weight", "groups"])
 def test_group_norm_refuses_what_pytorch_refuses_even_when_strict(args, phrase):
     with config.override(strict=True), pytest.raises(RuntimeError, match=r"rocm_sd::group_norm: .*" + phrase):
-        ops.group_norm(*args)
+        torch.ops.rocm_sd.group_norm(*args)
 
 
 @pytest.mark.parametrize("call, phrase", [
-    (lambda: ops.layer_norm(torch.arange(8).reshape(2, 4), torch.ones(4), torch.zeros(4), 1e-5), "layer_norm: input dtype"),
-    (lambda: ops.layer_norm(torch.randn(2, 4), torch.ones(4, device="meta"), None, 1e-5), "layer_norm: weight is on meta"),
-    (lambda: ops.add_layer_norm(torch.randn(2, 4), torch.randn(2, 4), torch.ones(4, device="meta"), None, 1e-5),
+    (lambda: torch.ops.rocm_sd.layer_norm(torch.arange(8).reshape(2, 4), torch.ones(4), torch.zeros(4), 1e-5), "layer_norm: input dtype"),
+    (lambda: torch.ops.rocm_sd.layer_norm(torch.randn(2, 4), torch.ones(4, device="meta"), None, 1e-5), "layer_norm: weight is on meta"),
+    (lambda: torch.ops.rocm_sd.add_layer_norm(torch.randn(2, 4), torch.randn(2, 4), torch.ones(4, device="meta"), None, 1e-5),
      "add_layer_norm: weight is on meta"),
-    (lambda: ops.add_layer_norm(torch.randn(1, 4), torch.randn(2, 4), None, None, 1e-5),
+    (lambda: torch.ops.rocm_sd.add_layer_norm(torch.randn(1, 4), torch.randn(2, 4), None, None, 1e-5),
      "add_layer_norm: residual of shape \\(2, 4\\) does not broadcast"),
-    (lambda: ops.geglu(torch.randn(2, 3)), "geglu: last dimension 3 is odd"),
-    (lambda: ops.geglu(torch.randn(2, 1)), "geglu: last dimension 1 is odd"),
-    (lambda: ops.bias_residual(torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3), torch.ones(4, device="meta"), 1.0),
+    (lambda: torch.ops.rocm_sd.geglu(torch.randn(2, 3)), "geglu: last dimension 3 is odd"),
+    (lambda: torch.ops.rocm_sd.geglu(torch.randn(2, 1)), "geglu: last dimension 1 is odd"),
+    (lambda: torch.ops.rocm_sd.bias_residual(torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3), torch.ones(4, device="meta"), 1.0),
      "bias_residual: bias is on meta"),
-    (lambda: ops.bias_residual(torch.tensor(1.0), torch.tensor(1.0), torch.ones(1), 1.0), "bias_residual: input of shape"),
-    (lambda: ops.parity_shuffle(torch.randn(1, 8, 3, 3), torch.ones(2, device="meta")), "parity_shuffle: bias is on meta"),
-    (lambda: ops.conv_bias_residual(torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3, device="meta"), torch.ones(3),
+    (lambda: torch.ops.rocm_sd.bias_residual(torch.tensor(1.0), torch.tensor(1.0), torch.ones(1), 1.0), "bias_residual: input of shape"),
+    (lambda: torch.ops.rocm_sd.parity_shuffle(torch.randn(1, 8, 3, 3), torch.ones(2, device="meta")), "parity_shuffle: bias is on meta"),
+    (lambda: torch.ops.rocm_sd.conv_bias_residual(torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3, device="meta"), torch.ones(3),
                                     torch.randn(1, 3, 4, 4), 1.0, 1, 1), "conv_bias_residual: weight is on meta"),
-    (lambda: ops.attention(torch.randn(1, 5, 2, 8), torch.randn(2, 6, 2, 8), torch.randn(2, 6, 2, 8), 0.3),
+    (lambda: torch.ops.rocm_sd.attention(torch.randn(1, 5, 2, 8), torch.randn(2, 6, 2, 8), torch.randn(2, 6, 2, 8), 0.3),
      "attention: shapes"),
 ], ids=["ln-int", "ln-meta", "aln-meta", "aln-broadcast", "geglu-odd", "geglu-1", "bias-meta", "bias-0d",
         "parity-meta", "conv-meta", "attention-batch"])
@@ -218,16 +218,16 @@ def test_ops_refuse_invalid_arguments_naming_the_op(call, phrase):
 def test_mixed_dtypes_promote_in_eager_and_in_the_fake_kernel():
     x, residual, bias = torch.randn(2, 4, 3, 3, dtype=torch.float16), torch.randn(2, 4, 3, 3), torch.randn(4)
     with config.override(log_fallbacks=False):
-        out = ops.bias_residual(x, residual, bias, 1.0)
+        out = torch.ops.rocm_sd.bias_residual(x, residual, bias, 1.0)
     assert out.dtype == torch.float32 and torch.allclose(out, (residual + x.float() + bias.reshape(4, 1, 1)))
-    assert _fake_outcome(ops.bias_residual, (x, residual, bias, 1.0)) == _outcome(ops.bias_residual,
+    assert _fake_outcome(torch.ops.rocm_sd.bias_residual, (x, residual, bias, 1.0)) == _outcome(torch.ops.rocm_sd.bias_residual,
                                                                                   (x, residual, bias, 1.0))
 
 
 def test_attention_output_takes_vs_head_dim():
     q, k, v = torch.randn(2, 5, 2, 8), torch.randn(2, 6, 2, 8), torch.randn(2, 6, 2, 16)
     with config.override(log_fallbacks=False):
-        out = ops.attention(q, k, v, 0.3)
+        out = torch.ops.rocm_sd.attention(q, k, v, 0.3)
     expected = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                                 scale=0.3).transpose(1, 2)
     assert out.shape == (2, 5, 2, 16) and torch.allclose(out, expected, atol=1e-6)

@@ -4,52 +4,16 @@ import pytest
 import torch
 
 from rocm_sd import config, dispatch
+from rocm_sd.ops import REGISTRY
 
-CASES = {
-    "group_norm": lambda device, dtype, cl: (
-        (torch.randn(2, 64, 8, 8, device=device, dtype=dtype).to(
-            memory_format=torch.channels_last if cl else torch.contiguous_format),
-         32, torch.rand(64, device=device, dtype=dtype), torch.randn(64, device=device, dtype=dtype), 1e-5, True)),
-    # geglu has one layout; the `cl` variant is an odd half-width (vector width 1 in the kernel).
-    "geglu": lambda device, dtype, cl: (torch.randn(2, 16, 2 * (7 if cl else 64), device=device, dtype=dtype),),
-    "layer_norm": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
-                                             torch.rand(33 if cl else 320, device=device, dtype=dtype),
-                                             torch.randn(33 if cl else 320, device=device, dtype=dtype), 1e-5),
-    "add_layer_norm": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
-                                                 torch.randn(2, 8, 33 if cl else 320, device=device, dtype=dtype),
-                                                 torch.rand(33 if cl else 320, device=device, dtype=dtype),
-                                                 torch.randn(33 if cl else 320, device=device, dtype=dtype), 1e-5),
-    "parity_shuffle": lambda device, dtype, cl: (
-        torch.randn(2, 4 * (3 if cl else 16), 5, 6, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last),
-        torch.randn(3 if cl else 16, device=device, dtype=dtype)),
-    # attention: separate q, k, v; the `cl` variant is a packed QKV projection's per-head views.
-    "attention": lambda device, dtype, cl: (
-        tuple(torch.randn(2, 16, 3, 2, 64, device=device, dtype=dtype).unbind(2)) if cl else
-        (torch.randn(2, 16, 2, 40, device=device, dtype=dtype), torch.randn(2, 9, 2, 40, device=device, dtype=dtype),
-         torch.randn(2, 9, 2, 40, device=device, dtype=dtype))) + (0.125,),
-    "bias_residual": lambda device, dtype, cl: tuple(
-        t.to(memory_format=torch.channels_last if cl and t.dim() == 4 else torch.contiguous_format) if t.dim() == 4 else t
-        for t in (torch.randn(2, 64, 8, 8, device=device, dtype=dtype), torch.randn(2, 64, 8, 8, device=device, dtype=dtype),
-                  torch.randn(64, device=device, dtype=dtype))) + (0.5,),
-    # the ops that host CK fusions, on their default paths: the `cl` variant has an odd K / NCHW activations
-    "linear_geglu": lambda device, dtype, cl: (torch.randn(2, 8, 33 if cl else 64, device=device, dtype=dtype),
-                                               torch.randn(48, 33 if cl else 64, device=device, dtype=dtype),
-                                               torch.randn(48, device=device, dtype=dtype)),
-    "conv_bias_residual": lambda device, dtype, cl: tuple(
-        t.contiguous(memory_format=torch.contiguous_format if cl else torch.channels_last)
-        for t in (torch.randn(2, 16, 8, 8, device=device, dtype=dtype), torch.randn(24, 16, 3, 3, device=device,
-                                                                                    dtype=dtype))) + (
-        torch.randn(24, device=device, dtype=dtype),
-        torch.randn(2, 24, 8, 8, device=device, dtype=dtype).contiguous(
-            memory_format=torch.contiguous_format if cl else torch.channels_last), 0.5, 1, 1),
-}
+def cases(device, dtype):
+    """(op name, args) for every registered op and each of its sample calls (OpSpec.samples: its layouts)."""
+    return [(name, args) for name, spec in REGISTRY.items() for args in spec.samples(device, dtype)]
 
 
 def run_opcheck(device, dtype):
-    for name, make in CASES.items():
-        op = getattr(torch.ops.rocm_sd, name).default
-        for cl in (False, True):
-            torch.library.opcheck(op, make(device, dtype, cl))
+    for name, args in cases(device, dtype):
+        torch.library.opcheck(getattr(torch.ops.rocm_sd, name).default, args)
 
 
 def test_opcheck_cpu():
@@ -58,7 +22,7 @@ def test_opcheck_cpu():
 
 
 def test_compile_fullgraph_cpu():
-    x, g, w, b, eps, silu = CASES["group_norm"]("cpu", torch.float32, True)
+    x, g, w, b, eps, silu = REGISTRY["group_norm"].samples("cpu", torch.float32)[1]
     fn = torch.compile(lambda x: torch.ops.rocm_sd.group_norm(x, g, w, b, eps, silu) * 2, fullgraph=True,
                        backend="eager")
     with config.override(log_fallbacks=False):
@@ -75,13 +39,13 @@ def test_opcheck_gpu(dtype):
 
 @pytest.mark.gpu
 def test_compile_fullgraph_gpu():
-    x, g, w, b, eps, silu = CASES["group_norm"]("cuda", torch.float16, True)
+    x, g, w, b, eps, silu = REGISTRY["group_norm"].samples("cuda", torch.float16)[1]
     with config.override(strict=True):
         fn = torch.compile(lambda x: torch.ops.rocm_sd.group_norm(x, g, w, b, eps, silu) * 2, fullgraph=True)
         assert torch.equal(fn(x), torch.ops.rocm_sd.group_norm(x, g, w, b, eps, silu) * 2)
 
 
-# ---- `.call`: the op without torch's dispatcher where nothing needs it (ops._common.custom_op) ------------
+# ---- `.call`: the op without torch's dispatcher where nothing needs it (OpSpec.call) ------------------------
 
 class _Recorder:
     """Stands in for an op's dispatcher entry (CustomOpDef calls its `_opoverload`): counts, then forwards."""
@@ -98,14 +62,11 @@ class _Recorder:
 
 
 def _recorders(monkeypatch):
-    from rocm_sd import ops
-
     recorders = {}
-    for name in CASES:
-        op = ops.ALL_OPS[name]
-        recorders[name] = _Recorder(op._opoverload)
-        monkeypatch.setattr(op, "_opoverload", recorders[name])
-    return ops.ALL_OPS, recorders
+    for name, spec in REGISTRY.items():
+        recorders[name] = _Recorder(spec.op._opoverload)
+        monkeypatch.setattr(spec.op, "_opoverload", recorders[name])
+    return {name: spec.op for name, spec in REGISTRY.items()}, recorders
 
 
 def _same(a, b):
@@ -114,16 +75,14 @@ def _same(a, b):
 
 def run_direct_calls(device, dtype, monkeypatch):
     all_ops, recorders = _recorders(monkeypatch)
-    for name, make in CASES.items():
-        for cl in (False, True):
-            args = make(device, dtype, cl)
-            with torch.inference_mode():
-                direct = all_ops[name].call(*args)
-            assert recorders[name].calls == 0, name  # no dispatcher ...
-            with torch.inference_mode():
-                assert _same(direct, all_ops[name](*args)), name  # ... and the op's result to the bit
-            assert dispatch.stats()[name] and recorders[name].calls == 1
-            recorders[name].calls = 0
+    for name, args in cases(device, dtype):
+        with torch.inference_mode():
+            direct = all_ops[name].call(*args)
+        assert recorders[name].calls == 0, name  # no dispatcher ...
+        with torch.inference_mode():
+            assert _same(direct, all_ops[name](*args)), name  # ... and the op's result to the bit
+        assert dispatch.stats()[name] and recorders[name].calls == 1
+        recorders[name].calls = 0
 
 
 def test_call_runs_the_op_without_the_dispatcher_cpu(monkeypatch):
@@ -137,7 +96,7 @@ def test_call_takes_the_dispatcher_where_something_needs_it(monkeypatch):
 
     all_ops, recorders = _recorders(monkeypatch)
     op, calls = all_ops["layer_norm"], lambda: recorders["layer_norm"].calls
-    x, w, b, eps = CASES["layer_norm"]("cpu", torch.float32, False)
+    x, w, b, eps = REGISTRY["layer_norm"].samples("cpu", torch.float32)[0]
 
     class Seen(TorchDispatchMode):  # what the tuner's harvest and FakeTensorMode are
         names = []
@@ -147,22 +106,43 @@ def test_call_takes_the_dispatcher_where_something_needs_it(monkeypatch):
             return func(*args, **(kwargs or {}))
 
     with config.override(log_fallbacks=False):
-        op.call(x, w, b, eps)  # autograd on
-        assert calls() == 1
+        op.call(x, w, b, eps)  # autograd on, but nothing requires gradients: no dispatcher needed
+        assert calls() == 0
         with torch.no_grad(), Seen():
             op.call(x, w, b, eps)
-        assert calls() == 2 and "rocm_sd.layer_norm.default" in Seen.names
+        assert calls() == 1 and "rocm_sd.layer_norm.default" in Seen.names
         with torch.no_grad(), profile() as prof:
             op.call(x, w, b, eps)
-        assert calls() == 3 and any(e.name == "rocm_sd::layer_norm" for e in prof.events())
+        assert calls() == 2 and any(e.name == "rocm_sd::layer_norm" for e in prof.events())
         compiled = torch.compile(lambda x: op.call(x, w, b, eps) * 2, fullgraph=True, backend="eager")
         with torch.no_grad():
             assert torch.equal(compiled(x), op.call(x, w, b, eps) * 2)
-        assert calls() >= 4  # traced through the op (the direct call after it adds none)
-        # a backward through a forward-only kernel must fail loudly, never give silently no gradient
-        w_grad = w.clone().requires_grad_()
-        with pytest.raises(RuntimeError):
-            op.call(x, w_grad, b, eps).sum().backward()
+        assert calls() >= 3  # traced through the op (the direct call after it adds none)
+
+
+def test_calls_that_need_gradients_get_the_gradients_of_the_pytorch_path():
+    """The kernels are forward-only: a call that needs gradients takes the op's differentiable PyTorch path (`.call`),
+    and through torch's dispatcher the op's registered backward differentiates that path at the saved inputs, so
+    both give PyTorch's own gradients (never silently none)."""
+    import torch.nn.functional as F
+
+    x, w, b, eps = REGISTRY["layer_norm"].samples("cpu", torch.float64)[0]
+    x, w = x.requires_grad_(), w.requires_grad_()
+    expected = torch.autograd.grad((F.layer_norm(x, x.shape[-1:], w, b, eps) ** 2).sum(), (x, w))
+    spec = REGISTRY["layer_norm"]
+    with config.override(log_fallbacks=False):
+        for call in (spec.op.call, spec.op, torch.ops.rocm_sd.layer_norm):
+            got = torch.autograd.grad((call(x, w, b, eps) ** 2).sum(), (x, w))
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g, e)
+        x2, res, w2, b2, eps2 = (a.detach().requires_grad_() if isinstance(a, torch.Tensor) else a
+                                 for a in REGISTRY["add_layer_norm"].samples("cpu", torch.float64)[0])
+        total, y = torch.ops.rocm_sd.add_layer_norm(x2, res, w2, b2, eps2)  # two outputs, both differentiated
+        got = torch.autograd.grad(total.sum() + (y ** 2).sum(), (x2, res, w2))
+        t = x2 + res
+        want = torch.autograd.grad(t.sum() + (F.layer_norm(t, t.shape[-1:], w2, b2, eps2) ** 2).sum(), (x2, res, w2))
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
 
 
 @pytest.mark.gpu

@@ -40,8 +40,6 @@ def test_builds_with_ck_instances_tune_the_ops_that_host_them(monkeypatch):
     conv_module = importlib.import_module("rocm_sd.ops.conv_bias_residual")
     monkeypatch.setattr(geglu_module, "ck_instances", lambda device=None: ("ck_linear_geglu_f16_stand_in",))
     monkeypatch.setattr(conv_module, "ck_instances", lambda device=None: ("ck_conv_bias_residual_f16_stand_in",))
-    monkeypatch.setattr(problems, "linear_geglu_ck_instances", geglu_module.ck_instances)
-    monkeypatch.setattr(problems, "conv_ck_instances", conv_module.ck_instances)
     pipe = rocm_sd.optimize(models.build_sd_pipeline("tiny"), cuda_graph=False)
     kw = models.prompt_kwargs(pipe, "a fox")
     with config.override(log_fallbacks=False):
@@ -115,10 +113,10 @@ def test_tune_end_to_end_then_resume(tmp_path, capsys):
 def test_a_wrong_candidate_is_never_chosen(monkeypatch):
     from rocm_sd.tune import measure as measure_module
 
-    wrong = problems.OpTuning(problems.OPS["geglu"].key,
-                              lambda x: {"torch": problems.OPS["geglu"].reference,
-                                         "rocm_sd": lambda x: torch.zeros_like(x[..., : x.shape[-1] // 2])},
-                              problems.OPS["geglu"].reference)
+    import dataclasses
+
+    wrong = dataclasses.replace(problems.OPS["geglu"], candidates=lambda x: {
+        "torch": problems.OPS["geglu"].reference, "rocm_sd": lambda x: torch.zeros_like(x[..., : x.shape[-1] // 2])})
     monkeypatch.setitem(problems.OPS, "geglu", wrong)
     call = OpCall("geglu", (TensorSpec((2, 64, 640), (40960, 640, 1), torch.float16),))
     outcome = measure_module.measure(call, torch.device("cuda"), l2_bytes=1 << 20)

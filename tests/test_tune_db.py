@@ -8,7 +8,8 @@ import os
 import pytest
 
 from rocm_sd import config
-from rocm_sd.tune.db import TuningDB, default_location, problem_key
+from rocm_sd.ops.spec import problem_key
+from rocm_sd.tune.db import TuningDB, default_location
 from rocm_sd.tune.device_key import DeviceKey
 
 MI300X = DeviceKey("hip", "gfx942:sramecc+:xnack-", 304, 64)

@@ -4,8 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import ops
-from ..ops.group_norm import group_norm_ref
+from ..ops.group_norm import group_norm
 
 ACTIVATIONS = (None, "silu")
 
@@ -14,8 +13,7 @@ class GroupNormAct(nn.GroupNorm):
     """nn.GroupNorm followed by an optional activation, in one kernel.
 
     A subclass of nn.GroupNorm with the same parameters and state-dict keys, so weights load, LoRA
-    patches and `.to()` behave as on the module it replaces. Calls that need gradients use PyTorch's
-    differentiable ops; the kernel is forward-only.
+    patches and `.to()` behave as on the module it replaces.
     """
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
@@ -41,9 +39,7 @@ class GroupNormAct(nn.GroupNorm):
         """input_bias: (N, C), added to x per image and channel before normalising (one pass, no extra
         tensor), as ResnetBlock2D adds its conv bias and time embedding."""
         silu = self.act == "silu"
-        if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
-            return group_norm_ref(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
-        return ops.group_norm.call(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
+        return group_norm.call(x, self.num_groups, self.weight, self.bias, self.eps, silu, input_bias)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", act={self.act}" if self.act else "")

@@ -4,13 +4,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import ops
-from ..ops.layer_norm import layer_norm_ref
+from ..ops.layer_norm import layer_norm
 
 
 class LayerNormFused(nn.LayerNorm):
-    """Same parameters and state-dict keys as the nn.LayerNorm it replaces (shared, not copied).
-    Calls that need gradients use PyTorch's differentiable op; the kernel is forward-only."""
+    """Same parameters and state-dict keys as the nn.LayerNorm it replaces (shared, not copied)."""
 
     @classmethod
     def from_layer_norm(cls, module: nn.LayerNorm) -> "LayerNormFused":
@@ -23,9 +21,7 @@ class LayerNormFused(nn.LayerNorm):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
-            return layer_norm_ref(x, self.weight, self.bias, self.eps)
-        return ops.layer_norm.call(x, self.weight, self.bias, self.eps)
+        return layer_norm.call(x, self.weight, self.bias, self.eps)
 
     def _get_name(self) -> str:
         return "RocmLayerNorm"

@@ -6,7 +6,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .. import _ext
+from .. import _ext, dispatch
 
 # Codes of rsd::DType and rsd::Layout in hip/include/rocm_sd/api.h.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -115,13 +115,6 @@ def kernel_reasons(device: torch.device, input_reasons: list[str], check) -> lis
     return [why] if why else []
 
 
-def tuned_choice_for(op: str, device: torch.device, args: tuple) -> str | None:
-    """The tuning database's choice for this call's problem (rocm_sd/tune), or None. Asked once per shape."""
-    from ..tune import active, problems  # the tuner imports the ops: import it only when planning
-
-    return active.tuned_choice(device, lambda: problems.OPS[op].key(*args))
-
-
 def param_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                   channels: int | None) -> list[str]:
     """Why affine parameters cannot go to a norm kernel: each must be a contiguous (channels,) vector on
@@ -141,12 +134,12 @@ def param_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
     return reasons
 
 
-def within_tolerance(out, truth, torch_same_dtype) -> tuple[bool, float, float]:
+def within_tolerance(out, truth, torch_same_dtype, factor: float = ERROR_FACTOR) -> tuple[bool, float, float]:
     """(ok, error of out, allowed error): out may miss the truth by ERROR_FACTOR x torch's own error + floor.
     NaN in out where the truth has none is never within tolerance. Ops with several outputs pass tuples:
     each output is judged on its own; the result is the first failing one's (else the worst error's)."""
     if isinstance(out, (tuple, list)):
-        results = [within_tolerance(o, t, s) for o, t, s in zip(out, truth, torch_same_dtype, strict=True)]
+        results = [within_tolerance(o, t, s, factor) for o, t, s in zip(out, truth, torch_same_dtype, strict=True)]
         failing = [r for r in results if not r[0]]
         return failing[0] if failing else max(results, key=lambda r: r[1])
     truth = truth.double()
@@ -155,36 +148,8 @@ def within_tolerance(out, truth, torch_same_dtype) -> tuple[bool, float, float]:
     mask = ~torch.isnan(truth)
     err = (out.double() - truth)[mask].abs().max().item() if mask.any() else 0.0
     torch_err = (torch_same_dtype.double() - truth)[mask].abs().max().item() if mask.any() else 0.0
-    allowed = ERROR_FACTOR * torch_err + ROUNDING_FLOOR[out.dtype] * max(1.0, truth[mask].abs().max().item() if mask.any() else 1.0)
+    allowed = factor * torch_err + ROUNDING_FLOOR[out.dtype] * max(1.0, truth[mask].abs().max().item() if mask.any() else 1.0)
     return err <= allowed, err, allowed
-
-
-def ck_hosted_plan(op: str, device: torch.device, args: tuple, instances: tuple[str, ...], ck_reasons) \
-        -> tuple[str | None, str | None]:
-    """For the ops that host a CK fusion (linear_geglu, conv_bias_residual): (the CK instance to run, or None;
-    the tuned choice). A tuned instance runs only where this build has it and the call fits it (ck_reasons() is
-    empty); a database made on another build never names an instance that would fail here."""
-    from .. import dispatch
-
-    tuned = tuned_choice_for(op, device, args)
-    ck = dispatch.ck_instance(tuned)
-    runs = ck is not None and ck in instances and device.type == "cuda" and not ck_reasons()
-    return (ck if runs else None), tuned
-
-
-def run_ck_hosted(op: str, ck: str | None, tuned: str | None, run_ck, run_torch, run_composed) -> torch.Tensor:
-    """The dispatch rule of those ops: a forced or tuned `torch` runs the PyTorch path, a runnable CK instance
-    runs it, anything else the composed default (vendor GEMM / convolution, then a rocm_sd epilogue op)."""
-    from .. import dispatch
-
-    if dispatch.torch_chosen(op, tuned):
-        dispatch.count(op, dispatch.TORCH)
-        return run_torch()
-    if ck is not None:
-        dispatch.count(op, dispatch.KERNEL)
-        return run_ck(ck)
-    dispatch.count(op, dispatch.COMPOSED)
-    return run_composed()
 
 
 def ck_listing(function: str, device: torch.device | None = None) -> list:
@@ -205,32 +170,9 @@ _profiler_enabled = torch._C._autograd._profiler_enabled
 
 
 def dispatcher_needed() -> bool:
-    """Whether a call must go through torch's dispatcher: autograd is on (the kernels are forward-only; through
-    the dispatcher a backward through them raises instead of silently giving no gradient), torch.compile is
-    tracing (fake kernels), a dispatch mode is active (the tuner's recorder, FakeTensorMode, export), or the
-    profiler is on (its tables name the op)."""
-    return (torch.is_grad_enabled() or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
-            or _profiler_enabled())
+    """Whether a call must go through torch's dispatcher: torch.compile is tracing (fake kernels), a dispatch mode
+    is active (the tuner's recorder, FakeTensorMode, export), or the profiler is on (its tables name the op)."""
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or _profiler_enabled()
 
 
-def custom_op(name: str):
-    """torch.library.custom_op(name, mutates_args=()) whose result also has `.call`: what patched modules use.
-
-    A custom op written in Python costs ~16 us of host time per call through torch's dispatcher (its
-    boxed call into Python and output aliasing checks; bench/bench_dispatch_overhead.py), on top of the
-    op's own work. Hosts that run eagerly (ComfyUI, A1111, diffusers without graphs) make ~140 such calls
-    per UNet evaluation and are host-bound, so that cost alone made the patched model slower than the
-    original. `.call(*args)` runs the same function directly whenever dispatcher_needed() says nothing
-    requires the dispatcher, and the op itself otherwise, so torch.compile, opcheck and the tuner see it.
-    """
-    def wrap(fn):
-        op = torch.library.custom_op(name, mutates_args=())(fn)
-
-        def call(*args):
-            return op(*args) if dispatcher_needed() else fn(*args)
-
-        call.__name__ = call.__qualname__ = fn.__name__ + ".call"
-        call.__doc__ = f"{name}, without torch's dispatcher where it is not needed (ops._common.custom_op)."
-        op.call = call
-        return op
-    return wrap
+dispatch.on_tuning_changed(PlanCache.clear_all)  # a new database may choose differently for every shape

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import (DTYPE_CODES, PlanCache, ck_listing, custom_op, kernel_reasons, stream_handle, tensor_key,
-                      tuned_choice_for)
+from ._common import DTYPE_CODES, PlanCache, ck_listing, dispatcher_needed, kernel_reasons, stream_handle, tensor_key
+from .spec import OpSpec, Plan, as_meta, device_of, dtype_name, problem_key
 
 OP = "attention"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -217,60 +217,122 @@ def attention_ck(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     return y
 
 
-_plans = PlanCache()
-_kernel_chosen = PlanCache()  # device -> whether its tuning database chose the kernel for any attention problem
+_kernel_chosen = PlanCache()  # device -> whether its tuning database chose anything but SDPA's own pick anywhere
 
 
 def kernel_may_run(device: torch.device) -> bool:
     """Whether any attention call on `device` could run something other than SDPA with its own backend pick: rocm_sd's
     kernel is asked for by name, or the tuning database chose it, a CK instance or one SDPA backend for some
     attention problem (its nearest-shape lookup may then pick it for other shapes too). When not, every call is
-    PyTorch's SDPA by this op's policy, and callers may call SDPA, or their host app's own attention, directly: the
-    same result without this op's host cost (~30 us a call on the H200 machine)."""
+    PyTorch's SDPA by this op's policy."""
     forced = dispatch.forced_backend(OP)
     if forced is not None:
         return forced == dispatch.KERNEL
     if device.type != "cuda":
         return False
-    from ..tune import active
-
-    return _kernel_chosen.get_or_compute(device, lambda: any(active.chose_anywhere(device, OP, backend)
+    return _kernel_chosen.get_or_compute(device, lambda: any(dispatch.chose_anywhere(device, OP, backend)
                                                              for backend in (dispatch.KERNEL, dispatch.CK))
-                                         or active.chose_anywhere(device, OP, dispatch.TORCH, variants_only=True))
+                                         or dispatch.chose_anywhere(device, OP, dispatch.TORCH, variants_only=True))
 
 
-def _plan(q, k, v, scale) -> tuple[list[str], str, str]:
-    """(reasons against the kernel, the choice, the kernel instance: a rocm_sd instance name, or "ck:<name>") for
-    one shape. Untuned shapes take the vendor's SDPA (module docstring): a policy, counted as torch with no
+def host_call_uses_op(q: torch.Tensor, head_dim: int, mask: torch.Tensor | None) -> bool:
+    """Whether a host app's attention call (a diffusers processor, ComfyUI's override, A1111's optimization) goes
+    to this op rather than straight to SDPA. Masked calls go to SDPA. So does every call where the op would run
+    SDPA with its own pick anyway (untuned: the common case), unless something watches the op (the tuner's
+    harvest, torch.compile, the profiler): that saves the op's host cost in eager hosts. The ROCm chunking of
+    large head dims always goes through the op."""
+    if mask is not None:
+        return False
+    if default_score_budget(head_dim, q.device.type, torch.version.hip is not None) is not None or dispatcher_needed():
+        return True
+    return q.dtype in SUPPORTED_DTYPES and kernel_may_run(q.device)
+
+
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                                 scale: float | None = None) -> torch.Tensor:
+    """The host apps' entry, F.scaled_dot_product_attention's layout: softmax(q k^T * scale + mask) v over
+    [B, H, L, D] (strided views welcome); mask broadcastable to [B, H, Lq, Lk] (bool: keep). Through the op
+    where host_call_uses_op says so, on [B, L, H, D] views of the same memory (no copies)."""
+    if q.dim() != 4 or not host_call_uses_op(q, q.shape[-1], mask):
+        if q.dim() == 4 and mask is None:
+            dispatch.count(OP, dispatch.TORCH)  # what the op would have run and counted
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
+    scale = scale if scale is not None else default_scale(q)
+    return attention.call(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale).transpose(1, 2)
+
+
+def _plan(q, k, v, scale) -> Plan:
+    """Reasons against the kernel, the choice, and as detail the kernel instance (a rocm_sd instance name, or
+    "ck:<name>"). Untuned shapes take the vendor's SDPA (module docstring): a policy, counted as torch with no
     notice. A tuned CK instance this build or call cannot run gives way to rocm_sd's own kernel."""
-    check_args(q, k, v)
-    tuned = tuned_choice_for(OP, q.device, (q, k, v, scale))
-    choice = tuned if tuned is not None else dispatch.TORCH
+    choice = SPEC.tuned_choice(q, k, v, scale) or dispatch.TORCH
     if dispatch.ck_instance(choice) in ck_instances(q.device) and not ck_reasons(q, k, v, scale):
-        return [], choice, choice
+        return Plan([], choice, choice)
     instance = choice.partition(":")[2] if choice.startswith(dispatch.KERNEL + ":") else ""
-    return supports(q, k, v, scale, instance), choice, instance
+    return Plan(supports(q, k, v, scale, instance), choice, instance)
 
 
-@custom_op("rocm_sd::attention")
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    key = (tensor_key(q), tensor_key(k), tensor_key(v), scale)
-    reasons, choice, instance = _plans.get_or_compute(key, lambda: _plan(q, k, v, scale))
-    if dispatch.choose(OP, reasons, choice) == dispatch.KERNEL:
-        ck = dispatch.ck_instance(instance)
-        if ck is not None:
-            return attention_ck(ck, q, k, v, scale)
-        return attention_kernel(q, k, v, scale, instance=instance)
-    backend = dispatch.torch_variant(choice) if dispatch.forced_backend(OP) is None else None
+def _launch(plan: Plan, q, k, v, scale):
+    ck = dispatch.ck_instance(plan.detail)
+    if ck is not None:
+        return attention_ck(ck, q, k, v, scale)
+    return attention_kernel(q, k, v, scale, instance=plan.detail)
+
+
+def _tuned_torch_path(plan: Plan, q, k, v, scale):
+    """SDPA restricted to the tuned backend ("torch:<backend>"), else SDPA with its own pick."""
+    backend = dispatch.torch_variant(plan.tuned) if dispatch.forced_backend(OP) is None else None
     if backend:
         try:
             return attention_sdpa(q, k, v, scale, backend)
         except RuntimeError:  # a backend tuned at a nearby shape that cannot take this one: SDPA's own pick from now
-            _plans[key] = (reasons, dispatch.TORCH, "")
+            plan.tuned, plan.detail = dispatch.TORCH, ""
     return attention_ref(q, k, v, scale)
 
 
-@attention.register_fake
-def _(q, k, v, scale):
+def _fake(q, k, v, scale):
     check_args(q, k, v)
     return _output(q, v)
+
+
+def _key(q, k, v, scale) -> str:
+    q, k = as_meta(q), as_meta(k)
+    return problem_key(OP, dtype_name(q), "bshd", B=q.shape[0], H=q.shape[2], Lq=q.shape[1], Lk=k.shape[1],
+                       D=q.shape[3])
+
+
+def _candidates(q, k, v, scale) -> dict:
+    """SDPA with its own backend pick, each SDPA backend on its own (one that cannot take the shape raises and is
+    rejected), each compiled kernel instance that holds the head dim and dtype (block shapes differ), and each
+    Composable Kernel instance (ROCm builds with CK only; fp16)."""
+    candidates = {dispatch.TORCH: attention_ref}
+    for backend in sdpa_backends():
+        candidates[f"{dispatch.TORCH}:{backend}"] = lambda *a, _backend=backend: attention_sdpa(*a, _backend)
+    meta = [as_meta(t) for t in (q, k, v)]
+    if not input_reasons(*meta, scale):
+        for name in instances():
+            if instance_fits(name, meta[0].dtype, meta[0].shape[-1]):
+                candidates[f"rocm_sd:{name}"] = lambda *a, _name=name: attention_kernel(*a, instance=_name)
+    if not ck_reasons(*meta, scale):
+        for name in ck_instances(device_of(q)):
+            candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: attention_ck(_name, *a)
+    return candidates
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """Separate q, k, v of head dim 40 with 16 queries and 9 keys, and a packed QKV projection's per-head views."""
+    separate = tuple(torch.randn(2, length, 2, 40, device=device, dtype=dtype) for length in (16, 9, 9))
+    packed = tuple(torch.randn(2, 16, 3, 2, 64, device=device, dtype=dtype).unbind(2))
+    return [separate + (0.125,), packed + (0.125,)]
+
+
+SPEC = OpSpec(OP, reference=attention_ref, check_args=lambda q, k, v, scale: check_args(q, k, v), fake=_fake,
+              supports=supports, plan=_plan, launch=_launch, torch_path=attention_ref,
+              tuned_torch_path=_tuned_torch_path,
+              plan_key=lambda q, k, v, scale: (tensor_key(q), tensor_key(k), tensor_key(v), scale), key=_key,
+              candidates=_candidates, samples=_samples, kernel=attention_kernel, ck_instances=ck_instances)
+
+
+@SPEC.define
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale q k^T) v per batch and head, over [batch, seq, heads, head_dim] views."""

@@ -10,8 +10,9 @@ import torch
 
 from .. import _ext, dispatch
 from ._checks import check_broadcasts_to, check_floating, check_min_dims, check_same_device, fail
-from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, into_output, kernel_reasons, layout_of,
-                      output_like, stream_handle, tensor_key, tuned_choice_for)
+from ._common import (DTYPE_CODES, dtype_reasons, into_output, kernel_reasons, layout_of, output_like, stream_handle,
+                      tensor_key)
+from .spec import OpSpec, as_meta, dtype_name, layout_name, problem_key, spatial_size
 
 OP = "bias_residual"
 
@@ -70,21 +71,34 @@ def bias_residual_kernel(x, residual, bias, scale, out=None):
     return y
 
 
-_plans = PlanCache()
-
-
-@custom_op("rocm_sd::bias_residual")
-def bias_residual(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
-    def plan():
-        dtype = check_args(x, residual, bias)
-        return dtype, supports(x, residual, bias, scale), tuned_choice_for(OP, x.device, (x, residual, bias, scale))
-
-    dtype, reasons, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(residual), tensor_key(bias)), plan)
-    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
-        return bias_residual_kernel(x, residual, bias, scale)
+def _torch_path(x, residual, bias, scale):
+    dtype = torch.promote_types(torch.promote_types(x.dtype, residual.dtype), bias.dtype)
     return into_output(x, bias_residual_ref(x, residual, bias, scale), dtype)
 
 
-@bias_residual.register_fake
-def _(x, residual, bias, scale):
-    return output_like(x, check_args(x, residual, bias))
+def _key(x, residual, bias, scale) -> str:
+    x = as_meta(x)
+    return problem_key(OP, dtype_name(x), layout_name(x), N=x.shape[0], C=x.shape[1], HW=spatial_size(x))
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """64 channels at 8x8, NCHW and channels_last."""
+    def args(memory_format):
+        x, residual = (torch.randn(2, 64, 8, 8, device=device, dtype=dtype).to(memory_format=memory_format)
+                       for _ in range(2))
+        return x, residual, torch.randn(64, device=device, dtype=dtype), 0.5
+
+    return [args(torch.contiguous_format), args(torch.channels_last)]
+
+
+SPEC = OpSpec(OP, reference=bias_residual_ref, check_args=lambda x, residual, bias, scale: check_args(x, residual, bias),
+              fake=lambda x, residual, bias, scale: output_like(x, check_args(x, residual, bias)), supports=supports,
+              launch=lambda plan, *args: bias_residual_kernel(*args), torch_path=_torch_path,
+              plan_key=lambda x, residual, bias, scale: (tensor_key(x), tensor_key(residual), tensor_key(bias)),
+              key=_key, candidates=lambda *args: {dispatch.TORCH: bias_residual_ref, "rocm_sd": bias_residual_kernel},
+              samples=_samples, kernel=bias_residual_kernel)
+
+
+@SPEC.define
+def bias_residual(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """(x + residual + bias[c]) * scale."""

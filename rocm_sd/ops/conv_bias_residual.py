@@ -15,11 +15,11 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from .. import _ext
-from .bias_residual import bias_residual, bias_residual_ref
+from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import (NHWC, PlanCache, ck_hosted_plan, ck_listing, custom_op, layout_of, output_like, run_ck_hosted,
-                      stream_handle, tensor_key)
+from ._common import NHWC, ck_listing, layout_of, output_like, stream_handle, tensor_key
+from .bias_residual import bias_residual, bias_residual_ref
+from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key
 
 OP = "conv_bias_residual"
 
@@ -108,25 +108,65 @@ def conv_bias_residual_ck(name: str, x, weight, bias, residual, scale, pad_h, pa
     return out
 
 
-_plans = PlanCache()
+def _plan(x, weight, bias, residual, scale, pad_h, pad_w):
+    return ck_hosted_plan(SPEC, (x, weight, bias, residual, scale, pad_h, pad_w), ck_instances(x.device),
+                          lambda: ck_reasons(x, weight, bias, residual, pad_h, pad_w))
 
 
-@custom_op("rocm_sd::conv_bias_residual")
+def _launch(plan, *args):
+    if plan.detail is not None:
+        return conv_bias_residual_ck(plan.detail, *args)
+    return conv_bias_residual_composed(*args)
+
+
+def _torch_path(x, weight, bias, residual, scale, pad_h, pad_w):
+    dtype = torch.promote_types(torch.promote_types(x.dtype, residual.dtype), bias.dtype)
+    return output_like(residual, dtype).copy_(conv_bias_residual_ref(x, weight, bias, residual, scale, pad_h, pad_w))
+
+
+def _fake(x, weight, bias, residual, scale, pad_h, pad_w):
+    return output_like(residual, check_args(x, weight, bias, residual, pad_h, pad_w))
+
+
+def _plan_key(x, weight, bias, residual, scale, pad_h, pad_w):
+    return tensor_key(x), tensor_key(weight), tensor_key(bias), tensor_key(residual), pad_h, pad_w
+
+
+def _key(x, weight, bias, residual, scale, pad_h, pad_w) -> str:
+    x, w = as_meta(x), as_meta(weight)
+    return problem_key(OP, dtype_name(x), layout_name(x), N=x.shape[0], C=x.shape[1], H=x.shape[2], W=x.shape[3],
+                       K=w.shape[0], R=w.shape[2], S=w.shape[3], pad=f"{pad_h}x{pad_w}")
+
+
+def _candidates(x, weight, bias, residual, scale, pad_h, pad_w) -> dict:
+    """PyTorch, the composed default, and each CK instance that takes the call."""
+    candidates = {dispatch.TORCH: conv_bias_residual_ref, "rocm_sd": conv_bias_residual_composed}
+    if not ck_reasons(*(as_meta(t) for t in (x, weight, bias, residual)), pad_h, pad_w):
+        for name in ck_instances(device_of(x)):
+            candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: conv_bias_residual_ck(_name, *a)
+    return candidates
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """A 3x3 convolution of 16 to 24 channels at 8x8, channels_last and NCHW."""
+    def args(memory_format):
+        x, weight = (torch.randn(shape, device=device, dtype=dtype).contiguous(memory_format=memory_format)
+                     for shape in ((2, 16, 8, 8), (24, 16, 3, 3)))
+        residual = torch.randn(2, 24, 8, 8, device=device, dtype=dtype).contiguous(memory_format=memory_format)
+        return x, weight, torch.randn(24, device=device, dtype=dtype), residual, 0.5, 1, 1
+
+    return [args(torch.channels_last), args(torch.contiguous_format)]
+
+
+SPEC = OpSpec(OP, reference=conv_bias_residual_ref,
+              check_args=lambda x, weight, bias, residual, scale, pad_h, pad_w:
+                  check_args(x, weight, bias, residual, pad_h, pad_w),
+              fake=_fake, supports=lambda *args: [],  # the composed default runs every call
+              plan=_plan, launch=_launch, torch_path=_torch_path, plan_key=_plan_key, key=_key,
+              candidates=_candidates, samples=_samples, ck_instances=ck_instances)
+
+
+@SPEC.define
 def conv_bias_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                        scale: float, pad_h: int, pad_w: int) -> torch.Tensor:
-    args = (x, weight, bias, residual, scale, pad_h, pad_w)
-    def plan():
-        dtype = check_args(x, weight, bias, residual, pad_h, pad_w)
-        return (dtype, *ck_hosted_plan(OP, x.device, args, ck_instances(x.device),
-                                       lambda: ck_reasons(x, weight, bias, residual, pad_h, pad_w)))
-
-    key = (tensor_key(x), tensor_key(weight), tensor_key(bias), tensor_key(residual), pad_h, pad_w)
-    dtype, ck, tuned = _plans.get_or_compute(key, plan)
-    return run_ck_hosted(OP, ck, tuned, lambda name: conv_bias_residual_ck(name, *args),
-                         lambda: output_like(residual, dtype).copy_(conv_bias_residual_ref(*args)),
-                         lambda: conv_bias_residual_composed(*args))
-
-
-@conv_bias_residual.register_fake
-def _(x, weight, bias, residual, scale, pad_h, pad_w):
-    return output_like(residual, check_args(x, weight, bias, residual, pad_h, pad_w))
+    """(residual + conv2d(x, weight, padding) + bias[c]) * scale."""

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_min_dims, fail
-from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, stream_handle, tensor_key,
-                      tuned_choice_for)
+from ._common import DTYPE_CODES, dtype_reasons, kernel_reasons, stream_handle, tensor_key
+from .spec import OpSpec, as_meta, dtype_name, layout_name, problem_key
 
 OP = "geglu"
 
@@ -64,22 +64,27 @@ def geglu_kernel(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     return y
 
 
-_plans = PlanCache()
-
-
-@custom_op("rocm_sd::geglu")
-def geglu(x: torch.Tensor) -> torch.Tensor:
-    def plan():
-        check_args(x)
-        return supports(x), tuned_choice_for(OP, x.device, (x,))
-
-    reasons, tuned = _plans.get_or_compute(tensor_key(x), plan)
-    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
-        return geglu_kernel(x)
-    return geglu_ref(x).contiguous()
-
-
-@geglu.register_fake
-def _(x):
+def _fake(x):
     check_args(x)
     return _output(x)
+
+
+def _key(x) -> str:
+    x = as_meta(x)
+    return problem_key(OP, dtype_name(x), layout_name(x), rows=x.numel() // max(x.shape[-1], 1), D=x.shape[-1] // 2)
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """Half-widths 64 (the kernel's 8-wide vectors) and 7 (its scalar path)."""
+    return [(torch.randn(2, 16, 2 * d, device=device, dtype=dtype),) for d in (64, 7)]
+
+
+SPEC = OpSpec(OP, reference=geglu_ref, check_args=check_args, fake=_fake, supports=supports,
+              launch=lambda plan, x: geglu_kernel(x), torch_path=lambda x: geglu_ref(x).contiguous(),
+              plan_key=tensor_key, key=_key, candidates=lambda x: {dispatch.TORCH: geglu_ref, "rocm_sd": geglu_kernel},
+              samples=_samples, kernel=geglu_kernel)
+
+
+@SPEC.define
+def geglu(x: torch.Tensor) -> torch.Tensor:
+    """x[..., :D] * gelu(x[..., D:]) of the projection's output x (..., 2D)."""

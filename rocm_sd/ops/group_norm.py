@@ -13,8 +13,9 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_min_dims, check_norm_params, check_same_device, fail
-from ._common import (DTYPE_CODES, NHWC, PlanCache, ck_listing, custom_op, dtype_reasons, into_output, kernel_reasons,
-                      layout_of, output_like, param_reasons, stream_handle, tensor_key, tuned_choice_for)
+from ._common import (DTYPE_CODES, NHWC, ck_listing, dtype_reasons, into_output, kernel_reasons, layout_of, output_like,
+                      param_reasons, stream_handle, tensor_key)
+from .spec import OpSpec, Plan, as_meta, device_of, dtype_name, layout_name, problem_key, spatial_size
 
 OP = "group_norm"
 # Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and
@@ -153,54 +154,88 @@ def group_norm_ck(name: str, x: torch.Tensor, num_groups: int, weight: torch.Ten
     return y
 
 
-# (reasons, workspace bytes) per argument key. Outputs come from the caching allocator, whose blocks
-# are at least 16-byte aligned, so the output's alignment is not part of the key.
-_plans = PlanCache()
+def _plan(x, num_groups, weight, bias, eps, silu, input_bias) -> Plan:
+    """Reasons against the kernel, the tuned choice, and as detail (kernel path or "ck:<instance>", workspace bytes
+    for that path)."""
+    reasons = supports(x, num_groups, weight, bias, eps, silu, input_bias)
+    if reasons:
+        return Plan(reasons)
+    tuned = SPEC.tuned_choice(x, num_groups, weight, bias, eps, silu, input_bias)
+    if (dispatch.ck_instance(tuned), silu) in ck_instances(x.device) and not ck_reasons(x, weight, bias, input_bias):
+        return Plan(reasons, tuned, (tuned, None))  # the tuner measured this CK instance fastest here
+    path = tuned.partition(":")[2] if tuned and tuned.startswith(dispatch.KERNEL + ":") else "auto"
+    try:
+        return Plan(reasons, tuned, (path, _workspace_bytes(x, x, num_groups, path)))
+    except (RuntimeError, KeyError):  # a choice tuned at a nearby shape this path cannot take
+        return Plan(reasons, tuned, ("auto", _workspace_bytes(x, x, num_groups)))
 
 
-def _plan(x, num_groups, weight, bias, eps, silu, input_bias):
-    """(reasons, tuned choice, kernel path or "ck:<instance>", workspace bytes for that path)."""
-    key = (tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias), tensor_key(input_bias))
-
-    def compute():
-        check_args(x, num_groups, weight, bias, input_bias)
-        reasons = supports(x, num_groups, weight, bias, eps, silu, input_bias)
-        if reasons:
-            return reasons, None, "auto", None
-        tuned = tuned_choice_for(OP, x.device, (x, num_groups, weight, bias, eps, silu, input_bias))
-        ck_runs = (dispatch.ck_instance(tuned), silu) in ck_instances(x.device)
-        if ck_runs and not ck_reasons(x, weight, bias, input_bias):
-            return reasons, tuned, tuned, None  # the tuner measured this CK instance fastest here
-        path = tuned.partition(":")[2] if tuned and tuned.startswith(dispatch.KERNEL + ":") else "auto"
-        try:
-            return reasons, tuned, path, _workspace_bytes(x, x, num_groups, path)
-        except (RuntimeError, KeyError):  # a choice tuned at a nearby shape this path cannot take
-            return reasons, tuned, "auto", _workspace_bytes(x, x, num_groups)
-
-    return _plans.get_or_compute(key, compute)
+def _launch(plan: Plan, x, num_groups, weight, bias, eps, silu, input_bias):
+    path, workspace_bytes = plan.detail
+    ck = dispatch.ck_instance(path)
+    if ck is not None:
+        return group_norm_ck(ck, x, num_groups, weight, bias, eps)
+    return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes, path=path,
+                             input_bias=input_bias)
 
 
-@custom_op("rocm_sd::group_norm")
-def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
-    reasons, tuned, path, workspace_bytes = _plan(x, num_groups, weight, bias, eps, silu, input_bias)
-    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
-        ck = dispatch.ck_instance(path)
-        if ck is not None:
-            return group_norm_ck(ck, x, num_groups, weight, bias, eps)
-        return group_norm_kernel(x, num_groups, weight, bias, eps, silu, workspace_bytes=workspace_bytes, path=path,
-                                 input_bias=input_bias)
+def _torch_path(x, num_groups, weight, bias, eps, silu, input_bias=None):
+    """The reference in x's dtype and layout, as the kernel's output; fp32 parameters with a 16-bit input (mixed
+    precision) compute in fp32, as autocast would."""
     params = weight if weight is not None else bias
     if params is not None and params.dtype != x.dtype:
-        # fp32 parameters with a 16-bit input (mixed precision): compute in fp32, as autocast would.
-        y = group_norm_ref(x.float(), num_groups, weight, bias, eps, silu, input_bias).to(x.dtype)
-    else:
-        y = group_norm_ref(x, num_groups, weight, bias, eps, silu, input_bias)
-    # x's dtype and layout, as the kernel's output: the fake kernel below holds for both backends.
-    return into_output(x, y)
+        return into_output(x, group_norm_ref(x.float(), num_groups, weight, bias, eps, silu, input_bias).to(x.dtype))
+    return into_output(x, group_norm_ref(x, num_groups, weight, bias, eps, silu, input_bias))
 
 
-@group_norm.register_fake
-def _(x, num_groups, weight, bias, eps, silu, input_bias=None):
+def _fake(x, num_groups, weight, bias, eps, silu, input_bias=None):
     check_args(x, num_groups, weight, bias, input_bias)
     return output_like(x)
+
+
+# The outputs come from the caching allocator, whose blocks are at least 16-byte aligned, so the output's
+# alignment is not part of the plan's key.
+def _plan_key(x, num_groups, weight, bias, eps, silu, input_bias):
+    return tensor_key(x), num_groups, tensor_key(weight), tensor_key(bias), tensor_key(input_bias)
+
+
+def _key(x, num_groups, weight, bias, eps, silu, input_bias=None) -> str:
+    x, params = as_meta(x), as_meta(weight if weight is not None else bias)
+    return problem_key(OP, dtype_name(x), layout_name(x), N=x.shape[0], C=x.shape[1], HW=spatial_size(x), G=num_groups,
+                       act="silu" if silu else "none", input_bias=int(input_bias is not None),
+                       params=dtype_name(params) if params is not None else "none")
+
+
+def _candidates(x, num_groups, weight, bias, eps, silu, input_bias=None) -> dict:
+    """PyTorch, the kernel's resident and split paths, and the CK instances that take the call (ROCm with CK)."""
+    def kernel(path):
+        return lambda *a: group_norm_kernel(*a[:6], path=path, input_bias=a[6] if len(a) > 6 else None)
+
+    candidates = {dispatch.TORCH: group_norm_ref, "rocm_sd:resident": kernel("resident"), "rocm_sd:split": kernel("split")}
+    if not ck_reasons(*(as_meta(a) for a in (x, weight, bias, input_bias))):
+        for name, act_silu in ck_instances(device_of(x)):
+            if act_silu == silu:
+                candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: group_norm_ck(_name, *a[:4], a[4])
+    return candidates
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """32 groups of 64 channels at 8x8, NCHW and channels_last, with SiLU."""
+    def args(memory_format):
+        return (torch.randn(2, 64, 8, 8, device=device, dtype=dtype).to(memory_format=memory_format), 32,
+                torch.rand(64, device=device, dtype=dtype), torch.randn(64, device=device, dtype=dtype), 1e-5, True)
+
+    return [args(torch.contiguous_format), args(torch.channels_last)]
+
+
+SPEC = OpSpec(OP, reference=group_norm_ref,
+              check_args=lambda x, num_groups, weight, bias, eps, silu, input_bias=None:
+                  check_args(x, num_groups, weight, bias, input_bias),
+              fake=_fake, supports=supports, plan=_plan, launch=_launch, torch_path=_torch_path, plan_key=_plan_key,
+              key=_key, candidates=_candidates, samples=_samples, kernel=group_norm_kernel, ck_instances=ck_instances)
+
+
+@SPEC.define
+def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """GroupNorm (+ SiLU) of x, with input_bias (N, C) added first: the module docstring's formula."""

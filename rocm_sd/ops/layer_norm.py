@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_broadcasts_to, check_floating, check_min_dims, check_norm_params, check_same_device
-from ._common import (DTYPE_CODES, PlanCache, custom_op, dtype_reasons, kernel_reasons, param_reasons, stream_handle,
-                      tensor_key, tuned_choice_for)
+from ._common import DTYPE_CODES, dtype_reasons, kernel_reasons, param_reasons, stream_handle, tensor_key
+from .spec import OpSpec, as_meta, dtype_name, layout_name, problem_key
 
 OP = "layer_norm"
 
@@ -67,21 +67,6 @@ def layer_norm_kernel(x, weight, bias, eps, out=None):
     return y
 
 
-_plans = PlanCache()
-
-
-@custom_op("rocm_sd::layer_norm")
-def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    def plan():
-        check_args(x, weight, bias)
-        return supports(x, weight, bias, eps), tuned_choice_for(OP, x.device, (x, weight, bias, eps))
-
-    reasons, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(weight), tensor_key(bias)), plan)
-    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
-        return layer_norm_kernel(x, weight, bias, eps)
-    return _torch_layer_norm(x, weight, bias, eps)
-
-
 def _torch_layer_norm(x, weight, bias, eps):
     """The PyTorch path of both ops, in x's dtype and contiguous as the kernel's output; fp32 parameters with a
     16-bit input (mixed precision) compute in fp32, as autocast would."""
@@ -91,10 +76,34 @@ def _torch_layer_norm(x, weight, bias, eps):
     return layer_norm_ref(x, weight, bias, eps).contiguous()
 
 
-@layer_norm.register_fake
-def _(x, weight, bias, eps):
+def _fake(x, weight, bias, eps):
     check_args(x, weight, bias)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _key(x, weight, bias, eps, op=OP) -> str:
+    x = as_meta(x)
+    return problem_key(op, dtype_name(x), layout_name(x), rows=x.numel() // max(x.shape[-1], 1), D=x.shape[-1],
+                       affine=int(weight is not None))
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """320 channels (the kernel's vectors) and 33 (its scalar tail)."""
+    return [(torch.randn(2, 8, c, device=device, dtype=dtype), torch.rand(c, device=device, dtype=dtype),
+             torch.randn(c, device=device, dtype=dtype), 1e-5) for c in (320, 33)]
+
+
+SPEC = OpSpec(OP, reference=layer_norm_ref, check_args=lambda x, weight, bias, eps: check_args(x, weight, bias),
+              fake=_fake, supports=supports, launch=lambda plan, *args: layer_norm_kernel(*args),
+              torch_path=_torch_layer_norm,
+              plan_key=lambda x, weight, bias, eps: (tensor_key(x), tensor_key(weight), tensor_key(bias)), key=_key,
+              candidates=lambda *args: {dispatch.TORCH: layer_norm_ref, "rocm_sd": layer_norm_kernel},
+              samples=_samples, kernel=layer_norm_kernel)
+
+
+@SPEC.define
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm of x over its last dimension."""
 
 
 # ---- add_layer_norm ---------------------------------------------------------------------------------------
@@ -148,27 +157,33 @@ def add_layer_norm_kernel(x, residual, weight, bias, eps, out=None):
     return total, y
 
 
-_add_plans = PlanCache()
-
-
-@custom_op("rocm_sd::add_layer_norm")
-def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    def plan():
-        check_add_args(x, residual, weight, bias)
-        return (add_layer_norm_supports(x, residual, weight, bias, eps),
-                tuned_choice_for(ADD_OP, x.device, (x, residual, weight, bias, eps)))
-
-    key = (tensor_key(x), tensor_key(residual), tensor_key(weight), tensor_key(bias))
-    reasons, tuned = _add_plans.get_or_compute(key, plan)
-    if dispatch.choose(ADD_OP, reasons, tuned) == dispatch.KERNEL:
-        return add_layer_norm_kernel(x, residual, weight, bias, eps)
+def _add_torch_path(x, residual, weight, bias, eps):
     total = (x + residual).contiguous()
     return total, _torch_layer_norm(total, weight, bias, eps)
 
 
-@add_layer_norm.register_fake
-def _(x, residual, weight, bias, eps):
+def _add_fake(x, residual, weight, bias, eps):
     dtype = check_add_args(x, residual, weight, bias)
     return (torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format),
             torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format))
+
+
+def _add_samples(device, dtype) -> list[tuple]:
+    return [(x, torch.randn_like(x), w, b, eps) for x, w, b, eps in _samples(device, dtype)]
+
+
+ADD_SPEC = OpSpec(ADD_OP, reference=add_layer_norm_ref,
+                  check_args=lambda x, residual, weight, bias, eps: check_add_args(x, residual, weight, bias),
+                  fake=_add_fake, supports=add_layer_norm_supports,
+                  launch=lambda plan, *args: add_layer_norm_kernel(*args), torch_path=_add_torch_path,
+                  plan_key=lambda x, residual, weight, bias, eps: (tensor_key(x), tensor_key(residual),
+                                                                   tensor_key(weight), tensor_key(bias)),
+                  key=lambda x, residual, weight, bias, eps: _key(x, weight, bias, eps, ADD_OP),
+                  candidates=lambda *args: {dispatch.TORCH: add_layer_norm_ref, "rocm_sd": add_layer_norm_kernel},
+                  samples=_add_samples, kernel=add_layer_norm_kernel)
+
+
+@ADD_SPEC.define
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, layer_norm(x + residual))."""

@@ -16,10 +16,11 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from .. import _ext
+from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
+from ._common import ck_listing, stream_handle, tensor_key
 from .geglu import geglu, geglu_ref
-from ._common import PlanCache, ck_hosted_plan, ck_listing, custom_op, run_ck_hosted, stream_handle, tensor_key
+from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key
 
 OP = "linear_geglu"
 
@@ -92,23 +93,49 @@ def linear_geglu_ck(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torc
     return out
 
 
-_plans = PlanCache()
+def _plan(x, weight, bias):
+    return ck_hosted_plan(SPEC, (x, weight, bias), ck_instances(x.device), lambda: ck_reasons(x, weight, bias))
 
 
-@custom_op("rocm_sd::linear_geglu")
-def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    def plan():
-        check_args(x, weight, bias)
-        return ck_hosted_plan(OP, x.device, (x, weight, bias), ck_instances(x.device),
-                              lambda: ck_reasons(x, weight, bias))
-
-    ck, tuned = _plans.get_or_compute((tensor_key(x), tensor_key(weight), tensor_key(bias)), plan)
-    return run_ck_hosted(OP, ck, tuned, lambda name: linear_geglu_ck(name, x, weight, bias),
-                         lambda: linear_geglu_ref(x, weight, bias).contiguous(),
-                         lambda: linear_geglu_composed(x, weight, bias))
+def _launch(plan, x, weight, bias):
+    if plan.detail is not None:
+        return linear_geglu_ck(plan.detail, x, weight, bias)
+    return linear_geglu_composed(x, weight, bias)
 
 
-@linear_geglu.register_fake
-def _(x, weight, bias):
+def _fake(x, weight, bias):
     check_args(x, weight, bias)
     return _output(x, weight)
+
+
+def _key(x, weight, bias) -> str:
+    x, w = as_meta(x), as_meta(weight)
+    return problem_key(OP, dtype_name(x), layout_name(x), rows=x.numel() // max(x.shape[-1], 1), K=x.shape[-1],
+                       N=w.shape[0] // 2)
+
+
+def _candidates(x, weight, bias) -> dict:
+    """PyTorch, the composed default, and each CK instance that takes the call."""
+    candidates = {dispatch.TORCH: linear_geglu_ref, "rocm_sd": linear_geglu_composed}
+    if not ck_reasons(*(as_meta(t) for t in (x, weight, bias))):
+        for name in ck_instances(device_of(x)):
+            candidates[f"{dispatch.CK}:{name}"] = lambda *a, _name=name: linear_geglu_ck(_name, *a)
+    return candidates
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """K 64 (CK's 8-wide vectors) and an odd K 33."""
+    return [(torch.randn(2, 8, k, device=device, dtype=dtype), torch.randn(48, k, device=device, dtype=dtype),
+             torch.randn(48, device=device, dtype=dtype)) for k in (64, 33)]
+
+
+SPEC = OpSpec(OP, reference=linear_geglu_ref, check_args=check_args, fake=_fake,
+              supports=lambda *args: [],  # the composed default runs every call (its epilogue op falls back itself)
+              plan=_plan, launch=_launch, torch_path=lambda *args: linear_geglu_ref(*args).contiguous(),
+              plan_key=lambda x, weight, bias: (tensor_key(x), tensor_key(weight), tensor_key(bias)), key=_key,
+              candidates=_candidates, samples=_samples, ck_instances=ck_instances)
+
+
+@SPEC.define
+def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """GEGLU of x's projection (weight, bias: nn.Linear's, 2N outputs)."""

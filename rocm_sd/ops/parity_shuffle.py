@@ -12,8 +12,8 @@ import torch
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import (DTYPE_CODES, NHWC, PlanCache, custom_op, dtype_reasons, kernel_reasons, layout_of, stream_handle,
-                      tensor_key, tuned_choice_for)
+from ._common import DTYPE_CODES, NHWC, dtype_reasons, kernel_reasons, layout_of, stream_handle, tensor_key
+from .spec import OpSpec, as_meta, dtype_name, layout_name, problem_key
 
 OP = "parity_shuffle"
 
@@ -82,22 +82,30 @@ def parity_shuffle_kernel(parities, bias, out=None):
     return y
 
 
-_plans = PlanCache()
-
-
-@custom_op("rocm_sd::parity_shuffle")
-def parity_shuffle(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    def plan():
-        check_args(parities, bias)
-        return supports(parities, bias), tuned_choice_for(OP, parities.device, (parities, bias))
-
-    reasons, tuned = _plans.get_or_compute((tensor_key(parities), tensor_key(bias)), plan)
-    if dispatch.choose(OP, reasons, tuned) == dispatch.KERNEL:
-        return parity_shuffle_kernel(parities, bias)
-    return parity_shuffle_ref(parities, bias)
-
-
-@parity_shuffle.register_fake
-def _(parities, bias):
+def _fake(parities, bias):
     check_args(parities, bias)
     return _output(parities)
+
+
+def _key(parities, bias) -> str:
+    p = as_meta(parities)
+    return problem_key(OP, dtype_name(p), layout_name(p), N=p.shape[0], C=p.shape[1] // 4, H=p.shape[2] - 1,
+                       W=p.shape[3] - 1, bias=int(bias is not None))
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """16 channels (8-wide vectors) and 3 (scalar), channels_last parities of a 4x5 input."""
+    return [(torch.randn(2, 4 * c, 5, 6, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last),
+             torch.randn(c, device=device, dtype=dtype)) for c in (16, 3)]
+
+
+SPEC = OpSpec(OP, reference=parity_shuffle_ref, check_args=check_args, fake=_fake, supports=supports,
+              launch=lambda plan, parities, bias: parity_shuffle_kernel(parities, bias), torch_path=parity_shuffle_ref,
+              plan_key=lambda parities, bias: (tensor_key(parities), tensor_key(bias)), key=_key,
+              candidates=lambda *args: {dispatch.TORCH: parity_shuffle_ref, "rocm_sd": parity_shuffle_kernel},
+              samples=_samples, kernel=parity_shuffle_kernel)
+
+
+@SPEC.define
+def parity_shuffle(parities: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The folded upsampling's pixel shuffle with its bias: the module docstring's formula."""

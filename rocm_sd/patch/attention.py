@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..modules.attention_processor import RocmAttnProcessor
+from ..modules.attention import RocmAttnProcessor
 from .core import PatchRecord
 
 REPLACED = {"AttnProcessor2_0", "FusedAttnProcessor2_0"}

@@ -12,7 +12,8 @@ from torch import nn
 
 from .. import ops
 from ..checkpoints import architecture_for
-from ..attention import attention, heads_first, heads_last, spatial_attention
+from ..modules.attention import heads_first, heads_last, spatial_attention
+from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
 from .comfy_graph import install_graphs
 from .swap import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
 from .upsample import conv_foldable
@@ -102,7 +103,7 @@ def comfy_attention(q, k, v, heads, skip_reshape=False, skip_output_reshape=Fals
     skip_reshape (then (B, H, L, D)); output (B, L, heads*D) unless skip_output_reshape."""
     if not skip_reshape:
         q, k, v = (heads_first(t, heads) for t in (q, k, v))
-    out = attention(q, k, v)
+    out = scaled_dot_product_attention(q, k, v)
     return out if skip_output_reshape else heads_last(out)
 
 
@@ -114,8 +115,7 @@ def attention_override(original, q, k, v, heads, mask=None, attn_precision=None,
     function is the better SDPA call: ComfyUI picks SDPA's backend order (cuDNN first on NVIDIA: 1.06 vs 1.81 ms
     per SD1.5 UNet evaluation on the H200, bench/results/2026-11-22-comfyui-*) and costs no extra host time."""
     unknown = set(kwargs) - {"transformer_options", "_inside_attn_wrapper"}
-    if (unknown or mask is not None or q.dtype not in (torch.float16, torch.bfloat16)
-            or not ops.attention_kernel_may_run(q.device)):
+    if unknown or not host_call_uses_op(q, q.shape[-1] if skip_reshape else q.shape[-1] // heads, mask):
         return original(q, k, v, heads, mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
                         skip_output_reshape=skip_output_reshape, **kwargs)
     return comfy_attention(q, k, v, heads, skip_reshape, skip_output_reshape)

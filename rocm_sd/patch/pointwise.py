@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .core import PatchRecord
-from .swap import copy_as, needs_grad
+from .swap import copy_as
 
 
 class PointwiseConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not needs_grad(self, x):
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
             weight = self.weight.reshape(self.out_channels, self.in_channels)
             return F.linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
         return super().forward(x)

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ops
+from ..ops.bias_residual import bias_residual
+from ..ops.conv_bias_residual import conv_bias_residual
 from ..modules.group_norm import GroupNormAct
 from ..modules.hooks import called_plainly
 from ..ops.conv_bias_residual import hosts_ck as conv_hosts_ck
 from .core import PatchRecord, derived
-from .swap import needs_grad
 
 
 def _plain_conv(conv) -> bool:
@@ -65,10 +65,10 @@ def silu_temb(block, args, kwargs):
 
 
 def _plain_projection(proj: nn.Module, temb: torch.Tensor) -> bool:
-    """time_emb_proj is a plain nn.Linear without hooks (no LoRA wrapper, no offload hook), and nothing needs
-    gradients or is being traced: its projection can take the folded bias."""
+    """time_emb_proj is a plain nn.Linear without hooks (no LoRA wrapper, no offload hook), and nothing is being
+    traced: its projection can take the folded bias."""
     return (type(proj) is nn.Linear and proj.bias is not None and called_plainly(proj)
-            and temb.dtype == proj.weight.dtype and not needs_grad(proj, temb) and not torch.compiler.is_compiling())
+            and temb.dtype == proj.weight.dtype and not torch.compiler.is_compiling())
 
 
 def _time_bias(block: nn.Module) -> torch.Tensor:
@@ -76,7 +76,7 @@ def _time_bias(block: nn.Module) -> torch.Tensor:
     image's projection, so folding them into the GEMM's bias saves one add kernel per block and call."""
     proj_bias, conv_bias = block.time_emb_proj.bias, block.conv1.bias
     return derived(getattr(block, CACHE_ATTR), "time_bias", (proj_bias, conv_bias),
-                   lambda: (proj_bias.detach().float() + conv_bias.detach().float()).to(proj_bias.dtype))
+                   lambda: (proj_bias.float() + conv_bias.float()).to(proj_bias.dtype))
 
 
 def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
@@ -96,14 +96,14 @@ def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *
     else:  # no time embedding (the VAE): conv1's bias for every image, made once per batch size
         bias, n = self.conv1.bias, hidden.shape[0]
         input_bias = derived(getattr(self, CACHE_ATTR), "conv1_bias_rows", (bias,),
-                             lambda: bias.detach().expand(n, -1).contiguous(), n)
+                             lambda: bias.expand(n, -1).contiguous(), n)
     hidden = self.dropout(self.norm2(hidden, input_bias=input_bias.to(hidden.dtype).contiguous()))
     shortcut = self.conv_shortcut(input_tensor) if self.conv_shortcut is not None else input_tensor
     conv2, scale = self.conv2, 1.0 / self.output_scale_factor
-    if conv_hosts_ck() and _unit_stride(conv2) and not needs_grad(conv2, hidden):
+    if conv_hosts_ck() and _unit_stride(conv2):
         # Builds with CK instances: conv2 and its tail as one op, so the tuner can pick a fused CK convolution.
-        return ops.conv_bias_residual.call(hidden, conv2.weight, conv2.bias, shortcut, scale, *conv2.padding)
-    return ops.bias_residual.call(_conv_without_bias(conv2, hidden), shortcut, conv2.bias, scale)
+        return conv_bias_residual.call(hidden, conv2.weight, conv2.bias, shortcut, scale, *conv2.padding)
+    return bias_residual.call(_conv_without_bias(conv2, hidden), shortcut, conv2.bias, scale)
 
 
 def _unit_stride(conv: nn.Conv2d) -> bool:

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ops
+from ..ops.group_norm import group_norm
+from ..ops.layer_norm import layer_norm
 
 _SUBCLASSES: dict[tuple[type, str], type] = {}
 
@@ -23,33 +24,28 @@ def _never(module: nn.Module) -> bool:
     return False
 
 
-def needs_grad(module: nn.Module, x: torch.Tensor) -> bool:
-    """The kernels are forward-only: calls that build a graph for backward take the host's path."""
-    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
-
-
 def _subclass(base: type, kind: str) -> type:
     key = (base, kind)
     if key not in _SUBCLASSES:
         if kind == "group_norm":
             def forward(self, x):
                 silu = self.rocm_sd_act == "silu"
-                if self.rocm_sd_host_path(self) or x.dim() < 2 or needs_grad(self, x):
+                if self.rocm_sd_host_path(self) or x.dim() < 2:
                     y = base.forward(self, x)
                     return F.silu(y) if silu else y
-                return ops.group_norm.call(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
+                return group_norm.call(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
         elif kind == "upsample":
             from .upsample import folded_upsample_conv
 
             def forward(self, x):
                 if (self.rocm_sd_host_path(self.conv) or x.dim() != 4 or x.dtype != self.conv.weight.dtype
-                        or needs_grad(self.conv, x) or torch.compiler.is_compiling()):
+                        or torch.compiler.is_compiling()):
                     return base.forward(self, x)
                 return folded_upsample_conv(x, self.conv, self.rocm_sd_folded)
         elif kind == "conv_channels_last":
             def forward(self, x):
                 if (self.rocm_sd_host_path(self) or x.dim() != 4 or x.dtype != self.weight.dtype
-                        or x.device != self.weight.device or needs_grad(self, x)):
+                        or x.device != self.weight.device):
                     return base.forward(self, x)
                 # A channels_last weight makes the convolution's output channels_last (PyTorch follows the input
                 # or the weight), so the activations stay NHWC from layer to layer and cuDNN / MIOpen run their
@@ -59,9 +55,9 @@ def _subclass(base: type, kind: str) -> type:
                 return self._conv_forward(x, self.weight.contiguous(memory_format=torch.channels_last), self.bias)
         else:
             def forward(self, x):
-                if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1 or needs_grad(self, x):
+                if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1:
                     return base.forward(self, x)
-                return ops.layer_norm.call(x, self.weight, self.bias, self.eps)
+                return layer_norm.call(x, self.weight, self.bias, self.eps)
         _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
     return _SUBCLASSES[key]
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import ops
+from ..ops.layer_norm import add_layer_norm
 from ..modules.hooks import called_plainly
 from ..modules.layer_norm import LayerNormFused
 from .core import PatchRecord
-from .swap import needs_grad
 
 
 def fusable(block: nn.Module) -> bool:
@@ -34,13 +33,13 @@ def _add_norm(norm: LayerNormFused, x: torch.Tensor, residual: torch.Tensor) -> 
     if x.shape != residual.shape:  # a broadcasting add: leave it to torch
         total = x + residual
         return total, norm(total)
-    return ops.add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
+    return add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
 
 
 def fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, encoder_hidden_states=None,
                   encoder_attention_mask=None, timestep=None, cross_attention_kwargs=None, class_labels=None,
                   added_cond_kwargs=None) -> torch.Tensor:
-    if (cross_attention_kwargs or hidden_states.dim() != 3 or needs_grad(self, hidden_states)
+    if (cross_attention_kwargs or hidden_states.dim() != 3
             or not (called_plainly(self.norm2) and called_plainly(self.norm3))):  # the fused adds read their weights
         return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
                                   timestep, cross_attention_kwargs, class_labels, added_cond_kwargs)

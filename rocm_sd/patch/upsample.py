@@ -20,11 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ops
+from ..ops.parity_shuffle import parity_shuffle
 from ..modules.hooks import called_plainly
 from ..ops.parity_shuffle import parity_shuffle_ref
 from .core import PatchRecord, derived
-from .swap import needs_grad
 
 CACHE_ATTR = "_rocm_sd_folded_conv"
 
@@ -66,10 +65,10 @@ def folded_upsample_conv(x: torch.Tensor, conv: nn.Conv2d, cache: dict) -> torch
     memory_format = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() \
         else torch.contiguous_format
     weight = derived(cache, "folded_weight", (conv.weight,),
-                     lambda: fold_weight(conv.weight.detach()).contiguous(memory_format=memory_format), memory_format)
+                     lambda: fold_weight(conv.weight).contiguous(memory_format=memory_format), memory_format)
     parities = F.conv2d(x, weight, None, padding=1)  # (N, 4 C_out, H + 1, W + 1), x's layout
     if memory_format == torch.channels_last:  # one kernel, the bias added on the way
-        return ops.parity_shuffle.call(parities, conv.bias)
+        return parity_shuffle.call(parities, conv.bias)
     return parity_shuffle_ref(parities, conv.bias)  # NCHW: the kernel takes channels_last only
 
 
@@ -78,7 +77,7 @@ def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **
     h, w = hidden_states.shape[-2:] if hidden_states.dim() == 4 else (0, 0)
     if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
             or not (isinstance(conv, nn.Conv2d) and called_plainly(conv))
-            or hidden_states.dtype != conv.weight.dtype or needs_grad(conv, hidden_states)
+            or hidden_states.dtype != conv.weight.dtype
             or torch.compiler.is_compiling()):  # the weight cache cannot be traced; the compiler fuses its own way
         return type(self).forward(self, hidden_states, output_size, *args, **kwargs)
     return folded_upsample_conv(hidden_states, conv, getattr(self, CACHE_ATTR))

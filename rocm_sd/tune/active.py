@@ -6,8 +6,11 @@ on the hot path. reload() re-reads the databases and drops the ops' plans (after
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
+
+from .. import dispatch
 
 log = logging.getLogger("rocm_sd")
 
@@ -59,7 +62,8 @@ def chose_anywhere(device: torch.device, op: str, backend: str, variants_only: b
 
 
 def reload() -> None:
-    from ..ops._common import PlanCache
-
     _databases.clear()
-    PlanCache.clear_all()
+    dispatch.tuning_changed()
+
+
+dispatch.use_tuning(sys.modules[__name__])  # the ops' tuned choices come from here from now on

@@ -18,7 +18,7 @@ replaces. A result is saved when record() returns; inside batched() results are 
 seconds and when the block ends. A corrupt file is moved aside under the lock (a unique name, never over
 another file) with a warning, never deleted; a path that is not a regular file is never touched.
 
-Keys are problem strings, `op|dtype|layout|name=value,...` (problem_key()); a lookup that misses falls
+Keys are problem strings, `op|dtype|layout|name=value,...` (ops/spec.py's problem_key()); a lookup that misses falls
 back to the nearest tuned shape of the same op, dtype and layout (log-distance over the numeric values),
 then to None: the op's own heuristic decides.
 """
@@ -52,11 +52,6 @@ LOCK_TIMEOUT_S = 120.0
 READ_LOCK_TIMEOUT_S = 10.0
 BATCH_INTERVAL_S = 10.0
 DEFAULTS_DIR = Path(__file__).with_name("defaults")
-
-
-def problem_key(op: str, dtype: str, layout: str, **shape) -> str:
-    """'group_norm|float16|nhwc|N=2,C=320,HW=4096,G=32,act=silu': the parameters in the order given."""
-    return f"{op}|{dtype}|{layout}|" + ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 def _split_key(key: str) -> tuple[str, dict[str, str]]:

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .. import __version__, _ext, platform
+from .. import _ext, platform
+from ..version import __version__
 
 
 @dataclass(frozen=True)

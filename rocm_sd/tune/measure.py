@@ -1,6 +1,6 @@
 """One problem, every candidate: reject the unsupported and the inaccurate, time the rest.
 
-A candidate is checked against the float64 truth with the op's tolerance (ops/_common.py: at most twice
+A candidate is checked against the float64 truth with the op's tolerance (OpSpec.within_tolerance: at most twice
 PyTorch's own error at the same precision plus a rounding floor), so a fast wrong kernel is never chosen.
 Timing replays a graph of calls cycling through input copies that together exceed the L2 cache
 (rocm_sd/timing.py): device time, as the graph-captured pipeline sees it, not eager launch overhead.
@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import dispatch
-from ..ops._common import within_tolerance
 from ..timing import graph_device_ms
 from . import problems
 from .harvest import OpCall
@@ -48,11 +47,12 @@ def _copies(args: tuple, l2_bytes: int) -> int:
 def measure(call: OpCall, device: torch.device, l2_bytes: int, seed: int = 0) -> Outcome:
     gen = torch.Generator(device).manual_seed(seed)
     args = call.make_args(device, gen)
+    spec = problems.OPS[call.op]
     outcome = Outcome(problems.key_of(call))
     truth = problems.truth(call.op, args)
-    torch_out = problems.OPS[call.op].reference(*args)
+    torch_out = spec.reference(*args)
     kernel_reasons = problems.candidate_reasons(call.op, args)
-    candidates = problems.OPS[call.op].candidates(*args)
+    candidates = spec.candidates(*args)
     inputs = [args] + [call.make_args(device, gen) for _ in range(_copies(args, l2_bytes) - 1)]
     for name, fn in candidates.items():
         if dispatch.torch_variant(name) is None and kernel_reasons:  # "torch:<variant>" is PyTorch too
@@ -63,7 +63,7 @@ def measure(call: OpCall, device: torch.device, l2_bytes: int, seed: int = 0) ->
         except Exception as exc:  # noqa: BLE001 -- a variant that cannot take this shape says so by raising
             outcome.rejected[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             continue
-        ok, err, allowed = within_tolerance(out, truth, torch_out)
+        ok, err, allowed = spec.within_tolerance(out, truth, torch_out)
         if not ok:
             outcome.rejected[name] = f"inaccurate: max error {err:.3g} > allowed {allowed:.3g}"
             continue

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import rocm_sd.attention
+from rocm_sd.modules.attention import heads_last
+from rocm_sd.ops.attention import scaled_dot_product_attention
 from rocm_sd import config, dispatch
 from rocm_sd.ops._common import within_tolerance
 from rocm_sd.ops.attention import (attention_kernel, attention_ref, describe, input_reasons, instance_fits, instances,
@@ -70,12 +71,12 @@ def test_cpu_call_takes_sdpa_untuned_without_notice():
 
 def test_host_entry_point_matches_sdpa_with_and_without_mask():
     q, k, v = (t.transpose(1, 2) for t in make_qkv(2, 12, 6, 4, 16, torch.float32, "cpu"))  # [B, H, L, D] views
-    out = rocm_sd.attention.attention(q, k, v)
+    out = scaled_dot_product_attention(q, k, v)
     assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v), atol=1e-6)
     assert dispatch.stats()["attention"] == {"torch": 1}
     mask = torch.rand(2, 1, 12, 6) > 0.3
     mask[..., 0] = True
-    masked = rocm_sd.attention.attention(q, k, v, mask, scale=0.2)
+    masked = scaled_dot_product_attention(q, k, v, mask, scale=0.2)
     assert torch.equal(masked, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2))
     assert dispatch.stats()["attention"] == {"torch": 1}  # masks go to SDPA directly
 
@@ -147,11 +148,11 @@ def test_op_runs_a_tuned_sdpa_backend_and_gives_up_one_that_cannot_run(monkeypat
 
     module = importlib.import_module("rocm_sd.ops.attention")
     q, k, v = make_qkv(2, 16, 9, 2, 40, torch.float32, "cpu")
-    monkeypatch.setattr(module, "tuned_choice_for", lambda op, device, args: "torch:flash")
+    monkeypatch.setattr(dispatch, "tuned_choice", lambda device, key_fn: "torch:flash")
     with config.override(strict=True):
         assert torch.equal(torch.ops.rocm_sd.attention(q, k, v, 0.125), attention_sdpa(q, k, v, 0.125, "flash"))
-    module._plans.clear()
-    monkeypatch.setattr(module, "tuned_choice_for", lambda op, device, args: "torch:efficient")  # none on a CPU
+    module.SPEC.plans.clear()
+    monkeypatch.setattr(dispatch, "tuned_choice", lambda device, key_fn: "torch:efficient")  # none on a CPU
     calls = []
     real = module.attention_sdpa
     monkeypatch.setattr(module, "attention_sdpa", lambda *a: calls.append(a[-1]) or real(*a))
@@ -160,7 +161,7 @@ def test_op_runs_a_tuned_sdpa_backend_and_gives_up_one_that_cannot_run(monkeypat
             assert torch.equal(torch.ops.rocm_sd.attention(q, k, v, 0.125), attention_ref(q, k, v, 0.125))
     assert calls == ["efficient"]  # tried once; the plan then says plain SDPA
     assert dispatch.stats()["attention"] == {"torch": 3}
-    module._plans.clear()
+    module.SPEC.plans.clear()
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -243,9 +244,9 @@ def test_host_entry_point_runs_the_kernel_on_head_views_without_copies():
     q, k, v = make_qkv(2, 1024, 1024, 8, 40, torch.float16, "cuda", packed=True)
     heads_first = [t.transpose(1, 2) for t in (q, k, v)]  # what host apps hand over: [B, H, L, D] views
     with config.override(strict=True), dispatch.force_backend("attention", "rocm_sd"):
-        out = rocm_sd.attention.attention(*heads_first)
+        out = scaled_dot_product_attention(*heads_first)
     assert dispatch.stats()["attention"] == {"rocm_sd": 1}
-    merged = rocm_sd.attention.heads_last(out)
+    merged = heads_last(out)
     assert merged.data_ptr() == out.data_ptr()  # the output projection's input is a view, not a copy
     ok, err, allowed = within_tolerance(out, F.scaled_dot_product_attention(*(t.double() for t in heads_first)),
                                         F.scaled_dot_product_attention(*heads_first))

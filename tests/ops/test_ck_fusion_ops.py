@@ -33,7 +33,7 @@ def conv_args(device="cpu", dtype=torch.float32, n=2, c=16, k=24, hw=8, pad=1, c
 def test_linear_geglu_default_path_is_the_projection_then_geglu():
     x, w, b = geglu_args()
     with config.override(log_fallbacks=False):
-        y = ops.linear_geglu(x, w, b)
+        y = torch.ops.rocm_sd.linear_geglu(x, w, b)
     assert torch.equal(y, geglu_op.linear_geglu_ref(x, w, b)) and y.shape == (2, 16, 32)
     assert dispatch.stats()["linear_geglu"] == {dispatch.COMPOSED: 1}
     assert dispatch.stats()["geglu"] == {"torch": 1}  # the epilogue op counts itself (CPU: PyTorch)
@@ -43,7 +43,7 @@ def test_conv_bias_residual_default_path_is_the_convolution_then_bias_residual()
     for channels_last in (True, False):
         args = conv_args(channels_last=channels_last)
         with config.override(log_fallbacks=False):
-            y = ops.conv_bias_residual(*args)
+            y = torch.ops.rocm_sd.conv_bias_residual(*args)
         assert torch.equal(y, conv_op.conv_bias_residual_ref(*args))
         assert y.stride() == args[3].stride()  # the residual's layout, as the fake kernel says
     assert dispatch.stats()["conv_bias_residual"] == {dispatch.COMPOSED: 2}
@@ -52,7 +52,7 @@ def test_conv_bias_residual_default_path_is_the_convolution_then_bias_residual()
 def test_forced_torch_runs_the_reference():
     x, w, b = geglu_args()
     with dispatch.force_backend("linear_geglu", "torch"):
-        assert torch.equal(ops.linear_geglu(x, w, b), geglu_op.linear_geglu_ref(x, w, b))
+        assert torch.equal(torch.ops.rocm_sd.linear_geglu(x, w, b), geglu_op.linear_geglu_ref(x, w, b))
     assert dispatch.stats()["linear_geglu"] == {"torch": 1} and "geglu" not in dispatch.stats()
 
 
@@ -81,7 +81,7 @@ def test_a_tuned_ck_instance_this_build_lacks_takes_the_default_path(monkeypatch
     monkeypatch.setattr(active, "tuned_choice", lambda device, key: "ck:ck_linear_geglu_f16_missing")
     x, w, b = geglu_args()
     with config.override(log_fallbacks=False):
-        assert torch.equal(ops.linear_geglu(x, w, b), geglu_op.linear_geglu_ref(x, w, b))
+        assert torch.equal(torch.ops.rocm_sd.linear_geglu(x, w, b), geglu_op.linear_geglu_ref(x, w, b))
     assert dispatch.stats()["linear_geglu"] == {dispatch.COMPOSED: 1}
 
 
@@ -117,13 +117,13 @@ def test_patched_models_route_through_the_ops_only_in_builds_with_ck_instances(m
 def test_default_paths_on_the_gpu_match_truth_and_run_rocm_sd_epilogues(dtype):
     with config.override(strict=True):
         x, w, b = geglu_args("cuda", dtype, rows=(2, 1024), k=320, n=1280)
-        y = ops.linear_geglu(x, w, b)
+        y = torch.ops.rocm_sd.linear_geglu(x, w, b)
         ok, err, allowed = within_tolerance(y, geglu_op.linear_geglu_ref(x.double(), w.double(), b.double()),
                                             geglu_op.linear_geglu_ref(x, w, b))
         assert ok, (err, allowed)
-        assert torch.equal(y, ops.geglu(torch.nn.functional.linear(x, w, b)))
+        assert torch.equal(y, torch.ops.rocm_sd.geglu(torch.nn.functional.linear(x, w, b)))
         args = conv_args("cuda", dtype, c=320, k=320, hw=32)
-        y = ops.conv_bias_residual(*args)
+        y = torch.ops.rocm_sd.conv_bias_residual(*args)
         double = tuple(a.double() if isinstance(a, torch.Tensor) else a for a in args)
         ok, err, allowed = within_tolerance(y, conv_op.conv_bias_residual_ref(*double),
                                             conv_op.conv_bias_residual_ref(*args))

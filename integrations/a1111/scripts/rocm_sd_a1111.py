@@ -6,7 +6,7 @@ rocm_sd's attention, computing what the webui's own SDP optimization computes: h
 the keys' and values' context, and the "upcast cross attention layer to float32" setting is honoured.
 undo() is SdOptimization's own, which restores the webui's forwards. On Forge, which never applies
 SdOptimizations, RocmSdForge patches a clone of the UNet patcher before each sampling instead. A thin shim: the attention itself
-is rocm_sd.attention (rocm_sd's kernel where tuned faster, else PyTorch SDPA). Without rocm_sd nothing is registered,
+is rocm_sd.ops.attention's scaled_dot_product_attention (rocm_sd's kernel where tuned faster, else PyTorch SDPA). Without rocm_sd nothing is registered,
 and one log line says why.
 """
 import logging
@@ -19,8 +19,8 @@ from modules.hypernetworks import hypernetwork
 log = logging.getLogger("rocm_sd.a1111")
 
 try:
-    from rocm_sd.attention import attention as rocm_attention
-    from rocm_sd.attention import heads_first, heads_last, spatial_attention
+    from rocm_sd.modules.attention import heads_first, heads_last, spatial_attention
+    from rocm_sd.ops.attention import scaled_dot_product_attention as rocm_attention
     from rocm_sd.patch.comfy import patch_model_patcher
     UNAVAILABLE = None
 except ImportError as exc:

@@ -1,5 +1,6 @@
-"""RocmAttnProcessor: diffusers' AttnProcessor2_0 (and FusedAttnProcessor2_0), step for step, with the
-attention itself through rocm_sd.attention, where rocm_sd's kernel and the tuner's choice will land.
+"""Attention for the host apps: RocmAttnProcessor, diffusers' AttnProcessor2_0 (and FusedAttnProcessor2_0) step
+for step, with the attention itself through rocm_sd::attention (ops/attention.py decides, per call, between the
+op and SDPA); the per-head views the host shims (ComfyUI, A1111) hand over; the VAE's spatial attention.
 
 Same steps as diffusers: spatial norm, 4-D (VAE) input, attention mask, group norm, cross-attention
 norm, fused QKV / KV projections when the module has them, q/k norms, output projection and dropout,
@@ -10,7 +11,28 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import attention, heads_first, heads_last
+from ..ops.attention import scaled_dot_product_attention
+
+
+def heads_first(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, heads * D) -> (B, heads, L, D), a view: how host apps hand over q, k and v."""
+    batch, length, inner = t.shape
+    return t.view(batch, length, heads, inner // heads).transpose(1, 2)
+
+
+def heads_last(t: torch.Tensor) -> torch.Tensor:
+    """(B, heads, L, D) -> (B, L, heads * D): the attention output as the output projection takes it."""
+    batch, heads, length, dim = t.shape
+    return t.transpose(1, 2).reshape(batch, length, heads * dim)
+
+
+def spatial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The VAE's attention block: q, k, v as (B, C, H, W), one head of C channels over the H*W positions."""
+    shape = q.shape
+    q, k, v = (t.reshape(shape[0], 1, shape[1], -1).transpose(2, 3) for t in (q, k, v))
+    if q.stride(-1) != 1:  # NCHW input (channels_last gives free views): one copy each, as the hosts' own VAE
+        q, k, v = (t.contiguous() for t in (q, k, v))  # attention does; SDPA and the kernel want unit-stride channels
+    return scaled_dot_product_attention(q, k, v).transpose(2, 3).reshape(shape)
 
 
 class RocmAttnProcessor:
@@ -56,7 +78,7 @@ class RocmAttnProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        hidden_states = heads_last(attention(query, key, value, attention_mask)).to(query.dtype)
+        hidden_states = heads_last(scaled_dot_product_attention(query, key, value, attention_mask)).to(query.dtype)
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
         if input_ndim == 4:
             hidden_states = hidden_states.transpose(-1, -2).reshape(batch, channel, height, width)
