@@ -1,6 +1,6 @@
 """`python -m rocm_sd bench`: inference engines side by side, same pipeline, weights, prompt and seed.
 
-Engines (shared/PERF.md names):
+Engines (docs/performance.md names):
   eager                    diffusers as is (SDPA attention)
   compile                  torch.compile(unet, fullgraph=True)
   compile-reduce-overhead  diffusers' recommended recipe: channels_last, fused QKV projections, UNet and
