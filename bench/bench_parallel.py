@@ -160,7 +160,8 @@ def main() -> None:
                              "steps": spec["steps"], "batch": 1, "latency_s": round(s, 4),
                              "speedup_vs_1gpu": round(s1 / s, 3), "psnr_db": None if gpus == 1 else round(quality, 1),
                              **({"psnr_images": len(got)} if gpus == 2 else {}),
-                             **({"unet_b2_ms": round(bound["unet_b2_ms"], 2), "unet_b1_ms": round(bound["unet_b1_ms"], 2),
+                             **({"unet_b2_ms": round(bound["unet_b2_ms"], 2),
+                                 "unet_b1_ms": round(bound["unet_b1_ms"], 2),
                                  "vae_decode_b1_ms": round(bound["vae_decode_b1_ms"], 1)} if gpus == 1 else {})})
                 lines.append(f"| {model} | {spec['size']} | {spec['steps']} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
                              + ("-" if gpus == 1 else f"{quality:.1f} (lowest of {len(got)})") + " |")

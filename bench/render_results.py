@@ -38,8 +38,8 @@ BASELINES = {"vae-decode": ("size", "decode_ms"), "text-encoder": ("model", "enc
 INTROS = {
     "kernel": "Device time from graph replays over rotating inputs larger than L2. GB/s counts the least traffic any "
               "implementation needs; '% of copy' is against the 1 GiB device copy (read + write) measured in the same "
-              "run; 'same-bytes copy' is a streaming copy kernel moving the op's bytes at this size, and '% same-bytes' "
-              "its time over rocm_sd's. Columns '<path> ms' force one of the kernel's paths.",
+              "run; 'same-bytes copy' is a streaming copy kernel moving the op's bytes at this size, and "
+              "'% same-bytes' its time over rocm_sd's. Columns '<path> ms' force one of the kernel's paths.",
     "attention": "FLOPs: 4 B H Lq Lk D. Device time from graph replays over rotating inputs; TFLOP/s in parentheses.",
     "pipeline": "End to end, one process, same weights, prompt and seed per engine: first call (compilation or capture "
                 "included), then the median of the timed calls; PSNR and max latent difference against eager.",
@@ -190,39 +190,44 @@ def _engines(run: dict) -> dict[str, dict]:
     return {r["engine"]: r for r in run["results"] if r.get("label") == r.get("engine") and "median_s" in r}
 
 
-def _pipeline_row(name: str, run: dict) -> list:
-    engines = _engines(run)
-    r = next(iter(engines.values()))
-    eager = engines.get("eager", {}).get("median_s")
-    rocm = engines.get("rocm_sd", {})
-    return ([f"{r['model']} {r['width']}x{r['height']}, {r['steps']} steps, batch {r['batch']}", run["device"],
-             run["date"], f"[{run['commit'][:7]}](bench/results/{name}.md#{run['run']})"] +
-            [engines.get(e, {}).get("median_s") for e in PIPELINE_ENGINES] +
-            [ratio(eager, rocm.get("median_s")), rocm.get("first_s")])
+def pipeline_table(runs: list[tuple[str, dict]]) -> str:
+    """One line per run (data file name, run): its engines' median seconds (columns of engines no run has are left
+    out), rocm_sd against eager, and rocm_sd's first call."""
+    def seconds(value):
+        return f"{value:.3f}" if isinstance(value, (int, float)) else value
 
-
-PIPELINE_HEADER = ["model", "device", "date", "run"] + [f"{e} s" for e in PIPELINE_ENGINES] + \
-                  ["rocm_sd vs eager", "rocm_sd first call s"]
+    present = [e for e in PIPELINE_ENGINES if any(e in _engines(run) for _, run in runs)]
+    body = []
+    for name, run in runs:
+        engines = _engines(run)
+        r = next(iter(engines.values()))
+        rocm = engines.get("rocm_sd", {})
+        body.append([f"{r['model']} {r['width']}x{r['height']}, {r['steps']} steps, batch {r['batch']}", run["device"],
+                     run["date"], f"[{run['commit'][:7]}](bench/results/{name}.md#{run['run']})"] +
+                    [seconds(engines.get(e, {}).get("median_s")) for e in present] +
+                    [ratio(engines.get("eager", {}).get("median_s"), rocm.get("median_s")),
+                     seconds(rocm.get("first_s"))])
+    return table(["model", "device", "date", "run"] + [f"{e} s" for e in present] +
+                 ["rocm_sd vs eager", "rocm_sd first call s"], body)
 
 
 def current_block(data: dict[str, list[dict]]) -> str:
     """Per pipeline data file, the newest run that timed eager and rocm_sd with default flags at batch 1."""
-    body = []
+    newest = []
     for name, runs in data.items():
         if kind(runs) != "pipeline":
             continue
         full = [run for run in runs if {"eager", "rocm_sd"} <= _engines(run).keys()
                 and _engines(run)["rocm_sd"].get("batch") == 1]
         if full:
-            body.append(_pipeline_row(name, full[-1]))
-    return table(PIPELINE_HEADER, body)
+            newest.append((name, full[-1]))
+    return pipeline_table(newest)
 
 
 def pipelines_block(data: dict[str, list[dict]]) -> str:
     """Every run of every pipeline benchmark, oldest first: the end-to-end history."""
-    body = [_pipeline_row(name, run) for name, runs in data.items() if kind(runs) == "pipeline"
-            for run in runs if _engines(run)]
-    return table(PIPELINE_HEADER, body)
+    return pipeline_table([(name, run) for name, runs in data.items() if kind(runs) == "pipeline"
+                           for run in runs if _engines(run)])
 
 
 def _span(values: list[float], unit: str) -> str:
