@@ -68,8 +68,7 @@ def main() -> None:
                      f"{per_instance[best]:.4f} ({tf(per_instance[best]):.0f}) | {ratio:.2f} | "
                      f"{'rocm_sd' if ratio > 1 else 'SDPA'} |")
         print(lines[-1], flush=True)
-    stem = write_results(f"attention-{args.dtype}", rows, "\n".join(lines), args.out_dir)
-    print(f"wrote {stem}.md / .json")
+    print(write_results("attention", rows, "\n".join(lines), args.out_dir))
 
 
 if __name__ == "__main__":

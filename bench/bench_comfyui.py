@@ -225,10 +225,8 @@ def main() -> None:
         results.append({"call": what, "engine": engine, "ms": round(ms, 3), "kernel_ms": round(kernel, 3), "rel_diff": rel,
                         **({"rounds_ms": [round(r, 3) for r in rounds]} if rounds else {})})
         lines.append(f"| {what} | {engine} | {ms:.2f} | {kernel:.2f} | {base / ms:.2f}x | {'-' if rel is None else f'{rel:.1e}'} |")
-    table = "\n".join(lines)
-    print(table)
-    stem = write_results("comfyui" if args.model == "sd15" else f"comfyui-{args.model}", results, table, args.out_dir)
-    print(f"written: {stem}.md/.json")
+    print(write_results("comfyui" if args.model == "sd15" else f"comfyui-{args.model}", results, "\n".join(lines),
+                        args.out_dir))
 
 
 if __name__ == "__main__":

@@ -74,8 +74,7 @@ def main() -> None:
                 lines.append(f"| {op} | {name} | {us:.2f} |")
                 print(lines[-1], flush=True)
     print(rocm_sd.stats())
-    stem = write_results("dispatch-overhead", rows, "\n".join(lines), args.out_dir)
-    print(f"written: {stem}.md/.json")
+    print(write_results("dispatch-overhead", rows, "\n".join(lines), args.out_dir))
 
 
 if __name__ == "__main__":

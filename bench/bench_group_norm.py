@@ -97,11 +97,8 @@ def main() -> None:
               f"| {torch_us:.1f} | {op_us:.1f} |"]
     rows.append({"op": "group_norm+silu eager call", "shape": "(2, 1280, 8, 8)", "dtype": args.dtype,
                  "torch_us": round(torch_us, 1), "rocm_sd_us": round(op_us, 1)})
-    table = "\n".join(lines)
     rows.insert(0, {"op": "copy", "shape": "1Gi fp16", "gbps": round(ceiling, 1)})
-    stem = write_results(f"group_norm-{args.dtype}", rows, table, args.out_dir)
-    print(table)
-    print(f"written: {stem}.md/.json")
+    print(write_results("group_norm", rows, "\n".join(lines), args.out_dir))
 
 
 if __name__ == "__main__":

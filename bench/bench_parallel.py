@@ -6,7 +6,8 @@ Throughput: --prompts prompts (SD1.5 512x512, 50 steps by default) in data-paral
 images/s over the generation phase (after each rank's warm-up, which captures the graphs), and whether
 every image equals the one-GPU image. Latency: one image at a time (batch 1), one GPU in data mode against
 two GPUs in cfg mode; median seconds per image, and PSNR of the cfg images against the one-GPU ones.
-Writes bench/results/<date>-parallel-<device>.md/.json (rows as shared/PERF.md asks).
+Appends the run to bench/results/data/parallel-<device>.jsonl (rows as docs/performance.md asks; the one-GPU
+latency rows also carry the device-time bounds: unet_b2_ms, unet_b1_ms, vae_decode_b1_ms).
 """
 from __future__ import annotations
 
@@ -157,16 +158,17 @@ def main() -> None:
             for gpus, mode, s in ((1, "data", s1), (2, "cfg", s2)):
                 rows.append({"gpus": gpus, "mode": mode, "model": model, "height": spec["size"], "width": spec["size"],
                              "steps": spec["steps"], "batch": 1, "latency_s": round(s, 4),
-                             "speedup_vs_1gpu": round(s1 / s, 3), "psnr_db": None if gpus == 1 else round(quality, 1)})
+                             "speedup_vs_1gpu": round(s1 / s, 3), "psnr_db": None if gpus == 1 else round(quality, 1),
+                             **({"psnr_images": len(got)} if gpus == 2 else {}),
+                             **({"unet_b2_ms": round(bound["unet_b2_ms"], 2),
+                                 "unet_b1_ms": round(bound["unet_b1_ms"], 2),
+                                 "vae_decode_b1_ms": round(bound["vae_decode_b1_ms"], 1)} if gpus == 1 else {})})
                 lines.append(f"| {model} | {spec['size']} | {spec['steps']} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
                              + ("-" if gpus == 1 else f"{quality:.1f} (lowest of {len(got)})") + " |")
                 print(lines[-1], flush=True)
         if bounds:
             lines += ["", "One GPU, optimized, device time of a graph replay (what bounds the cfg rows):", ""] + bounds
-    table = "\n".join(lines)
-    stem = write_results("parallel", rows, table, args.out_dir)
-    print(table)
-    print(f"written: {stem}.md/.json")
+    print(write_results("parallel", rows, "\n".join(lines), args.out_dir))
 
 
 if __name__ == "__main__":

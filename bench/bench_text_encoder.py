@@ -72,8 +72,7 @@ def main() -> None:
             print(lines[-1], flush=True)
         del pipe
         torch.cuda.empty_cache()
-    stem = write_results("text-encoder", rows, "\n".join(lines), args.out_dir)
-    print(f"written: {stem}.md/.json")
+    print(write_results("text-encoder", rows, "\n".join(lines), args.out_dir))
 
 
 if __name__ == "__main__":

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import multiprocessing
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rocm_sd.bench import append_run, run_meta  # noqa: E402
 from rocm_sd.tune.db import TuningDB, problem_key  # noqa: E402
 from rocm_sd.tune.device_key import DeviceKey  # noqa: E402
 
@@ -69,20 +67,11 @@ def main() -> None:
              "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | {r['writers']} | {r['records_each']} | {r['wall_s']} | {r['longest_save_s']} | "
               f"{r['saved']} |" for r in rows]
-    table = "\n".join(lines)
-    print(table)
+    print("\n".join(lines))
     if args.out_dir:
-        date = datetime.date.today().isoformat()
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        meta = {"date": date, "device": f"CPU, {os.cpu_count()} cores ({platform.node()})", "commit": commit,
-                "command": " ".join(["python"] + sys.argv)}
-        stem = os.path.join(args.out_dir, f"{date}-tune_db-contention-cpu")
-        with open(stem + ".json", "w") as f:
-            json.dump({**meta, "results": rows}, f, indent=1)
-        with open(stem + ".md", "w") as f:
-            f.write("# tuning database under contention\n\n" + "\n".join(f"- {k}: `{v}`" for k, v in meta.items())
-                    + "\n\n" + table + "\n")
-        print(f"written: {stem}.md/.json")
+        meta = run_meta(f"CPU, {os.cpu_count()} cores ({platform.node()})", " ".join(["python"] + sys.argv))
+        path, written = append_run(args.out_dir, "tune_db-contention", meta, rows)
+        print(f"appended run {written['run']} to {path}")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,7 @@ def main() -> None:
             rows.append({"size": size, "engine": engine, "decode_ms": round(ms, 2), "psnr_db": round(db, 1)})
             lines.append(f"| {size} | {engine} | {ms:.2f} | {eager_ms / ms:.2f}x | {db:.1f} |")
             print(lines[-1], flush=True)
-    stem = write_results("vae-decode", rows, "\n".join(lines), args.out_dir)
-    print(f"written: {stem}.md/.json")
+    print(write_results("vae-decode", rows, "\n".join(lines), args.out_dir))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Timing and result files shared by the kernel benchmarks (protocol: ../shared/PERF.md).
+"""Timing and result files shared by the kernel benchmarks (protocol: docs/performance.md).
 
 Device time is measured by replaying a CUDA/HIP graph that runs the op over a rotating set of
 input buffers (together larger than L2, so each call starts with cold inputs as in a real model
@@ -6,17 +6,15 @@ whose activations do not fit), timed with device events; launch overhead is out 
 """
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rocm_sd.bench import append_run, run_meta  # noqa: E402
 from rocm_sd.timing import graph_device_ms  # noqa: E402
 
 ROTATE_BYTES = 256 << 20
@@ -79,34 +77,13 @@ def same_bytes_copy_ms(nbytes_moved: int) -> float:
     return graph_device_ms(lambda src, dst: torch.neg(src, out=dst), pairs, 10, 5)
 
 
-def git_commit() -> str:
-    if os.environ.get("ROCM_SD_COMMIT"):
-        return os.environ["ROCM_SD_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def device_slug() -> str:
-    name = torch.cuda.get_device_name().lower()
-    for key in ("h200", "h100", "a100", "mi300x", "mi250", "7900"):
-        if key in name:
-            return key
-    return name.replace(" ", "-")
-
-
 def write_results(what: str, rows: list[dict], table: str, out_dir: str) -> str:
-    date = datetime.date.today().isoformat()
-    meta = {"date": date, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": git_commit(),
-            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{date}-{what}-{device_slug()}")
-    with open(stem + ".json", "w") as f:
-        json.dump({**meta, "results": rows}, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(f"# {what}\n\n" + "\n".join(f"- {k}: `{v}`" for k, v in meta.items()) + "\n\n" + table + "\n")
-    return stem
+    """Prints `table` and appends the run (rows and its date, device, torch, commit and command) to
+    <out_dir>/data/<what>-<device>.jsonl (rocm_sd/bench.py, "Result files"); returns a line saying where."""
+    print(table)
+    command = " ".join([os.path.basename(sys.executable)] + sys.argv)
+    path, run = append_run(out_dir, what, run_meta(torch.cuda.get_device_name(), command), rows)
+    return f"appended run {run['run']} to {path} (python bench/render_results.py renders it)"
 
 
 def kernel_bench_args(description: str):
@@ -124,7 +101,7 @@ def compare_with_torch(op: str, args, shapes, setup, bytes_moved) -> None:
 
     setup(shape, dtype) -> (inputs, torch_fn, kernel_fn, reasons): rotating inputs, the two callables
     taking one input, and why the kernel cannot run (empty: it can). bytes_moved(shape, dtype): the
-    least traffic any implementation needs. Writes bench/results/<date>-<op>-<dtype>-<device>.*.
+    least traffic any implementation needs. Appends the run to bench/results/data/<op>-<device>.jsonl.
     """
     dtype = getattr(torch, args.dtype)
     ceiling = copy_ceiling_gbps()
@@ -150,7 +127,4 @@ def compare_with_torch(op: str, args, shapes, setup, bytes_moved) -> None:
                      f"{times['torch'] / times['rocm_sd']:.1f}x | {k['gbps']:.0f} | {k['pct_copy']:.1f} | "
                      f"{copy_ms:.4f} | {k['pct_same_bytes_copy']:.1f} |")
         print(lines[-1], flush=True)
-    table = "\n".join(lines)
-    stem = write_results(f"{op}-{args.dtype}", rows, table, args.out_dir)
-    print(table)
-    print(f"written: {stem}.md/.json")
+    print(write_results(op, rows, "\n".join(lines), args.out_dir))

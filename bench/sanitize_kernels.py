@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python bench/sanitize_kernels.py
 
 Small shapes keep the sanitizers fast; each still takes the multi-block paths (group exchange, split
-statistics, finalize), the vector widths 8/4/2/1, and every attention instance with partial tiles. Results go to bench/results/<date>-sanitizer-*.md.
+statistics, finalize), the vector widths 8/4/2/1, and every attention instance with partial tiles. Results go to
+the GPU ledger, bench/results/notes/2026-11-21-sanitizer-h200.md (prose: a sanitizer run has no numbers to tabulate).
 """
 import torch
 

@@ -1,6 +1,6 @@
 """`python -m rocm_sd bench`: inference engines side by side, same pipeline, weights, prompt and seed.
 
-Engines (shared/PERF.md names):
+Engines (docs/performance.md names):
   eager                    diffusers as is (SDPA attention)
   compile                  torch.compile(unet, fullgraph=True)
   compile-reduce-overhead  diffusers' recommended recipe: channels_last, fused QKV projections, UNet and
@@ -13,7 +13,8 @@ With --ablation, one more rocm_sd row per optimization flag, toggled from its de
 
 Per engine: the first call (compilation or capture included), then the median of --repeats calls,
 peak memory, and agreement with the eager engine: PSNR of the image and max |difference| of the final
-latents. Writes <out>/<date>-<model>-<device>.md and .json (layout in shared/PERF.md).
+latents. Prints the table and appends the run to <out>/data/<model>-<device>.jsonl (see "Result files" below;
+`python bench/render_results.py` renders the markdown), with a chart of it in <out>/<model>-<device>.png.
 """
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ import inspect
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -88,22 +92,6 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
-def _device_tag(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "cpu"
-    return torch.cuda.get_device_name(device).split()[-1].lower()
-
-
-def _commit() -> str:
-    if os.environ.get("ROCM_SD_COMMIT"):
-        return os.environ["ROCM_SD_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _profile_table(generate, device: torch.device, rows: int = 30) -> str:
     """GPU time per op over one generation, torch profiler's table (device kernels, graph replays too)."""
     from torch.profiler import ProfilerActivity, profile
@@ -124,6 +112,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     device = torch.device("cuda" if on_gpu else "cpu")
     dtype = torch.float16 if on_gpu else torch.float32
     size = size or models.default_size(model)
+    if out_dir:  # a data file that cannot take the run says so now, not after the benchmark
+        read_runs(data_path(out_dir, model, device_name(device)))
     pipe = models.build_sd_pipeline(model, device, dtype, seed=seed)
     conditioning = models.prompt_kwargs(pipe, PROMPT, "", batch)
 
@@ -190,16 +180,16 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
         rows.append(row)
     progress.close()
 
-    table = _table(rows)
+    table = engine_table(rows)
     for label, text in profiles.items():
         table += f"\n\nProfile of one generation, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
     if out_dir:
-        _write(rows, table, model, device, out_dir, size, steps, batch)
+        _write(rows, profiles, model, device, out_dir, size, steps, batch)
     return rows
 
 
-def _table(rows: list[dict]) -> str:
+def engine_table(rows: list[dict]) -> str:
     eager = next((r["median_s"] for r in rows if r["label"] == "eager" and "median_s" in r), None)
     lines = ["| engine | median s | it/s | vs eager | first call s | peak MB | PSNR dB | max latent diff |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -215,16 +205,16 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def bar_chart(rows: list[dict], path: str, title: str) -> None:
+def bar_chart(rows: list[dict], path: str | os.PathLike | BinaryIO, title: str) -> None:
     """Median seconds per engine as a horizontal bar chart (PNG, drawn with Pillow: no plotting stack)."""
     from PIL import Image, ImageDraw
 
+    rows = [r for r in rows if "median_s" in r]
     label_w, bar_w, row_h, pad = 260, 420, 26, 12
     width, height = label_w + bar_w + 90, pad * 3 + row_h * (len(rows) + 1)
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     draw.text((pad, pad), title, fill="black")
-    rows = [r for r in rows if "median_s" in r]
     longest = max(r["median_s"] for r in rows)
     for i, r in enumerate(rows):
         y = pad * 2 + row_h * (i + 1)
@@ -233,23 +223,125 @@ def bar_chart(rows: list[dict], path: str, title: str) -> None:
         draw.text((pad, y + 6), r["label"][:40], fill="black")
         draw.rectangle([label_w, y + 4, label_w + length, y + row_h - 4], fill=color)
         draw.text((label_w + length + 6, y + 6), f"{r['median_s']:.3f} s", fill="black")
-    image.save(path)
+    image.save(path, format="PNG")
 
 
-def _write(rows, table, model, device, out_dir, size, steps, batch) -> None:
-    date = datetime.date.today().isoformat()
-    stem = os.path.join(out_dir, f"{date}-{model}-{_device_tag(device)}")
-    os.makedirs(out_dir, exist_ok=True)
-    meta = {"date": date, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "commit": _commit(),
-            "command": "python -m rocm_sd " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("__main__.py")
-            else f"rocm_sd.bench.run(model={model!r}, size={size}, steps={steps}, batch={batch})"}
-    with open(stem + ".json", "w") as f:
-        json.dump({**meta, "results": rows}, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(f"# rocm_sd bench: {model} {size}x{size}, {steps} steps, batch {batch} (+CFG)\n\n")
-        f.write("".join(f"- {k}: `{v}`\n" for k, v in meta.items()))
-        f.write("\n" + table + "\n")
-    bar_chart(rows, stem + ".png", f"{model} {size}x{size}, {steps} steps, batch {batch}: median seconds "
-              f"({meta['device']})")
-    print(f"written: {stem}.md/.json/.png")
+def chart_title(run: dict) -> str:
+    """The chart's title for one run of `python -m rocm_sd bench` (the renderer draws the same)."""
+    r = next((r for r in run["results"] if "median_s" in r), {})
+    return (f"{r.get('model', run['bench'])} {r.get('width')}x{r.get('height')}, {r.get('steps')} steps, batch "
+            f"{r.get('batch')}: median seconds ({run['device']}, {run['commit'][:7]}, {run['date']})")
+
+
+def _write(rows, profiles, model, device, out_dir, size, steps, batch) -> None:
+    command = ("python -m rocm_sd " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("__main__.py")
+               else f"rocm_sd.bench.run(model={model!r}, size={size}, steps={steps}, batch={batch})")
+    extra = {"profiles": profiles} if profiles else {}
+    path, run = append_run(out_dir, model, run_meta(device_name(device), command), rows, **extra)
+    chart = Path(out_dir) / (path.stem + ".png")
+    if any("median_s" in r for r in rows):
+        bar_chart(rows, str(chart), chart_title(run))
+    print(f"appended run {run['run']} to {path}" + (f"; chart: {chart}" if chart.exists() else ""))
+
+
+# Result files. One JSON Lines file per benchmark and device, <out>/data/<bench>-<device>.jsonl: one line per run,
+# appended (lines are never edited); docs/results.md says why JSON Lines and how to read them. A line is one JSON
+# object:
+#   run      "<date>-<bench>-<commit[:7]>-<device>" (a suffix -2, -3... if taken): the run's name, cited in docs
+#   bench, date, device, commit, command      what ran, where, from which source, how (RUN_KEYS: always there)
+#   torch, note, ... any other facts of the run; results: the benchmark's rows, as the benchmark defines them
+# `python bench/render_results.py` renders the markdown pages from these files.
+RUN_KEYS = ("run", "bench", "date", "device", "commit", "command")
+LOCK_TIMEOUT_S = 120.0
+
+
+class ResultsError(ValueError):
+    """A results data file that cannot be read or appended to; the message names the file (and line)."""
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100', 'AMD Instinct MI300X' -> 'mi300x': the device part of a data file's name."""
+    lower = name.lower()
+    for key in ("h200", "h100", "a100", "l40s", "mi355x", "mi350x", "mi325x", "mi300x", "mi300a", "mi250x", "mi250",
+                "mi210", "7900", "9070", "cpu"):
+        if key in lower:
+            return key
+    return re.sub(r"[^a-z0-9]+", "-", lower).strip("-") or "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def git_commit() -> str:
+    """The source's commit ($ROCM_SD_COMMIT where the copy has no git metadata), else 'unknown'."""
+    if os.environ.get("ROCM_SD_COMMIT"):
+        return os.environ["ROCM_SD_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_meta(device: str, command: str) -> dict:
+    """date, device, torch, commit and command of a run made now."""
+    return {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
+            "commit": git_commit(), "command": command}
+
+
+def data_path(out_dir: str | os.PathLike, bench: str, device: str) -> Path:
+    return Path(out_dir) / "data" / f"{bench}-{device_slug(device)}.jsonl"
+
+
+def read_runs(path: str | os.PathLike) -> list[dict]:
+    """The runs of one data file, oldest first ([] if there is none yet); ResultsError for anything malformed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as error:
+        raise ResultsError(f"{path}: cannot read: {error}") from None
+    runs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            run = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ResultsError(f"{path}, line {number}: not JSON ({error})") from None
+        if not isinstance(run, dict):
+            raise ResultsError(f"{path}, line {number}: a {type(run).__name__}, not a JSON object")
+        missing = [key for key in RUN_KEYS if not isinstance(run.get(key), str) or not run[key]]
+        if missing:
+            raise ResultsError(f"{path}, line {number}: run {run.get('run')!r} has no {', '.join(missing)}")
+        runs.append(run)
+    return runs
+
+
+def append_run(out_dir: str | os.PathLike, bench: str, meta: dict, results: list, **extra) -> tuple[Path, dict]:
+    """Appends one run (meta: run_meta()'s keys; results: the benchmark's rows; extra: more facts, e.g. a note)
+    to <out_dir>/data/<bench>-<device>.jsonl and returns (that path, the run as written). Writers hold the file's
+    lock and replace the file atomically, so concurrent benchmarks cannot lose each other's runs and a killed one
+    leaves the file as it was; a file that does not read back (ResultsError) is left alone."""
+    from filelock import FileLock
+
+    from .files import write_atomically
+
+    path = data_path(out_dir, bench, meta["device"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
+        runs = read_runs(path)
+        taken = {r["run"] for r in runs}
+        name = base = f"{meta['date']}-{bench}-{str(meta['commit'])[:7]}-{device_slug(meta['device'])}"
+        suffix = 1
+        while name in taken:  # the same benchmark again, same day and commit
+            suffix += 1
+            name = f"{base}-{suffix}"
+        run = {"run": name, "bench": bench, **meta, **extra, "results": results}
+        old = path.read_bytes() if path.exists() else b""
+        line = json.dumps(run).encode("utf-8") + b"\n"
+        write_atomically(path, lambda f: f.write(old + (b"\n" if old and not old.endswith(b"\n") else b"") + line),
+                         lock_held=True)
+    return path, run
