@@ -20,8 +20,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rocm_sd  # noqa: E402,F401 - registers torch.ops.rocm_sd
 from bench.harness import write_results  # noqa: E402
-from rocm_sd.ops import group_norm as group_norm_op  # noqa: E402  (the custom ops)
-from rocm_sd.ops import layer_norm as layer_norm_op  # noqa: E402
+from rocm_sd.ops.group_norm import group_norm as group_norm_op  # noqa: E402  (the custom ops)
+from rocm_sd.ops.layer_norm import layer_norm as layer_norm_op  # noqa: E402
+from rocm_sd.ops.attention import scaled_dot_product_attention  # noqa: E402
 
 layer_norm_module = sys.modules["rocm_sd.ops.layer_norm"]  # the op's file: its kernel launcher
 

@@ -1,4 +1,4 @@
-"""The Composable Kernel device-op instances rocm_sd builds, described as data (DESIGN.md convention 9).
+"""The Composable Kernel device-op instances rocm_sd builds, described as data (docs/design.md, convention 9).
 
 Each instance is one template instantiation of a CK device operation; its name encodes every
 parameter, so the tuner's database rows say exactly what ran. generate.py writes one source per

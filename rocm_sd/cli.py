@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--size", type=cli_args.image_size, help="image height and width in pixels")
     demo.add_argument("--repeats", type=cli_args.positive_int, default=3)
     bench_parser = cli_args.command(sub.add_parser(
-        "bench", help="eager, torch.compile and rocm_sd side by side (shared/PERF.md protocol)"), _bench)
+        "bench", help="eager, torch.compile and rocm_sd side by side (docs/performance.md protocol)"), _bench)
     bench_parser.add_argument("--model", default=None, choices=sorted(models.ARCHITECTURES),
                               help="architecture, random weights (default: sd15 on a GPU, tiny on a CPU)")
     bench_parser.add_argument("--size", type=cli_args.image_size, help="image height and width in pixels")
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                               help="one more rocm_sd row per optimize() flag toggled")
     bench_parser.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
     bench_parser.add_argument("--out", default="bench/results", type=cli_args.optional_output_folder,
-                              help="folder for the .md/.json results ('' to skip)")
+                              help="results folder: the run is appended to <out>/data/<model>-<device>.jsonl ('' to skip)")
     generate.add_arguments(cli_args.command(sub.add_parser(
         "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"),
         generate.main))

@@ -1,6 +1,6 @@
 """Chooses, per op call, between the rocm_sd kernel and the PyTorch reference, and counts.
 
-The rule (DESIGN.md, convention 3):
+The rule (docs/design.md, convention 3):
   - a backend forced by name wins; then the tuning database's choice for the call's shape (tune/);
   - the kernel runs when its op's `supports()` gives no reason against it;
   - otherwise the call falls back to the reference, and each distinct reason is logged once;

@@ -1,6 +1,6 @@
 """Graph capture (CUDA graphs / HIP graphs) of a model call, replayed per input signature.
 
-Why: an eager SD1.5 UNet step makes hundreds of kernel launches and is bound by host time (PERF.md:
+Why: an eager SD1.5 UNet step makes hundreds of kernel launches and is bound by host time (docs/performance.md:
 18.4 ms wall against 11.8 ms of GPU time on H200), so faster kernels do not show in wall time until
 the whole step is one graph launch.
 
@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .modules.hooks import accelerate_hooked
+from .modules.fusing import accelerate_hooked
 
 log = logging.getLogger("rocm_sd")
 

@@ -92,7 +92,7 @@ def test_bindings_compile_without_gpu_or_torch_headers(tmp_path):
 
 
 def test_no_wave32_assumptions_in_kernels():
-    # Warp-wide masks and wave sizes belong in compat.h only (DESIGN.md convention 6).
+    # Warp-wide masks and wave sizes belong in compat.h only (docs/design.md, convention 6).
     pattern = re.compile(r"0xffffffff|__shfl\w*_sync|warpSize\s*==\s*32|WARP_SIZE\s+32|\b32\s*\)\s*;\s*//\s*warp")
     offenders = []
     for path in sorted((ROOT / "hip").rglob("*")):

@@ -33,11 +33,11 @@ def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path):
     result = run_cli("bench", "--model", "tiny", "--engines", "eager,rocm_sd", "--steps", "2", "--repeats", "1",
                      "--warmup", "0", "--ablation", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    [json_path] = tmp_path.glob("*-tiny-*.json")
+    [data_path] = tmp_path.glob("data/tiny-*.jsonl")
     import json
 
-    data = json.loads(json_path.read_text())
-    assert {"date", "device", "torch", "commit", "command", "results"} <= data.keys()
+    [data] = [json.loads(line) for line in data_path.read_text().splitlines()]
+    assert {"run", "bench", "date", "device", "torch", "commit", "command", "results"} <= data.keys()
     labels = [row["label"] for row in data["results"]]
     assert labels[:2] == ["eager", "rocm_sd"] and "rocm_sd cuda_graph=off" in labels
     for row in data["results"]:
@@ -45,7 +45,7 @@ def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path):
     assert "| rocm_sd |" in result.stdout
     from PIL import Image
 
-    with Image.open(json_path.with_suffix(".png")) as chart:
+    with Image.open(tmp_path / (data_path.stem + ".png")) as chart:
         assert chart.size[0] > 300 and chart.size[1] > 100
 
 

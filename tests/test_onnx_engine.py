@@ -55,11 +55,15 @@ def test_a_gpu_without_gpu_provider_is_refused_with_the_reason(monkeypatch):
     assert onnx_engine.providers_for(torch.device("cuda", 0)) == (["ROCMExecutionProvider", "CPUExecutionProvider"], None)
 
 
-def test_bench_reports_an_engine_that_cannot_run(monkeypatch, tmp_path):
+def test_bench_reports_an_engine_that_cannot_run(monkeypatch, tmp_path, capsys):
+    import json
+
     monkeypatch.setattr(onnx_engine, "providers_for", lambda device: (None, "onnxruntime is not installed"))
     rows = bench.run(model="tiny", steps=1, repeats=1, warmup=0, engines=("eager", "onnxruntime"), out_dir=str(tmp_path))
     assert rows[1] == {"engine": "onnxruntime", "label": "onnxruntime", "model": "tiny",
                        "skipped": "onnxruntime is not installed"}
-    table = next(tmp_path.glob("*.md")).read_text()
-    assert "| onnxruntime | not run: onnxruntime is not installed |" in table
+    assert "| onnxruntime | not run: onnxruntime is not installed |" in capsys.readouterr().out
+    [run] = [json.loads(line) for line in next(tmp_path.glob("data/tiny-*.jsonl")).read_text().splitlines()]
+    assert {"engine": "onnxruntime", "label": "onnxruntime", "model": "tiny",
+            "skipped": "onnxruntime is not installed"} in run["results"]
     assert next(tmp_path.glob("*.png")).stat().st_size > 0

@@ -1,11 +1,11 @@
-"""1x1 convolutions as GEMMs on channels_last activations (rocm_sd/patch/pointwise.py)."""
+"""1x1 convolutions as GEMMs on channels_last activations (rocm_sd/modules/pointwise.py)."""
 import torch
 from torch import nn
 
 import rocm_sd
 from rocm_sd import models
-from rocm_sd.patch.pointwise import PointwiseConv2d, is_pointwise
-from rocm_sd.patch.swap import copy_as
+from rocm_sd.modules.pointwise import RocmPointwiseConv2d, is_pointwise
+from rocm_sd.modules.host_copies import copy_as
 
 
 def _conv(cin=24, cout=40, bias=True):
@@ -16,7 +16,7 @@ def _conv(cin=24, cout=40, bias=True):
 def test_same_result_and_layout_on_channels_last():
     for bias in (True, False):
         conv = _conv(bias=bias)
-        gemm = copy_as(conv, PointwiseConv2d)
+        gemm = copy_as(conv, RocmPointwiseConv2d)
         assert gemm.weight is conv.weight and (gemm.bias is conv.bias)
         x = torch.randn(2, 24, 6, 5).to(memory_format=torch.channels_last)
         with torch.no_grad():
@@ -27,7 +27,7 @@ def test_same_result_and_layout_on_channels_last():
 
 def test_other_layouts_and_autograd_run_the_convolution():
     conv = _conv()
-    gemm = copy_as(conv, PointwiseConv2d)
+    gemm = copy_as(conv, RocmPointwiseConv2d)
     x = torch.randn(2, 24, 6, 5)  # NCHW
     with torch.no_grad():
         assert torch.equal(gemm(x), conv(x))
@@ -50,6 +50,6 @@ def test_optimize_swaps_them_and_keeps_the_state_dict():
     rocm_sd.optimize(pipe)
     assert rocm_sd.report(pipe)["unet"]["conv1x1 as GEMM"] >= 2  # proj_in/proj_out of the tiny transformer
     assert list(pipe.unet.state_dict()) == keys
-    assert any(isinstance(m, PointwiseConv2d) for m in pipe.unet.modules())
+    assert any(isinstance(m, RocmPointwiseConv2d) for m in pipe.unet.modules())
     rocm_sd.revert(pipe)
-    assert not any(isinstance(m, PointwiseConv2d) for m in pipe.unet.modules())
+    assert not any(isinstance(m, RocmPointwiseConv2d) for m in pipe.unet.modules())

@@ -5,7 +5,8 @@ from diffusers.models.upsampling import Upsample2D
 
 from rocm_sd.ops._common import within_tolerance
 from rocm_sd.patch.core import PatchRecord
-from rocm_sd.patch.upsample import fold_weight, patch_upsamplers
+from rocm_sd.modules.upsample import fold_weight
+from rocm_sd.patch.diffusers import patch_upsamplers
 
 
 def make(channels=16, out_channels=8, bias=True, channels_last=False, shape=(2, 5, 7)):

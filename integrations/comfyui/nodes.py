@@ -1,7 +1,7 @@
 """ComfyUI nodes: "rocm_sd Optimize Model" (MODEL -> MODEL), "rocm_sd Optimize VAE" (VAE -> VAE) and
 "rocm_sd Tune" (MODEL -> MODEL, unchanged: tunes the kernels for the model's shapes).
 
-A thin shim (DESIGN.md convention 10): node definitions around rocm_sd.patch.comfy, which the
+A thin shim (docs/design.md, convention 10): node definitions around rocm_sd.patch.comfy, which the
 AUTOMATIC1111 extension's Forge path shares. The norm modules become kernel-backed copies of themselves
 through the patcher's object patches, so ComfyUI's own load/unload, offload, LoRA weight patching and
 low-VRAM casting keep working and the input model is never touched; attention goes through ComfyUI's

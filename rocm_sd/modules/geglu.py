@@ -1,4 +1,4 @@
-"""GEGLUFused: diffusers' GEGLU (projection, then x * gelu(gate)) with the epilogue in one kernel."""
+"""RocmGEGLU: diffusers' GEGLU (projection, then x * gelu(gate)) with the epilogue in one kernel."""
 from __future__ import annotations
 
 import torch
@@ -7,10 +7,10 @@ from torch import nn
 from ..ops.geglu import geglu
 from ..ops.linear_geglu import hosts_ck as linear_geglu_hosts_ck
 from ..ops.linear_geglu import linear_geglu
-from .hooks import called_plainly
+from .fusing import called_plainly
 
 
-class GEGLUFused(nn.Module):
+class RocmGEGLU(nn.Module):
     """Holds the replaced GEGLU's `proj` (same parameters and state-dict keys: `proj.weight`,
     `proj.bias`)."""
 
@@ -19,7 +19,7 @@ class GEGLUFused(nn.Module):
         self.proj = proj
 
     @classmethod
-    def from_geglu(cls, module: nn.Module) -> "GEGLUFused":
+    def from_geglu(cls, module: nn.Module) -> "RocmGEGLU":
         new = cls(module.proj)
         new.train(module.training)
         return new
@@ -30,9 +30,6 @@ class GEGLUFused(nn.Module):
             # Builds with CK instances: projection and epilogue as one op, so the tuner can pick a fused CK pair.
             return linear_geglu.call(hidden_states, proj.weight, proj.bias)
         return geglu.call(proj(hidden_states))
-
-    def _get_name(self) -> str:
-        return "RocmGEGLU"
 
 
 def _plain_linear(proj: nn.Module) -> bool:

@@ -1,4 +1,4 @@
-"""GroupNormAct: an nn.GroupNorm drop-in running rocm_sd::group_norm, optionally with SiLU fused."""
+"""RocmGroupNorm: an nn.GroupNorm drop-in running rocm_sd::group_norm, optionally with SiLU fused."""
 from __future__ import annotations
 
 import torch
@@ -9,7 +9,7 @@ from ..ops.group_norm import group_norm
 ACTIVATIONS = (None, "silu")
 
 
-class GroupNormAct(nn.GroupNorm):
+class RocmGroupNorm(nn.GroupNorm):
     """nn.GroupNorm followed by an optional activation, in one kernel.
 
     A subclass of nn.GroupNorm with the same parameters and state-dict keys, so weights load, LoRA
@@ -24,8 +24,8 @@ class GroupNormAct(nn.GroupNorm):
         self.act = act
 
     @classmethod
-    def from_group_norm(cls, module: nn.GroupNorm, act: str | None = None) -> "GroupNormAct":
-        """A GroupNormAct sharing `module`'s parameters (no copy)."""
+    def from_group_norm(cls, module: nn.GroupNorm, act: str | None = None) -> "RocmGroupNorm":
+        """A RocmGroupNorm sharing `module`'s parameters (no copy)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.num_groups, new.num_channels, new.eps, new.affine = (module.num_groups, module.num_channels,

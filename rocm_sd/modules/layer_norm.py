@@ -1,4 +1,4 @@
-"""LayerNormFused: an nn.LayerNorm drop-in (last dimension) running rocm_sd::layer_norm."""
+"""RocmLayerNorm: an nn.LayerNorm drop-in (last dimension) running rocm_sd::layer_norm."""
 from __future__ import annotations
 
 import torch
@@ -7,11 +7,11 @@ from torch import nn
 from ..ops.layer_norm import layer_norm
 
 
-class LayerNormFused(nn.LayerNorm):
+class RocmLayerNorm(nn.LayerNorm):
     """Same parameters and state-dict keys as the nn.LayerNorm it replaces (shared, not copied)."""
 
     @classmethod
-    def from_layer_norm(cls, module: nn.LayerNorm) -> "LayerNormFused":
+    def from_layer_norm(cls, module: nn.LayerNorm) -> "RocmLayerNorm":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.normalized_shape, new.eps, new.elementwise_affine = (module.normalized_shape, module.eps,
@@ -22,6 +22,3 @@ class LayerNormFused(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm.call(x, self.weight, self.bias, self.eps)
-
-    def _get_name(self) -> str:
-        return "RocmLayerNorm"

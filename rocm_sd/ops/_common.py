@@ -17,7 +17,7 @@ def dtype_reasons(dtype: torch.dtype) -> list[str]:
     """Why the elementwise / normalisation kernels cannot take `dtype` (they take every rsd::DType): [] or one reason."""
     return [] if dtype in DTYPE_CODES else [f"dtype {dtype} (supported: float16, bfloat16, float32)"]
 
-# Accuracy rule shared by tests, benchmarks and the tuner (DESIGN.md convention 7, flash-attention's
+# Accuracy rule shared by tests, benchmarks and the tuner (docs/design.md, convention 7, flash-attention's
 # criterion): a kernel's max error against a float64 truth may be at most ERROR_FACTOR times the error
 # of PyTorch's own op in the same precision, plus a rounding floor of the output dtype.
 ERROR_FACTOR = 2.0

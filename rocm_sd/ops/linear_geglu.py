@@ -4,8 +4,8 @@
 
 The op exists for the Composable Kernel instances that fuse the epilogues into the GEMMs (ck_templates/
 LinearGegluInstance: the gate's GELU into one GEMM, bias and product into the other), so the [..., 2N]
-projection is never written. Its default path is what GEGLUFused always ran, F.linear (cuBLAS / hipBLASLt)
-then rocm_sd::geglu; a CK instance runs where the tuner measured it faster. GEGLUFused routes through this op
+projection is never written. Its default path is what RocmGEGLU always ran, F.linear (cuBLAS / hipBLASLt)
+then rocm_sd::geglu; a CK instance runs where the tuner measured it faster. RocmGEGLU routes through this op
 only in builds that have CK instances (ROCm with CK headers), so other builds keep the GEMM visible to
 torch.compile and skip a dispatch layer.
 """

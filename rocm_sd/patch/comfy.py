@@ -1,22 +1,20 @@
 """Patches for models driven by ComfyUI's ModelPatcher: ComfyUI itself and Forge (which vendors it).
 
-What the ComfyUI node and the A1111 extension's Forge path share (DESIGN.md convention 10: one copy of
+What the ComfyUI node and the A1111 extension's Forge path share (docs/design.md, convention 10: one copy of
 the patch logic): which modules of ComfyUI's UNet and VAE are which, kernel-backed copies of its norm
 modules to install as object patches, and attention in ComfyUI's calling conventions, either as the
 per-model `optimized_attention_override` or as attn1/attn2 replace patches.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from .. import ops
 from ..checkpoints import architecture_for
 from ..modules.attention import heads_first, heads_last, spatial_attention
 from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
 from .comfy_graph import install_graphs
-from .swap import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
-from .upsample import conv_foldable
+from ..modules.host_copies import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
+from ..modules.upsample import conv_foldable
 
 
 def _host_casts(module) -> bool:
@@ -69,7 +67,7 @@ def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[s
 
 def upsample_swaps(root) -> dict[str, object]:
     """{dotted path: replacement} for the VAE's Upsample modules (nearest 2x interpolation, then a 3x3 `conv`
-    when `with_conv`): the folded 2x2 convolution of patch/upsample.py. Weights ComfyUI casts per call take its
+    when `with_conv`): the folded 2x2 convolution of modules/upsample.py. Weights ComfyUI casts per call take its
     own forward."""
     return {name: upsample_copy(module, _host_casts) for name, module in root.named_modules()
             if type(module).__name__ == "Upsample" and getattr(module, "with_conv", False)
@@ -78,7 +76,7 @@ def upsample_swaps(root) -> dict[str, object]:
 
 def conv_swaps(root, skip: dict | None = None) -> dict[str, object]:
     """{dotted path: replacement} for every 2-D convolution of a ComfyUI UNet or VAE: the same convolution on a
-    channels_last view of its weight (patch/swap.py), so that the model's activations run NHWC. ComfyUI keeps
+    channels_last view of its weight (modules/host_copies.py), so that the model's activations run NHWC. ComfyUI keeps
     its models NCHW, and on NCHW tensors cuDNN's and MIOpen's fast convolutions transpose every input, output
     and filter (27% of an SD1.5 UNet step's GPU time on the H200: bench/notes/comfyui.md). Convolutions under a
     path in `skip` (modules swapped whole, such as the folded upsamplers) are left to their owner."""

@@ -7,7 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 from torch import nn
 
 RECORD_ATTR = "_rocm_sd_record"
@@ -78,19 +77,3 @@ class PatchRecord:
         while self.undo:
             fn, args, kwargs = self.undo.pop()
             fn(*args, **kwargs)
-
-
-def derived(store: dict, name: str, sources: tuple, make: Callable[[], torch.Tensor], *extra) -> torch.Tensor:
-    """make(), computed once and kept in store[name] until a source tensor (a weight or bias) is replaced or
-    changed in place (its data pointer or version moves, e.g. a LoRA fused into it) or `extra` changes.
-    For tensors derived from weights (folded kernels, summed biases) that patched forwards would otherwise
-    recompute on every call. A call that needs gradients of a source gets make() afresh and keeps nothing: the
-    result stays in autograd's graph (so make() must not detach)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources):
-        return make()
-    key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in sources) + extra
-    entry = store.get(name)
-    if entry is None or entry[0] != key:
-        with torch.no_grad():
-            entry = store[name] = (key, make())
-    return entry[1]

@@ -1,23 +1,17 @@
 """optimize(pipe) / revert(pipe): apply rocm_sd to a diffusers pipeline, or to one model."""
 from __future__ import annotations
 
+import inspect
 import logging
+from dataclasses import dataclass
+from typing import Callable
 
-import torch
 from torch import nn
 
-from ..graphs import GraphedCall, GraphPool
-from ..modules.hooks import accelerate_hooked
-from .attention import patch_attention
+from ..graphs import GraphPool
+from ..modules.fusing import accelerate_hooked
+from . import diffusers
 from .core import RECORD_ATTR, PatchRecord
-from .geglu import patch_geglus
-from .group_norm import patch_group_norms
-from .layer_norm import patch_layer_norms
-from .layout import patch_transformer_layouts
-from .pointwise import patch_pointwise_convs
-from .resnet import patch_resnets
-from .transformer import patch_transformer_blocks
-from .upsample import patch_upsamplers
 
 log = logging.getLogger("rocm_sd")
 
@@ -41,18 +35,6 @@ def _models(target) -> dict[str, nn.Module]:
     return found
 
 
-# The calls graph capture wraps per model class: (method, keyword arguments the method ignores).
-# AutoencoderKL.decode takes the pipeline's `generator` and does not use it.
-GRAPHED_CALLS = {
-    "UNet2DConditionModel": [("forward", ())],
-    "UNet2DModel": [("forward", ())],
-    "ControlNetModel": [("forward", ())],
-    "AutoencoderKL": [("decode", ("generator",))],
-    "CLIPTextModel": [("forward", ())],
-    "CLIPTextModelWithProjection": [("forward", ())],
-}
-
-
 OFFLOAD_FIRST = ("skipped: accelerate hooks on its modules (sequential CPU offload); call rocm_sd.optimize() "
                  "before enable_sequential_cpu_offload()")
 
@@ -66,95 +48,88 @@ def _untouched(target) -> dict[str, nn.Module]:
             if isinstance(model, nn.Module) and name not in COMPONENTS}
 
 
-def _install_graphs(model: nn.Module, record: PatchRecord, pool: GraphPool) -> None:
-    for method, ignored in GRAPHED_CALLS.get(type(model).__name__, []):
-        call = GraphedCall(getattr(model, method), model, f"{type(model).__name__}.{method}", ignored, pool)
-        record.set_attr(model, method, call)
-        record.graphed[method] = call
-        record.counts[f"graphed: {method}"] += 1
+@dataclass(frozen=True)
+class Flag:
+    """One optimize() keyword: what it turns on (its patcher, patch/diffusers.py), whether it is on by default, the
+    flag it needs on too, and whether it also applies to the CLIP text encoders."""
+    name: str
+    patch: Callable[[nn.Module, PatchRecord], None] | None
+    doc: str
+    default: bool = True
+    needs: str | None = None
+    text_encoders: bool = False
 
 
-def _to_channels_last(model: nn.Module, record: PatchRecord) -> None:
-    model.to(memory_format=torch.channels_last)
-    record.on_revert(model.to, memory_format=torch.contiguous_format)
-    record.counts["channels_last"] += 1
-    patch_transformer_layouts(model, record)
+# In the order they are applied: later patches rely on earlier ones (the attention patch replaces fused-QKV
+# processors; the graphs capture what all the others left).
+FLAGS = (
+    Flag("group_norm", diffusers.patch_group_norms,
+         "GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Statistics in fp32: fp16 results differ "
+         "from PyTorch's by rounding only."),
+    Flag("fuse_resnet", diffusers.patch_resnets,
+         "ResnetBlock2D's conv biases, time embedding, residual add and scale folded into its GroupNorm (input bias) "
+         "and one rocm_sd::bias_residual (modules/resnet.py). In builds with Composable Kernel instances (ROCm), conv2 "
+         "and its tail go through rocm_sd::conv_bias_residual, where the tuner may pick a CK convolution with bias and "
+         "residual in its epilogue. Additions in another order: rounding-level differences.", needs="group_norm"),
+    Flag("layer_norm", diffusers.patch_layer_norms,
+         "nn.LayerNorm over the last dimension (the transformer blocks' norms) -> rocm_sd::layer_norm.",
+         text_encoders=True),
+    Flag("fuse_transformer", diffusers.patch_transformer_blocks,
+         "BasicTransformerBlock's residual adds after self- and cross-attention folded into the LayerNorm that follows "
+         "each (rocm_sd::add_layer_norm, modules/transformer.py). Same math and rounding.", needs="layer_norm"),
+    Flag("geglu", diffusers.patch_geglus,
+         "The feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel. In builds with CK "
+         "instances (ROCm), projection and epilogue go through rocm_sd::linear_geglu, where the tuner may pick CK "
+         "GEMMs with the epilogue fused."),
+    Flag("pointwise_gemm", diffusers.patch_pointwise_convs,
+         "1x1 convolutions (SD1.x's proj_in/proj_out, resnet shortcuts) on channels_last activations as one GEMM with "
+         "the bias fused (modules/pointwise.py). Different summation order: rounding-level differences."),
+    Flag("fold_upsample", diffusers.patch_upsamplers,
+         "Upsample2D's nearest 2x upsampling and the 3x3 convolution after it as one 2x2 convolution at the input "
+         "resolution plus rocm_sd::parity_shuffle: 2.25x fewer multiply-adds, no 4x intermediate "
+         "(modules/upsample.py). Rounding-level differences (the folded kernels are sums of the 3x3 taps)."),
+    Flag("channels_last", diffusers.to_channels_last,
+         "Convolution weights (and so activations) in NHWC: cuDNN / MIOpen run NHWC convolutions without converting, "
+         "rocm_sd's GroupNorm keeps the layout, and the transformer blocks hand back channels_last without a copy. "
+         "Keep group_norm on with it: PyTorch's own channels_last GroupNorm is slow (docs/performance.md)."),
+    Flag("fuse_qkv", diffusers.fuse_qkv,
+         "One projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections). Off by default: it adds "
+         "`to_qkv` weights (state-dict keys, memory) while optimized.", default=False),
+    Flag("attention", diffusers.patch_attention,
+         "diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor: the same steps, the attention "
+         "through rocm_sd::attention on [B, L, H, D] views (no transpose copies). Per shape it runs rocm_sd's kernel "
+         "where `python -m rocm_sd.tune` measured it faster, else PyTorch's SDPA."),
+    Flag("text_encoder", None,
+         "The CLIP text encoder(s) too: their LayerNorms (with layer_norm) and a graphed forward (with cuda_graph). "
+         "Their attention stays transformers' own (causal SDPA)."),
+    Flag("cuda_graph", diffusers.install_graphs,
+         "The UNet / ControlNet step, the VAE decode and the text encoders replay a captured CUDA/HIP graph per input "
+         "shape (rocm_sd/graphs.py). Calls that cannot be graphed (autograd on, CPU tensors, torch.compile "
+         "tracing...) run eagerly; report() says how often and why. After changing a model in ways rocm_sd cannot "
+         "see (e.g. a LoRA scale), call invalidate_graphs(target).", text_encoders=True),
+)
+FLAG_NAMES = tuple(flag.name for flag in FLAGS)
 
 
-def _unfuse_qkv(model: nn.Module, added: list[tuple[nn.Module, str]]) -> None:
-    model.unfuse_qkv_projections()  # restores the processors, but leaves the fused Linear modules
-    for module, name in added:
-        delattr(module, name)
-        if hasattr(module, "fused_projections"):
-            module.fused_projections = False
+def _flags_doc() -> str:
+    return "\n".join(f"      {flag.name}{'' if flag.default else ' (off by default)'}: {flag.doc}" for flag in FLAGS)
 
 
-def _fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
-    fuse = getattr(model, "fuse_qkv_projections", None)
-    if fuse is None:
-        return
-    before = {id(m): set(m._modules) for m in model.modules()}
-    fuse()
-    added = [(m, name) for m in model.modules() if id(m) in before for name in set(m._modules) - before[id(m)]]
-    record.on_revert(_unfuse_qkv, model, added)
-    record.counts["fused qkv"] += 1
-
-
-def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer_norm: bool = True,
-             fuse_transformer: bool = True, geglu: bool = True, channels_last: bool = True, pointwise_gemm: bool = True,
-             fold_upsample: bool = True, fuse_qkv: bool = False,
-             attention: bool = True, text_encoder: bool = True, cuda_graph: bool = True):
+def optimize(target, **flags):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
-    Flags, one per optimization, each can be turned off:
-      group_norm  GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Exact same math;
-                  statistics in fp32, so fp16 results differ from PyTorch's by rounding only.
-      fuse_resnet ResnetBlock2D's conv biases, time embedding, residual add and scale folded into its
-                  GroupNorm (input bias) and one bias+residual kernel (patch/resnet.py); needs group_norm.
-                  Additions in another order: results differ from PyTorch's by rounding. In builds with
-                  Composable Kernel instances (ROCm), conv2 and its tail go through rocm_sd::conv_bias_residual,
-                  where the tuner may pick a CK convolution with bias and residual in its epilogue.
-      layer_norm  nn.LayerNorm over the last dimension (the transformer blocks' norms) -> rocm_sd::layer_norm.
-      fuse_transformer  BasicTransformerBlock's residual adds after self- and cross-attention folded into
-                  the LayerNorm that follows each (rocm_sd::add_layer_norm, patch/transformer.py); needs
-                  layer_norm. Same math and rounding.
-      geglu       the feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel. In
-                  builds with Composable Kernel instances (ROCm), projection and epilogue go through
-                  rocm_sd::linear_geglu, where the tuner may pick CK GEMMs with the epilogue fused.
-      channels_last  convolution weights (and so activations) in NHWC: cuDNN/MIOpen run NHWC
-                  convolutions without converting, rocm_sd's GroupNorm keeps the layout, and the
-                  transformer blocks hand back channels_last without a copy (patch/layout.py).
-                  Turn it off with group_norm: PyTorch's own channels_last GroupNorm is slow enough that
-                  channels_last with group_norm=False decodes slower than eager (VAE 512x512 27.0 vs
-                  20.9 ms on the H200, bench/results/2026-11-21-vae-decode-c44c9e4-h200.md).
-      pointwise_gemm  1x1 convolutions (SD1.x's proj_in/proj_out, resnet shortcuts) on channels_last
-                  activations as one GEMM with the bias fused, instead of a convolution and a separate
-                  bias add (patch/pointwise.py). Different summation order: rounding-level differences.
-      fold_upsample  Upsample2D's nearest 2x upsampling and the 3x3 convolution after it (the UNet's and the
-                  VAE decoder's up blocks) as one 2x2 convolution at the input resolution plus a pixel
-                  shuffle: 2.25x fewer multiply-adds, no 4x intermediate (patch/upsample.py). Rounding-level
-                  differences (the folded kernels are sums of the 3x3 taps).
-      fuse_qkv    one projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections).
-                  Off by default: it adds `to_qkv` weights (state-dict keys, memory) while optimized.
-      attention   diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor, the same
-                  steps with the attention through rocm_sd::attention on [B, L, H, D] views (no transpose
-                  copies; the output is already the projection's layout). Per shape it runs rocm_sd's
-                  flash-attention kernel where `python -m rocm_sd.tune` measured it faster, else PyTorch's
-                  SDPA; on the H200 it is 0.340 vs 0.348 s per SD1.5 image with SDPA throughout
-                  (bench/results/2026-11-21-sd15-51cf360-h200.md).
-      text_encoder  the CLIP text encoder(s) too: their LayerNorms (with layer_norm) and a graphed
-                  forward (with cuda_graph). Their attention stays transformers' own (causal SDPA).
-      cuda_graph  the UNet / ControlNet step and the VAE decode replay a captured CUDA/HIP graph per
-                  input shape (rocm_sd/graphs.py): the host cost of hundreds of launches per step goes.
-                  Calls that cannot be graphed (autograd on, CPU tensors, torch.compile tracing...)
-                  run eagerly; report() says how often and why. After changing a model in ways
-                  rocm_sd cannot see (e.g. a LoRA scale), call invalidate_graphs(target).
+    Keyword flags, one per optimization, each True / False (FLAGS, in the order applied):
+{flags}
+
     Ops fall back to PyTorch per call where a kernel cannot run (CPU tensors, unsupported dtype...);
     `rocm_sd.stats()` counts which backend ran. `report(target)` says what was replaced.
     Unknown components (a safety checker, an image encoder, a model class rocm_sd does not know) are
     left untouched and listed as such in the report.
     """
-    flags = {name: value for name, value in locals().items() if name != "target"}  # every keyword, as given
+    unknown = sorted(set(flags) - set(FLAG_NAMES))
+    if unknown:
+        raise TypeError(f"optimize() got unknown flags {', '.join(unknown)}; the flags are {', '.join(FLAG_NAMES)}")
+    flags = {flag.name: bool(flags.get(flag.name, flag.default)) for flag in FLAGS}  # every flag, as applied
     models = _models(target)
     if not models:
         log.warning("rocm_sd.optimize: nothing to optimize in %s", type(target).__name__)
@@ -165,6 +140,8 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
             _say_already_optimized(name, existing.flags, flags)
             continue
         record = PatchRecord(flags=flags)
+        record.graph_pool = pool
+        text_encoder = type(model).__name__ in TEXT_ENCODERS
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
         elif any(accelerate_hooked(m) for m in model.modules() if m is not model):
@@ -172,42 +149,26 @@ def optimize(target, *, group_norm: bool = True, fuse_resnet: bool = True, layer
             # the swapped modules would no longer reach (their weights stay on the meta device).
             record.counts[OFFLOAD_FIRST] += 1
             log.warning("rocm_sd.optimize: %s left untouched: %s", name, OFFLOAD_FIRST)
-        elif type(model).__name__ in TEXT_ENCODERS:
-            if not text_encoder:
-                record.counts["skipped: text_encoder=False"] += 1
-            else:
-                if layer_norm:
-                    patch_layer_norms(model, record)
-                if cuda_graph:
-                    _install_graphs(model, record, pool)
+        elif text_encoder and not flags["text_encoder"]:
+            record.counts["skipped: text_encoder=False"] += 1
         else:
-            if group_norm:
-                patch_group_norms(model, record)
-                if fuse_resnet:
-                    patch_resnets(model, record)
-            if layer_norm:
-                patch_layer_norms(model, record)
-                if fuse_transformer:
-                    patch_transformer_blocks(model, record)
-            if geglu:
-                patch_geglus(model, record)
-            if pointwise_gemm:
-                patch_pointwise_convs(model, record)
-            if fold_upsample:
-                patch_upsamplers(model, record)
-            if channels_last:
-                _to_channels_last(model, record)
-            if fuse_qkv:
-                _fuse_qkv(model, record)
-            if attention:  # after fuse_qkv: the fused processors are replaced too, and restored first
-                patch_attention(model, record)
-            if cuda_graph:  # last: the graphs capture the patched model
-                _install_graphs(model, record, pool)
+            for flag in FLAGS:
+                if (flag.patch is not None and flags[flag.name] and (flag.needs is None or flags[flag.needs])
+                        and (flag.text_encoders or not text_encoder)):
+                    flag.patch(model, record)
+        del record.graph_pool
         setattr(model, RECORD_ATTR, record)
         _load_tuning(model)
     for name, model in _untouched(target).items():
         log.info("rocm_sd.optimize: %s (%s) left untouched", name, type(model).__name__)
     return target
+
+
+optimize.__doc__ = optimize.__doc__.format(flags=_flags_doc())
+optimize.__signature__ = inspect.Signature(
+    [inspect.Parameter("target", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, default=flag.default, annotation=bool)
+       for flag in FLAGS])
 
 
 def _say_already_optimized(name: str, applied: dict, asked: dict) -> None:

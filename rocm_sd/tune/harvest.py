@@ -21,7 +21,7 @@ class TensorSpec:
     dtype: torch.dtype
 
     def make(self, device, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Random values (never zeros: DESIGN.md convention 7) in exactly this shape and stride."""
+        """Random values (never zeros: docs/design.md, convention 7) in exactly this shape and stride."""
         size = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride)) if all(self.shape) else 0
         base = torch.randn(size, device=device, dtype=torch.float32, generator=generator).to(self.dtype)
         return base.as_strided(self.shape, self.stride)

@@ -4,7 +4,7 @@ On ROCm the harvest runs PyTorch TunableOp (rocBLAS / hipBLASLt solutions for ea
 (convolution algorithms) on the model's real calls; their files sit beside rocm_sd's database
 (`tunableop_<device>.csv`, `miopen/`). Later processes read them when they first look up a tuned choice
 (active.py), unless the user configured TunableOp or MIOpen's database themselves. On CUDA, TunableOp has
-no algorithm list to search (it only times cuBLAS's default: bench/results/2026-11-22-tunableop-599964b-h200.md),
+no algorithm list to search (it only times cuBLAS's default: bench/results/notes/2026-11-22-tunableop-599964b-h200.md),
 so only cuDNN's benchmark mode runs there, in the tuning process.
 """
 from __future__ import annotations

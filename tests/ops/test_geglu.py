@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from rocm_sd import config, dispatch
-from rocm_sd.modules import GEGLUFused
+from rocm_sd.modules import RocmGEGLU
 from rocm_sd.ops._common import within_tolerance
 from tests.shapes import GEGLU_SD
 from rocm_sd.ops.geglu import geglu_kernel, geglu_ref, input_reasons, supports
@@ -24,7 +24,7 @@ def test_reference_is_diffusers_geglu():
     x = torch.randn(2, 5, 32)
     with torch.no_grad():
         assert torch.equal(geglu_ref(module.proj(x)), module(x))
-        fused = GEGLUFused.from_geglu(module)
+        fused = RocmGEGLU.from_geglu(module)
         assert fused.state_dict().keys() == module.state_dict().keys()
         with config.override(log_fallbacks=False):
             assert torch.equal(fused(x), module(x))
@@ -55,7 +55,7 @@ def test_fallback_handles_what_the_kernel_refuses():
 
 
 def test_module_is_differentiable():
-    fused = GEGLUFused(nn.Linear(8, 12))
+    fused = RocmGEGLU(nn.Linear(8, 12))
     x = torch.randn(3, 8, requires_grad=True)
     fused(x).sum().backward()
     assert x.grad is not None and fused.proj.weight.grad is not None

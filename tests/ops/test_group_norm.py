@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from rocm_sd import config, dispatch
-from rocm_sd.modules import GroupNormAct
+from rocm_sd.modules import RocmGroupNorm
 from rocm_sd.ops._common import within_tolerance
 from rocm_sd.ops.group_norm import describe, group_norm_kernel, group_norm_ref, input_reasons, supports
 from tests.shapes import GROUP_NORM_AWKWARD, GROUP_NORM_SD
@@ -127,7 +127,7 @@ def test_fallback_handles_what_the_kernel_refuses():
 
 def test_module_shares_parameters_and_state_dict_keys():
     gn = nn.GroupNorm(32, 64, eps=1e-6)
-    fused = GroupNormAct.from_group_norm(gn, act="silu")
+    fused = RocmGroupNorm.from_group_norm(gn, act="silu")
     assert fused.weight is gn.weight and fused.bias is gn.bias
     assert fused.state_dict().keys() == gn.state_dict().keys()
     assert "RocmGroupNormSiLU" in repr(fused)
@@ -138,7 +138,7 @@ def test_module_shares_parameters_and_state_dict_keys():
 
 def test_module_is_differentiable():
     gn = nn.GroupNorm(8, 16)
-    fused = GroupNormAct.from_group_norm(gn, act="silu")
+    fused = RocmGroupNorm.from_group_norm(gn, act="silu")
     x = torch.randn(2, 16, 4, 4, requires_grad=True)
     fused(x).sum().backward()
     assert x.grad is not None and gn.weight.grad is not None

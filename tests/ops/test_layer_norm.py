@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from rocm_sd import config, dispatch
-from rocm_sd.modules import LayerNormFused
+from rocm_sd.modules import RocmLayerNorm
 from rocm_sd.ops._common import within_tolerance
 from tests.shapes import LAYER_NORM_SD
 from rocm_sd.ops.layer_norm import (add_layer_norm_kernel, add_layer_norm_ref, add_layer_norm_supports, input_reasons,
@@ -22,7 +22,7 @@ def make(shape, dtype, device, param_dtype=None):
 
 def test_module_is_nn_layer_norm_and_falls_back_exactly():
     ln = nn.LayerNorm(64, eps=1e-6)
-    fused = LayerNormFused.from_layer_norm(ln)
+    fused = RocmLayerNorm.from_layer_norm(ln)
     assert fused.weight is ln.weight and fused.state_dict().keys() == ln.state_dict().keys()
     x = torch.randn(2, 5, 64)
     with torch.no_grad(), config.override(log_fallbacks=False):

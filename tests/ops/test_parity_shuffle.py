@@ -17,7 +17,7 @@ def make(shape, dtype, device, bias=True):
 
 def test_reference_is_the_upsampled_convolution():
     # The definition end to end: the folded parities of a 3x3 convolution, shuffled, are conv(nearest_2x(x)).
-    from rocm_sd.patch.upsample import fold_weight
+    from rocm_sd.modules.upsample import fold_weight
 
     x = torch.randn(2, 6, 5, 7).contiguous(memory_format=torch.channels_last)
     weight, bias = torch.randn(4, 6, 3, 3), torch.randn(4)

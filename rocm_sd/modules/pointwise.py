@@ -5,8 +5,8 @@ channels_last tensors cuDNN runs it as an implicit GEMM and PyTorch adds the bia
 broadcast kernel (profile of an optimized SD1.5 UNet evaluation on the H200: ~45 such bias adds, 4% of
 device time). F.linear on the permuted view reaches cuBLASLt/hipBLASLt with the bias fused into the GEMM,
 and its output, permuted back, is channels_last again: no copy. The transformer blocks' proj_in/proj_out
-of SD1.x and the resnets' 1x1 shortcuts are such convolutions. Inputs in another layout, and calls that
-need gradients, run the convolution as before.
+of SD1.x and the resnets' 1x1 shortcuts are such convolutions. Inputs in another layout run the convolution as
+before.
 """
 from __future__ import annotations
 
@@ -14,30 +14,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import PatchRecord
-from .swap import copy_as
 
 
-class PointwiseConv2d(nn.Conv2d):
+class RocmPointwiseConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
             weight = self.weight.reshape(self.out_channels, self.in_channels)
             return F.linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
         return super().forward(x)
 
-    def _get_name(self) -> str:
-        return "Conv2d(1x1 as GEMM)"
-
 
 def is_pointwise(conv: nn.Module) -> bool:
     return (type(conv) is nn.Conv2d and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
             and conv.padding in ((0, 0), "valid") and conv.dilation == (1, 1) and conv.groups == 1
             and conv.padding_mode == "zeros")
-
-
-def patch_pointwise_convs(model: nn.Module, record: PatchRecord) -> None:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if is_pointwise(child):
-                record.replace_child(parent, name, copy_as(child, PointwiseConv2d))
-                record.counts["conv1x1 as GEMM"] += 1

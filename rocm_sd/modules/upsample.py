@@ -11,7 +11,7 @@ kernels are summed in fp32 and cached per weight version; results differ from di
 
 Covered: diffusers' Upsample2D with a 3x3, stride 1, padding 1 convolution after nearest 2x interpolation
 (the SD UNet's and the VAE decoder's up blocks), and ComfyUI's VAE Upsample through patch/comfy.py. Anything
-else (an explicit output size other than 2x, norms, transposed convolutions, autograd, torch.compile tracing)
+else (an explicit output size other than 2x, norms, transposed convolutions, torch.compile tracing)
 runs the host's own forward.
 """
 from __future__ import annotations
@@ -21,9 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.parity_shuffle import parity_shuffle
-from ..modules.hooks import called_plainly
 from ..ops.parity_shuffle import parity_shuffle_ref
-from .core import PatchRecord, derived
+from .fusing import called_plainly, derived
 
 CACHE_ATTR = "_rocm_sd_folded_conv"
 
@@ -72,7 +71,7 @@ def folded_upsample_conv(x: torch.Tensor, conv: nn.Conv2d, cache: dict) -> torch
     return parity_shuffle_ref(parities, conv.bias)  # NCHW: the kernel takes channels_last only
 
 
-def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
+def upsample_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
     conv = _conv_of(self)
     h, w = hidden_states.shape[-2:] if hidden_states.dim() == 4 else (0, 0)
     if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
@@ -81,11 +80,3 @@ def fused_forward(self, hidden_states: torch.Tensor, output_size=None, *args, **
             or torch.compiler.is_compiling()):  # the weight cache cannot be traced; the compiler fuses its own way
         return type(self).forward(self, hidden_states, output_size, *args, **kwargs)
     return folded_upsample_conv(hidden_states, conv, getattr(self, CACHE_ATTR))
-
-
-def patch_upsamplers(model: nn.Module, record: PatchRecord) -> None:
-    from diffusers.models.upsampling import Upsample2D
-
-    for module in model.modules():
-        if type(module) is Upsample2D and fusable(module):
-            record.replace_forward(module, fused_forward, "upsample+conv folded", **{CACHE_ATTR: {}})

@@ -8,8 +8,8 @@ Fused: "attn1(...) + h" with norm2, and "attn2(...) + h" with norm3, are each on
 reads two tensors and writes two instead of reading three and writing two. Same math, same rounding
 (the sum is rounded to the activation dtype before the norm, as torch's add does).
 
-Calls the fused forward does not cover (cross_attention_kwargs such as GLIGEN or IP-Adapter masks,
-autograd, 4-D hidden states) run diffusers' own forward.
+Calls the fused forward does not cover (cross_attention_kwargs such as GLIGEN or IP-Adapter masks, 4-D hidden
+states) run diffusers' own forward.
 """
 from __future__ import annotations
 
@@ -17,18 +17,17 @@ import torch
 from torch import nn
 
 from ..ops.layer_norm import add_layer_norm
-from ..modules.hooks import called_plainly
-from ..modules.layer_norm import LayerNormFused
-from .core import PatchRecord
+from .fusing import called_plainly
+from .layer_norm import RocmLayerNorm
 
 
 def fusable(block: nn.Module) -> bool:
     return (block.norm_type == "layer_norm" and block.pos_embed is None and block._chunk_size is None
-            and block.attn2 is not None and isinstance(block.norm1, LayerNormFused)
-            and isinstance(block.norm2, LayerNormFused) and isinstance(block.norm3, LayerNormFused))
+            and block.attn2 is not None and isinstance(block.norm1, RocmLayerNorm)
+            and isinstance(block.norm2, RocmLayerNorm) and isinstance(block.norm3, RocmLayerNorm))
 
 
-def _add_norm(norm: LayerNormFused, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_norm(norm: RocmLayerNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, norm(x + residual)), in one kernel where the shapes allow."""
     if x.shape != residual.shape:  # a broadcasting add: leave it to torch
         total = x + residual
@@ -36,7 +35,7 @@ def _add_norm(norm: LayerNormFused, x: torch.Tensor, residual: torch.Tensor) -> 
     return add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
 
 
-def fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, encoder_hidden_states=None,
+def transformer_block_forward(self, hidden_states: torch.Tensor, attention_mask=None, encoder_hidden_states=None,
                   encoder_attention_mask=None, timestep=None, cross_attention_kwargs=None, class_labels=None,
                   added_cond_kwargs=None) -> torch.Tensor:
     if (cross_attention_kwargs or hidden_states.dim() != 3
@@ -53,9 +52,18 @@ def fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, encode
     return self.ff(norm_hidden_states) + hidden_states
 
 
-def patch_transformer_blocks(model: nn.Module, record: PatchRecord) -> None:
-    from diffusers.models.attention import BasicTransformerBlock
-
-    for block in model.modules():
-        if type(block) is BasicTransformerBlock and fusable(block):
-            record.replace_forward(block, fused_forward, "transformer block fused")
+# Transformer2DModel's output path ends with `.reshape(b, h, w, c).permute(0, 3, 1, 2).contiguous()`: the permuted
+# view of the token tensor already *is* a channels_last image, and `.contiguous()` turns it into NCHW with a strided
+# copy, which the next channels_last op converts back. This replacement of its _get_output_for_continuous_inputs
+# skips the copy when the block's input (the residual) is channels_last; values are identical.
+def transformer_output_keeping_channels_last(self, hidden_states, residual, batch_size, height, width, inner_dim):
+    if not residual.is_contiguous(memory_format=torch.channels_last) or residual.is_contiguous():
+        return type(self)._get_output_for_continuous_inputs(self, hidden_states, residual, batch_size, height,
+                                                            width, inner_dim)
+    if not self.use_linear_projection:
+        hidden_states = hidden_states.reshape(batch_size, height, width, inner_dim).permute(0, 3, 1, 2)
+        hidden_states = self.proj_out(hidden_states)
+    else:
+        hidden_states = self.proj_out(hidden_states)
+        hidden_states = hidden_states.reshape(batch_size, height, width, inner_dim).permute(0, 3, 1, 2)
+    return hidden_states + residual

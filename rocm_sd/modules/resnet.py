@@ -18,10 +18,9 @@ from torch import nn
 
 from ..ops.bias_residual import bias_residual
 from ..ops.conv_bias_residual import conv_bias_residual
-from ..modules.group_norm import GroupNormAct
-from ..modules.hooks import called_plainly
+from .fusing import called_plainly, derived
+from .group_norm import RocmGroupNorm
 from ..ops.conv_bias_residual import hosts_ck as conv_hosts_ck
-from .core import PatchRecord, derived
 
 
 def _plain_conv(conv) -> bool:
@@ -29,7 +28,7 @@ def _plain_conv(conv) -> bool:
 
 
 def _weights_readable(conv) -> bool:
-    """Still a plain nn.Conv2d called plainly (modules/hooks.py), so the fused path may read its weight and bias."""
+    """Still a plain nn.Conv2d called plainly (modules/fusing.py), so the fused path may read its weight and bias."""
     return _plain_conv(conv) and called_plainly(conv)
 
 
@@ -43,8 +42,8 @@ def plain_time_embedding(block: nn.Module) -> bool:
 
 def fusable(block: nn.Module) -> bool:
     return (block.upsample is None and block.downsample is None and plain_time_embedding(block)
-            and isinstance(block.norm1, GroupNormAct) and block.norm1.act == "silu"
-            and isinstance(block.norm2, GroupNormAct) and block.norm2.act == "silu"
+            and isinstance(block.norm1, RocmGroupNorm) and block.norm1.act == "silu"
+            and isinstance(block.norm2, RocmGroupNorm) and block.norm2.act == "silu"
             and isinstance(block.nonlinearity, nn.Identity) and _plain_conv(block.conv1) and _plain_conv(block.conv2)
             and (block.conv_shortcut is None or isinstance(block.conv_shortcut, nn.Conv2d)))
 
@@ -83,7 +82,7 @@ def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
-def fused_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
+def resnet_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
     if not (_weights_readable(self.conv1) and _weights_readable(self.conv2)):  # read directly below
         return type(self).forward(self, input_tensor, temb, *args, **kwargs)
     hidden = _conv_without_bias(self.conv1, self.norm1(input_tensor))
@@ -110,11 +109,3 @@ def _unit_stride(conv: nn.Conv2d) -> bool:
     """Stride 1, dilation 1, one group and numeric padding: what rocm_sd::conv_bias_residual takes."""
     return conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.groups == 1 and \
         not isinstance(conv.padding, str)
-
-
-def patch_resnets(model: nn.Module, record: PatchRecord) -> None:
-    from diffusers.models.resnet import ResnetBlock2D
-
-    for block in model.modules():
-        if type(block) is ResnetBlock2D and fusable(block):
-            record.replace_forward(block, fused_forward, "resnet fused", **{CACHE_ATTR: {}})

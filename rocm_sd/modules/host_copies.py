@@ -64,7 +64,7 @@ def _subclass(base: type, kind: str) -> type:
 
 def upsample_copy(module: nn.Module, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
     """A host's nearest-2x-then-conv upsampler (`conv`, a 3x3 nn.Conv2d, after interpolation) running the folded
-    2x2 convolution of patch/upsample.py, unless host_path(conv)."""
+    2x2 convolution of modules/upsample.py, unless host_path(conv)."""
     new = copy_as(module, _subclass(type(module), "upsample"))
     new.rocm_sd_host_path, new.rocm_sd_folded = host_path, {}
     return new

@@ -1,0 +1,200 @@
+"""Where rocm_sd's modules go in diffusers models: one patcher per optimize() flag (patch/pipeline.py's table).
+
+Each patcher finds what it replaces by exact class (subclasses may compute something else) and records how to
+undo every change (core.PatchRecord). What replaces a module lives in rocm_sd/modules/.
+
+GroupNorm fusions, each only where the module's forward is known to apply the two in sequence:
+  - ResnetBlock2D (time_embedding_norm "default", or the VAE decoder's "group" without a time embedding;
+    SiLU nonlinearity): norm1 and norm2 become GroupNorm+SiLU and `nonlinearity` becomes Identity; the one other
+    use of `nonlinearity`, on the time embedding, moves into a forward pre-hook of the block on its `temb`
+    argument, so the block computes the same.
+  - conv_norm_out followed by conv_act (UNet2DConditionModel, UNet2DModel, the VAE's Encoder and Decoder):
+    conv_norm_out becomes GroupNorm+SiLU and conv_act becomes Identity.
+Every other nn.GroupNorm becomes a plain RocmGroupNorm.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..graphs import GraphedCall
+from ..modules.attention import RocmAttnProcessor
+from ..modules.geglu import RocmGEGLU
+from ..modules.group_norm import RocmGroupNorm
+from ..modules.layer_norm import RocmLayerNorm
+from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
+from ..modules.resnet import CACHE_ATTR as RESNET_CACHE_ATTR
+from ..modules.resnet import fusable as resnet_fusable
+from ..modules.resnet import plain_time_embedding, resnet_forward, silu_temb
+from ..modules.transformer import fusable as transformer_block_fusable
+from ..modules.transformer import transformer_block_forward, transformer_output_keeping_channels_last
+from ..modules.upsample import CACHE_ATTR as UPSAMPLE_CACHE_ATTR
+from ..modules.upsample import fusable as upsample_fusable
+from ..modules.upsample import upsample_forward
+from ..modules.host_copies import copy_as
+from .core import PatchRecord
+
+# Classes whose forward runs `conv_act(conv_norm_out(x))` and uses conv_act nowhere else.
+NORM_OUT_THEN_ACT = {"UNet2DConditionModel", "UNet2DModel", "Encoder", "Decoder"}
+
+
+def _is_plain_group_norm(m) -> bool:
+    return type(m) is nn.GroupNorm
+
+
+def _fuse_resnet(block: nn.Module, record: PatchRecord) -> bool:
+    if not (plain_time_embedding(block) and isinstance(block.nonlinearity, nn.SiLU)
+            and _is_plain_group_norm(block.norm1) and _is_plain_group_norm(block.norm2)):
+        return False
+    record.replace_child(block, "norm1", RocmGroupNorm.from_group_norm(block.norm1, act="silu"))
+    record.replace_child(block, "norm2", RocmGroupNorm.from_group_norm(block.norm2, act="silu"))
+    record.replace_child(block, "nonlinearity", nn.Identity())
+    if block.time_emb_proj is not None and not block.skip_time_act:
+        record.add_hook(block.register_forward_pre_hook(silu_temb, with_kwargs=True))
+    record.counts["group_norm+silu"] += 2
+    return True
+
+
+def patch_group_norms(model: nn.Module, record: PatchRecord) -> None:
+    from diffusers.models.resnet import ResnetBlock2D
+
+    for module in list(model.modules()):
+        if isinstance(module, ResnetBlock2D):
+            _fuse_resnet(module, record)
+        elif (type(module).__name__ in NORM_OUT_THEN_ACT and _is_plain_group_norm(getattr(module, "conv_norm_out", None))
+              and isinstance(getattr(module, "conv_act", None), nn.SiLU)):
+            record.replace_child(module, "conv_norm_out", RocmGroupNorm.from_group_norm(module.conv_norm_out, "silu"))
+            record.replace_child(module, "conv_act", nn.Identity())
+            record.counts["group_norm+silu"] += 1
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if _is_plain_group_norm(child):
+                record.replace_child(parent, name, RocmGroupNorm.from_group_norm(child))
+                record.counts["group_norm"] += 1
+
+
+def patch_resnets(model: nn.Module, record: PatchRecord) -> None:
+    from diffusers.models.resnet import ResnetBlock2D
+
+    for block in model.modules():
+        if type(block) is ResnetBlock2D and resnet_fusable(block):
+            record.replace_forward(block, resnet_forward, "resnet fused", **{RESNET_CACHE_ATTR: {}})
+
+
+def patch_layer_norms(model: nn.Module, record: PatchRecord) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.LayerNorm and len(child.normalized_shape) == 1:
+                record.replace_child(parent, name, RocmLayerNorm.from_layer_norm(child))
+                record.counts["layer_norm"] += 1
+
+
+def patch_transformer_blocks(model: nn.Module, record: PatchRecord) -> None:
+    from diffusers.models.attention import BasicTransformerBlock
+
+    for block in model.modules():
+        if type(block) is BasicTransformerBlock and transformer_block_fusable(block):
+            record.replace_forward(block, transformer_block_forward, "transformer block fused")
+
+
+def patch_transformer_layouts(model: nn.Module, record: PatchRecord) -> None:
+    for module in model.modules():
+        if type(module).__name__ == "Transformer2DModel" and hasattr(module, "_get_output_for_continuous_inputs"):
+            record.bind(module, "_get_output_for_continuous_inputs", transformer_output_keeping_channels_last)
+            record.counts["transformer output kept channels_last"] += 1
+
+
+def _is_diffusers_geglu(module: nn.Module) -> bool:
+    # Exactly diffusers' class, with exact gelu: subclasses may compute something else.
+    return (type(module).__name__ == "GEGLU" and type(module).__module__ == "diffusers.models.activations"
+            and isinstance(getattr(module, "proj", None), nn.Linear))
+
+
+def patch_geglus(model: nn.Module, record: PatchRecord) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if _is_diffusers_geglu(child):
+                record.replace_child(parent, name, RocmGEGLU.from_geglu(child))
+                record.counts["geglu"] += 1
+
+
+def patch_pointwise_convs(model: nn.Module, record: PatchRecord) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if is_pointwise(child):
+                record.replace_child(parent, name, copy_as(child, RocmPointwiseConv2d))
+                record.counts["conv1x1 as GEMM"] += 1
+
+
+def patch_upsamplers(model: nn.Module, record: PatchRecord) -> None:
+    from diffusers.models.upsampling import Upsample2D
+
+    for module in model.modules():
+        if type(module) is Upsample2D and upsample_fusable(module):
+            record.replace_forward(module, upsample_forward, "upsample+conv folded", **{UPSAMPLE_CACHE_ATTR: {}})
+
+
+REPLACED = {"AttnProcessor2_0", "FusedAttnProcessor2_0"}
+
+
+def patch_attention(model: nn.Module, record: PatchRecord) -> None:
+    from diffusers.models.attention_processor import Attention
+
+    for module in model.modules():
+        if not isinstance(module, Attention):
+            continue
+        old = module.processor
+        if type(old).__name__ not in REPLACED:
+            record.counts[f"attention kept: {type(old).__name__}"] += 1
+            continue
+        module.set_processor(RocmAttnProcessor(old))
+        record.on_revert(module.set_processor, old)
+        record.counts["attention processor"] += 1
+
+
+# The calls graph capture wraps per model class: (method, keyword arguments the method ignores).
+# AutoencoderKL.decode takes the pipeline's `generator` and does not use it.
+GRAPHED_CALLS = {
+    "UNet2DConditionModel": [("forward", ())],
+    "UNet2DModel": [("forward", ())],
+    "ControlNetModel": [("forward", ())],
+    "AutoencoderKL": [("decode", ("generator",))],
+    "CLIPTextModel": [("forward", ())],
+    "CLIPTextModelWithProjection": [("forward", ())],
+}
+
+
+def install_graphs(model: nn.Module, record: PatchRecord) -> None:
+    """The model's calls replay captured CUDA/HIP graphs, one per input shape, in the pipeline's one memory pool."""
+    pool = record.graph_pool
+    for method, ignored in GRAPHED_CALLS.get(type(model).__name__, []):
+        call = GraphedCall(getattr(model, method), model, f"{type(model).__name__}.{method}", ignored, pool)
+        record.set_attr(model, method, call)
+        record.graphed[method] = call
+        record.counts[f"graphed: {method}"] += 1
+
+
+def to_channels_last(model: nn.Module, record: PatchRecord) -> None:
+    model.to(memory_format=torch.channels_last)
+    record.on_revert(model.to, memory_format=torch.contiguous_format)
+    record.counts["channels_last"] += 1
+    patch_transformer_layouts(model, record)
+
+
+def _unfuse_qkv(model: nn.Module, added: list[tuple[nn.Module, str]]) -> None:
+    model.unfuse_qkv_projections()  # restores the processors, but leaves the fused Linear modules
+    for module, name in added:
+        delattr(module, name)
+        if hasattr(module, "fused_projections"):
+            module.fused_projections = False
+
+
+def fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
+    fuse = getattr(model, "fuse_qkv_projections", None)
+    if fuse is None:
+        return
+    before = {id(m): set(m._modules) for m in model.modules()}
+    fuse()
+    added = [(m, name) for m in model.modules() if id(m) in before for name in set(m._modules) - before[id(m)]]
+    record.on_revert(_unfuse_qkv, model, added)
+    record.counts["fused qkv"] += 1
