@@ -34,6 +34,15 @@ from ..modules.upsample import upsample_forward
 from ..modules.host_copies import copy_as
 from .core import PatchRecord
 
+def _replace_children(model: nn.Module, record: PatchRecord, matches, make, count: str) -> None:
+    """Every child module for which matches(child) becomes make(child), counted as `count`."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if matches(child):
+                record.replace_child(parent, name, make(child))
+                record.counts[count] += 1
+
+
 # Classes whose forward runs `conv_act(conv_norm_out(x))` and uses conv_act nowhere else.
 NORM_OUT_THEN_ACT = {"UNet2DConditionModel", "UNet2DModel", "Encoder", "Decoder"}
 
@@ -66,11 +75,7 @@ def patch_group_norms(model: nn.Module, record: PatchRecord) -> None:
             record.replace_child(module, "conv_norm_out", RocmGroupNorm.from_group_norm(module.conv_norm_out, "silu"))
             record.replace_child(module, "conv_act", nn.Identity())
             record.counts["group_norm+silu"] += 1
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if _is_plain_group_norm(child):
-                record.replace_child(parent, name, RocmGroupNorm.from_group_norm(child))
-                record.counts["group_norm"] += 1
+    _replace_children(model, record, _is_plain_group_norm, RocmGroupNorm.from_group_norm, "group_norm")
 
 
 def patch_resnets(model: nn.Module, record: PatchRecord) -> None:
@@ -82,11 +87,8 @@ def patch_resnets(model: nn.Module, record: PatchRecord) -> None:
 
 
 def patch_layer_norms(model: nn.Module, record: PatchRecord) -> None:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.LayerNorm and len(child.normalized_shape) == 1:
-                record.replace_child(parent, name, RocmLayerNorm.from_layer_norm(child))
-                record.counts["layer_norm"] += 1
+    _replace_children(model, record, lambda m: type(m) is nn.LayerNorm and len(m.normalized_shape) == 1,
+                      RocmLayerNorm.from_layer_norm, "layer_norm")
 
 
 def patch_transformer_blocks(model: nn.Module, record: PatchRecord) -> None:
@@ -111,19 +113,11 @@ def _is_diffusers_geglu(module: nn.Module) -> bool:
 
 
 def patch_geglus(model: nn.Module, record: PatchRecord) -> None:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if _is_diffusers_geglu(child):
-                record.replace_child(parent, name, RocmGEGLU.from_geglu(child))
-                record.counts["geglu"] += 1
+    _replace_children(model, record, _is_diffusers_geglu, RocmGEGLU.from_geglu, "geglu")
 
 
 def patch_pointwise_convs(model: nn.Module, record: PatchRecord) -> None:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if is_pointwise(child):
-                record.replace_child(parent, name, copy_as(child, RocmPointwiseConv2d))
-                record.counts["conv1x1 as GEMM"] += 1
+    _replace_children(model, record, is_pointwise, lambda m: copy_as(m, RocmPointwiseConv2d), "conv1x1 as GEMM")
 
 
 def patch_upsamplers(model: nn.Module, record: PatchRecord) -> None:
