@@ -1,7 +1,6 @@
 """Graph capture (CUDA graphs / HIP graphs) of a model call, replayed per input signature.
 
-Why: an eager SD1.5 UNet step makes hundreds of kernel launches and is bound by host time (docs/performance.md:
-18.4 ms wall against 11.8 ms of GPU time on H200), so faster kernels do not show in wall time until
+Why: an eager SD1.5 UNet step makes hundreds of kernel launches and is bound by host time (docs/performance.md), so faster kernels do not show in wall time until
 the whole step is one graph launch.
 
 GraphedCall wraps a callable (a model's forward, the VAE's decode). Per signature (the pytree

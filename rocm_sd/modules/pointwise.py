@@ -2,8 +2,7 @@
 
 Over NHWC memory a 1x1 convolution is exactly the matrix product [N*H*W, Cin] x [Cin, Cout]. For
 channels_last tensors cuDNN runs it as an implicit GEMM and PyTorch adds the bias in a separate
-broadcast kernel (profile of an optimized SD1.5 UNet evaluation on the H200: ~45 such bias adds, 4% of
-device time). F.linear on the permuted view reaches cuBLASLt/hipBLASLt with the bias fused into the GEMM,
+broadcast kernel (dozens per SD1.5 UNet evaluation: bench/notes/sd15.md). F.linear on the permuted view reaches cuBLASLt/hipBLASLt with the bias fused into the GEMM,
 and its output, permuted back, is channels_last again: no copy. The transformer blocks' proj_in/proj_out
 of SD1.x and the resnets' 1x1 shortcuts are such convolutions. Inputs in another layout run the convolution as
 before.

@@ -11,7 +11,7 @@ Which runs: a forced backend, then the tuning database's measured choice for the
 use PyTorch's SDPA with its own backend pick. The tuner also measures each SDPA backend on its own
 ("torch:flash", "torch:efficient", "torch:cudnn": on ROCm the AOTriton flash and efficient kernels), because
 SDPA's pick is a fixed priority order, not a measurement. The kernel is the default nowhere without a
-measurement because vendors' attention is strong (on the H200, cuDNN's is faster at most SD shapes: bench/results/) and because on AMD the
+measurement because vendors' attention is strong (bench/results/attention-h200.md) and because on AMD the
 kernel is compile-checked only by its authors: `python -m rocm_sd.tune` validates it against a float64
 truth on the user's GPU before it is ever chosen there. On ROCm builds with Composable Kernel headers the
 tuner also measures CK's batched GEMM-softmax-GEMM instances (fp16, "ck:<instance>" choices).

@@ -106,8 +106,8 @@ def run(mesh: Mesh, pipe, job: Job, out_dir: str | None = None, progress: bool =
         start = time.perf_counter()
         shapes = {len(r): r for r in items}.values()  # one call per distinct batch size
         checked(mesh, "warm-up", lambda: [call_pipeline(pipe, job, r, steps=WARMUP_STEPS) for r in shapes])
-        # NCCL sets up the point-to-point connections of a gather on its first use: 0.25 s on 4 H200s, which
-        # would otherwise land in the first round.
+        # NCCL sets up the point-to-point connections of a gather on its first use, which would otherwise land
+        # in the first round's time.
         gather_to_root(mesh, "warm-up", None)
         timings.warmup_s = time.perf_counter() - start
 

@@ -78,7 +78,7 @@ def conv_swaps(root, skip: dict | None = None) -> dict[str, object]:
     """{dotted path: replacement} for every 2-D convolution of a ComfyUI UNet or VAE: the same convolution on a
     channels_last view of its weight (modules/host_copies.py), so that the model's activations run NHWC. ComfyUI keeps
     its models NCHW, and on NCHW tensors cuDNN's and MIOpen's fast convolutions transpose every input, output
-    and filter (27% of an SD1.5 UNet step's GPU time on the H200: bench/notes/comfyui.md). Convolutions under a
+    and filter (bench/notes/comfyui.md). Convolutions under a
     path in `skip` (modules swapped whole, such as the folded upsamplers) are left to their owner."""
     skip = skip or {}
     return {name: conv_channels_last_copy(module, _host_casts) for name, module in root.named_modules()
@@ -107,11 +107,12 @@ def comfy_attention(q, k, v, heads, skip_reshape=False, skip_output_reshape=Fals
 
 def attention_override(original, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
                        skip_output_reshape=False, **kwargs):
-    """transformer_options["optimized_attention_override"]: rocm_sd's attention op where a tuned choice may apply
-    (its kernel, a CK instance or one SDPA backend, tuned or asked for by name), else ComfyUI's own function, which is also what runs masked calls and arguments this
-    one does not know (a newer ComfyUI's GQA...). Where rocm_sd would run PyTorch's SDPA anyway, ComfyUI's own
-    function is the better SDPA call: ComfyUI picks SDPA's backend order (cuDNN first on NVIDIA: 1.06 vs 1.81 ms
-    per SD1.5 UNet evaluation on the H200, bench/results/2026-11-22-comfyui-*) and costs no extra host time."""
+    """transformer_options["optimized_attention_override"]: rocm_sd's attention op where ops/attention.py's
+    host_call_uses_op says so (a tuned choice may apply: its kernel, a CK instance or one SDPA backend), else
+    ComfyUI's own function, which also runs masked calls and arguments this one does not know (a newer ComfyUI's
+    GQA...). Where rocm_sd would run PyTorch's SDPA anyway, ComfyUI's own function is the better SDPA call: ComfyUI
+    picks SDPA's backend order (cuDNN first on NVIDIA, faster at SD's shapes: bench/results/comfyui-h200.md) and
+    costs no extra host time."""
     unknown = set(kwargs) - {"transformer_options", "_inside_attn_wrapper"}
     if unknown or not host_call_uses_op(q, q.shape[-1] if skip_reshape else q.shape[-1] // heads, mask):
         return original(q, k, v, heads, mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,

@@ -1,7 +1,6 @@
 """Graph capture of a ComfyUI model's evaluation (the sampler's `apply_model` call), per input signature.
 
-Why: ComfyUI runs the UNet eagerly, and on a fast GPU a sampling step is bound by host time (SD1.5 at
-512x512 on the H200: ~25 ms wall for ~11 ms of kernels, bench/notes/comfyui.md); launches cost more on
+Why: ComfyUI runs the UNet eagerly, and on a fast GPU a sampling step is bound by host time (bench/notes/comfyui.md); launches cost more on
 ROCm than on CUDA. Replayed as one graph, the step costs its kernels' time.
 
 How: installed as the patcher's `model_function_wrapper` (ComfyUI's sampler calls every model evaluation
