@@ -1,12 +1,10 @@
-"""Helpers shared by the op wrappers: dtype codes of _C, layouts, streams, tolerances."""
+"""Tensor facts the op modules share: dtype codes of _C, layouts, output allocation, streams, parameter reasons,
+the accuracy rule, CK listings."""
 from __future__ import annotations
 
-import weakref
-
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .. import _ext, dispatch
+from .. import _ext
 
 # Codes of rsd::DType and rsd::Layout in hip/include/rocm_sd/api.h.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -66,55 +64,6 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def tensor_key(t: torch.Tensor | None):
-    """What decides whether and how a kernel runs on `t`, except its values: for per-call caches."""
-    if t is None:
-        return None
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
-
-
-class PlanCache(dict):
-    """Per-op cache of what the checks decided (fallback reasons, workspace bytes, the tuned choice) by
-    argument key, so that they run once per shape rather than once per call. Bounded: cleared past
-    `limit` entries."""
-
-    _all: "weakref.WeakSet[PlanCache]" = weakref.WeakSet()
-
-    def __init__(self, limit: int = 4096):
-        super().__init__()
-        self.limit = limit
-        PlanCache._all.add(self)
-
-    __hash__ = object.__hash__  # dicts are unhashable; a cache is kept in a WeakSet by identity
-
-    @classmethod
-    def clear_all(cls) -> None:
-        """Forget every op's plans (the tuning database changed)."""
-        for cache in list(cls._all):
-            cache.clear()
-
-    def get_or_compute(self, key, compute):
-        value = self.get(key)
-        if value is None:
-            if len(self) >= self.limit:
-                self.clear()
-            value = self[key] = compute()
-        return value
-
-
-def kernel_reasons(device: torch.device, input_reasons: list[str], check) -> list[str]:
-    """Every op's supports() rule: why _C cannot run on `device` (with the argument reasons, so the user
-    sees all of them), else the argument reasons, else what the kernel's own check() says (C++ shape and
-    occupancy limits, asked only for arguments that passed the Python checks)."""
-    unavailable = _ext.unavailable_reason(device)
-    if unavailable:
-        return [unavailable] + input_reasons
-    if input_reasons:
-        return input_reasons
-    why = check()
-    return [why] if why else []
-
-
 def param_reasons(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                   channels: int | None) -> list[str]:
     """Why affine parameters cannot go to a norm kernel: each must be a contiguous (channels,) vector on
@@ -162,17 +111,3 @@ def ck_listing(function: str, device: torch.device | None = None) -> list:
     from .. import platform
 
     return list(listing(platform.device_arch(device) if device is not None and device.type == "cuda" else ""))
-
-
-# ---- calling an op without torch's dispatcher --------------------------------------------------------------
-
-_profiler_enabled = torch._C._autograd._profiler_enabled
-
-
-def dispatcher_needed() -> bool:
-    """Whether a call must go through torch's dispatcher: torch.compile is tracing (fake kernels), a dispatch mode
-    is active (the tuner's recorder, FakeTensorMode, export), or the profiler is on (its tables name the op)."""
-    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or _profiler_enabled()
-
-
-dispatch.on_tuning_changed(PlanCache.clear_all)  # a new database may choose differently for every shape

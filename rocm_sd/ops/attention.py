@@ -25,8 +25,9 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import DTYPE_CODES, PlanCache, ck_listing, dispatcher_needed, kernel_reasons, stream_handle, tensor_key
-from .spec import OpSpec, Plan, as_meta, device_of, dtype_name, problem_key
+from ._common import DTYPE_CODES, ck_listing, stream_handle
+from .spec import (OpSpec, Plan, PlanCache, as_meta, device_of, dispatcher_needed, dtype_name, kernel_reasons,
+                   problem_key, tensor_key)
 
 OP = "attention"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)

@@ -10,9 +10,8 @@ import torch
 
 from .. import _ext, dispatch
 from ._checks import check_broadcasts_to, check_floating, check_min_dims, check_same_device, fail
-from ._common import (DTYPE_CODES, dtype_reasons, into_output, kernel_reasons, layout_of, output_like, stream_handle,
-                      tensor_key)
-from .spec import OpSpec, as_meta, dtype_name, layout_name, problem_key, spatial_size
+from ._common import DTYPE_CODES, dtype_reasons, into_output, layout_of, output_like, stream_handle
+from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, layout_name, problem_key, spatial_size, tensor_key
 
 OP = "bias_residual"
 

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import NHWC, ck_listing, layout_of, output_like, stream_handle, tensor_key
+from ._common import NHWC, ck_listing, layout_of, output_like, stream_handle
 from .bias_residual import bias_residual, bias_residual_ref
-from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key
+from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key, tensor_key
 
 OP = "conv_bias_residual"
 

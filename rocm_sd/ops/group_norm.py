@@ -13,9 +13,10 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_min_dims, check_norm_params, check_same_device, fail
-from ._common import (DTYPE_CODES, NHWC, ck_listing, dtype_reasons, into_output, kernel_reasons, layout_of, output_like,
-                      param_reasons, stream_handle, tensor_key)
-from .spec import OpSpec, Plan, as_meta, device_of, dtype_name, layout_name, problem_key, spatial_size
+from ._common import (DTYPE_CODES, NHWC, ck_listing, dtype_reasons, into_output, layout_of, output_like, param_reasons,
+                      stream_handle)
+from .spec import (OpSpec, Plan, as_meta, device_of, dtype_name, kernel_reasons, layout_name, problem_key,
+                   spatial_size, tensor_key)
 
 OP = "group_norm"
 # Codes of rsd::GroupNormPath (api.h): "auto" lets the kernel choose; the others exist for tests and

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_broadcasts_to, check_floating, check_min_dims, check_norm_params, check_same_device
-from ._common import DTYPE_CODES, dtype_reasons, kernel_reasons, param_reasons, stream_handle, tensor_key
-from .spec import OpSpec, as_meta, dtype_name, layout_name, problem_key
+from ._common import DTYPE_CODES, dtype_reasons, param_reasons, stream_handle
+from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, layout_name, problem_key, tensor_key
 
 OP = "layer_norm"
 

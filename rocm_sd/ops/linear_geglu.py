@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import ck_listing, stream_handle, tensor_key
+from ._common import ck_listing, stream_handle
 from .geglu import geglu, geglu_ref
-from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key
+from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key, tensor_key
 
 OP = "linear_geglu"
 

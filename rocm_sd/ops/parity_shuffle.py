@@ -12,8 +12,8 @@ import torch
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import DTYPE_CODES, NHWC, dtype_reasons, kernel_reasons, layout_of, stream_handle, tensor_key
-from .spec import OpSpec, as_meta, dtype_name, layout_name, problem_key
+from ._common import DTYPE_CODES, NHWC, dtype_reasons, layout_of, stream_handle
+from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, layout_name, problem_key, tensor_key
 
 OP = "parity_shuffle"
 

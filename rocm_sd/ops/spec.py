@@ -12,13 +12,15 @@ backward differentiates the same PyTorch path. So callers never check for gradie
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .. import dispatch
-from ._common import ERROR_FACTOR, NHWC, PlanCache, dispatcher_needed, layout_of, within_tolerance
+from .. import _ext, dispatch
+from ._common import ERROR_FACTOR, NHWC, layout_of, within_tolerance
 
 REGISTRY: dict[str, "OpSpec"] = {}
 
@@ -53,6 +55,69 @@ def layout_name(t) -> str:
 
 def spatial_size(x) -> int:
     return x.numel() // (x.shape[0] * x.shape[1]) if x.dim() >= 2 and x.shape[0] * x.shape[1] else 0
+
+
+# ---- per-shape plans, kernel reasons, and when torch's dispatcher is needed ------------------------------------
+
+def tensor_key(t: torch.Tensor | None):
+    """What decides whether and how a kernel runs on `t`, except its values: for per-call caches."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+
+
+class PlanCache(dict):
+    """Per-op cache of what the checks decided (fallback reasons, workspace bytes, the tuned choice) by
+    argument key, so that they run once per shape rather than once per call. Bounded: cleared past
+    `limit` entries."""
+
+    _all: "weakref.WeakSet[PlanCache]" = weakref.WeakSet()
+
+    def __init__(self, limit: int = 4096):
+        super().__init__()
+        self.limit = limit
+        PlanCache._all.add(self)
+
+    __hash__ = object.__hash__  # dicts are unhashable; a cache is kept in a WeakSet by identity
+
+    @classmethod
+    def clear_all(cls) -> None:
+        """Forget every op's plans (the tuning database changed)."""
+        for cache in list(cls._all):
+            cache.clear()
+
+    def get_or_compute(self, key, compute):
+        value = self.get(key)
+        if value is None:
+            if len(self) >= self.limit:
+                self.clear()
+            value = self[key] = compute()
+        return value
+
+
+dispatch.on_tuning_changed(PlanCache.clear_all)  # a new database may choose differently for every shape
+
+
+def kernel_reasons(device: torch.device, input_reasons: list[str], check) -> list[str]:
+    """Every op's supports() rule: why _C cannot run on `device` (with the argument reasons, so the user
+    sees all of them), else the argument reasons, else what the kernel's own check() says (C++ shape and
+    occupancy limits, asked only for arguments that passed the Python checks)."""
+    unavailable = _ext.unavailable_reason(device)
+    if unavailable:
+        return [unavailable] + input_reasons
+    if input_reasons:
+        return input_reasons
+    why = check()
+    return [why] if why else []
+
+
+_profiler_enabled = torch._C._autograd._profiler_enabled
+
+
+def dispatcher_needed() -> bool:
+    """Whether a call must go through torch's dispatcher: torch.compile is tracing (fake kernels), a dispatch mode
+    is active (the tuner's recorder, FakeTensorMode, export), or the profiler is on (its tables name the op)."""
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or _profiler_enabled()
 
 
 @dataclass
