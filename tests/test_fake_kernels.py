@@ -130,6 +130,12 @@ CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case
          case_attention, case_conv_bias_residual, case_linear_geglu]
 
 
+def test_every_registered_op_is_fuzzed():
+    from rocm_sd.ops import REGISTRY
+
+    assert {case.__name__.removeprefix("case_") for case in CASES} == set(REGISTRY)
+
+
 def _outcome(op, args):
     """('ok', [(shape, dtype, strides) per output]) or ('error', message)."""
     try:
