@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "rocm_sd/attention_impl.h"
+#include "rocm_sd/attention/impl.h"
 #include "rocm_sd/device.h"
-#include "rocm_sd/wave_mma.h"
+#include "rocm_sd/attention/wave_mma.h"
 
 namespace rsd {
 namespace {
