@@ -1,11 +1,18 @@
 // PYBIND11_MODULE(_C): the Python face of the kernels. Pointers and streams travel as integers;
-// no torch and no GPU runtime headers here (see rocm_sd/api.h).
+// no torch and no GPU runtime headers here (see rocm_sd/api.h, which also gives the entry points' convention).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <stdexcept>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/attention/api.h"
+#include "rocm_sd/bias_residual/api.h"
+#include "rocm_sd/ck/api.h"
+#include "rocm_sd/geglu/api.h"
+#include "rocm_sd/group_norm/api.h"
+#include "rocm_sd/layer_norm/api.h"
+#include "rocm_sd/parity_shuffle/api.h"
+#include "rocm_sd/runtime.h"
 
 namespace py = pybind11;
 

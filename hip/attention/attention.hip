@@ -26,8 +26,9 @@
 #include <vector>
 
 #include "rocm_sd/attention/impl.h"
-#include "rocm_sd/device.h"
 #include "rocm_sd/attention/wave_mma.h"
+#include "rocm_sd/device.h"
+#include "rocm_sd/runtime.h"  // device_info
 
 namespace rsd {
 namespace {

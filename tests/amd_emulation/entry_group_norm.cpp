@@ -4,7 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/group_norm/api.h"
+#include "rocm_sd/runtime.h"  // rsd_emu_device_l2_bytes
 #include "rsd_emu/entry_point.h"
 
 namespace {

@@ -7,11 +7,11 @@
 
 #include <cstdint>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/attention/api.h"
+#include "rocm_sd/attention/wave_mma.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
-#include "rocm_sd/attention/wave_mma.h"
 
 namespace rsd {
 namespace attn {

@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/device.h"
+#include "rocm_sd/group_norm/api.h"
 #include "rocm_sd/launch.h"
 
 namespace rsd {
