@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "rocm_sd/async_copy.h"
 #include "rocm_sd/attention/impl.h"
 #include "rocm_sd/attention/wave_mma.h"
 #include "rocm_sd/device.h"

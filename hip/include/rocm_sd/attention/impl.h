@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "rocm_sd/async_copy.h"
 #include "rocm_sd/attention/api.h"
 #include "rocm_sd/attention/wave_mma.h"
 #include "rocm_sd/common.h"

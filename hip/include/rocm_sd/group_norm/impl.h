@@ -13,6 +13,7 @@
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/device.h"
+#include "rocm_sd/grid_sync.h"
 #include "rocm_sd/group_norm/api.h"
 #include "rocm_sd/launch.h"
 
