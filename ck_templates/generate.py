@@ -237,7 +237,7 @@ const char* {name}(const ConvBiasResidualArgs& a) {{
 }}  // namespace rsd::ck
 """
 
-REGISTRY = HEADER + """// The CK instances built into _C (included by hip/ck_backend.hip when ROCM_SD_WITH_CK is defined).
+REGISTRY = HEADER + """// The CK instances built into _C (included by hip/ck/ck_backend.hip when ROCM_SD_WITH_CK is defined).
 #pragma once
 #include "rocm_sd_ck/attention.h"
 #include "rocm_sd_ck/conv_bias_residual.h"

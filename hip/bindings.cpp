@@ -1,18 +1,38 @@
 // PYBIND11_MODULE(_C): the Python face of the kernels. Pointers and streams travel as integers;
 // no torch and no GPU runtime headers here (see rocm_sd/api.h).
+//
+// One convention for every op <op> (its entry points in rocm_sd/<op>/api.h, bound under the same names):
+//   <op>_check(args..., device) -> str              why the kernel cannot take these arguments, "" when it can
+//   <op>_forward(args..., stream, device)           enqueues the kernels; raises RuntimeError with the reason
+//   <op>_describe(...) -> str, <op>_workspace_bytes(...) -> int     where the op has them
+// and for the Composable Kernel instances (rocm_sd/ck/api.h):
+//   ck_<op>_instances(arch="")                      the instances with code for a GPU of `arch`
+//   ck_<op>_forward(name, args..., stream, device)  runs one instance by name; raises why it cannot
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <stdexcept>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/attention/api.h"
+#include "rocm_sd/bias_residual/api.h"
+#include "rocm_sd/ck/api.h"
+#include "rocm_sd/geglu/api.h"
+#include "rocm_sd/group_norm/api.h"
+#include "rocm_sd/layer_norm/api.h"
+#include "rocm_sd/parity_shuffle/api.h"
+#include "rocm_sd/runtime.h"
 
 namespace py = pybind11;
 
 namespace {
 
 const void* as_ptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
+const void* as_ptr_or_null(uintptr_t p) { return p ? as_ptr(p) : nullptr; }
 void* as_mut_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+void raise_if(const std::string& error) {
+  if (!error.empty()) throw std::runtime_error(error);
+}
 
 rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype,
                                    int param_dtype, int layout, int64_t n, int64_t c, int64_t hw, int groups,
@@ -21,8 +41,8 @@ rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, ui
   rsd::GroupNormArgs a;
   a.x = as_ptr(x);
   a.y = as_mut_ptr(y);
-  a.gamma = gamma ? as_ptr(gamma) : nullptr;
-  a.beta = beta ? as_ptr(beta) : nullptr;
+  a.gamma = as_ptr_or_null(gamma);
+  a.beta = as_ptr_or_null(beta);
   a.dtype = static_cast<rsd::DType>(dtype);
   a.param_dtype = static_cast<rsd::DType>(param_dtype);
   a.layout = static_cast<rsd::Layout>(layout);
@@ -39,8 +59,30 @@ rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, ui
   return a;
 }
 
-void raise_if(const std::string& error) {
-  if (!error.empty()) throw std::runtime_error(error);
+rsd::GegluArgs geglu_args(uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, uintptr_t stream,
+                          int device) {
+  return {as_ptr(x), as_mut_ptr(y), static_cast<rsd::DType>(dtype), rows, d, as_mut_ptr(stream), device};
+}
+
+rsd::BiasResidualArgs bias_residual_args(uintptr_t x, uintptr_t residual, uintptr_t bias, uintptr_t y, int dtype,
+                                         int layout, int64_t n, int64_t c, int64_t hw, double scale, uintptr_t stream,
+                                         int device) {
+  return {as_ptr(x), as_ptr(residual), as_ptr(bias), as_mut_ptr(y), static_cast<rsd::DType>(dtype),
+          static_cast<rsd::Layout>(layout), n, c, hw, static_cast<float>(scale), as_mut_ptr(stream), device};
+}
+
+rsd::ParityShuffleArgs parity_shuffle_args(uintptr_t parities, uintptr_t bias, uintptr_t out, int dtype, int64_t n,
+                                           int64_t h, int64_t w, int64_t c, uintptr_t stream, int device) {
+  return {as_ptr(parities), as_ptr_or_null(bias), as_mut_ptr(out), static_cast<rsd::DType>(dtype), n, h, w, c,
+          as_mut_ptr(stream), device};
+}
+
+rsd::LayerNormArgs layer_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype,
+                                   int param_dtype, int64_t rows, int64_t c, double eps, uintptr_t stream, int device,
+                                   uintptr_t residual, uintptr_t sum) {
+  return {as_ptr(x), as_mut_ptr(y), as_ptr_or_null(gamma), as_ptr_or_null(beta), static_cast<rsd::DType>(dtype),
+          static_cast<rsd::DType>(param_dtype), rows, c, static_cast<float>(eps), as_mut_ptr(stream), device,
+          as_ptr_or_null(residual), sum ? as_mut_ptr(sum) : nullptr};
 }
 
 // sizes: (batch, heads, q_len, kv_len, head_dim); strides: 4 x (batch, sequence, head) for q, k, v, out.
@@ -71,11 +113,25 @@ rsd::AttentionArgs attention_args(uintptr_t q, uintptr_t k, uintptr_t v, uintptr
   return a;
 }
 
+// attention_check / attention_describe: attention_forward's arguments without the stream; nothing launches.
+void def_attention_query(py::module_& m, const char* name, std::string (*query)(const rsd::AttentionArgs&),
+                         const char* doc) {
+  m.def(
+      name,
+      [query](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype, const std::vector<int64_t>& sizes,
+              const std::vector<std::vector<int64_t>>& strides, double scale, int device, const std::string& instance) {
+        return query(attention_args(q, k, v, out, dtype, sizes, strides, scale, 0, device, instance));
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"), py::arg("strides"),
+      py::arg("scale"), py::arg("device"), py::arg("instance") = "", doc);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "rocm_sd kernels (HIP sources; built for AMD with hipcc or for NVIDIA with nvcc)";
 
+  // ---- runtime (rocm_sd/runtime.h) ----
   m.def("build_info", [] {
     const rsd::BuildInfo b = rsd::build_info();
     py::dict d;
@@ -85,26 +141,6 @@ PYBIND11_MODULE(_C, m) {
     d["source_hash"] = b.source_hash;
     return d;
   });
-
-  m.def(
-      "ck_group_norm_instances",
-      [](const std::string& arch) {
-        py::list out;
-        for (const auto& inst : rsd::ck_group_norm_instances(arch)) out.append(py::make_tuple(inst.name, inst.silu));
-        return out;
-      },
-      py::arg("arch") = "",
-      "(name, silu) of the Composable Kernel GroupNorm instances with code for `arch` (all in the build for \"\").");
-
-  m.def(
-      "ck_group_norm_forward",
-      [](const std::string& name, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t y, int n, int h, int w, int c,
-         int groups, float eps, uintptr_t stream, int device) {
-        raise_if(rsd::ck_group_norm_forward(name, {as_ptr(x), as_ptr(gamma), as_ptr(beta), as_mut_ptr(y), n, h, w, c,
-                                                   groups, eps, as_mut_ptr(stream), device}));
-      },
-      py::arg("name"), py::arg("x"), py::arg("gamma"), py::arg("beta"), py::arg("y"), py::arg("n"), py::arg("h"),
-      py::arg("w"), py::arg("c"), py::arg("groups"), py::arg("eps"), py::arg("stream"), py::arg("device"));
 
   m.def(
       "device_info",
@@ -125,6 +161,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("check_kernel_image", &rsd::check_kernel_image, py::arg("device"),
         "Empty string if this build has machine code for the device, else the runtime's reason.");
 
+  // ---- group_norm (rocm_sd/group_norm/api.h) ----
   m.def(
       "group_norm_check",
       [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int layout, int64_t n,
@@ -132,7 +169,9 @@ PYBIND11_MODULE(_C, m) {
         return rsd::group_norm_check(
             group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps, silu, 0, 0, device));
       },
-      "Empty string if the kernel takes these arguments, else why not.");
+      py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
+      py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("groups"), py::arg("eps"), py::arg("silu"),
+      py::arg("device"), "Empty string if the kernel takes these arguments, else why not.");
 
   // path: 0 automatic, 1 resident (single pass), 2 split (three launches); see rsd::GroupNormPath.
   m.def(
@@ -163,17 +202,18 @@ PYBIND11_MODULE(_C, m) {
          int path, uintptr_t input_bias) {
         rsd::GroupNormArgs a = group_norm_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps,
                                                silu, workspace, stream, device, path);
-        a.input_bias = input_bias ? as_ptr(input_bias) : nullptr;
+        a.input_bias = as_ptr_or_null(input_bias);
         raise_if(rsd::group_norm_forward(a));
       },
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
       py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("groups"), py::arg("eps"), py::arg("silu"),
       py::arg("workspace"), py::arg("stream"), py::arg("device"), py::arg("path") = 0, py::arg("input_bias") = 0);
 
+  // ---- geglu (rocm_sd/geglu/api.h) ----
   m.def(
       "geglu_check",
       [](uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, int device) {
-        return rsd::geglu_check({as_ptr(x), as_mut_ptr(y), static_cast<rsd::DType>(dtype), rows, d, nullptr, device});
+        return rsd::geglu_check(geglu_args(x, y, dtype, rows, d, 0, device));
       },
       py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("device"),
       "Empty string if the kernel takes these arguments, else why not.");
@@ -181,88 +221,130 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "geglu_forward",
       [](uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, uintptr_t stream, int device) {
-        raise_if(rsd::geglu_forward(
-            {as_ptr(x), as_mut_ptr(y), static_cast<rsd::DType>(dtype), rows, d, as_mut_ptr(stream), device}));
+        raise_if(rsd::geglu_forward(geglu_args(x, y, dtype, rows, d, stream, device)));
       },
       py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("stream"),
-      py::arg("device"));
+      py::arg("device"), "y = x[:, :d] * gelu(x[:, d:]).");
 
+  // ---- bias_residual (rocm_sd/bias_residual/api.h) ----
   m.def(
-      "parity_shuffle_forward",
-      [](uintptr_t parities, uintptr_t bias, uintptr_t out, int dtype, int64_t n, int64_t h, int64_t w, int64_t c,
-         uintptr_t stream, int device, bool check_only) {
-        rsd::ParityShuffleArgs a{as_ptr(parities), bias ? as_ptr(bias) : nullptr, as_mut_ptr(out),
-                                 static_cast<rsd::DType>(dtype), n, h, w, c, as_mut_ptr(stream), device};
-        if (check_only) return rsd::parity_shuffle_check(a);
-        raise_if(rsd::parity_shuffle_forward(a));
-        return std::string();
+      "bias_residual_check",
+      [](uintptr_t x, uintptr_t residual, uintptr_t bias, uintptr_t y, int dtype, int layout, int64_t n, int64_t c,
+         int64_t hw, double scale, int device) {
+        return rsd::bias_residual_check(bias_residual_args(x, residual, bias, y, dtype, layout, n, c, hw, scale, 0,
+                                                           device));
       },
-      py::arg("parities"), py::arg("bias"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("h"),
-      py::arg("w"), py::arg("c"), py::arg("stream"), py::arg("device"), py::arg("check_only") = false,
-      "The folded upsampling's pixel shuffle with bias (NHWC); with check_only, only why it would refuse (or '').");
+      py::arg("x"), py::arg("residual"), py::arg("bias"), py::arg("y"), py::arg("dtype"), py::arg("layout"),
+      py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("scale"), py::arg("device"),
+      "Empty string if the kernel takes these arguments, else why not.");
 
   m.def(
       "bias_residual_forward",
       [](uintptr_t x, uintptr_t residual, uintptr_t bias, uintptr_t y, int dtype, int layout, int64_t n, int64_t c,
-         int64_t hw, double scale, uintptr_t stream, int device, bool check_only) {
-        rsd::BiasResidualArgs a{as_ptr(x), as_ptr(residual), as_ptr(bias), as_mut_ptr(y),
-                                static_cast<rsd::DType>(dtype), static_cast<rsd::Layout>(layout), n, c, hw,
-                                static_cast<float>(scale), as_mut_ptr(stream), device};
-        if (check_only) return rsd::bias_residual_check(a);
-        raise_if(rsd::bias_residual_forward(a));
-        return std::string();
+         int64_t hw, double scale, uintptr_t stream, int device) {
+        raise_if(rsd::bias_residual_forward(bias_residual_args(x, residual, bias, y, dtype, layout, n, c, hw, scale,
+                                                               stream, device)));
       },
       py::arg("x"), py::arg("residual"), py::arg("bias"), py::arg("y"), py::arg("dtype"), py::arg("layout"),
       py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("scale"), py::arg("stream"), py::arg("device"),
-      py::arg("check_only") = false,
-      "y = (x + residual + bias[c]) * scale; with check_only, only says why the kernel would refuse (or '').");
+      "y = (x + residual + bias[c]) * scale.");
+
+  // ---- parity_shuffle (rocm_sd/parity_shuffle/api.h) ----
+  m.def(
+      "parity_shuffle_check",
+      [](uintptr_t parities, uintptr_t bias, uintptr_t out, int dtype, int64_t n, int64_t h, int64_t w, int64_t c,
+         int device) {
+        return rsd::parity_shuffle_check(parity_shuffle_args(parities, bias, out, dtype, n, h, w, c, 0, device));
+      },
+      py::arg("parities"), py::arg("bias"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("h"),
+      py::arg("w"), py::arg("c"), py::arg("device"), "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "parity_shuffle_forward",
+      [](uintptr_t parities, uintptr_t bias, uintptr_t out, int dtype, int64_t n, int64_t h, int64_t w, int64_t c,
+         uintptr_t stream, int device) {
+        raise_if(rsd::parity_shuffle_forward(parity_shuffle_args(parities, bias, out, dtype, n, h, w, c, stream,
+                                                                 device)));
+      },
+      py::arg("parities"), py::arg("bias"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("h"),
+      py::arg("w"), py::arg("c"), py::arg("stream"), py::arg("device"),
+      "The folded upsampling's pixel shuffle with bias (NHWC).");
+
+  // ---- layer_norm (rocm_sd/layer_norm/api.h) ----
+  m.def(
+      "layer_norm_check",
+      [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int64_t rows, int64_t c,
+         double eps, int device, uintptr_t residual, uintptr_t sum) {
+        return rsd::layer_norm_check(
+            layer_norm_args(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, 0, device, residual, sum));
+      },
+      py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
+      py::arg("rows"), py::arg("c"), py::arg("eps"), py::arg("device"), py::arg("residual") = 0, py::arg("sum") = 0,
+      "Empty string if the kernel takes these arguments, else why not.");
 
   m.def(
       "layer_norm_forward",
       [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int64_t rows, int64_t c,
-         double eps, uintptr_t stream, int device, bool check_only, uintptr_t residual, uintptr_t sum) {
-        rsd::LayerNormArgs a{as_ptr(x), as_mut_ptr(y), gamma ? as_ptr(gamma) : nullptr, beta ? as_ptr(beta) : nullptr,
-                             static_cast<rsd::DType>(dtype), static_cast<rsd::DType>(param_dtype), rows, c,
-                             static_cast<float>(eps), as_mut_ptr(stream), device,
-                             residual ? as_ptr(residual) : nullptr, sum ? as_mut_ptr(sum) : nullptr};
-        if (check_only) return rsd::layer_norm_check(a);
-        raise_if(rsd::layer_norm_forward(a));
-        return std::string();
+         double eps, uintptr_t stream, int device, uintptr_t residual, uintptr_t sum) {
+        raise_if(rsd::layer_norm_forward(
+            layer_norm_args(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, stream, device, residual, sum)));
       },
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
-      py::arg("rows"), py::arg("c"), py::arg("eps"), py::arg("stream"), py::arg("device"), py::arg("check_only") = false,
-      py::arg("residual") = 0, py::arg("sum") = 0,
-      "LayerNorm over the last dimension (of x + residual, written to sum, when residual is given); with "
-      "check_only, only says why the kernel would refuse (or '').");
+      py::arg("rows"), py::arg("c"), py::arg("eps"), py::arg("stream"), py::arg("device"), py::arg("residual") = 0,
+      py::arg("sum") = 0,
+      "LayerNorm over the last dimension (of x + residual, written to sum, when residual is given).");
 
+  // ---- attention (rocm_sd/attention/api.h) ----
   m.def("attention_instances", &rsd::attention_instances,
         "Names of the compiled attention instances: dtype, padded head dim, waves, 16-query tiles a wave, keys a tile.");
   m.def("attention_refused_instances", &rsd::attention_refused_instances, py::arg("arch"),
         "The instances the kernel refuses on a GPU of this architecture (they spill registers there).");
 
+  def_attention_query(m, "attention_check", &rsd::attention_check,
+                      "Empty string if the kernel (or the named instance) takes these arguments, else why not.");
+  def_attention_query(m, "attention_describe", &rsd::attention_describe,
+                      "The instance and grid these arguments get, or 'error: <why>'.");
+
   m.def(
-      "attention",
+      "attention_forward",
       [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype, const std::vector<int64_t>& sizes,
          const std::vector<std::vector<int64_t>>& strides, double scale, uintptr_t stream, int device,
-         const std::string& instance, const std::string& mode) {
-        const rsd::AttentionArgs a = attention_args(q, k, v, out, dtype, sizes, strides, scale, stream, device, instance);
-        if (mode == "check") return rsd::attention_check(a);
-        if (mode == "describe") return rsd::attention_describe(a);
-        if (mode != "run") throw std::invalid_argument("attention mode is run, check or describe, not " + mode);
-        raise_if(rsd::attention_forward(a));
-        return std::string();
+         const std::string& instance) {
+        raise_if(rsd::attention_forward(
+            attention_args(q, k, v, out, dtype, sizes, strides, scale, stream, device, instance)));
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"), py::arg("strides"),
-      py::arg("scale"), py::arg("stream"), py::arg("device"), py::arg("instance") = "", py::arg("mode") = "run",
-      "out = softmax(q k^T * scale) v over [batch, seq, heads, head_dim] views. mode 'check': why the kernel would "
-      "refuse (or ''); 'describe': the instance and grid it would run.");
+      py::arg("scale"), py::arg("stream"), py::arg("device"), py::arg("instance") = "",
+      "out = softmax(q k^T * scale) v over [batch, seq, heads, head_dim] views.");
+
+  // ---- Composable Kernel instances (rocm_sd/ck/api.h) ----
+  m.def(
+      "ck_group_norm_instances",
+      [](const std::string& arch) {
+        py::list out;
+        for (const auto& inst : rsd::ck_group_norm_instances(arch)) out.append(py::make_tuple(inst.name, inst.silu));
+        return out;
+      },
+      py::arg("arch") = "",
+      "(name, silu) of the Composable Kernel GroupNorm instances with code for `arch` (all in the build for \"\").");
+
+  m.def(
+      "ck_group_norm_forward",
+      [](const std::string& name, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t y, int n, int h, int w, int c,
+         int groups, float eps, uintptr_t stream, int device) {
+        raise_if(rsd::ck_group_norm_forward(name, {as_ptr(x), as_ptr(gamma), as_ptr(beta), as_mut_ptr(y), n, h, w, c,
+                                                   groups, eps, as_mut_ptr(stream), device}));
+      },
+      py::arg("name"), py::arg("x"), py::arg("gamma"), py::arg("beta"), py::arg("y"), py::arg("n"), py::arg("h"),
+      py::arg("w"), py::arg("c"), py::arg("groups"), py::arg("eps"), py::arg("stream"), py::arg("device"),
+      "GroupNorm(+SiLU) by one CK instance (channels_last fp16); raises why it cannot run.");
 
   m.def("ck_attention_instances", &rsd::ck_attention_instances, py::arg("arch") = "",
         "Names of the Composable Kernel attention instances with code for `arch` (a GPU arch, e.g. gfx942; all "
         "in the build for \"\"). ROCm builds with CK headers only; else none.");
 
   m.def(
-      "ck_attention",
+      "ck_attention_forward",
       [](const std::string& name, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype,
          const std::vector<int64_t>& sizes, const std::vector<std::vector<int64_t>>& strides, double scale,
          uintptr_t stream, int device) {
@@ -271,14 +353,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("name"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"),
       py::arg("strides"), py::arg("scale"), py::arg("stream"), py::arg("device"),
-      "One Composable Kernel attention instance by name, on attention()'s arguments; raises why it cannot run.");
+      "One Composable Kernel attention instance by name, on attention_forward()'s arguments; raises why it cannot "
+      "run.");
 
   m.def("ck_linear_geglu_instances", &rsd::ck_linear_geglu_instances, py::arg("arch") = "",
         "Names of the Composable Kernel GEGLU-projection instances with code for `arch` (a GPU arch, e.g. "
         "gfx942; all in the build for \"\"). ROCm builds with CK headers only; else none.");
 
   m.def(
-      "ck_linear_geglu",
+      "ck_linear_geglu_forward",
       [](const std::string& name, uintptr_t x, uintptr_t weight, uintptr_t bias, uintptr_t gate, uintptr_t out,
          int64_t m, int64_t n, int64_t k, int64_t x_stride, uintptr_t stream, int device) {
         raise_if(rsd::ck_linear_geglu_forward(name, {as_ptr(x), as_ptr(weight), as_ptr(bias), as_mut_ptr(gate),
@@ -293,7 +376,7 @@ PYBIND11_MODULE(_C, m) {
         "arch, e.g. gfx942; all in the build for \"\"). ROCm builds with CK headers only; else none.");
 
   m.def(
-      "ck_conv_bias_residual",
+      "ck_conv_bias_residual_forward",
       [](const std::string& name, uintptr_t x, uintptr_t weight, uintptr_t bias, uintptr_t residual, uintptr_t out,
          const std::vector<int64_t>& sizes, double scale, uintptr_t stream, int device) {
         if (sizes.size() != 9) throw std::invalid_argument("sizes are n, c, h, w, k, r, s, pad_h, pad_w");

@@ -1,9 +1,9 @@
 // Build and device facts for `python -m rocm_sd info` and for _ext.py's load checks.
 #include <string>
 
-#include "rocm_sd/api.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/device.h"
+#include "rocm_sd/runtime.h"
 
 #ifndef ROCM_SD_TARGETS
 #define ROCM_SD_TARGETS "unknown"

@@ -14,7 +14,7 @@ import sysconfig
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-KERNELS = sorted((ROOT / "hip").glob("*.hip"))
+KERNELS = sorted((ROOT / "hip").rglob("*.hip"))  # hip/<family>/*.hip and hip/runtime.hip
 AMD_TARGETS = ["gfx1030"]  # gfx90a / gfx940 / gfx1100 moved to tests/test_build_rocm.py (gfx90a, gfx942, gfx11)
 NVIDIA_TARGETS = ["80", "90"]
 FLAGS = ["-std=c++17", "-O3", f"-I{ROOT / 'hip' / 'include'}"]
@@ -138,7 +138,7 @@ def test_ck_instances_compile_for_amd(tmp_path):
     commands = [Cmd([hipcc, "-x", "hip", *flags, "--offload-arch=gfx90a", "-c", src, "-o", f"{src}.o"], env)
                 for src in sources]
     commands.append(Cmd([hipcc, "-x", "hip", *flags, "-DROCM_SD_WITH_CK", "--offload-arch=gfx90a", "-c",
-                         ROOT / "hip" / "ck_backend.hip", "-o", tmp_path / "ck_backend.o"], env))
+                         ROOT / "hip" / "ck" / "ck_backend.hip", "-o", tmp_path / "ck_backend.o"], env))
     for target in ("gfx1030",):
         commands.append(Cmd([hipcc, "-x", "hip", *flags, f"--offload-arch={target}", "--cuda-device-only", "-S",
                              sources[1], "-o", tmp_path / f"one-{target}.s"], env))

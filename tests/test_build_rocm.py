@@ -212,7 +212,7 @@ RDNA = ("gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201")
 
 
 def instance_name(kernel):
-    """attention_kernel<bf16,48,4,1,64> -> bf16_d48_w4_r1_n64 (hip/attention.hip's names); wide ones end _n16_wide."""
+    """attention_kernel<bf16,48,4,1,64> -> bf16_d48_w4_r1_n64 (hip/attention/attention.hip's names); wide ones end _n16_wide."""
     dtype, dim, waves, rows, *block_n = kernel[kernel.index("<") + 1:-1].split(",")
     tail = f"_n{block_n[0]}" if block_n else "_n16_wide"
     return f"{dtype}_d{dim}_w{waves}_r{rows}{tail}"

@@ -160,7 +160,13 @@ def _call(q, k, v, scale, out: torch.Tensor | None, instance: str, mode: str, st
         out_ptr, out_strides = q.data_ptr(), [q.shape[1] * q.shape[2] * q.shape[3], q.shape[2] * q.shape[3], q.shape[3]]
     else:
         out_ptr, out_strides = out.data_ptr(), _strides(out)
-    return _ext._C.attention(*_kernel_args(q, k, v, out_ptr, out_strides, scale), stream, q.device.index, instance, mode)
+    args = _kernel_args(q, k, v, out_ptr, out_strides, scale)
+    if mode == "check":
+        return _ext._C.attention_check(*args, q.device.index, instance)
+    if mode == "describe":
+        return _ext._C.attention_describe(*args, q.device.index, instance)
+    _ext._C.attention_forward(*args, stream, q.device.index, instance)
+    return ""
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, instance: str = "") -> list[str]:
@@ -213,8 +219,8 @@ def ck_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
 def attention_ck(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One Composable Kernel instance, by name (`ck_instances()`); it raises when it cannot take the call."""
     y = _output(q, v)
-    _ext._C.ck_attention(name, *_kernel_args(q, k, v, y.data_ptr(), _strides(y), scale), stream_handle(q.device),
-                         q.device.index)
+    _ext._C.ck_attention_forward(name, *_kernel_args(q, k, v, y.data_ptr(), _strides(y), scale),
+                                 stream_handle(q.device), q.device.index)
     return y
 
 

@@ -58,9 +58,8 @@ def _args(x, residual, bias, y, scale):
 
 def supports(x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor, scale: float) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
-    return kernel_reasons(x.device, input_reasons(x, residual, bias),  # check_only=True: validates, launches nothing
-                          lambda: _ext._C.bias_residual_forward(*_args(x, residual, bias, x, scale), 0, x.device.index,
-                                                                True))
+    return kernel_reasons(x.device, input_reasons(x, residual, bias),
+                          lambda: _ext._C.bias_residual_check(*_args(x, residual, bias, x, scale), x.device.index))
 
 
 def bias_residual_kernel(x, residual, bias, scale, out=None):

@@ -102,9 +102,9 @@ def conv_bias_residual_ck(name: str, x, weight, bias, residual, scale, pad_h, pa
     """One CK instance by name (`ck_instances()`); it raises when it cannot take the call."""
     out = output_like(residual)
     (n, c, h, w), (k, _, r, s) = x.shape, weight.shape
-    _ext._C.ck_conv_bias_residual(name, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), residual.data_ptr(),
-                                  out.data_ptr(), [n, c, h, w, k, r, s, pad_h, pad_w], float(scale),
-                                  stream_handle(x.device), x.device.index)
+    _ext._C.ck_conv_bias_residual_forward(name, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), residual.data_ptr(),
+                                          out.data_ptr(), [n, c, h, w, k, r, s, pad_h, pad_w], float(scale),
+                                          stream_handle(x.device), x.device.index)
     return out
 
 

@@ -56,8 +56,8 @@ def _residual_args(residual, total):
 
 def supports(x, weight, bias, eps) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
-    return kernel_reasons(x.device, input_reasons(x, weight, bias),  # check_only=True: validates, launches nothing
-                          lambda: _ext._C.layer_norm_forward(*_args(x, x, weight, bias, eps), 0, x.device.index, True))
+    return kernel_reasons(x.device, input_reasons(x, weight, bias),
+                          lambda: _ext._C.layer_norm_check(*_args(x, x, weight, bias, eps), x.device.index))
 
 
 def layer_norm_kernel(x, weight, bias, eps, out=None):
@@ -145,14 +145,14 @@ def _residual_reasons(x: torch.Tensor, residual: torch.Tensor) -> list[str]:
 def add_layer_norm_supports(x, residual, weight, bias, eps) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
     return kernel_reasons(x.device, input_reasons(x, weight, bias) + _residual_reasons(x, residual),
-                          lambda: _ext._C.layer_norm_forward(*_args(x, x, weight, bias, eps), 0, x.device.index, True,
-                                                             **_residual_args(residual, x)))
+                          lambda: _ext._C.layer_norm_check(*_args(x, x, weight, bias, eps), x.device.index,
+                                                           **_residual_args(residual, x)))
 
 
 def add_layer_norm_kernel(x, residual, weight, bias, eps, out=None):
     """The HIP kernel itself, no dispatch; `out`: (sum, y) to write into."""
     total, y = (torch.empty_like(x), torch.empty_like(x)) if out is None else out
-    _ext._C.layer_norm_forward(*_args(x, y, weight, bias, eps), stream_handle(x.device), x.device.index, False,
+    _ext._C.layer_norm_forward(*_args(x, y, weight, bias, eps), stream_handle(x.device), x.device.index,
                                **_residual_args(residual, total))
     return total, y
 

@@ -88,8 +88,8 @@ def linear_geglu_ck(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torc
     k, n = x.shape[-1], weight.shape[0] // 2
     m = x.numel() // k
     gate = x.new_empty(m, n)  # the first GEMM's output, read by the second's epilogue
-    _ext._C.ck_linear_geglu(name, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), gate.data_ptr(), out.data_ptr(),
-                            m, n, k, k, stream_handle(x.device), x.device.index)
+    _ext._C.ck_linear_geglu_forward(name, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), gate.data_ptr(),
+                                    out.data_ptr(), m, n, k, k, stream_handle(x.device), x.device.index)
     return out
 
 

@@ -71,8 +71,7 @@ def _args(parities, bias, out):
 def supports(parities: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
     return kernel_reasons(parities.device, input_reasons(parities, bias),
-                          lambda: _ext._C.parity_shuffle_forward(*_args(parities, bias, parities), 0,
-                                                                 parities.device.index, True))
+                          lambda: _ext._C.parity_shuffle_check(*_args(parities, bias, parities), parities.device.index))
 
 
 def parity_shuffle_kernel(parities, bias, out=None):

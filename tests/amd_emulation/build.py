@@ -92,12 +92,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("ROCM_SD_EMU_CACHE", Path.home() / ".cache" / "rocm_sd" / "amd_emulation"))
 
 
+def source(stem: str) -> Path:
+    """hip/<family>/<stem>.hip (or hip/<stem>.hip): the one kernel source of that name."""
+    (path,) = HIP.rglob(f"{stem}.hip")
+    return path
+
+
 def build(arch: str, families: list[str]) -> Path:
-    """The shared library of the emulated kernels `families` (hip/<family>.hip) for `arch`; built once."""
+    """The shared library of the emulated kernels `families` (the sources hip/<family>/<name>.hip, by name) for
+    `arch`; built once."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no clang++ found")
-    sources = [HIP / "runtime.hip"] + [HIP / f"{f}.hip" for f in families]
+    sources = [HIP / "runtime.hip"] + [source(f) for f in families]
     out_dir = cache_root() / f"{arch}-{families[0]}-{_digest(arch, sources, cxx)}"
     library = out_dir / "kernels.so"
     if library.exists():

@@ -19,7 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-# (calculator architecture, instruction, wave size) for each instruction the kernels use (hip/include/rocm_sd/wave_mma.h).
+# (calculator architecture, instruction, wave size) for each instruction the kernels use
+# (hip/include/rocm_sd/attention/wave_mma.h).
 INSTRUCTIONS = [
     ("cdna3", "v_mfma_f32_16x16x16_f16", 64),
     ("cdna3", "v_mfma_f32_16x16x16_bf16", 64),

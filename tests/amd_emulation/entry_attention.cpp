@@ -1,5 +1,5 @@
 // C entry point of the emulated attention (see rsd_emu/entry_point.h).
-#include "rocm_sd/api.h"
+#include "rocm_sd/attention/api.h"
 #include "rsd_emu/entry_point.h"
 
 extern "C" {

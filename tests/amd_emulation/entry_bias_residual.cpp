@@ -1,5 +1,5 @@
-// C entry point of the emulated bias_residual op (hip/bias_residual.hip; see rsd_emu/entry_point.h).
-#include "rocm_sd/api.h"
+// C entry point of the emulated bias_residual op (hip/bias_residual/bias_residual.hip; see rsd_emu/entry_point.h).
+#include "rocm_sd/bias_residual/api.h"
 #include "rsd_emu/entry_point.h"
 
 extern "C" {

@@ -1,10 +1,11 @@
 // C entry points of the emulated group_norm (see rsd_emu/entry_point.h): the automatic choice of
-// group_norm.hip, and the resident (group_norm_resident*.hip) and split (group_norm_split.hip) paths forced
-// through GroupNormArgs::path, as the GPU tests force them.
+// hip/group_norm/group_norm.hip, and the resident (group_norm_resident*.hip) and split (group_norm_split.hip)
+// paths forced through GroupNormArgs::path, as the GPU tests force them.
 #include <cstdint>
 #include <vector>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/group_norm/api.h"
+#include "rocm_sd/runtime.h"  // rsd_emu_device_l2_bytes
 #include "rsd_emu/entry_point.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // C entry point of the emulated parity_shuffle (see rsd_emu/entry_point.h).
-#include "rocm_sd/api.h"
+#include "rocm_sd/parity_shuffle/api.h"
 #include "rsd_emu/entry_point.h"
 
 extern "C" {

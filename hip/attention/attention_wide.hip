@@ -18,8 +18,9 @@
 // the 64 KiB LDS of a CDNA CU); the instances differ in waves (dims a wave: 128 or 64) and query tiles.
 #include <algorithm>
 
-#include "rocm_sd/attention_impl.h"
-#include "rocm_sd/wave_mma.h"
+#include "rocm_sd/async_copy.h"
+#include "rocm_sd/attention/impl.h"
+#include "rocm_sd/attention/wave_mma.h"
 
 namespace rsd {
 namespace attn {

@@ -1,4 +1,4 @@
-// Internals shared by the attention kernel families that hip/attention.hip dispatches between:
+// Internals shared by the attention kernel families that hip/attention/attention.hip dispatches between:
 //   narrow (attention.hip):      each wave owns 16-query tiles and the whole head dim (up to 160): Q and the
 //                                output accumulators live in one wave's registers.
 //   wide (attention_wide.hip):   the waves of a block share 16-query tiles and split the head dim (the VAE's
@@ -7,11 +7,12 @@
 
 #include <cstdint>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/async_copy.h"
+#include "rocm_sd/attention/api.h"
+#include "rocm_sd/attention/wave_mma.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
-#include "rocm_sd/wave_mma.h"
 
 namespace rsd {
 namespace attn {

@@ -1,5 +1,5 @@
 // Internals shared by the GroupNorm(+SiLU) kernels: argument helpers, the per-element math, and the
-// two launch paths that hip/group_norm.hip chooses between.
+// two launch paths that hip/group_norm/group_norm.hip chooses between.
 //   resident (group_norm_resident.hip, NCHW; group_norm_resident_nhwc.hip, NHWC): one launch; every block
 //       holds its chunk of x in registers while the blocks sharing statistics (a group's in NCHW, an
 //       image's in NHWC) exchange partials: x is read once, y written once.
@@ -10,10 +10,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/device.h"
+#include "rocm_sd/grid_sync.h"
+#include "rocm_sd/group_norm/api.h"
 #include "rocm_sd/launch.h"
 
 namespace rsd {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/bias_residual/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"

@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "rocm_sd/api.h"
+#include "rocm_sd/ck/api.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/device.h"
+#include "rocm_sd/runtime.h"  // device_info
 
 #if defined(ROCM_SD_WITH_CK)
 #include "ck_registry.h"

@@ -26,7 +26,8 @@
 // did), faster at some shapes and slower at others, so it runs where the tuner measured it faster, or
 // when an image fits one block (no exchange): bench/notes/group_norm.md.
 #include "rocm_sd/device.h"
-#include "rocm_sd/group_norm_impl.h"
+#include "rocm_sd/grid_sync.h"
+#include "rocm_sd/group_norm/impl.h"
 
 namespace rsd {
 namespace gn {

@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <string>
 
-#include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#include "rocm_sd/geglu/api.h"
 #include "rocm_sd/launch.h"
 
 namespace rsd {

@@ -3,14 +3,14 @@
 //   y = act((x - mean[n,g]) * rstd[n,g] * gamma[c] + beta[c]),  act = SiLU or identity
 //
 // Statistics in fp32 (shifted sums within a block, Chan's formula across blocks). Two paths
-// (group_norm_impl.h): NCHW groups and NHWC images of at most one block take a single launch
+// (rocm_sd/group_norm/impl.h): NCHW groups and NHWC images of at most one block take a single launch
 // (group_norm_resident.hip, group_norm_resident_nhwc.hip); everything else takes the three launches of
 // group_norm_split.hip (two reads of x, the second partly from L2) unless the tuner chose the resident
 // path, which also exchanges statistics between blocks within its one launch. See choose() below and bench/notes/group_norm.md.
 // Why split groups over blocks at all: torch's GroupNorm runs one block per (n, g) for its statistics,
 // 64 blocks for an SD batch of 2 and 32 for the VAE at batch 1, far too few to fill a GPU.
 #include "rocm_sd/device.h"
-#include "rocm_sd/group_norm_impl.h"
+#include "rocm_sd/group_norm/impl.h"
 
 namespace rsd {
 

@@ -25,9 +25,11 @@
 #include <string>
 #include <vector>
 
-#include "rocm_sd/attention_impl.h"
+#include "rocm_sd/async_copy.h"
+#include "rocm_sd/attention/impl.h"
+#include "rocm_sd/attention/wave_mma.h"
 #include "rocm_sd/device.h"
-#include "rocm_sd/wave_mma.h"
+#include "rocm_sd/runtime.h"  // device_info
 
 namespace rsd {
 namespace {

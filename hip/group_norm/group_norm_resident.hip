@@ -19,7 +19,8 @@
 // the order in which the hardware dispatches blocks. If a wait still exceeds seconds (a device
 // partitioned below what the runtime reports), the kernel traps: an error, not a hang.
 #include "rocm_sd/device.h"
-#include "rocm_sd/group_norm_impl.h"
+#include "rocm_sd/grid_sync.h"
+#include "rocm_sd/group_norm/impl.h"
 
 namespace rsd {
 namespace gn {

@@ -1,4 +1,4 @@
-// Wave-level matrix-unit tiles for attention (hip/attention.hip), one policy per instruction family:
+// Wave-level matrix-unit tiles for attention (hip/attention/attention.hip), one policy per instruction family:
 //
 //   NvMma16816   NVIDIA sm_80+   mma.sync m16n8k16 (two per 16x16 tile), wave 32
 //   CdnaMfma16   AMD CDNA        v_mfma_f32_16x16x16{f16,bf16_1k} (gfx90a/94x/950), wave 64
@@ -24,7 +24,7 @@
 // tuner validated it on the user's GPU (rocm_sd/ops/attention.py).
 //
 // kQFromShared: whether the attention kernel should read large Q tiles' fragments from shared memory for every
-// product instead of keeping them in registers (hip/attention.hip, kQRegisterLimit).
+// product instead of keeping them in registers (hip/attention/attention.hip, kQRegisterLimit).
 #pragma once
 
 #include <type_traits>
@@ -373,7 +373,7 @@ using WaveMma = CdnaMfma16;
 // query i in one lane: the other 8 come from lane i + 16 (h flipped) by one shuffle per element.
 struct Rdna3Wmma16 : Wave32Wmma16<Rdna3Wmma16> {
   // Replicated operands make a Q fragment 8 VGPRs a lane per 16 head dims, as many as the fp32 output
-  // accumulators: at large head dims Q is better read from shared memory (hip/attention.hip kQRegisterLimit).
+  // accumulators: at large head dims Q is better read from shared memory (hip/attention/attention.hip kQRegisterLimit).
   static constexpr bool kQFromShared = true;
   struct QFrag { uint16_t h[16]; };
   struct PFrag { uint32_t w[8]; };  // packed pairs

@@ -15,10 +15,10 @@
 #include <cstdint>
 #include <string>
 
-#include "rocm_sd/api.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
+#include "rocm_sd/layer_norm/api.h"
 
 namespace rsd {
 namespace {

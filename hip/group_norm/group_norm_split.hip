@@ -13,7 +13,7 @@
 // References: Chan, Golub, LeVeque, "Algorithms for computing the sample variance" (1983);
 // torch's GroupNorm (aten/src/ATen/native/cuda/group_norm_kernel.cu) for the semantics.
 #include "rocm_sd/device.h"
-#include "rocm_sd/group_norm_impl.h"
+#include "rocm_sd/group_norm/impl.h"
 
 namespace rsd {
 namespace gn {
@@ -38,7 +38,7 @@ constexpr int kMinBlocksPerSm = 2;    // NCHW and tiny NHWC images: split furthe
 // latency-bound (13% of warps active at 2 per SM), more give large images thousands of partials per group
 // to merge: (2, 320, 64, 64) 16.3 -> 13.0 us, (1, 128, 1024, 1024) 315 -> 223 us.
 constexpr int kBlocksPerSmNhwc = 4;
-// NHWC blocks hold one pixel row of C / vec threads at least (kMaxThreadsNhwc in group_norm_impl.h).
+// NHWC blocks hold one pixel row of C / vec threads at least (kMaxThreadsNhwc in rocm_sd/group_norm/impl.h).
 // Rows up to 512 threads use kernels compiled for 512-thread blocks (128 registers a thread, no
 // spills); wider rows use a second instantiation under the 64-register cap of 1024-thread blocks.
 constexpr int64_t kPlaneMin = 2048;   // NCHW planes at least this large are applied plane by plane
