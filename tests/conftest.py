@@ -1,3 +1,4 @@
+import os
 import sys
 
 import pytest
@@ -9,11 +10,28 @@ from tests.comfyui_standin import STANDINS, load_node_package
 HAVE_GPU = platform.gpu_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true",
+                     help="also run the tests marked slow (ROCM_SD_RUN_SLOW=1 does the same; .ci/run sets it)")
+
+
+def run_slow(config) -> bool:
+    """The default run (the README's `python -m pytest`) skips the `slow` tests, to finish in minutes on two cores:
+    whole-hip/ compile lanes, torchrun jobs beyond one of each kind, subprocess twins of in-process CLI tests. They
+    run with --run-slow, ROCM_SD_RUN_SLOW=1 (CI), or a -m expression that names slow (`-m slow`)."""
+    return (config.getoption("--run-slow") or os.environ.get("ROCM_SD_RUN_SLOW", "") not in ("", "0")
+            or "slow" in (config.getoption("markexpr") or ""))
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no GPU visible to torch")
+    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or ROCM_SD_RUN_SLOW=1 (.ci/run does)")
+    slow = run_slow(config)
     for item in items:
         if "gpu" in item.keywords and not HAVE_GPU:
             item.add_marker(skip_gpu)
+        elif item.get_closest_marker("slow") and not slow:
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture(autouse=True)
