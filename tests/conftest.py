@@ -10,6 +10,16 @@ from tests.comfyui_standin import STANDINS, load_node_package
 HAVE_GPU = platform.gpu_available()
 
 
+def pytest_configure(config):
+    """On a machine without a GPU, one CPU thread for torch here and in the subprocesses (python -m rocm_sd,
+    torchrun), unless OMP_NUM_THREADS says otherwise. The tiny models' ops are too small to gain from a second
+    thread, and on a shared two-core machine one waiting for a descheduled peer made the run twice as slow
+    (the in-process bench test: 40 s with two threads under load, 4 s with one)."""
+    if not HAVE_GPU and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true",
                      help="also run the tests marked slow (ROCM_SD_RUN_SLOW=1 does the same; .ci/run sets it)")
