@@ -1,3 +1,4 @@
+import os
 import sys
 
 import pytest
@@ -9,11 +10,38 @@ from tests.comfyui_standin import STANDINS, load_node_package
 HAVE_GPU = platform.gpu_available()
 
 
+def pytest_configure(config):
+    """On a machine without a GPU, one CPU thread for torch here and in the subprocesses (python -m rocm_sd,
+    torchrun), unless OMP_NUM_THREADS says otherwise. The tiny models' ops are too small to gain from a second
+    thread, and on a shared two-core machine one waiting for a descheduled peer made the run twice as slow
+    (the in-process bench test: 40 s with two threads under load, 4 s with one)."""
+    if not HAVE_GPU and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true",
+                     help="also run the tests marked slow (ROCM_SD_RUN_SLOW=1 does the same; .ci/run sets it)")
+
+
+def run_slow(config) -> bool:
+    """The default run (the README's `python -m pytest`) skips the `slow` tests, to finish in minutes on two cores:
+    whole-hip/ compile lanes, torchrun jobs beyond one of each kind, subprocess twins of in-process CLI tests. They
+    run with --run-slow, ROCM_SD_RUN_SLOW=1 (CI), or a -m expression that names slow (`-m slow`)."""
+    return (config.getoption("--run-slow") or os.environ.get("ROCM_SD_RUN_SLOW", "") not in ("", "0")
+            or "slow" in (config.getoption("markexpr") or ""))
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no GPU visible to torch")
+    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or ROCM_SD_RUN_SLOW=1 (.ci/run does)")
+    slow = run_slow(config)
     for item in items:
         if "gpu" in item.keywords and not HAVE_GPU:
             item.add_marker(skip_gpu)
+        elif item.get_closest_marker("slow") and not slow:
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture(autouse=True)

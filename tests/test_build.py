@@ -2,7 +2,8 @@
 (clang 15) lane for what the current-ROCm lane (tests/test_build_rocm.py: hipcc 7 / clang 21 in a sid root,
 _C linked for gfx90a, gfx942, gfx950, gfx1100, gfx1101, gfx1151, gfx1200, gfx1201) does not cover: RDNA2
 (gfx1030, not a default target) and the Composable Kernel instances. Nothing runs. Set
-ROCM_SD_REQUIRE_BUILD_TOOLS=1 (CI does) to fail instead of skip when a compiler is missing."""
+ROCM_SD_REQUIRE_BUILD_TOOLS=1 (CI does) to fail instead of skip when a compiler is missing. The lanes that compile
+every source are marked slow: the default run skips them (--run-slow or ROCM_SD_RUN_SLOW=1 runs them; CI does)."""
 import concurrent.futures
 import os
 import pathlib
@@ -45,6 +46,7 @@ class Cmd(list):
         self.env = env
 
 
+@pytest.mark.slow  # every kernel source compiled: minutes on two cores
 def test_hip_sources_compile_for_amd_and_contain_kernels(tmp_path):
     hipcc = need("hipcc")
     env = {**os.environ, "HIP_PLATFORM": "amd"}  # else Debian's hipcc hands CUDA-looking builds to nvcc
@@ -77,6 +79,7 @@ def test_hip_sources_compile_for_amd_and_contain_kernels(tmp_path):
     assert not offenders, "kernels using scratch memory:\n" + "\n".join(offenders)
 
 
+@pytest.mark.slow  # every kernel source compiled: minutes on two cores
 def test_hip_sources_compile_for_nvidia(tmp_path):
     nvcc = need("nvcc")
     gencode = [f"-gencode=arch=compute_{t},code=sm_{t}" for t in NVIDIA_TARGETS]
@@ -118,6 +121,7 @@ def _ck_include():
     return include
 
 
+@pytest.mark.slow  # every CK instance compiled: minutes on two cores
 def test_ck_instances_compile_for_amd(tmp_path):
     """Every CK instance generated for gfx90a (GroupNorm and the XDL attention, GEGLU projection and convolution +
     bias + residual ones), and the backend that lists them, compile for it; one GroupNorm instance also for gfx1030

@@ -28,7 +28,7 @@ TARGETS = ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1151", "gfx12
 LDS_LIMIT = {"gfx950": 160 * 1024}  # bytes per workgroup; 64 KiB everywhere else
 MATRIX = {"gfx90a": "v_mfma", "gfx942": "v_mfma", "gfx950": "v_mfma"}  # gfx11 / gfx12: v_wmma
 
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.slow]  # CMake builds of _C: the default run skips them
 
 sys.path.insert(0, str(ROOT / ".ci"))
 import amd_resources  # noqa: E402

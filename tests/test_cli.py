@@ -1,7 +1,11 @@
-"""`python -m rocm_sd info` and `python -m rocm_sd demo` run end to end."""
+"""`python -m rocm_sd info`, `demo` and `bench` run end to end: `info` in a subprocess (the true entry point, in the
+default run), `demo` and `bench` in-process through rocm_sd.cli.main, and again in a subprocess in the slow run."""
+import contextlib
+import io
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,6 +14,25 @@ from tests.conftest import HAVE_GPU
 
 def run_cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "rocm_sd", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_cli_in_process(*args):
+    """rocm_sd.cli.main(args) as `python -m rocm_sd` would run it: its exit status, stdout and stderr."""
+    from rocm_sd import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main(list(args))
+        except SystemExit as stop:
+            status = stop.code
+    return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+@pytest.fixture(params=["in-process", pytest.param("subprocess", marks=pytest.mark.slow)])
+def rocm_sd_command(request):
+    """Runs `python -m rocm_sd ARGS`: in-process (the default run), or in a subprocess (slow: imports anew)."""
+    return run_cli_in_process if request.param == "in-process" else run_cli
 
 
 def test_info_names_the_kernel_library_state():
@@ -21,17 +44,17 @@ def test_info_names_the_kernel_library_state():
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="the GPU demo runs the full SD1.5 architecture; see bench/")
-def test_demo_on_cpu_writes_two_images_and_a_table(tmp_path):
-    result = run_cli("demo", "--out", str(tmp_path), "--steps", "2", "--repeats", "1")
+def test_demo_on_cpu_writes_two_images_and_a_table(tmp_path, rocm_sd_command):
+    result = rocm_sd_command("demo", "--out", str(tmp_path), "--steps", "2", "--repeats", "1")
     assert result.returncode == 0, result.stderr
     assert "| rocm_sd   |" in result.stdout and "PSNR" in result.stdout
     for name in ("reference.png", "rocm_sd.png"):
         assert os.path.getsize(tmp_path / name) > 0
 
 
-def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path):
-    result = run_cli("bench", "--model", "tiny", "--engines", "eager,rocm_sd", "--steps", "2", "--repeats", "1",
-                     "--warmup", "0", "--ablation", "--out", str(tmp_path))
+def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path, rocm_sd_command):
+    result = rocm_sd_command("bench", "--model", "tiny", "--engines", "eager,rocm_sd", "--steps", "2", "--repeats",
+                             "1", "--warmup", "0", "--ablation", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     [data_path] = tmp_path.glob("data/tiny-*.jsonl")
     import json
@@ -49,8 +72,8 @@ def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path):
         assert chart.size[0] > 300 and chart.size[1] > 100
 
 
-def test_bench_rejects_unknown_engines():
-    result = run_cli("bench", "--model", "tiny", "--engines", "eager,tensorrt", "--out", "")
+def test_bench_rejects_unknown_engines(rocm_sd_command):
+    result = rocm_sd_command("bench", "--model", "tiny", "--engines", "eager,tensorrt", "--out", "")
     assert result.returncode != 0 and "unknown engines" in result.stderr
 
 

@@ -3,7 +3,9 @@ matching one process, and a failing or dying rank ending the job with a clear er
 
 The end-to-end tests launch `torchrun --standalone -m rocm_sd generate` on the tiny architecture, every
 process with one CPU thread (a different thread count changes CPU reduction order, hence rounding): the same
-arithmetic in every process, so data-parallel images must be identical bit for bit.
+arithmetic in every process, so data-parallel images must be identical bit for bit. Each job takes seconds of
+imports per process on two cores: the default run launches one job of each kind (data, cfg, a failed setup, a
+rank raising mid-job); the others (four processes, other fault places, a killed rank) are marked slow.
 """
 from __future__ import annotations
 
@@ -242,6 +244,7 @@ def test_generate_fails_cleanly_on_every_rank(tmp_path):
     assert "rank 0 failed during pipeline setup" in proc.stderr and "model_index.json" in proc.stderr
 
 
+@pytest.mark.slow  # four processes
 def test_two_cfg_pairs_are_data_parallel_among_themselves(tmp_path, one_process):
     """4 processes in cfg mode: two pairs, each pair splitting guidance, the pairs splitting the prompts."""
     proc, out = _generate(tmp_path, "cfg4", 4, "--mode", "cfg")
@@ -270,10 +273,11 @@ def _failed_job(tmp_path, nproc: int, mode: str, fault: str) -> tuple[str, float
 
 
 @pytest.mark.parametrize("nproc,fault,step", [
-    (2, "1 warm-up raise", "warm-up"),
+    pytest.param(2, "1 warm-up raise", "warm-up", marks=pytest.mark.slow),
     (2, "1 round raise", "round 0 (item 0)"),
-    (2, "0 round raise", "round 0 (item 0)"),
-    (4, "3 round raise", "round 0 (item 1)"),  # ranks 0 and 1 wait in the agreement, rank 2 in the pair's gather
+    pytest.param(2, "0 round raise", "round 0 (item 0)", marks=pytest.mark.slow),
+    # ranks 0 and 1 wait in the agreement, rank 2 in the pair's gather
+    pytest.param(4, "3 round raise", "round 0 (item 1)", marks=pytest.mark.slow),
 ])
 def test_a_cfg_rank_that_raises_ends_the_job_within_seconds(tmp_path, nproc, fault, step):
     report, seconds = _failed_job(tmp_path, nproc, "cfg", fault)
@@ -283,6 +287,7 @@ def test_a_cfg_rank_that_raises_ends_the_job_within_seconds(tmp_path, nproc, fau
     assert seconds < 30, f"the job ended {seconds:.0f} s after the failure"
 
 
+@pytest.mark.slow  # a dying rank in the default run: test_a_failing_rank_ends_the_job_on_every_rank[die]
 @pytest.mark.parametrize("mode", ["data", "cfg"])
 def test_rank0_names_a_rank_that_was_killed(tmp_path, mode):
     report, seconds = _failed_job(tmp_path, 2, mode, "1 round die")
