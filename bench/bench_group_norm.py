@@ -71,7 +71,7 @@ def main() -> None:
 
     lines = [f"Copy ceiling (read + write): {ceiling:.0f} GB/s. Device time from graph replays over rotating inputs.",
              "GB/s counts one read of x and one write of y. The last columns force each path, for comparison",
-             "(- : the path cannot take the shape; see hip/group_norm.hip). 'same-bytes copy': a streaming copy",
+             "(- : the path cannot take the shape; see hip/group_norm/group_norm.hip). 'same-bytes copy': a streaming copy",
              "kernel moving the same bytes at this size; '% same-bytes' is its time over rocm_sd's.",
              "", "| shape | layout | torch ms | rocm_sd ms | speed-up | rocm_sd GB/s | % of copy | same-bytes copy ms | "
              "% same-bytes | path | " + " | ".join(f"{p} ms" for p in FORCED_PATHS) + " |",

@@ -161,7 +161,7 @@ def test_attention(emulated_attention, case, dtype):
 
 
 def test_attention_refuses_the_spilling_wide_instance_on_rdna(emulated_attention):
-    """Two query tiles a wave of the wide family spill on RDNA (hip/attention.hip spills_on): asked for by name it
+    """Two query tiles a wave of the wide family spill on RDNA (hip/attention/attention.hip spills_on): asked for by name it
     is refused there, and the heuristic's pick for the same call (the (1, 1, 1, 1, 512) case above) runs."""
     arch, library = emulated_attention
     error, out, truth, same = run_attention(library, (1, 20, 20, 1, 512, "f16_d512_w4_r2_n16_wide"), torch.float16)

@@ -1,4 +1,4 @@
-"""rocm_sd::attention: flash-style attention forward on the matrix units (hip/attention.hip).
+"""rocm_sd::attention: flash-style attention forward on the matrix units (hip/attention/attention.hip).
 
     out[b, i, h] = sum_j softmax_j(scale * q[b, i, h] . k[b, j, h]) v[b, j, h]
 
@@ -31,8 +31,8 @@ from .spec import (OpSpec, Plan, PlanCache, as_meta, device_of, dispatcher_neede
 
 OP = "attention"
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-MAX_HEAD_DIM = 512  # kMaxHeadDim in hip/attention.hip
-MAX_NARROW_HEAD_DIM = 160  # above it the wide family runs (hip/attention_wide.hip)
+MAX_HEAD_DIM = 512  # kMaxHeadDim in hip/attention/attention.hip
+MAX_NARROW_HEAD_DIM = 160  # above it the wide family runs (hip/attention/attention_wide.hip)
 
 
 def default_scale(q: torch.Tensor) -> float:

@@ -1,4 +1,4 @@
-"""rocm_sd::bias_residual: a convolution's bias and the residual add in one pass (hip/bias_residual.hip).
+"""rocm_sd::bias_residual: a convolution's bias and the residual add in one pass (hip/bias_residual/bias_residual.hip).
 
     y = (x + residual + bias[c]) * scale       x, residual: same shape and layout (NCHW or channels_last)
 

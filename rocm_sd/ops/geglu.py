@@ -1,4 +1,4 @@
-"""rocm_sd::geglu: the GEGLU epilogue of the transformer feed-forward (hip/geglu.hip).
+"""rocm_sd::geglu: the GEGLU epilogue of the transformer feed-forward (hip/geglu/geglu.hip).
 
     y = x[..., :D] * gelu(x[..., D:])      x: (..., 2D) contiguous, the projection's output (bias included)
 

@@ -1,4 +1,4 @@
-"""rocm_sd::group_norm: GroupNorm with an optional fused SiLU (hip/group_norm.hip).
+"""rocm_sd::group_norm: GroupNorm with an optional fused SiLU (hip/group_norm/group_norm.hip).
 
     y = silu?((x - mean[n, g]) / sqrt(var[n, g] + eps) * weight[c] + bias[c])
 

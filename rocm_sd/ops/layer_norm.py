@@ -1,4 +1,4 @@
-"""rocm_sd::layer_norm: LayerNorm over the last dimension, one wave per row (hip/layer_norm.hip).
+"""rocm_sd::layer_norm: LayerNorm over the last dimension, one wave per row (hip/layer_norm/layer_norm.hip).
 
     y = (x - mean) / sqrt(var + eps) * weight + bias       x: (..., C) contiguous, C up to 4096 (fp16 on wave32)
 

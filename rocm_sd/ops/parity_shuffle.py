@@ -1,5 +1,5 @@
 """rocm_sd::parity_shuffle: the pixel shuffle of the folded upsampling convolution, with its bias
-(hip/parity_shuffle.hip; rocm_sd/modules/upsample.py makes the parities).
+(hip/parity_shuffle/parity_shuffle.hip; rocm_sd/modules/upsample.py makes the parities).
 
     out[n, c, 2i + a, 2j + b] = parities[n, (2a + b) C + c, i + a, j + b] + bias[c]
 

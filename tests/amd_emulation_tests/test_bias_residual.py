@@ -1,4 +1,4 @@
-"""bias_residual (hip/bias_residual.hip) under the emulation, NCHW and NHWC."""
+"""bias_residual (hip/bias_residual/bias_residual.hip) under the emulation, NCHW and NHWC."""
 
 import ctypes
 

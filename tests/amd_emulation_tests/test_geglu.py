@@ -1,4 +1,4 @@
-"""geglu (hip/geglu.hip) under the emulation."""
+"""geglu (hip/geglu/geglu.hip) under the emulation."""
 
 import ctypes
 

@@ -1,4 +1,4 @@
-"""group_norm under the emulation: the automatic choice (hip/group_norm.hip), the resident kernels
+"""group_norm under the emulation: the automatic choice (hip/group_norm/group_norm.hip), the resident kernels
 (group_norm_resident.hip, group_norm_resident_nhwc.hip) with blocks that wait for each other, and the split path
 (group_norm_split.hip), in NCHW and NHWC."""
 

@@ -1,4 +1,4 @@
-"""parity_shuffle (hip/parity_shuffle.hip) under the emulation."""
+"""parity_shuffle (hip/parity_shuffle/parity_shuffle.hip) under the emulation."""
 
 import ctypes
 
