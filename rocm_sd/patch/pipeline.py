@@ -111,6 +111,15 @@ FLAGS = (
 FLAG_NAMES = tuple(flag.name for flag in FLAGS)
 
 
+def flags_table() -> str:
+    """FLAGS as the markdown table of docs/usage.md (docs/flags_table.py writes it there; a test keeps it current)."""
+    rows = ["| flag | default | what it does |", "|---|---|---|"]
+    for flag in FLAGS:
+        needs = f" Needs `{flag.needs}`." if flag.needs else ""
+        rows.append(f"| `{flag.name}` | {'on' if flag.default else 'off'} | {flag.doc}{needs} |")
+    return "\n".join(rows)
+
+
 def _flags_doc() -> str:
     return "\n".join(f"      {flag.name}{'' if flag.default else ' (off by default)'}: {flag.doc}" for flag in FLAGS)
 
