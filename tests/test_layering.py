@@ -115,3 +115,33 @@ def test_modules_do_not_import_patch():
 def test_a_planted_circle_is_found(monkeypatch):
     monkeypatch.setitem(GRAPH, "rocm_sd.dispatch", GRAPH["rocm_sd.dispatch"] | {"rocm_sd.ops.spec"})
     assert any({"rocm_sd.dispatch", "rocm_sd.ops.spec"} <= set(cycle) for cycle in _cycles())
+
+
+def test_a_patched_group_norm_silu_call_stays_in_five_files():
+    """docs/design.md follows GroupNorm+SiLU from optimize() to the launch; a call of the patched module (planned,
+    on the CPU: the PyTorch path) enters only these Python files, so a newcomer reads each of them to follow it."""
+    import sys
+
+    import torch
+    from torch import nn
+
+    from rocm_sd import config
+    from rocm_sd.modules import RocmGroupNorm
+
+    module = RocmGroupNorm.from_group_norm(nn.GroupNorm(4, 8), act="silu")
+    x = torch.randn(2, 8, 4, 4)
+    entered = set()
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(str(PACKAGE)):
+            entered.add(Path(frame.f_code.co_filename).relative_to(PACKAGE.parent).as_posix())
+
+    with torch.no_grad(), config.override(log_fallbacks=False):
+        module(x)  # plans this shape
+        sys.settrace(trace)
+        try:
+            module(x)
+        finally:
+            sys.settrace(None)
+    assert entered == {"rocm_sd/modules/group_norm.py", "rocm_sd/ops/spec.py", "rocm_sd/ops/group_norm.py",
+                       "rocm_sd/dispatch.py", "rocm_sd/ops/_common.py"}
