@@ -1,6 +1,6 @@
 """The ComfyUI node package (integrations/comfyui) against the stand-in of ComfyUI's interfaces in
 tests/standins (ComfyUI is not on PyPI; see that folder's README). The node must also be tried in a real
-ComfyUI checkout (README, "ComfyUI")."""
+ComfyUI checkout (docs/comfyui.md)."""
 from __future__ import annotations
 
 import contextlib
