@@ -18,10 +18,12 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _sample_call_reasons(device: torch.device) -> dict[str, list[str]]:
-    """Why each op's kernel could not run its first sample call (OpSpec.samples) on `device`: [] where it can."""
+def _sample_call_reasons(device: torch.device) -> dict[str, list[str] | None]:
+    """Why each op's kernel could not run its first sample call (OpSpec.samples) on `device`: [] where it can;
+    None for the ops hosting CK fusions, which have no kernel of their own (their default path is composed)."""
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    return {name: spec.supports(*spec.samples(device, dtype)[0]) for name, spec in REGISTRY.items()}
+    return {name: spec.supports(*spec.samples(device, dtype)[0]) if spec.kernel is not None else None
+            for name, spec in REGISTRY.items()}
 
 
 def _tuning_summary(device: torch.device) -> str:
@@ -57,7 +59,7 @@ def info() -> int:
         rows.append(("_C", _ext.LOAD_ERROR))
     device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
     for op, reasons in _sample_call_reasons(device).items():
-        if REGISTRY[op].kernel is None:  # the ops hosting CK fusions: their default path is composed
+        if reasons is None:
             state = "vendor GEMM / convolution, then its rocm_sd epilogue op (a CK instance where tuned faster)"
         else:
             state = "rocm_sd kernel" if not reasons else "PyTorch fallback: " + "; ".join(reasons)

@@ -100,12 +100,11 @@ _tuning: TuningSource | None = None
 _on_tuning_changed: list[Callable[[], None]] = []
 
 
-def use_tuning(source: TuningSource | None) -> TuningSource | None:
-    """Make `source` answer tuned_choice / chose_anywhere; returns the previous source (tests swap in their own)."""
+def use_tuning(source: TuningSource) -> None:
+    """Make `source` answer tuned_choice / chose_anywhere (tune/active.py, when it is imported)."""
     global _tuning
-    previous, _tuning = _tuning, source
+    _tuning = source
     tuning_changed()
-    return previous
 
 
 def tuned_choice(device, key_fn: Callable[[], str]) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from rocm_sd import config, ops
+from rocm_sd import config
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 ODD_DTYPES = (torch.int64, torch.bool)

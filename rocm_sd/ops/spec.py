@@ -124,12 +124,11 @@ def dispatcher_needed() -> bool:
 class Plan:
     """What an op decided for one argument shape: reasons against the kernel (empty: it can run), the tuning
     database's choice, and what the op's launch or PyTorch path needs (a kernel path or instance, workspace
-    bytes, the output dtype)."""
+    bytes)."""
     reasons: list[str]
     tuned: str | None = None
     detail: Any = None
     counted_as: str = dispatch.KERNEL  # what a kernel-path call counts as (ops hosting CK fusions: "composed")
-    dtype: torch.dtype | None = None   # the output dtype, where check_args computes one (type promotion)
 
 
 def ck_hosted_plan(spec: "OpSpec", args: tuple, instances, ck_reasons: Callable[[], list[str]]) -> Plan:
@@ -152,7 +151,7 @@ def _no_candidates(*args) -> dict:
 class OpSpec:
     name: str
     reference: Callable                 # PyTorch's computation, differentiable; on float64 inputs, the truth
-    check_args: Callable                # raises what PyTorch would for these arguments; returns the output dtype
+    check_args: Callable                # raises what PyTorch would for these arguments
     fake: Callable                      # the outputs' shapes, dtypes and layouts (the op's fake kernel)
     supports: Callable                  # reasons the kernel cannot run these arguments ([] when it can)
     launch: Callable                    # (plan, *args) -> the kernel path's outputs
@@ -176,10 +175,8 @@ class OpSpec:
     def make_plan(self, *args) -> Plan:
         """Checks the arguments (raising as PyTorch would), then the op's own plan, or the common one: the
         reasons against the kernel and, if none, the tuned choice for the call's problem."""
-        dtype = self.check_args(*args)
-        plan = self.plan(*args) if self.plan is not None else self.default_plan(*args)
-        plan.dtype = dtype
-        return plan
+        self.check_args(*args)
+        return self.plan(*args) if self.plan is not None else self.default_plan(*args)
 
     def default_plan(self, *args) -> Plan:
         reasons = self.supports(*args)
@@ -220,7 +217,7 @@ class OpSpec:
 
     def define(self, signature: Callable):
         """Registers torch.ops.rocm_sd.<name> with `signature`'s parameters and docstring (its body is not used:
-        every op runs `run`), its fake kernel and its backward; returns the op, with `.call` and `.spec`."""
+        every op runs `run`), its fake kernel and its backward; returns the op, with `.call`."""
         params = list(inspect.signature(signature).parameters.values())
         self._arity = len(params)
         self._defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
@@ -235,7 +232,7 @@ class OpSpec:
         op = torch.library.custom_op(f"rocm_sd::{self.name}", mutates_args=())(body)
         op.register_fake(self.fake)
         op.register_autograd(self._backward, setup_context=self._setup_backward)
-        op.call, op.spec = self.call, self
+        op.call = self.call
         self.op = op
         REGISTRY[self.name] = self
         return op
@@ -263,7 +260,3 @@ class OpSpec:
         for slot, grad in zip(wanted, found):
             result[slot] = grad
         return tuple(result)
-
-
-def spec_of(name: str) -> OpSpec:
-    return REGISTRY[name]

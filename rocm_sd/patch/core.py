@@ -41,6 +41,7 @@ class PatchRecord:
     counts: Counter = field(default_factory=Counter)
     graphed: dict = field(default_factory=dict)
     flags: dict = field(default_factory=dict)   # the optimize() keywords it was made with
+    graph_pool: object = None  # graphs.GraphPool the graphed calls of one optimize() share (its models run in turn)
 
     def on_revert(self, fn: Callable, *args, **kwargs) -> None:
         """Call fn(*args, **kwargs) on revert. `fn`: a module-level function or a method of an object the model

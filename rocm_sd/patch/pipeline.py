@@ -148,8 +148,7 @@ def optimize(target, **flags):
         if existing is not None:
             _say_already_optimized(name, existing.flags, flags)
             continue
-        record = PatchRecord(flags=flags)
-        record.graph_pool = pool
+        record = PatchRecord(flags=flags, graph_pool=pool)
         text_encoder = type(model).__name__ in TEXT_ENCODERS
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
@@ -165,7 +164,6 @@ def optimize(target, **flags):
                 if (flag.patch is not None and flags[flag.name] and (flag.needs is None or flags[flag.needs])
                         and (flag.text_encoders or not text_encoder)):
                     flag.patch(model, record)
-        del record.graph_pool
         setattr(model, RECORD_ATTR, record)
         _load_tuning(model)
     for name, model in _untouched(target).items():
