@@ -10,7 +10,7 @@ from torch import nn
 
 from ..graphs import GraphPool
 from ..modules.fusing import accelerate_hooked
-from . import diffusers
+from . import diffusers, precision, step_cache
 from .core import RECORD_ATTR, PatchRecord
 
 log = logging.getLogger("rocm_sd")
@@ -111,20 +111,82 @@ FLAGS = (
 FLAG_NAMES = tuple(flag.name for flag in FLAGS)
 
 
+@dataclass(frozen=True)
+class Option:
+    """One optimize() keyword that takes a value (a number format, a step-cache mode) rather than on/off. It applies
+    to the diffusion models named in `models` only, after the flags' patchers and before `cuda_graph`, so the graphs
+    capture it. `patch(model, record, options)` gets every option's value; None for options that only parameterize
+    another (cache_interval)."""
+    name: str
+    default: object
+    doc: str
+    values: tuple = ()                          # the allowed values; empty: any number of `number` type
+    number: type | None = None
+    minimum: float | None = None
+    patch: Callable[[nn.Module, PatchRecord, dict], None] | None = None
+    models: frozenset = frozenset({"UNet2DConditionModel"})
+
+    def check(self, value):
+        """The value as applied, or a ValueError naming the option, the value and what it accepts."""
+        if self.values:
+            if value not in self.values:
+                raise ValueError(f"optimize(): {self.name}={value!r} is not one of "
+                                 f"{', '.join(repr(v) for v in self.values)}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                self.number is int and not float(value).is_integer()):
+            raise ValueError(f"optimize(): {self.name}={value!r} is not "
+                             f"{'an integer' if self.number is int else 'a number'}")
+        if self.minimum is not None and not value >= self.minimum:
+            raise ValueError(f"optimize(): {self.name}={value!r} is below its minimum {self.minimum}")
+        return self.number(value)
+
+
+OPTIONS = (
+    Option("precision", "fp16",
+           "Number format of the UNet's linear layers (attention projections, feed-forward, proj_in/out, 1x1 "
+           "convolutions). 'fp16': the model's own dtype. 'fp8': FP8 GEMMs (e4m3fnuz on gfx942, OCP e4m3fn on gfx950, "
+           "gfx12 and NVIDIA sm_89+), weights quantized once per output channel, activations per row. 'int8': int8 "
+           "GEMMs, the same scaling. Where the device or build cannot, the layers stay in the model's dtype and the "
+           "log says why once. Changes images: check with `python -m rocm_sd quality` (docs/quality.md).",
+           values=("fp16", "fp8", "int8"), patch=precision.quantize_linears),
+    Option("cache", None,
+           "Step caching: None (off); 'deepcache': every `cache_interval`-th UNet call runs in full and the calls "
+           "between reuse its deep features, running only the outermost blocks; 'adaptive': a full call whenever the "
+           "UNet's input has changed by `cache_threshold` (relative L1, summed since the last full call). Changes "
+           "images: check with `python -m rocm_sd quality`.",
+           values=(None, "deepcache", "adaptive"), patch=step_cache.cache_steps),
+    Option("cache_interval", 3, "With cache='deepcache': one full UNet call per this many steps.",
+           number=int, minimum=1),
+    Option("cache_threshold", 0.15,
+           "With cache='adaptive': the summed relative change of the UNet's input that triggers a full call.",
+           number=float, minimum=0.0),
+)
+OPTION_NAMES = tuple(option.name for option in OPTIONS)
+
+
 def flags_table() -> str:
-    """FLAGS as the markdown table of docs/usage.md (docs/flags_table.py writes it there; a test keeps it current)."""
+    """FLAGS and OPTIONS as the markdown tables of docs/usage.md (docs/flags_table.py writes them there; a test keeps
+    them current)."""
     rows = ["| flag | default | what it does |", "|---|---|---|"]
     for flag in FLAGS:
         needs = f" Needs `{flag.needs}`." if flag.needs else ""
         rows.append(f"| `{flag.name}` | {'on' if flag.default else 'off'} | {flag.doc}{needs} |")
+    rows += ["", "| option | default | values | what it does |", "|---|---|---|---|"]
+    for option in OPTIONS:
+        values = (", ".join(f"`{v!r}`" for v in option.values) if option.values
+                  else f"{option.number.__name__} >= {option.minimum}")
+        rows.append(f"| `{option.name}` | `{option.default!r}` | {values} | {option.doc} |")
     return "\n".join(rows)
 
 
 def _flags_doc() -> str:
-    return "\n".join(f"      {flag.name}{'' if flag.default else ' (off by default)'}: {flag.doc}" for flag in FLAGS)
+    flags = [f"      {flag.name}{'' if flag.default else ' (off by default)'}: {flag.doc}" for flag in FLAGS]
+    options = [f"      {option.name}={option.default!r}: {option.doc}" for option in OPTIONS]
+    return "\n".join(flags + ["", "    Options (the UNet only; applied after the flags, before cuda_graph):"] + options)
 
 
-def optimize(target, **flags):
+def optimize(target, **keywords):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
     Keyword flags, one per optimization, each True / False (FLAGS, in the order applied):
@@ -135,10 +197,12 @@ def optimize(target, **flags):
     Unknown components (a safety checker, an image encoder, a model class rocm_sd does not know) are
     left untouched and listed as such in the report.
     """
-    unknown = sorted(set(flags) - set(FLAG_NAMES))
+    unknown = sorted(set(keywords) - set(FLAG_NAMES) - set(OPTION_NAMES))
     if unknown:
-        raise TypeError(f"optimize() got unknown flags {', '.join(unknown)}; the flags are {', '.join(FLAG_NAMES)}")
-    flags = {flag.name: bool(flags.get(flag.name, flag.default)) for flag in FLAGS}  # every flag, as applied
+        raise TypeError(f"optimize() got unknown keywords {', '.join(unknown)}; the flags are {', '.join(FLAG_NAMES)} "
+                        f"and the options {', '.join(OPTION_NAMES)}")
+    flags = {flag.name: bool(keywords.get(flag.name, flag.default)) for flag in FLAGS}  # every flag, as applied
+    options = {option.name: option.check(keywords.get(option.name, option.default)) for option in OPTIONS}
     models = _models(target)
     if not models:
         log.warning("rocm_sd.optimize: nothing to optimize in %s", type(target).__name__)
@@ -146,9 +210,9 @@ def optimize(target, **flags):
     for name, model in models.items():
         existing = getattr(model, RECORD_ATTR, None)
         if existing is not None:
-            _say_already_optimized(name, existing.flags, flags)
+            _say_already_optimized(name, existing.flags, {**flags, **options})
             continue
-        record = PatchRecord(flags=flags, graph_pool=pool)
+        record = PatchRecord(flags={**flags, **options}, graph_pool=pool)
         text_encoder = type(model).__name__ in TEXT_ENCODERS
         if type(model).__name__ not in KNOWN_MODELS:
             record.counts["skipped: unknown model class " + type(model).__name__] += 1
@@ -161,6 +225,10 @@ def optimize(target, **flags):
             record.counts["skipped: text_encoder=False"] += 1
         else:
             for flag in FLAGS:
+                if flag.name == "cuda_graph":
+                    for option in OPTIONS:
+                        if option.patch is not None and type(model).__name__ in option.models:
+                            option.patch(model, record, options)
                 if (flag.patch is not None and flags[flag.name] and (flag.needs is None or flags[flag.needs])
                         and (flag.text_encoders or not text_encoder)):
                     flag.patch(model, record)
@@ -175,7 +243,9 @@ optimize.__doc__ = optimize.__doc__.format(flags=_flags_doc())
 optimize.__signature__ = inspect.Signature(
     [inspect.Parameter("target", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     + [inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, default=flag.default, annotation=bool)
-       for flag in FLAGS])
+       for flag in FLAGS]
+    + [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                         annotation=option.number or object) for option in OPTIONS])
 
 
 def _say_already_optimized(name: str, applied: dict, asked: dict) -> None:
