@@ -20,6 +20,7 @@
 #include "rocm_sd/group_norm/api.h"
 #include "rocm_sd/layer_norm/api.h"
 #include "rocm_sd/parity_shuffle/api.h"
+#include "rocm_sd/quantize/api.h"
 #include "rocm_sd/runtime.h"
 
 namespace py = pybind11;
@@ -62,6 +63,12 @@ rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, ui
 rsd::GegluArgs geglu_args(uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, uintptr_t stream,
                           int device) {
   return {as_ptr(x), as_mut_ptr(y), static_cast<rsd::DType>(dtype), rows, d, as_mut_ptr(stream), device};
+}
+
+rsd::QuantizeRowsArgs quantize_rows_args(uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows,
+                                         int64_t k, uintptr_t stream, int device) {
+  return {as_ptr(x), as_mut_ptr(q), static_cast<float*>(as_mut_ptr(scale)), static_cast<rsd::DType>(dtype),
+          static_cast<rsd::QuantFormat>(format), rows, k, as_mut_ptr(stream), device};
 }
 
 rsd::BiasResidualArgs bias_residual_args(uintptr_t x, uintptr_t residual, uintptr_t bias, uintptr_t y, int dtype,
@@ -225,6 +232,24 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("stream"),
       py::arg("device"), "y = x[:, :d] * gelu(x[:, d:]).");
+
+  // ---- quantize_rows (rocm_sd/quantize/api.h) ----
+  m.def(
+      "quantize_rows_check",
+      [](uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows, int64_t k, int device) {
+        return rsd::quantize_rows_check(quantize_rows_args(x, q, scale, dtype, format, rows, k, 0, device));
+      },
+      py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("dtype"), py::arg("format"), py::arg("rows"), py::arg("k"),
+      py::arg("device"), "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "quantize_rows_forward",
+      [](uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows, int64_t k, uintptr_t stream,
+         int device) {
+        raise_if(rsd::quantize_rows_forward(quantize_rows_args(x, q, scale, dtype, format, rows, k, stream, device)));
+      },
+      py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("dtype"), py::arg("format"), py::arg("rows"), py::arg("k"),
+      py::arg("stream"), py::arg("device"), "q, scale = per-row 8-bit quantization of x (rows, k).");
 
   // ---- bias_residual (rocm_sd/bias_residual/api.h) ----
   m.def(

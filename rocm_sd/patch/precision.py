@@ -1,12 +1,91 @@
-"""optimize(precision=...): the UNet's linear layers as FP8 or int8 GEMMs."""
+"""optimize(precision="fp8" | "int8"): the UNet's linear layers (attention projections, feed-forward, proj_in /
+proj_out, 1x1 convolutions) as 8-bit GEMMs (modules/quantized_linear.py).
+
+The layers whose rows are few (the time and class embeddings, the resnets' time projections: one row per image)
+stay as they are: an 8-bit GEMM of two rows saves nothing. The replaced layers' fp16 weights wait in CPU memory until
+revert(), which puts them back: GPU memory holds the 8-bit weights only.
+"""
 from __future__ import annotations
 
+import logging
+
+import torch
 from torch import nn
 
+from .. import platform
+from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
+from ..modules.quantized_linear import RocmQuantizedLinear
+from ..ops.quantize import fp8_format
 from .core import PatchRecord
+
+log = logging.getLogger("rocm_sd")
+
+FEW_ROWS = ("time_embedding", "add_embedding", "class_embedding", "encoder_hid_proj", "time_emb_proj")
+# The GEMMs' shape rules: torch._scaled_mm wants K and N multiples of 16, torch._int_mm multiples of 8.
+MULTIPLE = {"fp8": 16, "int8": 8}
+
+
+def number_format(device: torch.device, precision: str) -> tuple[str | None, str | None]:
+    """The 8-bit format `precision` means on `device`, or (None, why it cannot run there)."""
+    if device.type != "cuda":
+        return None, f"the model is on {device.type}; 8-bit GEMMs need a GPU"
+    arch = platform.device_arch(device)
+    if precision == "int8":
+        return "int8", _probe(device, "int8", arch)
+    fmt, why = fp8_format(arch)
+    return (fmt, _probe(device, fmt, arch)) if fmt else (None, why)
+
+
+_probed: dict[tuple, str | None] = {}
+
+
+def _probe(device: torch.device, fmt: str, arch: str) -> str | None:
+    """Runs one small GEMM of the format on the device and checks it against fp32: None if right, else why not
+    (a torch build without the GEMM, a BLAS library that rejects row-wise scales...)."""
+    key = (str(device), fmt)
+    if key not in _probed:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        weight, x = torch.randn(64, 64, generator=gen), torch.randn(32, 64, generator=gen)
+        try:
+            layer = RocmQuantizedLinear(weight.to(device, torch.float16), None, fmt)
+            out = layer(x.to(device, torch.float16)).float().cpu()
+            error = (out - x @ weight.t()).abs().max().item() / (x @ weight.t()).abs().max().item()
+            _probed[key] = None if error < 0.1 else f"the {fmt} GEMM's result is off by {error:.0%} on {arch}"
+        except (RuntimeError, TypeError, NotImplementedError) as err:
+            _probed[key] = f"torch {torch.__version__} cannot run the {fmt} GEMM on {arch}: {err}".split("\n")[0]
+    return _probed[key]
+
+
+def _eligible(name: str, module: nn.Module, multiple: int) -> bool:
+    if any(part in FEW_ROWS for part in name.split(".")):
+        return False
+    if type(module) is nn.Linear:
+        n, k = module.out_features, module.in_features
+    elif type(module) is RocmPointwiseConv2d or is_pointwise(module):
+        n, k = module.out_channels, module.in_channels
+    else:
+        return False
+    return n % multiple == 0 and k % multiple == 0 and module.weight.dtype in (torch.float16, torch.bfloat16,
+                                                                                 torch.float32)
 
 
 def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> None:
-    if options["precision"] == "fp16":
+    precision = options["precision"]
+    if precision == "fp16":
         return
-    raise NotImplementedError("precision=" + options["precision"])  # in progress on branch i25
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    fmt, why = number_format(device, precision)
+    if why:
+        record.counts[f"precision={precision} not applied: {why}"] += 1
+        log.warning("rocm_sd.optimize: precision=%s not applied to %s, its layers keep their dtype: %s", precision,
+                    type(model).__name__, why)
+        return
+    targets = [(name, module) for name, module in model.named_modules() if _eligible(name, module, MULTIPLE[precision])]
+    parents = dict(model.named_modules())
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        quantized = RocmQuantizedLinear.from_module(module, fmt).to(device)
+        record.replace_child(parents[parent_name], child, quantized)
+        record.on_revert(module.to, device)  # the fp16 weights come back to the GPU with the module
+        module.to("cpu")
+        record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1

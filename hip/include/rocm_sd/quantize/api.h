@@ -1,0 +1,35 @@
+// The host interface of hip/quantize/ (conventions: rocm_sd/api.h): per-row symmetric quantization of x (rows, k),
+// row-major contiguous, into 8-bit codes q (rows, k) and one float32 scale per row, x ~= q * scale:
+//
+//   scale[m] = max(amax_m, kMinAmax) / fmax        amax_m = max |x[m, :]| (NaN if the row holds one)
+//   q[m, j]  = encode(clamp(x[m, j] * (fmax / max(amax_m, kMinAmax)), -fmax, fmax))
+//
+// encode is round-to-nearest-even into the format: the GEMM operands of optimize(precision="fp8"/"int8").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "rocm_sd/api.h"
+
+namespace rsd {
+
+// fp8 e4m3 as OCP defines it (gfx950, gfx12, NVIDIA sm_89+; max 448), the "fnuz" variant of gfx942 (exponent bias
+// 8, no negative zero, one NaN; max 240), and int8 (max 127). Values match torch.float8_e4m3fn / float8_e4m3fnuz /
+// int8 and ops/quantize.py's FORMAT_CODES.
+enum class QuantFormat : int { e4m3fn = 0, e4m3fnuz = 1, int8 = 2 };
+
+struct QuantizeRowsArgs {
+  const void* x;   // (rows, k)
+  void* q;         // (rows, k) one byte each
+  float* scale;    // (rows,)
+  DType dtype;     // of x
+  QuantFormat format;
+  int64_t rows, k;
+  void* stream;
+  int device;
+};
+std::string quantize_rows_check(const QuantizeRowsArgs& a);
+std::string quantize_rows_forward(const QuantizeRowsArgs& a);
+
+}  // namespace rsd

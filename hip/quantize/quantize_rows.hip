@@ -1,0 +1,102 @@
+// Per-row symmetric quantization into 8-bit GEMM operands (rocm_sd/quantize/api.h), one wave per row:
+//
+//   pass 1: the wave reads its row and reduces max |x| (shuffles, no shared memory, no barrier)
+//   pass 2: it reads the row again (now from L2: rows are at most a few KB) and writes one byte per element
+//
+// Rows of any length: unlike LayerNorm's (rocm_sd/layer_norm/), the row is not held in registers, so the
+// feed-forward's 5120-wide GEGLU output takes the same kernel as a 320-wide projection input.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#include "rocm_sd/launch.h"
+#include "rocm_sd/quantize/api.h"
+#include "rocm_sd/quantize/encode.h"
+
+namespace rsd {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    quantize_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scale, int64_t rows,
+                         int64_t k, QuantFormat format) {
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / RSD_WAVE) + wave_id();
+  if (row >= rows) return;  // whole waves leave together
+  const int64_t vectors = k / VEC;
+  const T* xr = x + row * k;
+  float amax = 0.f;
+  for (int64_t j = lane_id(); j < vectors; j += RSD_WAVE) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(xr + j * VEC);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) amax = absmax_nan(amax, to_float(v.v[e]));
+  }
+  amax = wave_absmax(amax);
+  const float fmax = format_max(format);
+  const float clamped = amax < kMinAmax ? kMinAmax : amax;  // keeps a NaN
+  const float inv = fmax / clamped;
+  if (lane_id() == 0) scale[row] = clamped / fmax;
+  uint8_t* qr = q + row * k;
+  for (int64_t j = lane_id(); j < vectors; j += RSD_WAVE) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(xr + j * VEC);
+    Vec<uint8_t, VEC> out;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.v[e] = encode(clamp_nan(to_float(v.v[e]) * inv, fmax), format);
+    store_vec(qr + j * VEC, out, false);
+  }
+}
+
+template <class T>
+void launch(const QuantizeRowsArgs& a, int vec, hipStream_t stream) {
+  const unsigned blocks = unsigned(ceil_div(a.rows, kThreads / device_attribute(a.device, Attr::wave_size, 32)));
+  const T* x = static_cast<const T*>(a.x);
+  uint8_t* q = static_cast<uint8_t*>(a.q);
+  switch (vec) {
+    case 8:
+      if constexpr (sizeof(T) == 2) quantize_rows_kernel<T, 8><<<blocks, kThreads, 0, stream>>>(x, q, a.scale, a.rows, a.k, a.format);
+      break;
+    case 4: quantize_rows_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(x, q, a.scale, a.rows, a.k, a.format); break;
+    case 2: quantize_rows_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(x, q, a.scale, a.rows, a.k, a.format); break;
+    default: quantize_rows_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(x, q, a.scale, a.rows, a.k, a.format); break;
+  }
+}
+
+// Vector width: the widest of x's that divides k and keeps x and q aligned (q's vectors are VEC bytes).
+int pick_vec(const QuantizeRowsArgs& a) {
+  int vec = widest_vec(a.dtype, a.k, {a.x});
+  while (vec > 1 && !aligned(a.q, vec)) vec /= 2;
+  return vec;
+}
+
+}  // namespace
+
+std::string quantize_rows_check(const QuantizeRowsArgs& a) {
+  if (a.rows <= 0 || a.k <= 0) return "empty tensor";
+  if (a.format != QuantFormat::e4m3fn && a.format != QuantFormat::e4m3fnuz && a.format != QuantFormat::int8)
+    return "unknown format code " + std::to_string(int(a.format));
+  if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.scale, 4)) return "misaligned data pointer";
+  if (a.rows >= (int64_t(1) << 31) / (kThreads / 32)) return "too many rows";
+  return std::string();
+}
+
+std::string quantize_rows_forward(const QuantizeRowsArgs& a) {
+  std::string why = quantize_rows_check(a);
+  if (!why.empty()) return why;
+  DeviceGuard guard(a.device);
+  if (!guard.error().empty()) return guard.error();
+  hipStream_t stream = static_cast<hipStream_t>(a.stream);
+  const int vec = pick_vec(a);
+  switch (a.dtype) {
+    case DType::f32: launch<float>(a, vec, stream); break;
+    case DType::f16: launch<__half>(a, vec, stream); break;
+    case DType::bf16: launch<bf16>(a, vec, stream); break;
+  }
+  const hipError_t err = hipGetLastError();
+  if (err != hipSuccess) return std::string("quantize_rows launch failed: ") + hipGetErrorString(err);
+  return std::string();
+}
+
+}  // namespace rsd

@@ -1,0 +1,135 @@
+"""rocm_sd::quantize_rows: per-row symmetric 8-bit quantization, the activation side of optimize(precision=...)'s
+GEMMs (hip/quantize/quantize_rows.hip).
+
+    scale[m] = max(amax_m, MIN_AMAX) / FMAX        amax_m = max |x[m, :]|
+    q[m, :]  = round(clamp(x[m, :] * (FMAX / max(amax_m, MIN_AMAX)), -FMAX, FMAX))   so x ~= q * scale[m]
+
+in one of three formats (FORMATS): fp8 e4m3 as OCP defines it (gfx950, gfx12, NVIDIA sm_89+), its "fnuz" variant
+(gfx942: MI300 / MI325) and int8. A NaN in a row makes its scale NaN (and its fp8 codes NaN), so the GEMM's output
+row is NaN, never silently finite.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _ext, dispatch
+from ._checks import check_floating, check_min_dims, fail
+from ._common import DTYPE_CODES, dtype_reasons, stream_handle
+from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, problem_key, tensor_key
+
+OP = "quantize_rows"
+
+# Format name -> (code of rsd::QuantFormat in hip/include/rocm_sd/quantize/api.h, torch dtype, largest value).
+FORMATS = {
+    "e4m3fn": (0, torch.float8_e4m3fn, 448.0),
+    "e4m3fnuz": (1, torch.float8_e4m3fnuz, 240.0),
+    "int8": (2, torch.int8, 127.0),
+}
+MIN_AMAX = 1e-12
+
+
+def quantize_rows_ref(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, in fp32 as the kernel computes it (bit-exact against it)."""
+    _, dtype, fmax = FORMATS[format]
+    rows = x.float()
+    amax = (rows.abs().amax(-1, keepdim=True) if rows.shape[-1]  # NaN propagates
+            else rows.new_zeros(rows.shape[:-1] + (1,)))      # rows of length 0: nothing to scale
+    clamped = torch.where(amax < MIN_AMAX, torch.full_like(amax, MIN_AMAX), amax)
+    # Divisions of two full tensors: torch divides by a scalar (and a scalar by a tensor) through a reciprocal,
+    # one rounding more than the kernel's (and IEEE's) division.
+    fmax_t = torch.full_like(clamped, fmax)
+    scaled = (rows * (fmax_t / clamped)).clamp(-fmax, fmax)
+    q = scaled.nan_to_num(0.0).round().to(dtype) if dtype == torch.int8 else scaled.to(dtype)
+    return q, (clamped / fmax_t).squeeze(-1).clone(memory_format=torch.contiguous_format)
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q * scale per row, in fp32: what the GEMMs see."""
+    return q.float() * scale.unsqueeze(-1)
+
+
+def check_args(x: torch.Tensor, format: str) -> None:
+    check_floating(OP, input=x)
+    check_min_dims(OP, x, 1, "(..., K)")
+    if format not in FORMATS:
+        fail(OP, f"format {format!r} is not one of {', '.join(FORMATS)}")
+
+
+def input_reasons(x: torch.Tensor) -> list[str]:
+    reasons = dtype_reasons(x.dtype)
+    if x.dim() == 0 or x.numel() == 0:
+        reasons.append("empty tensor")
+    if not x.is_contiguous():
+        reasons.append(f"strides {tuple(x.stride())} are not contiguous")
+    return reasons
+
+
+def _outputs(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(x.shape, dtype=FORMATS[format][1], device=x.device),
+            torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device))
+
+
+def _kernel_args(x, q, scale, format):
+    k = x.shape[-1]
+    return (x.data_ptr(), q.data_ptr(), scale.data_ptr(), DTYPE_CODES[x.dtype], FORMATS[format][0], x.numel() // k, k)
+
+
+def supports(x: torch.Tensor, format: str) -> list[str]:
+    """Reasons the kernel cannot run this call; empty when it can."""
+    return kernel_reasons(x.device, input_reasons(x),
+                          lambda: _ext._C.quantize_rows_check(*_kernel_args(x, x, x, format), x.device.index))
+
+
+def quantize_rows_kernel(x: torch.Tensor, format: str, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The HIP kernel itself, no dispatch; `out`: (q, scale) to write into."""
+    q, scale = _outputs(x, format) if out is None else out
+    _ext._C.quantize_rows_forward(*_kernel_args(x, q, scale, format), stream_handle(x.device), x.device.index)
+    return q, scale
+
+
+def _fake(x, format):
+    check_args(x, format)
+    return _outputs(x, format)
+
+
+def _key(x, format) -> str:
+    x = as_meta(x)
+    return problem_key(OP, dtype_name(x), format, rows=x.numel() // max(x.shape[-1], 1), K=x.shape[-1])
+
+
+def _samples(device, dtype) -> list[tuple]:
+    """A 320-wide row (the kernel's vectors), a 33-wide one (its scalar path), an all-zero row among them."""
+    wide = torch.randn(2, 8, 320, device=device, dtype=dtype)
+    wide[0, 3] = 0
+    return [(wide, "e4m3fn"), (torch.randn(5, 33, device=device, dtype=dtype) * 1e3, "e4m3fnuz"),
+            (wide, "int8")]
+
+
+SPEC = OpSpec(OP, reference=quantize_rows_ref, check_args=check_args, fake=_fake, supports=supports,
+              launch=lambda plan, x, format: quantize_rows_kernel(x, format), torch_path=quantize_rows_ref,
+              plan_key=lambda x, format: (tensor_key(x), format), key=_key,
+              candidates=lambda x, format: {dispatch.TORCH: quantize_rows_ref, "rocm_sd": quantize_rows_kernel},
+              samples=_samples, kernel=quantize_rows_kernel)
+
+
+@SPEC.define
+def quantize_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): x (..., K) quantized per row into `format` ('e4m3fn', 'e4m3fnuz' or 'int8'), x ~= q * scale."""
+
+
+# ---- which format a GPU takes --------------------------------------------------------------------------------
+
+FP8_ARCHS = "gfx942 (e4m3fnuz), gfx950 and gfx12 (e4m3fn), NVIDIA sm_89 and newer (e4m3fn)"
+
+
+def fp8_format(arch: str) -> tuple[str | None, str | None]:
+    """(format, None) for an arch with FP8 matrix instructions, else (None, why): gfx942 (MI300 / MI325) multiplies
+    e4m3fnuz, gfx950 (MI350), gfx12 (RDNA4) and NVIDIA sm_89+ the OCP e4m3fn; gfx90a and RDNA3 have none."""
+    if arch == "gfx942":
+        return "e4m3fnuz", None
+    if arch == "gfx950" or arch.startswith("gfx12"):
+        return "e4m3fn", None
+    if arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 89:
+        return "e4m3fn", None
+    hint = " (it has int8: precision='int8')" if arch.startswith(("gfx11", "gfx90a", "gfx10", "sm_")) else ""
+    return None, f"{arch} has no FP8 matrix instructions{hint}; FP8 GPUs: {FP8_ARCHS}"

@@ -1,0 +1,139 @@
+import pytest
+import torch
+
+from rocm_sd import config, dispatch
+from rocm_sd.ops.quantize import (FORMATS, dequantize_rows, fp8_format, quantize_rows, quantize_rows_kernel,
+                                  quantize_rows_ref, supports)
+
+# One element; 7 and 333 wide (scalar accesses); 320 and 1280 (the projections' inputs, 16-byte vectors); 5120
+# (the feed-forward's GEGLU output: longer rows than a wave holds in registers); a row of zeros inside make_rows.
+QUANTIZE_SHAPES = [(1, 1), (3, 7), (5, 333), (2, 9, 320), (77, 1280), (4, 5120)]
+
+
+def make_rows(shape, dtype, device):
+    x = torch.randn(shape, dtype=torch.float32) * torch.logspace(-3, 3, shape[-1])[torch.randperm(shape[-1])]
+    x = x.reshape(-1, shape[-1])
+    if x.shape[0] > 2:
+        x[1] = 0
+    return x.reshape(shape).to(device, dtype)
+
+
+def every_fp16_value(fmt):
+    """Rows [fmax, v] for every fp16 bit pattern v (see the emulation test)."""
+    values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    return torch.stack([torch.full_like(values, FORMATS[fmt][2]), values], dim=1)
+
+
+def same_codes(q: torch.Tensor, q_ref: torch.Tensor) -> bool:
+    """The same code for every value that is a number, NaN where the reference is NaN (its sign bit may differ: in
+    e4m3fn 0x7F and 0xFF are both NaN)."""
+    q = q.view(q_ref.dtype)
+    nan = q_ref.float().isnan()
+    return torch.equal(q.float().isnan(), nan) and torch.equal(q.view(torch.uint8)[~nan], q_ref.view(torch.uint8)[~nan])
+
+
+# ------------------------------------------------------------------------------------------- CPU
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_reference_error_is_within_the_format_rounding(fmt):
+    """Against float64: fp8 e4m3 keeps 3 mantissa bits (relative error <= 2^-4 for normal values, plus the
+    subnormal quantum), int8 an absolute error <= half a step of amax / 127."""
+    x = torch.randn(64, 320, dtype=torch.float64) * torch.logspace(-2, 2, 320, dtype=torch.float64)
+    q, scale = quantize_rows_ref(x, fmt)
+    back = dequantize_rows(q, scale).double()
+    amax = x.abs().amax(-1, keepdim=True)
+    if fmt == "int8":
+        assert ((back - x).abs() <= amax / 127 * 0.5 * (1 + 1e-6)).all()
+    else:
+        fmax = FORMATS[fmt][2]
+        smallest_normal = 2.0 ** (1 - (8 if fmt == "e4m3fnuz" else 7))
+        quantum = scale.double().unsqueeze(-1) * smallest_normal / 8
+        assert ((back - x).abs() <= torch.maximum(x.abs() / 16, quantum / 2) * (1 + 1e-6)).all()
+        assert (q.float().abs().amax(-1) == fmax).all()  # the row's extreme uses the format's whole range
+
+
+def test_reference_zero_rows_nan_and_empty():
+    x = torch.tensor([[0.0, 0.0], [1.0, float("nan")], [-2.0, 1.0]])
+    q, scale = quantize_rows_ref(x, "e4m3fn")
+    assert torch.equal(q[0].float(), torch.zeros(2)) and scale[0] > 0
+    assert scale[1].isnan() and q[1].float().isnan().all()  # NaN stays visible
+    assert q[2, 0].float() == -448 and scale[2] == 2 / 448
+    q, scale = quantize_rows_ref(torch.tensor([[1.0, float("nan")]]), "int8")
+    assert scale.isnan().all()  # int8 has no NaN code: the scale carries it
+    q, scale = quantize_rows_ref(torch.empty(3, 0), "int8")
+    assert q.shape == (3, 0) and scale.shape == (3,)
+
+
+@pytest.mark.parametrize("arch, expected", [
+    ("gfx942", "e4m3fnuz"), ("gfx950", "e4m3fn"), ("gfx1200", "e4m3fn"), ("gfx1201", "e4m3fn"), ("sm_89", "e4m3fn"),
+    ("sm_90", "e4m3fn"), ("sm_100", "e4m3fn"), ("gfx1100", None), ("gfx90a", None), ("sm_80", None)])
+def test_fp8_format_per_arch(arch, expected):
+    fmt, why = fp8_format(arch)
+    assert fmt == expected
+    assert (why is None) == (expected is not None)
+    if arch == "gfx1100":
+        assert "int8" in why and "gfx942" in why
+
+
+def test_cpu_call_falls_back_to_the_reference():
+    x = make_rows((3, 7), torch.float16, "cpu")
+    with config.override(log_fallbacks=False):
+        q, scale = quantize_rows(x, "e4m3fnuz")
+    q_ref, scale_ref = quantize_rows_ref(x, "e4m3fnuz")
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(scale, scale_ref)
+    assert dispatch.stats()["quantize_rows"] == {"torch": 1}
+
+
+@pytest.mark.parametrize("case, expected", [
+    (lambda: (torch.zeros(4, 8, dtype=torch.float64), "int8"), "dtype torch.float64"),
+    (lambda: (torch.zeros(8, 4).t(), "int8"), "not contiguous"),
+    (lambda: (torch.zeros(0, 4), "int8"), "empty tensor"),
+])
+def test_unsupported_arguments_are_named(case, expected):
+    assert any(expected in r for r in supports(*case()))
+
+
+def test_bad_format_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="rocm_sd::quantize_rows: format .fp4. is not one of"):
+        quantize_rows(torch.zeros(2, 4), "fp4")
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", QUANTIZE_SHAPES, ids=str)
+def test_kernel_is_bit_exact(shape, dtype, fmt):
+    x = make_rows(shape, dtype, "cuda")
+    out = (torch.full(shape, 0x55, dtype=torch.uint8, device="cuda").view(FORMATS[fmt][1]),
+           torch.full(shape[:-1], float("nan"), device="cuda"))
+    q, scale = quantize_rows_kernel(x, fmt, out=out)
+    q_ref, scale_ref = quantize_rows_ref(x, fmt)
+    assert torch.equal(scale, scale_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_kernel_encodes_every_fp16_value_as_torch(fmt):
+    x = every_fp16_value(fmt).cuda()
+    q, scale = quantize_rows_kernel(x, fmt)
+    q_ref, scale_ref = quantize_rows_ref(x, fmt)
+    assert torch.equal(scale.nan_to_num(-1.0), scale_ref.nan_to_num(-1.0))
+    assert same_codes(q, q_ref)
+
+
+@pytest.mark.gpu
+def test_op_dispatches_to_kernel_in_strict_mode_and_in_a_graph():
+    x = make_rows((2, 64, 320), torch.float16, "cuda")
+    with config.override(strict=True):
+        dispatch.reset_stats()
+        q, scale = quantize_rows.call(x, "e4m3fn")
+        assert dispatch.stats()["quantize_rows"] == {"rocm_sd": 1}
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            q2, scale2 = quantize_rows.call(x, "e4m3fn")
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(scale, scale2)

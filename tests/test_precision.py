@@ -1,0 +1,115 @@
+"""optimize(precision=...): the 8-bit linear layers (modules/quantized_linear.py) and their patch (patch/precision.py)."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import rocm_sd
+from rocm_sd import config, dispatch, models
+from rocm_sd.modules.quantized_linear import RocmQuantizedLinear
+from rocm_sd.ops.quantize import FORMATS, dequantize_rows, quantize_rows_ref
+from rocm_sd.patch import precision
+from tests.test_optimize import run_pipe
+
+
+def _reference(layer: RocmQuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The 8-bit product in float64, from the same quantized operands."""
+    q, scale = quantize_rows_ref(x.reshape(-1, layer.in_features), layer.format)
+    w = dequantize_rows(layer.weight_q, layer.weight_scale.squeeze(0)).double()
+    out = dequantize_rows(q, scale).double() @ w.t()
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_linear_is_the_product_of_the_quantized_operands(fmt):
+    linear = nn.Linear(64, 48)
+    x = torch.randn(2, 5, 64)
+    layer = RocmQuantizedLinear.from_module(linear, fmt)
+    with config.override(log_fallbacks=False):
+        out = layer(x)
+    assert out.shape == (2, 5, 48) and out.dtype == x.dtype
+    torch.testing.assert_close(out.reshape(-1, 48).double(), _reference(layer, x), rtol=1e-5, atol=1e-5)
+    # and near the unquantized layer: e4m3 keeps 3 mantissa bits, int8 7
+    error = (out - linear(x)).abs().max() / linear(x).abs().max()
+    assert error < (0.1 if fmt != "int8" else 0.02), error
+
+
+def test_pointwise_conv_keeps_channels_last():
+    conv = nn.Conv2d(32, 16, 1)
+    x = torch.randn(2, 32, 5, 7).to(memory_format=torch.channels_last)
+    layer = RocmQuantizedLinear.from_module(conv, "e4m3fnuz")
+    with config.override(log_fallbacks=False):
+        out = layer(x)
+    assert out.shape == (2, 16, 5, 7) and out.is_contiguous(memory_format=torch.channels_last)
+    rows = _reference(layer, x.permute(0, 2, 3, 1)).reshape(2, 5, 7, 16).permute(0, 3, 1, 2)
+    torch.testing.assert_close(out.double(), rows, rtol=1e-5, atol=1e-5)
+    assert (out - conv(x)).abs().max() < 0.1 * conv(x).abs().max()
+
+
+def test_wrong_input_is_a_clear_error():
+    layer = RocmQuantizedLinear.from_module(nn.Linear(16, 16), "int8")
+    with pytest.raises(ValueError, match="does not end in 16 features"):
+        layer(torch.randn(3, 8))
+    with pytest.raises(ValueError, match="format 'fp4'"):
+        RocmQuantizedLinear(torch.randn(16, 16), None, "fp4")
+
+
+def test_on_cpu_precision_is_not_applied_and_says_why(caplog):
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    with caplog.at_level(logging.WARNING, logger="rocm_sd"), config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8")
+    assert any("precision=fp8 not applied" in r.getMessage() and "8-bit GEMMs need a GPU" in r.getMessage()
+               for r in caplog.records)
+    assert any(k.startswith("precision=fp8 not applied") for k in rocm_sd.report(pipe)["unet"])
+    assert not any(isinstance(m, RocmQuantizedLinear) for m in pipe.unet.modules())
+    rocm_sd.revert(pipe)
+
+
+@pytest.mark.parametrize("fmt, precision_name", [("e4m3fn", "fp8"), ("int8", "int8")])
+def test_patch_replaces_the_linears_and_revert_restores(monkeypatch, fmt, precision_name):
+    """With the device check answered (a CPU has no 8-bit GEMMs; the layers then compute the same product from the
+    dequantized operands), the patch replaces the transformer and 1x1 layers, leaves the one-row embeddings, and
+    revert() puts the exact original modules back."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: (fmt, None))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    before = {k: v.clone() for k, v in pipe.unet.state_dict().items()}
+    reference = run_pipe(pipe)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision=precision_name, channels_last=False)
+        quantized = run_pipe(pipe)
+    names = [name for name, m in pipe.unet.named_modules() if isinstance(m, RocmQuantizedLinear)]
+    assert any(name.endswith("attn1.to_q") for name in names) and any(name.endswith("ff.net.2") for name in names)
+    assert any("proj_in" in name for name in names)
+    assert not any(part in name for name in names for part in precision.FEW_ROWS)
+    assert dispatch.stats()["quantize_rows"]["torch"] > 0
+    assert torch.isfinite(quantized).all()
+    error = (quantized - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.2, error
+    rocm_sd.revert(pipe)
+    after = pipe.unet.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert torch.equal(run_pipe(pipe), reference)
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision_name", ["fp8", "int8"])
+def test_precision_on_the_gpu_runs_the_kernel_and_the_8bit_gemm(precision_name):
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    reference = run_pipe(pipe).float()
+    with config.override(strict=True):
+        dispatch.reset_stats()
+        rocm_sd.optimize(pipe, precision=precision_name)
+        report = rocm_sd.report(pipe)["unet"]
+        assert any("GEMM" in key for key in report), report
+        quantized = run_pipe(pipe).float()
+        assert dispatch.stats()["quantize_rows"].get("rocm_sd", 0) > 0
+        assert "torch" not in dispatch.stats()["quantize_rows"]
+    assert torch.isfinite(quantized).all()
+    error = (quantized - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.25, error
+    rocm_sd.revert(pipe)
+    assert torch.equal(run_pipe(pipe).float(), reference)
