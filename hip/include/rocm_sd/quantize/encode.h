@@ -1,7 +1,6 @@
 // Device-side 8-bit encodings of hip/quantize/ and of the kernels that quantize their output in place of writing it
 // (rocm_sd/quantize/api.h has the formats). Software conversions: the same code on every compiler and target
-// (HIP 5.x has no fp8 header, CUDA's and ROCm's differ), exact against torch's, and cheap next to the memory
-// traffic of the memory-bound kernels they end.
+// (HIP 5.x has no fp8 header, CUDA's and ROCm's differ) and exact against torch's (tests: every fp16 value).
 #pragma once
 
 #include "rocm_sd/common.h"
@@ -31,30 +30,30 @@ __device__ __forceinline__ float wave_absmax(float v) {
 // clamp(x, -fmax, fmax) that keeps a NaN, as torch.clamp (fminf / fmaxf would turn it into a bound).
 __device__ __forceinline__ float clamp_nan(float x, float fmax) { return x != x ? x : fminf(fmaxf(x, -fmax), fmax); }
 
-// x is already scaled into [-fmax, fmax] (or NaN). Round to nearest even, as torch's conversions. NaN: the format's
-// canonical NaN code (torch may keep a NaN's sign bit in e4m3fn, 0xFF, which is also NaN there).
+// x is already scaled into [-fmax, fmax] (or NaN). Round to nearest even, as torch's conversions, on the float's
+// bits (c10's fp8_e4m3fn_from_fp32_value, generalised to both exponent biases): a dozen integer operations, where
+// frexpf / ldexpf / rintf made the quantize kernels compute-bound. NaN: the format's canonical NaN code (torch may
+// keep a NaN's sign bit in e4m3fn, 0xFF, which is also NaN there).
+template <int kBias>
+__device__ __forceinline__ uint32_t encode_e4m3_magnitude(uint32_t bits) {
+  // Below the smallest normal (2^(1 - bias)): one float addition rounds to the subnormal quantum 2^(-bias - 2), the
+  // code is what lands in the low mantissa bits.
+  constexpr uint32_t kSmallestNormal = uint32_t(127 + 1 - kBias) << 23;
+  constexpr uint32_t kDenormMagic = uint32_t((127 - kBias) + (23 - 3) + 1) << 23;
+  if (bits < kSmallestNormal)
+    return __float_as_uint(__uint_as_float(bits) + __uint_as_float(kDenormMagic)) - kDenormMagic;
+  const uint32_t mantissa_odd = (bits >> 20) & 1u;  // ties to even
+  bits += (uint32_t(kBias - 127) << 23) + 0x7FFFFu + mantissa_odd;
+  return bits >> 20;
+}
+
 __device__ __forceinline__ uint8_t encode_e4m3(float x, bool fnuz) {
   if (x != x) return fnuz ? 0x80 : 0x7F;
-  const uint32_t sign = signbit(x) ? 0x80u : 0u;
-  const float a = fminf(fabsf(x), fnuz ? 240.f : 448.f);
-  const int bias = fnuz ? 8 : 7;
-  const int min_exponent = 1 - bias;  // of the normal numbers; below it the quantum is 2^(min_exponent - 3)
-  int e;
-  frexpf(a, &e);  // a = f * 2^e, f in [0.5, 1): the exponent of a is e - 1
-  uint32_t code;
-  if (a == 0.f || e - 1 < min_exponent) {
-    code = uint32_t(rintf(ldexpf(a, 3 - min_exponent)));  // 0..8; 8 is the smallest normal's code
-  } else {
-    int exponent = e - 1;
-    int mantissa = int(rintf(ldexpf(a, 3 - exponent)));  // 8..16
-    if (mantissa == 16) {
-      mantissa = 8;
-      ++exponent;
-    }
-    code = (uint32_t(exponent + bias) << 3) | uint32_t(mantissa - 8);
-  }
+  const uint32_t bits = __float_as_uint(x);
+  const uint32_t sign = bits & 0x80000000u;
+  const uint32_t code = fnuz ? encode_e4m3_magnitude<8>(bits ^ sign) : encode_e4m3_magnitude<7>(bits ^ sign);
   if (fnuz && code == 0) return 0;  // fnuz has no negative zero (0x80 is its NaN)
-  return uint8_t(code | sign);
+  return uint8_t(code | (sign >> 24));
 }
 
 __device__ __forceinline__ uint8_t encode(float x, QuantFormat f) {
