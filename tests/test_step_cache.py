@@ -330,3 +330,19 @@ def test_timesteps_that_view_one_tensor_are_read_from_one_host_copy():
     assert host.view_value(torch.tensor([5.0, 4.0])[1]) == 4.0                      # another tensor
     assert host.view_value(torch.tensor(7.0)) is None and host.view_value(torch.ones(2, 2)[0, 0]) is None
     assert host.value(torch.tensor(7.0)) == 7.0 and host.value(3) == 3.0 and host.syncs == 0
+    assert host.copies == 3
+
+
+def test_a_new_timesteps_tensor_starts_a_new_generation():
+    # An interrupted run, then one that starts below the timestep where it stopped (img2img): the timesteps are
+    # views of another scheduler.timesteps tensor, so the features of the first run are not reused.
+    unet = tiny_unet("tiny", 1)
+    kwargs = unet_inputs(unet, batch=1)
+    first, second = torch.tensor([900.0, 800.0, 700.0]), torch.tensor([500.0, 400.0])
+    with config.override(log_fallbacks=False), torch.no_grad():
+        rocm_sd.optimize(unet, cache="deepcache", cache_interval=3)
+        for t in [*first[:2], *second]:
+            unet(**dict(kwargs, timestep=t))
+        report = rocm_sd.report(unet)["UNet2DConditionModel"]
+    rocm_sd.revert(unet)
+    assert report["step cache: full calls"] == 2 and report["step cache: partial calls"] == 2

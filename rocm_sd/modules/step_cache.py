@@ -13,7 +13,8 @@ Which calls are full (Schedule): calls are grouped by timestep. A call whose tim
 joins that step; the k-th call of a step (classifier-free guidance run as separate cond / uncond calls) uses cache
 slot k, with its own cached feature. A lower timestep starts the next step; a timestep that is not lower than the
 current step's (or an input sample of another shape, dtype or device) starts a new generation: step 0, every slot
-empty. With mode 'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is
+empty; so does, in a diffusers pipeline, a timestep taken from another scheduler.timesteps tensor (set_timesteps
+ran again). With mode 'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is
 full, then a slot's call is full when the relative L1 change of the UNet's input sample, mean|x - x_prev| /
 mean|x_prev| (x_prev: the slot's input at its previous call), summed since the slot's last full call, reaches the
 threshold; else partial. A call also runs in full where a partial one cannot (no cached feature in its slot, a
@@ -108,14 +109,16 @@ class HostTimesteps:
     """A timestep's value on the host, without waiting for the GPU where the value is already known there.
 
     diffusers' pipelines iterate `scheduler.timesteps`, a GPU tensor: each step's timestep is a view of it. Its
-    values are copied to the host once (kept while that tensor lives and is not written), and a view is read by its
-    offset. A GPU timestep of any other kind costs a host sync per call (counted in `syncs`)."""
+    values are copied to the host once (kept while that tensor lives and is not written; `copies` counts the
+    tensors copied), and a view is read by its offset. A GPU timestep of any other kind costs a host sync per call
+    (counted in `syncs`)."""
 
     def __init__(self):
         self._base = None       # weak reference to the tensor whose host copy `_values` is
         self._version = -1
         self._values: list = []
         self.syncs = 0
+        self.copies = 0         # host copies taken: a new one means a new schedule (set_timesteps ran again)
 
     def __getstate__(self) -> dict:
         return {}
@@ -126,11 +129,10 @@ class HostTimesteps:
     def value(self, t) -> float:
         if not isinstance(t, torch.Tensor):
             return float(t)
-        if t.device.type != "cpu":
-            known = self.view_value(t)
-            if known is not None:
-                return known
-            self.syncs += 1
+        known = self.view_value(t)
+        if known is not None:
+            return known
+        self.syncs += t.device.type != "cpu"
         return float(t.reshape(-1)[0])
 
     def view_value(self, t: torch.Tensor) -> float | None:
@@ -142,6 +144,7 @@ class HostTimesteps:
         if self._base is None or self._base() is not base or self._version != base._version:
             self._values = base.tolist()
             self._base, self._version = weakref.ref(base), base._version
+            self.copies += 1
         return float(self._values[t.storage_offset() - base.storage_offset()])
 
 
@@ -220,8 +223,11 @@ class UNetStepCache:
     def __call__(self, *args, **kwargs):
         kwargs.update(zip(self._parameters, args))
         sample = kwargs["sample"]
-        slot, full = self.schedule.plan(self.timesteps.value(kwargs["timestep"]),
-                                        (tuple(sample.shape), sample.dtype, sample.device), sample)
+        timestep = self.timesteps.value(kwargs["timestep"])
+        # A new scheduler.timesteps tensor is a new generation too: an interrupted run followed by one that starts
+        # at a lower timestep must not reuse its features.
+        key = (tuple(sample.shape), sample.dtype, sample.device, self.timesteps.copies)
+        slot, full = self.schedule.plan(timestep, key, sample)
         if not full:
             why = self._no_partial(slot, kwargs)
             if why:
