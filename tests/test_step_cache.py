@@ -346,3 +346,181 @@ def test_a_new_timesteps_tensor_starts_a_new_generation():
         report = rocm_sd.report(unet)["UNet2DConditionModel"]
     rocm_sd.revert(unet)
     assert report["step cache: full calls"] == 2 and report["step cache: partial calls"] == 2
+
+
+# ---- ComfyUI (the stand-in of its UNetModel and ModelPatcher: tests/standins) ---------------------------------
+
+COMFY_MODELS = {  # SD1.x-like: attention at the outermost level; SDXL-like: none there, a label embedding (adm)
+    "sd": dict(attention_levels=(0, 1)), "sdxl": dict(attention_levels=(1,), adm_in_channels=12)}
+
+
+def comfy_patcher(comfy, kind="sd", num_res_blocks=2, device="cpu", dtype=torch.float32):
+    from comfy.ldm.modules.diffusionmodules.openaimodel import LeveledUNetModel
+    from tests.comfyui_standin import standin_model
+
+    return standin_model(comfy, device, dtype, unet_model=LeveledUNetModel, num_res_blocks=num_res_blocks,
+                         **COMFY_MODELS[kind])
+
+
+def comfy_inputs(patcher, batch=2, sigma=5.0, seed=0, control=False, patches=None, device="cpu", dtype=torch.float32):
+    """(x, t, c) as ComfyUI's sampler hands them to apply_model; `control`: ControlNet residuals for every skip
+    (fresh lists: the forward pops them)."""
+    generator = torch.Generator().manual_seed(seed)
+    model = patcher.model.diffusion_model
+    x = torch.randn(batch, 4, 16, 16, generator=generator).to(device, dtype)
+    c = {"c_crossattn": torch.randn(batch, 5, 24, generator=generator).to(device, dtype),
+         "transformer_options": {**patcher.model_options["transformer_options"], **({"patches": patches} if patches
+                                                                                     else {})}}
+    if model.num_classes is not None:
+        c["y"] = torch.randn(batch, 12, generator=generator).to(device, dtype)
+    if control:
+        skips = []
+        with torch.no_grad():  # the skips' shapes, from one plain evaluation
+            hooks = [block[-1].register_forward_hook(lambda m, i, out: skips.append(out.shape))
+                     for block in model.input_blocks]
+            patcher.model.apply_model(x, torch.full((batch,), sigma), **c)
+            for hook in hooks:
+                hook.remove()
+        c["control"] = {"output": [torch.randn(s, generator=generator).to(device, dtype) for s in skips],
+                        "middle": [torch.randn(skips[-1], generator=generator).to(device, dtype)], "input": []}
+    return x, torch.full((batch,), sigma, device=device), c
+
+
+def fresh(c):
+    return {**c, "control": {k: list(v) for k, v in c["control"].items()}} if "control" in c else c
+
+
+@pytest.mark.parametrize("kind,num_res_blocks", [("sd", 2), ("sdxl", 2), ("sd", 1)])
+@pytest.mark.parametrize("extra", ["none", "control", "patches"])
+def test_comfy_partial_call_equals_full_call_when_its_feature_comes_from_the_same_inputs(comfy, kind,
+                                                                                         num_res_blocks, extra):
+    from rocm_sd.modules.step_cache import ComfyStepCache
+
+    def freeu_like(h, hsp, transformer_options):  # ComfyUI's FreeU scales h in place
+        h[:, : h.shape[1] // 2] *= 1.1
+        return h, hsp * 0.9
+
+    def input_patch(h, transformer_options):
+        return h * 1.01
+
+    seen = []
+
+    def bookkeeping(h, hsp, transformer_options):  # what the forward told the patches where they ran
+        seen.append((transformer_options["block"], transformer_options["transformer_index"]))
+        return h, hsp
+
+    patcher = comfy_patcher(comfy, kind, num_res_blocks)
+    patches = {"output_block_patch": [freeu_like, bookkeeping], "input_block_patch": [input_patch]} \
+        if extra == "patches" else None
+    x, t, c = comfy_inputs(patcher, control=extra == "control", patches=patches)
+    model, cache = patcher.model, ComfyStepCache("deepcache")
+    with torch.no_grad():
+        reference = model.apply_model(x, t, **fresh(c))
+        full, feature = cache.full_call(model, x, t, fresh(c))
+        kept = feature.clone()
+        del seen[:-2]  # the two outermost output blocks' in the full call
+        inner = [Calls(layer) for layer in model.diffusion_model.middle_block] + \
+            [Calls(layer) for block in model.diffusion_model.input_blocks[2:] for layer in block]
+        partial = cache.partial_call(model, feature, x, t, fresh(c))
+        other = cache.partial_call(model, torch.randn_like(feature), x, t, fresh(c))
+    assert sum(len(calls) for calls in inner) == 0
+    assert "forward" not in model.diffusion_model.__dict__
+    if extra == "patches":
+        assert seen[2:4] == seen[0:2] and seen[4:6] == seen[0:2], seen
+    assert torch.equal(full, reference) and torch.equal(partial, reference) and torch.equal(feature, kept)
+    assert not torch.allclose(other, reference)
+
+
+def comfy_sample(patcher, steps, split, x, c, sigmas=None):
+    """The model evaluations of one sampling run, through the patcher's model_function_wrapper as ComfyUI's
+    sampler makes them: CFG batched ([1, 0] in one call) or split (one call each)."""
+    wrapper = patcher.model_options["model_function_wrapper"]
+    sigmas = sigmas or [14.0 * 0.6 ** i for i in range(steps)]
+    outputs = []
+    for sigma in sigmas:
+        for cond_or_uncond in ([[1], [0]] if split else [[1, 0]]):
+            batch = x.shape[0] // (2 if split else 1)
+            options = {**c["transformer_options"], "cond_or_uncond": cond_or_uncond, "sigmas": torch.tensor([sigma])}
+            sliced = {k: v[:batch] if isinstance(v, torch.Tensor) else v for k, v in c.items()}
+            args = {"input": x[:batch], "timestep": torch.full((batch,), sigma, device=x.device), "cond_or_uncond": cond_or_uncond,
+                    "c": {**sliced, "transformer_options": options}}
+            with torch.inference_mode():
+                outputs.append(wrapper(patcher.model.apply_model, args))
+    return outputs
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("split", [False, True])
+def test_comfy_node_caches_steps(comfy, nodes, cuda_graph, split):
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    patcher = comfy_patcher(comfy, "sdxl")
+    x, _, c = comfy_inputs(patcher)
+    with config.override(log_fallbacks=False):
+        (plain,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=False, channels_last=False)
+        (every,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=cuda_graph, channels_last=False,
+                                                        cache="deepcache", cache_interval=1)
+        (cached,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=cuda_graph, channels_last=False,
+                                                         cache="deepcache", cache_interval=3)
+        plain.model_options["model_function_wrapper"] = lambda apply_model, args: apply_model(
+            args["input"], args["timestep"], **args["c"])
+        runs = {}
+        for name, optimized in (("plain", plain), ("every", every), ("cached", cached)):
+            optimized.patch_model()
+            try:
+                runs[name] = comfy_sample(optimized, 7, split, x, c) + comfy_sample(optimized, 7, split, x, c)
+            finally:
+                optimized.unpatch_model()
+    assert all(torch.equal(a, b) for a, b in zip(runs["every"], runs["plain"]))
+    assert all(torch.isfinite(out).all() for out in runs["cached"])
+    assert any(not torch.equal(a, b) for a, b in zip(runs["cached"], runs["plain"]))
+    stats, calls = graph_stats(cached), 2 if split else 1
+    # two runs of 7 steps, interval 3: steps 0, 3, 6 full, per slot
+    assert stats["step cache: full calls"] == 2 * 3 * calls and stats["step cache: partial calls"] == 2 * 4 * calls
+    if cuda_graph:  # the two calls of the step cache, each a graphed call (on the CPU: run eagerly, and said why)
+        assert stats["full: eager: no GPU tensor among the inputs"] == 2 * 3 * calls
+        assert stats["partial: eager: no GPU tensor among the inputs"] == 2 * 4 * calls
+    assert patcher.model_options == {"transformer_options": {}}
+    assert "forward" not in patcher.model.diffusion_model.__dict__
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_comfy_calls_that_cannot_be_partial_run_in_full(comfy, nodes, cuda_graph):
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    patcher = comfy_patcher(comfy)
+    x, _, c = comfy_inputs(patcher, patches={"input_block_patch_after_skip": [lambda h, o: h]})
+    (cached,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=cuda_graph, cache="deepcache",
+                                                     cache_interval=3)
+    with config.override(log_fallbacks=False):
+        cached.patch_model()
+        try:
+            comfy_sample(cached, 3, False, x, c)
+        finally:
+            cached.unpatch_model()
+    stats = graph_stats(cached)
+    assert stats["step cache: full calls"] == 3 and "step cache: partial calls" not in stats
+    assert stats["step cache: full call instead of partial: an input_block_patch_after_skip transformer patch"] == 2
+    if cuda_graph:  # a transformer patch also keeps the calls off the graphs: the step cache decides all the same
+        assert stats["eager: a 'input_block_patch_after_skip' transformer patch runs Python inside the model"] == 3
+
+
+@pytest.mark.gpu
+def test_comfy_graphed_full_and_partial_calls_replay_and_equal_the_eager_step_cache(comfy, nodes):
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    patcher = comfy_patcher(comfy, "sd", device="cuda", dtype=torch.float16)
+    x, _, c = comfy_inputs(patcher, device="cuda", dtype=torch.float16)
+    runs, stats = {}, {}
+    for cuda_graph in (False, True):
+        (cached,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=cuda_graph, cache="deepcache")
+        cached.patch_model()
+        try:
+            runs[cuda_graph] = comfy_sample(cached, 7, True, x, c)
+        finally:
+            cached.unpatch_model()
+        stats[cuda_graph] = graph_stats(cached)
+    assert stats[True]["full: graph captures"] == 1 and stats[True]["full: graph replays"] == 3 * 2, stats[True]
+    assert stats[True]["partial: graph captures"] == 1 and stats[True]["partial: graph replays"] == 4 * 2
+    for eager, graphed in zip(runs[False], runs[True]):
+        assert torch.equal(eager, graphed)

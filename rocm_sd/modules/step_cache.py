@@ -29,9 +29,15 @@ per call (after the first step), which waits for the GPU's queued work.
 Graphs: the controller's two calls, `full` (returns the output and the feature) and `partial` (takes the feature),
 are attributes that patch/diffusers.py's install_graphs replaces with graphed calls (`GRAPHED_CALLS`); the deciding
 above stays plain Python around them.
+
+Two hosts: UNetStepCache, a diffusers UNet2DConditionModel's forward; ComfyStepCache, the model_function_wrapper of
+a ComfyUI model with a UNetModel (patch/comfy_graph.py's GraphedModelFunction graphs its two calls). StepCache,
+their base, holds the deciding.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -182,10 +188,55 @@ class _PartialDone(Exception):
         self.sample = sample
 
 
-class UNetStepCache:
-    """Installed as a diffusers UNet2DConditionModel's `forward`: decides per call (Schedule), then runs `full` or
-    `partial` (the module doc). Counts 'step cache: full calls' / 'step cache: partial calls' and the reasons for
-    full calls the schedule did not ask for into `counts` (the model's PatchRecord counts).
+class StepCache:
+    """The deciding both hosts share: per call, the schedule's slot and wish, the reasons a partial call cannot run
+    (its slot has no feature yet, or the host's own reasons), then the full or the partial call. Counts 'step cache:
+    full calls' / 'step cache: partial calls' and 'step cache: full call instead of partial: <why>' into `counts`.
+
+    The two calls are the attributes `full` (returns the output and the feature) and `partial` (takes the feature
+    first); GRAPHED_CALLS names them for graph capture, which replaces them with graphed calls."""
+
+    GRAPHED_CALLS = ("full", "partial")
+
+    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15, counts: Counter | None = None):
+        self.schedule = Schedule(mode, interval, threshold)
+        self.counts = counts if counts is not None else Counter()
+        self.full = self.full_call
+        self.partial = self.partial_call
+
+    def __getstate__(self) -> dict:
+        """A copy gets its settings and calls, never the cached features of this one's generation."""
+        state = dict(self.__dict__)
+        state["schedule"] = Schedule(self.schedule.mode, self.schedule.interval, self.schedule.threshold)
+        return state
+
+    def run(self, timestep: float, key, sample: torch.Tensor, no_partial, full, partial):
+        """One call: `no_partial()` says why this call cannot be partial (or None), `full()` runs it in full and
+        returns (output, feature), `partial(feature)` runs it partially."""
+        slot, wanted = self.schedule.plan(timestep, key, sample)
+        if not wanted:
+            why = "no cached feature in this call's slot yet" if slot.feature is None else no_partial()
+            if why:
+                self.counts[f"step cache: full call instead of partial: {why}"] += 1
+                wanted = True
+        if wanted:
+            output, feature = full()
+            refresh(slot, feature)
+            self.counts["step cache: full calls"] += 1
+            return output
+        self.counts["step cache: partial calls"] += 1
+        return partial(slot.feature)
+
+    def full_call(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def partial_call(self, feature, *args, **kwargs):
+        raise NotImplementedError
+
+
+class UNetStepCache(StepCache):
+    """Installed as a diffusers UNet2DConditionModel's `forward`: decides per call (StepCache.run), then runs `full`
+    or `partial` (the module doc), counting into `counts` (the model's PatchRecord counts).
 
     Both calls run the forward that was in place before (diffusers' own, or an accelerate offload wrapper around
     it), so that everything it does around the blocks happens as usual: the time, class and added (SDXL text_time)
@@ -193,25 +244,13 @@ class UNetStepCache:
     The full call reads the cached feature with a temporary hook; the partial call stops the forward where it calls
     down_blocks[0], with a temporary pre-hook that runs the outermost branch on the block's arguments."""
 
-    GRAPHED_CALLS = ("full", "partial")   # attributes install_graphs may replace with graphed calls
-
     def __init__(self, model: nn.Module, mode: str, interval: int = 3, threshold: float = 0.15,
                  counts: Counter | None = None):
+        super().__init__(mode, interval, threshold, counts)
         self.model = model
-        self.schedule = Schedule(mode, interval, threshold)
-        self.counts = counts if counts is not None else Counter()
         self.inner = model.__dict__.get("forward")   # an instance forward in place (accelerate's), else the class's
         self.timesteps = HostTimesteps()
-        self.full = self.full_call
-        self.partial = self.partial_call
-        import inspect
         self._parameters = list(inspect.signature(type(model).forward).parameters)[1:]
-
-    def __getstate__(self) -> dict:
-        """A copy gets its model, settings and calls, never the cached features of this one's generation."""
-        state = dict(self.__dict__)
-        state["schedule"] = Schedule(self.schedule.mode, self.schedule.interval, self.schedule.threshold)
-        return state
 
     @property
     def mirror(self) -> int:
@@ -227,23 +266,10 @@ class UNetStepCache:
         # A new scheduler.timesteps tensor is a new generation too: an interrupted run followed by one that starts
         # at a lower timestep must not reuse its features.
         key = (tuple(sample.shape), sample.dtype, sample.device, self.timesteps.copies)
-        slot, full = self.schedule.plan(timestep, key, sample)
-        if not full:
-            why = self._no_partial(slot, kwargs)
-            if why:
-                self.counts[f"step cache: full call instead of partial: {why}"] += 1
-                full = True
-        if full:
-            output, feature = self.full(**kwargs)
-            refresh(slot, feature)
-            self.counts["step cache: full calls"] += 1
-            return output
-        self.counts["step cache: partial calls"] += 1
-        return self.partial(slot.feature, **kwargs)
+        return self.run(timestep, key, sample, lambda: self._no_partial(kwargs), lambda: self.full(**kwargs),
+                        lambda feature: self.partial(feature, **kwargs))
 
-    def _no_partial(self, slot: Slot, kwargs: dict) -> str | None:
-        if slot.feature is None:
-            return "no cached feature in this call's slot yet"
+    def _no_partial(self, kwargs: dict) -> str | None:
         if kwargs.get("down_intrablock_additional_residuals") is not None or (
                 kwargs.get("down_block_additional_residuals") is not None
                 and kwargs.get("mid_block_additional_residual") is None):
@@ -334,3 +360,151 @@ class UNetStepCache:
         if model.conv_norm_out is not None:
             h = model.conv_act(model.conv_norm_out(h))
         return model.conv_out(h)
+
+
+# ---- ComfyUI's UNetModel (comfy/ldm/modules/diffusionmodules/openaimodel.py) ----------------------------------
+
+def comfy_unet_problem(diffusion_model: nn.Module) -> str | None:
+    """Why a ComfyUI diffusion model's structure does not allow the partial call, or None when it does."""
+    inputs, outputs = getattr(diffusion_model, "input_blocks", None), getattr(diffusion_model, "output_blocks", None)
+    if inputs is None or outputs is None or not hasattr(diffusion_model, "out"):
+        return f"{type(diffusion_model).__name__} is not a UNet of input, middle and output blocks"
+    if len(inputs) < 3 or len(outputs) != len(inputs):
+        return "fewer than three input blocks, or as many output blocks as input blocks"
+    if getattr(diffusion_model, "predict_codebook_ids", False):
+        return "the UNet predicts codebook ids"
+    if not all(len(block) for block in (inputs[1], inputs[2], outputs[-3])):
+        return "an empty block"
+    return None
+
+
+class ComfyStepCache(StepCache):
+    """ComfyUI's model_function_wrapper(apply_model, {"input", "timestep", "c", "cond_or_uncond"}) for a UNetModel
+    (SD1.x/2.x/SDXL): decides per evaluation (StepCache.run), then evaluates the model in full or partially.
+
+    input_blocks[0] is conv_in and input_blocks[1] the first layer; its mirror is output_blocks[-2]. A full call
+    evaluates the model (apply_model) and keeps the hidden state entering output_blocks[-2] (the output of
+    output_blocks[-3]'s last layer, read with a temporary hook). A partial call evaluates the model (apply_model, so
+    the sampler's input and output scaling run as usual) with the diffusion model's forward replaced, for the
+    call, by one that runs the model's own forward until it reaches input_blocks[2] (time and label embeddings,
+    input blocks 0 and 1 with their control and patches, as the host computes them), stops it there, and then runs
+    output_blocks[-2] and [-1] on the cached hidden state and the two fresh skips as the host's forward does (output
+    control, output_block_patch patches), then `out`.
+
+    The timestep is the sampler's sigma, a GPU tensor made per call: reading it costs one host sync per call. Calls
+    run in full where a partial one would skip work others asked for: transformer patches after the skip
+    (input_block_patch_after_skip) and diffusion-model wrappers (which run around the whole UNet)."""
+
+    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15, counts: Counter | None = None):
+        super().__init__(mode, interval, threshold, counts)
+        self.timesteps = HostTimesteps()
+
+    def __deepcopy__(self, memo):
+        # ModelPatcher.clone() deep-copies model_options: its clones share the model, and this one controller.
+        return self
+
+    @property
+    def stats(self) -> Counter:
+        return self.counts
+
+    def __call__(self, apply_model, args: dict, full=None, partial=None):
+        """`full(model, x, t, c)` / `partial(model, feature, x, t, c)`: the calls to make (graphed ones), by
+        default this controller's own."""
+        model = getattr(apply_model, "__self__", None)
+        x, t, c = args["input"], args["timestep"], args["c"]
+        problem = "apply_model is not a bound method of a model" if model is None else \
+            comfy_unet_problem(model.diffusion_model)
+        if problem is not None:
+            self.counts[f"step cache not applied: {problem}"] += 1
+            return apply_model(x, t, **c)
+        full, partial = full or self.full, partial or self.partial
+        key = (tuple(x.shape), x.dtype, x.device)
+        return self.run(self.timesteps.value(t), key, x, lambda: self._no_partial(c), lambda: full(model, x, t, c),
+                        lambda feature: partial(model, feature, x, t, c))
+
+    @staticmethod
+    def _no_partial(conditioning: dict) -> str | None:
+        options = conditioning.get("transformer_options") or {}
+        if (options.get("patches") or {}).get("input_block_patch_after_skip"):
+            return "an input_block_patch_after_skip transformer patch"
+        if any((options.get("wrappers") or {}).get("diffusion_model", {}).values()):
+            return "a diffusion_model wrapper"
+        return None
+
+    def full_call(self, model, x, t, c):
+        """The whole evaluation: (its output, the hidden state entering output_blocks[-2])."""
+        kept = []
+        last = model.diffusion_model.output_blocks[-3][-1]
+        # an output_block_patch (FreeU) may scale the hidden state in place at output_blocks[-2]: keep a copy
+        patched = ((c.get("transformer_options") or {}).get("patches") or {}).get("output_block_patch")
+        copy = torch.clone if patched else (lambda tensor: tensor)
+        handle = last.register_forward_hook(lambda module, args, output: kept.append(copy(output)))
+        try:
+            output = model.apply_model(x, t, **c)
+        finally:
+            handle.remove()
+        if len(kept) != 1:
+            raise RuntimeError(f"step cache: the UNet ran output_blocks[-3] {len(kept)} times")
+        return output, kept[0]
+
+    def partial_call(self, model, feature, x, t, c):
+        """The evaluation with the diffusion model's forward running only its outermost branch on `feature`."""
+        diffusion_model = model.diffusion_model
+        inner = diffusion_model.__dict__.get("forward")
+        outer = functools.partial(_comfy_outer_branch, diffusion_model, inner, feature)
+        diffusion_model.forward = outer
+        try:
+            return model.apply_model(x, t, **c)
+        finally:
+            if inner is None:
+                del diffusion_model.forward
+            else:
+                diffusion_model.forward = inner
+
+
+def _comfy_outer_branch(diffusion_model, inner, feature, x, timesteps=None, context=None, y=None, control=None,
+                        transformer_options={}, **kwargs):
+    """ComfyStepCache's partial forward of a UNetModel: the model's own forward (`inner`, else its class's) up to
+    input_blocks[2], then output_blocks[-2:] on `feature` and `out`."""
+    blocks = diffusion_model.input_blocks
+    seen = {}
+
+    def first(module, args):    # input_blocks[1]'s first layer: (conv_in's output, the time embedding)
+        seen["skips"], seen["emb"] = [args[0]], args[1] if len(args) > 1 else None
+
+    def stop(module, args):     # input_blocks[2]'s first layer: input_blocks[1]'s output
+        seen["skips"].append(args[0])
+        raise _PartialDone(None)
+
+    handles = [blocks[1][0].register_forward_pre_hook(first), blocks[2][0].register_forward_pre_hook(stop)]
+    forward = inner or functools.partial(type(diffusion_model).forward, diffusion_model)
+    try:
+        forward(x, timesteps, context=context, y=y, control=control, transformer_options=transformer_options, **kwargs)
+    except _PartialDone:
+        pass
+    else:
+        raise RuntimeError("step cache: the UNet's forward returned without reaching input_blocks[2]")
+    finally:
+        for handle in handles:
+            handle.remove()
+    skips, emb = seen["skips"], seen["emb"]
+    patches = (transformer_options.get("patches") or {}).get("output_block_patch") or []
+    h = feature.clone() if patches else feature  # the patches may write into it: the cache must stay as it is
+    outputs = diffusion_model.output_blocks
+    count = len(outputs)
+    # The transformer layers the full forward would have run before output_blocks[-2] (its bookkeeping).
+    transformer_options["transformer_index"] = sum(
+        hasattr(layer, "transformer_blocks")
+        for block in [*blocks, diffusion_model.middle_block, *outputs[:-2]] for layer in block)
+    controls = (control or {}).get("output") or []
+    for index in (count - 2, count - 1):
+        transformer_options["block"] = ("output", index)
+        hsp = skips.pop()
+        at = len(controls) - 1 - index  # the full forward pops one per output block, from the end
+        if at >= 0 and controls[at] is not None:
+            hsp = hsp + controls[at]
+        for patch in patches:
+            h, hsp = patch(h, hsp, transformer_options)
+        h = torch.cat([h, hsp], dim=1)
+        h = outputs[index](h, emb, context, transformer_options, skips[-1].shape if skips else None)
+    return diffusion_model.out(h.type(x.dtype))
