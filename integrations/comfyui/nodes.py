@@ -39,7 +39,7 @@ def _say_once(message: str) -> None:
 
 class RocmSDOptimizeModel:
     """MODEL -> MODEL: rocm_sd's norm kernels and attention on a clone, and its evaluations replayed as
-    captured graphs; the input model is not changed."""
+    captured graphs; optionally step caching (docs/step_cache.md); the input model is not changed."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -55,6 +55,15 @@ class RocmSDOptimizeModel:
                 "replay each model evaluation as one captured GPU graph (HIP graph on AMD) per input shape: "
                 "the host cost of hundreds of launches per step goes. Needs VRAM for the graph's activations; "
                 "calls with other nodes' patches, or in low-VRAM mode, run as usual")}),
+        }, "optional": {
+            "cache": (["off", "deepcache", "adaptive"], {"default": "off", "tooltip": (
+                "step caching (changes images): 'deepcache' runs one model evaluation in cache_interval in full and "
+                "the others through the outermost blocks only, reusing the deep features; 'adaptive' runs one in "
+                "full whenever the input has changed by cache_threshold since the last full one")}),
+            "cache_interval": ("INT", {"default": 3, "min": 1, "max": 100,
+                                       "tooltip": "deepcache: one full evaluation per this many steps"}),
+            "cache_threshold": ("FLOAT", {"default": 0.15, "min": 0.0, "max": 10.0, "step": 0.01, "tooltip": (
+                "adaptive: the summed relative change of the model's input that triggers a full evaluation")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
@@ -63,15 +72,19 @@ class RocmSDOptimizeModel:
     DESCRIPTION = ("Runs the model's GroupNorm+SiLU, LayerNorm and attention through rocm_sd and replays each "
                    "model evaluation as a captured GPU graph (AMD GPUs).")
 
-    def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True):
+    def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True,
+                 cache="off", cache_interval=3, cache_threshold=0.15):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
         patched = model.clone()
-        no_graphs = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph,
-                                        channels_last=channels_last)
-        if no_graphs:
-            _say_once(f"no graph capture: {no_graphs}")
+        cache = None if cache == "off" else cache
+        not_installed = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph,
+                                            channels_last=channels_last, cache=cache, cache_interval=cache_interval,
+                                            cache_threshold=cache_threshold)
+        if not_installed:
+            wanted = [name for name, on in (("graph capture", cuda_graph), ("step cache", cache)) if on]
+            _say_once(f"no {' and no '.join(wanted)}: {not_installed}")
         _report_kernels()
         return (patched,)
 

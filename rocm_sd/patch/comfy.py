@@ -12,7 +12,8 @@ from torch import nn
 from ..checkpoints import architecture_for
 from ..modules.attention import heads_first, heads_last, spatial_attention
 from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
-from .comfy_graph import install_graphs
+from .comfy_graph import install_graphs, install_step_cache
+from ..modules.step_cache import ComfyStepCache
 from ..modules.host_copies import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
 from ..modules.upsample import conv_foldable
 
@@ -154,11 +155,14 @@ def _transformer_block_keys(diffusion_model) -> list[tuple[str, int, int]]:
 
 def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True, layer_norm: bool = True,
                         override_supported: bool | None = None, cuda_graph: bool = False,
-                        channels_last: bool = False) -> str | None:
+                        channels_last: bool = False, cache: str | None = None, cache_interval: int = 3,
+                        cache_threshold: float = 0.15) -> str | None:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
     patches and attention patches, with channels_last the convolutions on channels_last weights (NHWC
-    activations), and with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py).
-    override_supported: None to detect ComfyUI's `wrap_attn`. Returns why graphs could not be installed, or None."""
+    activations), with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py), and with cache
+    ('deepcache' / 'adaptive', as optimize()'s options; docs/step_cache.md) step caching of the UNet.
+    override_supported: None to detect ComfyUI's `wrap_attn`. Returns why graphs or the step cache could not be
+    installed, or None."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
     swaps = norm_swaps(diffusion_model, group_norm, layer_norm)
@@ -167,7 +171,10 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     _patch_attention(patcher, diffusion_model, attention, override_supported)
-    return install_graphs(patcher, own_replace_patch=attention_replace) if cuda_graph else None
+    step_cache = ComfyStepCache(cache, cache_interval, cache_threshold) if cache else None
+    if cuda_graph:
+        return install_graphs(patcher, own_replace_patch=attention_replace, step_cache=step_cache)
+    return install_step_cache(patcher, step_cache) if step_cache is not None else None
 
 
 def _patch_attention(patcher, diffusion_model, attention: bool, override_supported: bool | None) -> None:

@@ -25,6 +25,7 @@ callbacks) the graphs are dropped and their memory returns to PyTorch's allocato
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 
@@ -32,6 +33,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..graphs import GraphedCall, GraphPool
+from ..modules.step_cache import ComfyStepCache
 
 log = logging.getLogger("rocm_sd.comfyui")
 
@@ -83,11 +85,16 @@ class GraphedModelFunction:
     """ComfyUI's model_function_wrapper(apply_model, {"input", "timestep", "c", "cond_or_uncond"}): the call
     replayed from a captured graph where graph_blocker allows, else run as it is; see the module doc."""
 
-    def __init__(self, own_replace_patch=None):
+    def __init__(self, own_replace_patch=None, step_cache: ComfyStepCache | None = None):
         self.own_replace_patch = own_replace_patch
         self.pool = GraphPool()
         self.graphed: GraphedCall | None = None
         self.blocked: Counter = Counter()
+        # With a step cache, its deciding runs here, eagerly, and each of its calls (GRAPHED_CALLS: the full call,
+        # which returns the output and the cached feature, and the partial call, which takes the feature) is its
+        # own graphed call.
+        self.step_cache = step_cache
+        self.step_graphs: dict[str, GraphedCall] = {}
 
     def __deepcopy__(self, memo):
         # ModelPatcher.clone() deep-copies model_options. Clones of one patcher share the model, so they share
@@ -98,32 +105,56 @@ class GraphedModelFunction:
         x, timestep, conditioning = args["input"], args["timestep"], args["c"]
         model = getattr(apply_model, "__self__", None)
         why = graph_blocker(model, conditioning, self.own_replace_patch)
-        if why is None and self.graphed is not None and self.graphed.module is not model:
+        if why is None and any(call.module is not model for call in self._calls()):
             why = "another model than the one graphed first"  # clones share one model; never seen in ComfyUI
         if why is not None:
             if f"eager: {why}" not in self.blocked:  # once per reason: why this model's steps are not replayed
                 log.info("rocm_sd: ComfyUI model evaluations without graph replay while %s", why)
             self.blocked[f"eager: {why}"] += 1
-            if getattr(model, "model_lowvram", False) and self.graphed is not None and self.graphed.graphs:
+            if getattr(model, "model_lowvram", False) and any(call.graphs for call in self._calls()):
                 # ComfyUI offloaded part of the model to make room: the graphs' weights are gone from where they
                 # were, and their activations hold memory the partially loaded model now needs.
-                self.graphed.clear()
+                self.clear()
                 self.blocked["graphs dropped: ComfyUI moved to low-VRAM mode"] += 1
+            if self.step_cache is not None:
+                return self.step_cache(apply_model, args)
             return apply_model(x, timestep, **conditioning)
+        if self.step_cache is not None:
+            return self.step_cache(apply_model, args, full=self._graphed_full, partial=self._graphed_partial)
         if self.graphed is None:
             self.graphed = GraphedCall(lambda x, t, c: model.apply_model(x, t, **c), model, "ComfyUI apply_model",
                                        pool_owner=self.pool)
         return self.graphed(x, timestep, _graphed_conditioning(conditioning, x.device))
 
+    def _calls(self) -> list[GraphedCall]:
+        return ([self.graphed] if self.graphed is not None else []) + list(self.step_graphs.values())
+
+    def _step_graph(self, name: str, model) -> GraphedCall:
+        call = self.step_graphs.get(name)
+        if call is None:
+            call = self.step_graphs[name] = GraphedCall(functools.partial(getattr(self.step_cache, name), model), model,
+                                                        f"ComfyUI apply_model ({name})", pool_owner=self.pool)
+        return call
+
+    def _graphed_full(self, model, x, timestep, conditioning):
+        return self._step_graph("full", model)(x, timestep, _graphed_conditioning(conditioning, x.device))
+
+    def _graphed_partial(self, model, feature, x, timestep, conditioning):
+        return self._step_graph("partial", model)(feature, x, timestep, _graphed_conditioning(conditioning, x.device))
+
     @property
     def stats(self) -> Counter:
-        """Graph captures, replays and each reason a call ran eagerly, since installation."""
-        return self.blocked + (self.graphed.stats if self.graphed is not None else Counter())
+        """Graph captures, replays and each reason a call ran eagerly, since installation; with a step cache, its
+        counts and its two calls' graph statistics ('full: graph replays', 'partial: graph replays')."""
+        stats = self.blocked + (self.graphed.stats if self.graphed is not None else Counter())
+        for name, call in self.step_graphs.items():
+            stats.update({f"{name}: {what}": n for what, n in call.stats.items()})
+        return stats + (self.step_cache.stats if self.step_cache is not None else Counter())
 
     def clear(self) -> None:
         """Drop the captured graphs; their memory returns to PyTorch's allocator."""
-        if self.graphed is not None:
-            self.graphed.clear()
+        for call in self._calls():
+            call.clear()
 
     def on_detach(self, _patcher, unpatch_all: bool) -> None:
         """ComfyUI's ON_DETACH callback. Every sampling run detaches and reloads the model it samples with,
@@ -133,17 +164,27 @@ class GraphedModelFunction:
             self.clear()
 
 
-def install_graphs(patcher, own_replace_patch=None) -> str | None:
-    """Set a GraphedModelFunction as `patcher`'s model_function_wrapper; the reason when it cannot be."""
+def install_graphs(patcher, own_replace_patch=None, step_cache: ComfyStepCache | None = None) -> str | None:
+    """Set a GraphedModelFunction (around `step_cache`, where one is given) as `patcher`'s model_function_wrapper;
+    the reason when it cannot be."""
+    return _install_wrapper(patcher, GraphedModelFunction(own_replace_patch, step_cache))
+
+
+def install_step_cache(patcher, step_cache: ComfyStepCache) -> str | None:
+    """Without graphs: the step cache itself as `patcher`'s model_function_wrapper; the reason when it cannot be."""
+    return _install_wrapper(patcher, step_cache)
+
+
+def _install_wrapper(patcher, wrapper) -> str | None:
     existing = patcher.model_options.get("model_function_wrapper")
-    if isinstance(existing, GraphedModelFunction):
-        return None  # the node ran on its own output: its graphs already wrap every evaluation
+    if isinstance(existing, (GraphedModelFunction, ComfyStepCache)):
+        return None  # the node ran on its own output: its wrapper already runs every evaluation
     if existing is not None:
         return "another node already set this model's model_function_wrapper (ComfyUI keeps one)"
-    wrapper = GraphedModelFunction(own_replace_patch)
     patcher.set_model_unet_function_wrapper(wrapper)
     add_callback = getattr(patcher, "add_callback", None)
-    if add_callback is not None:  # ComfyUI since 2024-12; older ones keep the graphs until the node is re-run
+    if isinstance(wrapper, GraphedModelFunction) and add_callback is not None:
+        # ComfyUI since 2024-12; older ones keep the graphs until the node is re-run
         try:
             from comfy.patcher_extension import CallbacksMP
         except ImportError:
@@ -153,6 +194,7 @@ def install_graphs(patcher, own_replace_patch=None) -> str | None:
 
 
 def graph_stats(patcher) -> Counter:
-    """The graph statistics of the wrapper install_graphs put on `patcher` (empty when it has none)."""
+    """The statistics of the wrapper install_graphs or install_step_cache put on `patcher` (empty when it has none):
+    graph captures, replays and eager calls, and the step cache's counts."""
     wrapper = patcher.model_options.get("model_function_wrapper")
-    return wrapper.stats if isinstance(wrapper, GraphedModelFunction) else Counter()
+    return Counter(wrapper.stats) if isinstance(wrapper, (GraphedModelFunction, ComfyStepCache)) else Counter()

@@ -159,13 +159,21 @@ GRAPHED_CALLS = {
 
 
 def install_graphs(model: nn.Module, record: PatchRecord) -> None:
-    """The model's calls replay captured CUDA/HIP graphs, one per input shape, in the pipeline's one memory pool."""
+    """The model's calls replay captured CUDA/HIP graphs, one per input shape, in the pipeline's one memory pool.
+
+    Where a Python controller stands in a method's place (the step cache's UNetStepCache), the calls it names in
+    its GRAPHED_CALLS are graphed instead, each its own GraphedCall (reported as '<method> (<call>)'), and the
+    controller's deciding stays eager around them."""
     pool = record.graph_pool
     for method, ignored in GRAPHED_CALLS.get(type(model).__name__, []):
-        call = GraphedCall(getattr(model, method), model, f"{type(model).__name__}.{method}", ignored, pool)
-        record.set_attr(model, method, call)
-        record.graphed[method] = call
-        record.counts[f"graphed: {method}"] += 1
+        owner = getattr(model, method)
+        calls = getattr(owner, "GRAPHED_CALLS", ())
+        targets = [(owner, name, f"{method} ({name})") for name in calls] or [(model, method, method)]
+        for obj, name, key in targets:
+            call = GraphedCall(getattr(obj, name), model, f"{type(model).__name__}.{key}", ignored, pool)
+            record.set_attr(obj, name, call)
+            record.graphed[key] = call
+            record.counts[f"graphed: {key}"] += 1
 
 
 def to_channels_last(model: nn.Module, record: PatchRecord) -> None:

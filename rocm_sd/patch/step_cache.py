@@ -1,12 +1,32 @@
-"""optimize(cache=...): DeepCache-style step caching of the UNet."""
+"""optimize(cache=...): step caching of a diffusers UNet2DConditionModel (modules/step_cache.py says what it does).
+
+The UNet's `forward` becomes a UNetStepCache, which decides per call whether to run the whole UNet or only its
+outermost branch with a cached deep feature. install_graphs (cuda_graph, applied after this) graphs the
+controller's two calls, not the controller. revert() puts the forward back: outputs are the original's bit for bit.
+"""
 from __future__ import annotations
+
+import logging
 
 from torch import nn
 
+from ..modules.step_cache import UNetStepCache, unet_problem
 from .core import PatchRecord
+
+log = logging.getLogger("rocm_sd")
 
 
 def cache_steps(model: nn.Module, record: PatchRecord, options: dict) -> None:
-    if options["cache"] is None:
+    mode = options["cache"]
+    if mode is None:
         return
-    raise NotImplementedError("cache=" + options["cache"])  # in progress on branch i25
+    problem = unet_problem(model)
+    if problem is not None:
+        record.counts[f"step cache not applied: {problem}"] += 1
+        log.warning("rocm_sd.optimize: cache=%r not applied to %s: %s", mode, type(model).__name__, problem)
+        return
+    controller = UNetStepCache(model, mode, options["cache_interval"], options["cache_threshold"], record.counts)
+    record.set_attr(model, "forward", controller)
+    setting = f"interval {options['cache_interval']}" if mode == "deepcache" else \
+        f"threshold {options['cache_threshold']}"
+    record.counts[f"step cache: {mode} ({setting})"] += 1
