@@ -358,8 +358,10 @@ def comfy_patcher(comfy, kind="sd", num_res_blocks=2, device="cpu", dtype=torch.
     from comfy.ldm.modules.diffusionmodules.openaimodel import LeveledUNetModel
     from tests.comfyui_standin import standin_model
 
-    return standin_model(comfy, device, dtype, unet_model=LeveledUNetModel, num_res_blocks=num_res_blocks,
-                         **COMFY_MODELS[kind])
+    patcher = standin_model(comfy, device, dtype, unet_model=LeveledUNetModel, num_res_blocks=num_res_blocks,
+                            **COMFY_MODELS[kind])
+    patcher.model.diffusion_model.dtype = dtype  # ComfyUI's UNetModel computes in the dtype it was built with
+    return patcher
 
 
 def comfy_inputs(patcher, batch=2, sigma=5.0, seed=0, control=False, patches=None, device="cpu", dtype=torch.float32):

@@ -1,0 +1,68 @@
+"""optimize() modes side by side on one random-weight pipeline: median seconds per image, first call, peak memory,
+PSNR against the first mode's image, NaN check, what was replaced, and device time per kernel category over two
+steps (torch profiler; "gemm" also holds attention kernels whose names say cutlass / gemm).
+
+    python bench/bench_modes.py sd15 50 out.json fp16,fp8,int8,deepcache3,adaptive0.15
+"""
+import json, statistics, sys, time
+import numpy as np
+import torch
+import rocm_sd
+from rocm_sd import models
+from rocm_sd.bench import psnr
+
+model, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+MODES = sys.argv[4].split(",") if len(sys.argv) > 4 else ["fp16", "fp8", "int8"]
+def keywords(mode):
+    if mode.startswith("deepcache"): return {"cache": "deepcache", "cache_interval": int(mode[9:] or 3)}
+    if mode.startswith("adaptive"): return {"cache": "adaptive", "cache_threshold": float(mode[8:] or 0.15)}
+    return {"precision": mode}
+size = models.default_size(model)
+pipe = models.build_sd_pipeline(model, "cuda", torch.float16)
+kw = models.prompt_kwargs(pipe, "a watercolor painting of a lighthouse at dawn")
+
+def generate():
+    with torch.no_grad():
+        img = pipe(**kw, num_inference_steps=steps, height=size, width=size, output_type="np",
+                   generator=torch.Generator("cuda").manual_seed(0)).images[0]
+    torch.cuda.synchronize()
+    return img
+
+def category(name):
+    n = name.lower()
+    if any(s in n for s in ("gemm", "cutlass", "sm90_xmma", "cublas", "matmul", "_mm", "nvjet", "scaled_mm", "f8f8", "int8", "s8")): return "gemm"
+    if any(s in n for s in ("conv", "implicit", "winograd", "fprop", "dgrad", "cudnn")): return "conv"
+    if any(s in n for s in ("attention", "flash", "fmha", "sdpa", "attn")): return "attention"
+    if "quantize" in n: return "quantize"
+    return "other"
+
+rows = []
+ref_img = None
+for precision in MODES:
+    rocm_sd.optimize(pipe, **keywords(precision))
+    report = rocm_sd.report(pipe)["unet"]
+    first = time.perf_counter(); img = generate(); first = time.perf_counter() - first
+    times = []
+    for _ in range(5):
+        t = time.perf_counter(); img = generate(); times.append(time.perf_counter() - t)
+    torch.cuda.reset_peak_memory_stats(); generate(); peak = torch.cuda.max_memory_allocated() / 2**20
+    if ref_img is None: ref_img = img
+    # one UNet step's device time by category (eager, graphs off for visibility of kernels inside replay is fine)
+    from torch.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with torch.no_grad():
+            pipe(**kw, num_inference_steps=2, height=size, width=size, output_type="latent",
+                 generator=torch.Generator("cuda").manual_seed(0))
+        torch.cuda.synchronize()
+    cats = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0):
+            cats[category(e.key)] = cats.get(category(e.key), 0) + e.self_device_time_total / 1e3
+    row = {"precision": precision, "median_s": statistics.median(times), "first_s": first, "peak_mb": peak,
+           "psnr_vs_fp16": psnr(img, ref_img), "nan": bool(np.isnan(img).any()),
+           "replaced": {k: v for k, v in report.items() if "GEMM" in k or "not applied" in k or "step cache" in k or "partial" in k},
+           "profile_ms_2_steps": {k: round(v, 2) for k, v in sorted(cats.items())}}
+    rows.append(row); print(json.dumps(row), flush=True)
+    rocm_sd.revert(pipe)
+json.dump({"model": model, "steps": steps, "size": size, "device": torch.cuda.get_device_name(), "rows": rows},
+          open(out, "w"), indent=1)
