@@ -11,6 +11,16 @@ Engines (docs/performance.md names):
                            a row saying why not when no ONNX Runtime with a GPU provider is installed
 With --ablation, one more rocm_sd row per optimization flag, toggled from its default.
 
+Modes (MODES: optimize()'s options, which change images or skip work), only when named in --engines; they run
+after the other engines, with a rocm_sd row added before them if none was asked for:
+  rocm_sd-fp8              rocm_sd.optimize(pipe, precision="fp8")
+  rocm_sd-int8             rocm_sd.optimize(pipe, precision="int8")
+  rocm_sd-deepcache        rocm_sd.optimize(pipe, cache="deepcache", cache_interval=3)
+  rocm_sd-adaptive         rocm_sd.optimize(pipe, cache="adaptive") (cache_threshold 0.15)
+Their rows add PSNR against the rocm_sd (fp16) image (psnr_vs_fp16_db) and the table a speed-up against the rocm_sd
+row. A mode that optimize() could not apply here (report() or the log says why: no FP8 on this GPU, a CPU) is a
+row saying so, not fp16 numbers under its name.
+
 Per engine: the first call (compilation or capture included), then the median of --repeats calls,
 peak memory, and agreement with the eager engine: PSNR of the image and max |difference| of the final
 latents. Prints the table and appends the run to <out>/data/<model>-<device>.jsonl (see "Result files" below;
@@ -21,6 +31,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
+import logging
 import math
 import os
 import re
@@ -38,23 +49,81 @@ import torch
 from . import models, onnx_engine, patch, platform
 
 ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile", "onnxruntime")
+# Engines that change the images (a number format) or skip work (step caching): each compares against the rocm_sd
+# row of the same run. Not in the default set: the default bench compares engines that make the same fp16 image.
+MODES = {
+    "rocm_sd-fp8": {"precision": "fp8"},
+    "rocm_sd-int8": {"precision": "int8"},
+    "rocm_sd-deepcache": {"cache": "deepcache", "cache_interval": 3},
+    "rocm_sd-adaptive": {"cache": "adaptive"},
+}
 PROMPT = "a watercolor painting of a lighthouse at dawn"
 
 
 def _optimize_flags() -> dict[str, bool]:
-    """optimize()'s flags and their defaults, read from its signature: the ablation follows new flags."""
+    """optimize()'s on/off flags and their defaults, read from its signature: the ablation follows new flags (its
+    options, which take values, are the modes)."""
     return {name: p.default for name, p in inspect.signature(patch.optimize).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and isinstance(p.default, bool)}
+
+
+# What a patcher writes into report() when it leaves a model as it was (core.py's convention: "skipped: <why>").
+_NOT_APPLIED_MARKERS = ("skipped", "not applied", "not supported", "unsupported")
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def optimize_with_options(pipe, options: dict, **flags) -> tuple[bool, list[str]]:
+    """rocm_sd.optimize(pipe, **flags, **options), and whether `options` (optimize()'s options: precision, cache...)
+    changed anything: (took effect, notes). A patcher that cannot run a mode here (no FP8 on this GPU, a CPU) leaves
+    the model as the default optimize() would and says why, in report() ("skipped: ...") and in the log; `notes`
+    are those reasons. Took effect: report() right after optimize() has entries that the default optimize() does
+    not have (other than such reasons). The default optimize() is applied and reverted first to see that."""
+    patch.optimize(pipe, **flags)
+    baseline = patch.report(pipe)
+    patch.revert(pipe)
+    logger, collect = logging.getLogger("rocm_sd"), _Collect()
+    logger.addHandler(collect)
+    try:
+        patch.optimize(pipe, **flags, **options)
+    finally:
+        logger.removeHandler(collect)
+    changed = [f"{component}: {key}" if n == 1 else f"{component}: {key} ({n})"
+               for component, counts in patch.report(pipe).items() for key, n in counts.items()
+               if baseline.get(component, {}).get(key) != n]
+    reasons = [c for c in changed if any(marker in c.lower() for marker in _NOT_APPLIED_MARKERS)]
+    words = [name for name in options] + [v for v in options.values() if isinstance(v, str)]
+    logged = [m for m in collect.messages if any(w in m for w in words)]
+    return len(changed) > len(reasons), list(dict.fromkeys(reasons + logged))
+
+
+def mode_text(options: dict) -> str:
+    """'precision=fp8', 'cache=deepcache, cache_interval=3': optimize()'s options as a user types them."""
+    return ", ".join(f"{k}={v}" for k, v in options.items())
 
 
 @contextmanager
-def _engine(name: str, pipe, flags: dict[str, bool]):
-    """Sets `pipe` up for one engine and restores it afterwards."""
+def _engine(name: str, pipe, flags: dict[str, bool], device: torch.device):
+    """Sets `pipe` up for one engine and restores it afterwards; yields why the engine cannot run as named (a mode
+    optimize() could not apply here), else None."""
     unet, decode = pipe.unet, pipe.vae.decode
     if name.startswith("compile") or name == "rocm_sd+compile":
         torch._dynamo.reset()
+    why_not = None
     try:
-        if name == "compile":
+        if name in MODES:
+            applied, notes = optimize_with_options(pipe, MODES[name], **flags)
+            if not applied:
+                why_not = (f"{mode_text(MODES[name])} not applied on {device_name(device)}: "
+                           f"{'; '.join(notes) or 'optimize() reported no change'}")
+        elif name == "compile":
             pipe.unet = torch.compile(unet, fullgraph=True)
         elif name == "compile-reduce-overhead":
             pipe.unet.to(memory_format=torch.channels_last)
@@ -72,7 +141,7 @@ def _engine(name: str, pipe, flags: dict[str, bool]):
             if why:
                 raise RuntimeError(why)
             pipe.unet = onnx_engine.OrtUNet(unet, providers)
-        yield
+        yield why_not
     finally:
         if isinstance(pipe.unet, onnx_engine.OrtUNet):
             pipe.unet.close()
@@ -84,6 +153,15 @@ def _engine(name: str, pipe, flags: dict[str, bool]):
             pipe.vae.to(memory_format=torch.contiguous_format)
         if name.startswith("rocm_sd"):
             patch.revert(pipe)
+
+
+def _in_order(engines: tuple[str, ...]) -> list[str]:
+    """The engines as asked, modes last, after a rocm_sd row (added if missing) that they compare against."""
+    modes = [e for e in engines if e in MODES]
+    others = [e for e in engines if e not in MODES]
+    if modes and "rocm_sd" not in others:
+        others.append("rocm_sd")
+    return others + modes
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -118,7 +196,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     conditioning = models.prompt_kwargs(pipe, PROMPT, "", batch)
 
     defaults = _optimize_flags()
-    runs = [(engine, defaults, engine) for engine in engines]
+    runs = [(engine, defaults, engine) for engine in _in_order(engines)]
     if ablation:
         for flag, default in defaults.items():
             runs.append(("rocm_sd", {**defaults, flag: not default}, f"rocm_sd {flag}={'on' if not default else 'off'}"))
@@ -142,7 +220,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
             torch.cuda.synchronize()
         return time.perf_counter() - start, images, final["latents"].float()
 
-    rows, eager_out, profiles = [], None, {}
+    rows, eager_out, fp16_out, profiles = [], None, None, {}
     progress = tqdm(total=len(runs) * (1 + warmup + repeats), desc="rocm_sd bench", unit="run")
     for engine, flags, label in runs:
         why_not = onnx_engine.providers_for(device)[1] if engine == "onnxruntime" else None
@@ -153,7 +231,12 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
         if on_gpu:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        with _engine(engine, pipe, flags):
+        with _engine(engine, pipe, flags, device) as why_not:
+            if why_not:  # a mode this device or build cannot run: its numbers would be rocm_sd's fp16 ones
+                rows.append({"engine": engine, "label": label, "model": model, "options": MODES[engine],
+                             "skipped": why_not})
+                progress.update(1 + warmup + repeats)
+                continue
             first_s, images, latents = generate()
             progress.update()
             for _ in range(warmup):
@@ -167,6 +250,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
                 profiles[label] = _profile_table(generate, device)
         if eager_out is None and engine == "eager":
             eager_out = (images, latents)
+        if fp16_out is None and label == "rocm_sd":
+            fp16_out = images
         median = statistics.median(times)
         row = {"engine": engine, "label": label, "model": model, "height": size, "width": size, "steps": steps,
                "batch": batch, "median_s": round(median, 4), "it_per_s": round(steps / median, 1),
@@ -177,6 +262,10 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
         if eager_out is not None:
             row["psnr_db"] = round(psnr(eager_out[0], images), 1)
             row["max_latent_diff"] = float((eager_out[1] - latents).abs().max())
+        if engine in MODES:
+            row["options"] = MODES[engine]
+            if fp16_out is not None:
+                row["psnr_vs_fp16_db"] = round(psnr(fp16_out, images), 1)
         rows.append(row)
     progress.close()
 
@@ -190,18 +279,28 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
 
 
 def engine_table(rows: list[dict]) -> str:
-    eager = next((r["median_s"] for r in rows if r["label"] == "eager" and "median_s" in r), None)
-    lines = ["| engine | median s | it/s | vs eager | first call s | peak MB | PSNR dB | max latent diff |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    """The table of one run. Runs with modes (MODES) get two more columns: speed-up against the run's rocm_sd row and
+    PSNR against its image."""
+    def median_of(label):
+        return next((r["median_s"] for r in rows if r["label"] == label and "median_s" in r), None)
+
+    eager, fp16 = median_of("eager"), median_of("rocm_sd")
+    modes = any(r.get("engine") in MODES for r in rows)
+    header = ["engine", "median s", "it/s", "vs eager"] + (["vs rocm_sd"] if modes else []) + [
+        "first call s", "peak MB", "PSNR dB"] + (["PSNR vs rocm_sd dB"] if modes else []) + ["max latent diff"]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['label']} | not run: {r['skipped']} | | | | | | |")
+            lines.append(f"| {r['label']} | not run: {r['skipped']} |" + " |" * (len(header) - 2))
             continue
-        speedup = f"{eager / r['median_s']:.2f}x" if eager else "-"
-        psnr = r.get("psnr_db", "-")
-        diff = f"{r['max_latent_diff']:.3g}" if "max_latent_diff" in r else "-"
-        lines.append(f"| {r['label']} | {r['median_s']:.3f} | {r['it_per_s']} | {speedup} | {r['first_s']:.1f} | "
-                     f"{r['peak_mb'] if r['peak_mb'] is not None else '-'} | {psnr} | {diff} |")
+        cells = [r["label"], f"{r['median_s']:.3f}", r["it_per_s"], f"{eager / r['median_s']:.2f}x" if eager else "-"]
+        if modes:
+            cells.append(f"{fp16 / r['median_s']:.2f}x" if fp16 else "-")
+        cells += [f"{r['first_s']:.1f}", r["peak_mb"] if r["peak_mb"] is not None else "-", r.get("psnr_db", "-")]
+        if modes:
+            cells.append(r.get("psnr_vs_fp16_db", "-"))
+        cells.append(f"{r['max_latent_diff']:.3g}" if "max_latent_diff" in r else "-")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""`python -m rocm_sd {info,demo,bench,generate}`."""
+"""`python -m rocm_sd {info,demo,bench,quality,generate}`."""
 from __future__ import annotations
 
 import argparse
@@ -90,6 +90,45 @@ def _demo(args) -> int:
     return 0
 
 
+def _quality(args) -> int:
+    from . import quality
+
+    quality.run(model=args.model, precision=args.precision, cache=args.cache, cache_interval=args.cache_interval,
+                cache_threshold=args.cache_threshold, prompts=args.prompts, steps=args.steps, size=args.size,
+                seed=args.seed, device=args.device, out_dir=args.out)
+    return 0
+
+
+def _add_quality(sub) -> None:
+    from .patch.pipeline import OPTIONS
+    from .quality import PROMPTS
+
+    modes = {option.name: [v for v in option.values if v != option.default] for option in OPTIONS if option.values}
+    parser = cli_args.command(sub.add_parser(
+        "quality", help="images of an optimize() mode (fp8, int8, step caching) against the fp16 reference: PSNR, "
+                        "SSIM, time (docs/quality.md)"), _quality)
+    parser.add_argument("--model", default=None, type=cli_args.pipeline_model,
+                        help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
+                             "diffusers model folder (default: sd15 on a GPU, tiny on a CPU)")
+    parser.add_argument("--precision", choices=modes["precision"], help="the mode's number format")
+    parser.add_argument("--cache", choices=modes["cache"], help="the mode's step caching")
+    parser.add_argument("--cache-interval", type=cli_args.positive_int,
+                        help="with --cache deepcache: one full UNet call per this many steps (default 3)")
+    parser.add_argument("--cache-threshold", type=cli_args.non_negative_float,
+                        help="with --cache adaptive: the summed relative input change that triggers a full UNet call "
+                             "(default 0.15)")
+    parser.add_argument("--prompts", type=cli_args.positive_int, default=4,
+                        help=f"how many images (prompts from a fixed list of {len(PROMPTS)}, in turn)")
+    parser.add_argument("--steps", type=cli_args.positive_int, default=20)
+    parser.add_argument("--size", type=cli_args.image_size,
+                        help="image height and width in pixels (default: the model's)")
+    parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
+    parser.add_argument("--device", type=cli_args.torch_device,
+                        help="cpu, cuda or cuda:N (default: cuda where torch sees a GPU, else cpu)")
+    parser.add_argument("--out", default="rocm_sd_quality", type=cli_args.output_folder,
+                        help="folder for <model>-<mode>.json, .md and .png (the side-by-side grid)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import bench
     from .parallel import generate
@@ -117,14 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
     bench_parser.add_argument("--warmup", type=cli_args.non_negative_int, default=2,
                               help="untimed calls after the first")
-    bench_parser.add_argument("--engines", type=cli_args.subset_of(bench.ENGINES, "engines"),
-                              help=f"comma-separated, from: {', '.join(bench.ENGINES)} "
-                                   "(default: all on a GPU, eager,rocm_sd on a CPU)")
+    bench_parser.add_argument("--engines", type=cli_args.subset_of(bench.ENGINES + tuple(bench.MODES), "engines"),
+                              help=f"comma-separated, from: {', '.join(bench.ENGINES)} (default: all on a GPU, "
+                                   f"eager,rocm_sd on a CPU), and the modes {', '.join(bench.MODES)} (compared "
+                                   "with rocm_sd, run after it)")
     bench_parser.add_argument("--ablation", action="store_true",
                               help="one more rocm_sd row per optimize() flag toggled")
     bench_parser.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
     bench_parser.add_argument("--out", default="bench/results", type=cli_args.optional_output_folder,
                               help="results folder: the run is appended to <out>/data/<model>-<device>.jsonl ('' to skip)")
+    _add_quality(sub)
     generate.add_arguments(cli_args.command(sub.add_parser(
         "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"),
         generate.main))

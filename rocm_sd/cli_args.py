@@ -78,6 +78,33 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative number")
+    return value
+
+
+def torch_device(text: str) -> str:
+    """'cpu', 'cuda' or 'cuda:N' (ROCm's torch calls its GPUs cuda too), one this process can use."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text} is not a device; accepted: cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise argparse.ArgumentTypeError(f"{text}: no GPU is visible to this torch ({torch.__version__})")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text}: this torch sees {count} GPU{'s' * (count != 1)} "
+                                             f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
+    return text
+
+
 def text_lines(path: str) -> list[str]:
     """A UTF-8 text file's non-blank lines, stripped: one item (a prompt) per line."""
     try:
