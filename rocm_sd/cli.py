@@ -65,11 +65,21 @@ def info() -> int:
             state = "rocm_sd kernel" if not reasons else "PyTorch fallback: " + "; ".join(reasons)
         rows.append((f"op {op}", state))
     rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in REGISTRY)))
+    rows.append(("precision='fp8'", _eight_bit(device, "fp8")))
+    rows.append(("precision='int8'", _eight_bit(device, "int8")))
     rows.append(("tuning database", _tuning_summary(device)))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _eight_bit(device: torch.device, precision: str) -> str:
+    """The format optimize(precision=...) would use here, or why it would keep the model's dtype."""
+    from .patch.precision import number_format
+
+    fmt, why = number_format(device, precision)
+    return f"{fmt} GEMMs" if fmt else f"not available: {why}"
 
 
 def _bench(args) -> int:
