@@ -442,7 +442,8 @@ def comfy_sample(patcher, steps, split, x, c, sigmas=None):
     for sigma in sigmas:
         for cond_or_uncond in ([[1], [0]] if split else [[1, 0]]):
             batch = x.shape[0] // (2 if split else 1)
-            options = {**c["transformer_options"], "cond_or_uncond": cond_or_uncond, "sigmas": torch.tensor([sigma])}
+            options = {**c["transformer_options"], "cond_or_uncond": cond_or_uncond,
+                       "sigmas": torch.tensor([sigma], device=x.device)}  # ComfyUI's sampler: the timestep itself
             sliced = {k: v[:batch] if isinstance(v, torch.Tensor) else v for k, v in c.items()}
             args = {"input": x[:batch], "timestep": torch.full((batch,), sigma, device=x.device), "cond_or_uncond": cond_or_uncond,
                     "c": {**sliced, "transformer_options": options}}
