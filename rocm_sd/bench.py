@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
-import logging
 import math
 import os
 import re
@@ -47,6 +46,7 @@ import numpy as np
 import torch
 
 from . import models, onnx_engine, patch, platform
+from .patch import pipeline
 
 ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile", "onnxruntime")
 # Engines that change the images (a number format) or skip work (step caching): each compares against the rocm_sd
@@ -67,41 +67,11 @@ def _optimize_flags() -> dict[str, bool]:
             if p.kind is inspect.Parameter.KEYWORD_ONLY and isinstance(p.default, bool)}
 
 
-# What a patcher writes into report() when it leaves a model as it was (core.py's convention: "skipped: <why>").
-_NOT_APPLIED_MARKERS = ("skipped", "not applied", "not supported", "unsupported")
-
-
-class _Collect(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-def optimize_with_options(pipe, options: dict, **flags) -> tuple[bool, list[str]]:
-    """rocm_sd.optimize(pipe, **flags, **options), and whether `options` (optimize()'s options: precision, cache...)
-    changed anything: (took effect, notes). A patcher that cannot run a mode here (no FP8 on this GPU, a CPU) leaves
-    the model as the default optimize() would and says why, in report() ("skipped: ...") and in the log; `notes`
-    are those reasons. Took effect: report() right after optimize() has entries that the default optimize() does
-    not have (other than such reasons). The default optimize() is applied and reverted first to see that."""
-    patch.optimize(pipe, **flags)
-    baseline = patch.report(pipe)
-    patch.revert(pipe)
-    logger, collect = logging.getLogger("rocm_sd"), _Collect()
-    logger.addHandler(collect)
-    try:
-        patch.optimize(pipe, **flags, **options)
-    finally:
-        logger.removeHandler(collect)
-    changed = [f"{component}: {key}" if n == 1 else f"{component}: {key} ({n})"
-               for component, counts in patch.report(pipe).items() for key, n in counts.items()
-               if baseline.get(component, {}).get(key) != n]
-    reasons = [c for c in changed if any(marker in c.lower() for marker in _NOT_APPLIED_MARKERS)]
-    words = [name for name in options] + [v for v in options.values() if isinstance(v, str)]
-    logged = [m for m in collect.messages if any(w in m for w in words)]
-    return len(changed) > len(reasons), list(dict.fromkeys(reasons + logged))
+def optimize_with_options(pipe, options: dict, **flags) -> list[str]:
+    """rocm_sd.optimize(pipe, **flags, **options); returns why `options` (precision, cache...) did not take effect
+    (patch.pipeline.skipped_options: no FP8 on this GPU, a CPU...), [] when they did."""
+    patch.optimize(pipe, **flags, **options)
+    return pipeline.skipped_options(pipe, options)
 
 
 def mode_text(options: dict) -> str:
@@ -119,10 +89,9 @@ def _engine(name: str, pipe, flags: dict[str, bool], device: torch.device):
     why_not = None
     try:
         if name in MODES:
-            applied, notes = optimize_with_options(pipe, MODES[name], **flags)
-            if not applied:
-                why_not = (f"{mode_text(MODES[name])} not applied on {device_name(device)}: "
-                           f"{'; '.join(notes) or 'optimize() reported no change'}")
+            skipped = optimize_with_options(pipe, MODES[name], **flags)
+            if skipped:
+                why_not = f"{mode_text(MODES[name])} not applied on {device_name(device)}: {'; '.join(skipped)}"
         elif name == "compile":
             pipe.unet = torch.compile(unet, fullgraph=True)
         elif name == "compile-reduce-overhead":

@@ -182,8 +182,6 @@ def _notes(result: dict) -> list[str]:
     notes = []
     if not result["applied"]:
         notes.append(f"{result['mode']}: {result['not_applied']}")
-    elif result["mode_notes"]:
-        notes.append(f"{result['mode']}: applied, with notes: {'; '.join(result['mode_notes'])}")
     mean = result["mean"]
     notes.append(f"Speed: {result['mode_column']} took {mean['mode_s']:.3f} s an image against the reference's "
                  f"{mean['reference_s']:.3f} s ({mean['reference_s'] / mean['mode_s']:.2f}x), one pipeline call an "
@@ -249,11 +247,11 @@ def run(model: str | None = None, precision: str | None = None, cache: str | Non
     patch.optimize(pipe)
     reference = _phase(pipe, texts, seed, steps, size, device, "reference")
     patch.revert(pipe)
-    applied, mode_notes = optimize_with_options(pipe, options)
+    skipped = optimize_with_options(pipe, options)
     name = mode_slug(options)
     not_applied = None
-    if not applied:
-        why = "; ".join(mode_notes) or "optimize() reported no change"
+    if skipped:
+        why = "; ".join(skipped)
         not_applied = (f"not applied on {device_name(device)} ({why}): ran as the reference (fp16), so its column "
                        "measures the reference again")
         print(f"note: {mode}: {not_applied}", flush=True)
@@ -274,8 +272,8 @@ def run(model: str | None = None, precision: str | None = None, cache: str | Non
     result = {
         "model": model, "random_weights": random_weights, "device": device_name(device),
         "dtype": str(dtype).removeprefix("torch."), "steps": steps,
-        "size": list(reference[0][1].shape[:2]), "seed": seed, "mode": mode, "options": options, "applied": applied,
-        "not_applied": not_applied, "mode_notes": mode_notes, "mode_column": name,
+        "size": list(reference[0][1].shape[:2]), "seed": seed, "mode": mode, "options": options, "applied": not skipped,
+        "not_applied": not_applied, "mode_column": name,
         "images": images,
         "mean": {k: statistics.fmean(v) for k, v in column.items()} | {"finite": ""},
         "worst": {"psnr_db": _worst(column["psnr_db"], min), "ssim": _worst(column["ssim"], min),

@@ -107,7 +107,8 @@ def cannot_run(model, record, options) -> None:
     """A mode this device cannot run: the model stays as it is, report() and the log say why."""
     if options["precision"] == "fp16":
         return
-    record.counts[f"skipped: precision={options['precision']}: not supported on cpu"] += 1
+    record.skip_option("precision", f"skipped: precision={options['precision']}: not supported on cpu; the linear "
+                                    "layers stay in float32")
     logging.getLogger("rocm_sd").warning("precision=%s: not supported on cpu; the linear layers stay in float32",
                                          options["precision"])
 

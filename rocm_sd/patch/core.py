@@ -42,6 +42,7 @@ class PatchRecord:
     graphed: dict = field(default_factory=dict)
     flags: dict = field(default_factory=dict)   # the optimize() keywords it was made with
     graph_pool: object = None  # graphs.GraphPool the graphed calls of one optimize() share (its models run in turn)
+    skipped_options: dict = field(default_factory=dict)  # optimize() option -> why its patcher left the model as is
 
     def on_revert(self, fn: Callable, *args, **kwargs) -> None:
         """Call fn(*args, **kwargs) on revert. `fn`: a module-level function or a method of an object the model
@@ -70,6 +71,12 @@ class PatchRecord:
     def replace_child(self, parent: nn.Module, name: str, new: nn.Module) -> None:
         self.on_revert(setattr, parent, name, getattr(parent, name))
         setattr(parent, name, new)
+
+    def skip_option(self, option: str, why: str) -> None:
+        """An option's patcher could not apply it to this model (no FP8 on the GPU, an unsupported UNet): the model
+        stays as it was, report() and pipeline.skipped_options() say why."""
+        self.skipped_options[option] = why
+        self.counts[why] += 1
 
     def add_hook(self, handle) -> None:
         self.on_revert(handle.remove)

@@ -297,6 +297,26 @@ def report(target) -> dict[str, dict[str, int]]:
     return out
 
 
+def skipped_options(target, options: dict) -> list[str]:
+    """Why `options` (optimize()'s, as given to it) left `target` as the default optimize() would: one
+    '<component>: <why>' per model whose patcher skipped one, or per option no model of `target` takes; [] when all
+    took effect."""
+    models = _models(target)
+    reasons = []
+    for option in OPTIONS:
+        if option.patch is None or options.get(option.name, option.default) == option.default:
+            continue
+        takers = {name: m for name, m in models.items() if type(m).__name__ in option.models}
+        if not takers:
+            reasons.append(f"{option.name}: no {' / '.join(sorted(option.models))} in {type(target).__name__}")
+        for name, model in takers.items():
+            record = getattr(model, RECORD_ATTR, None)
+            why = record.skipped_options.get(option.name) if record is not None else "not optimized"
+            if why:
+                reasons.append(f"{name}: {why}")
+    return reasons
+
+
 def invalidate_graphs(target):
     """Drop the captured graphs of `target`'s models; the next calls capture again."""
     for model in _models(target).values():

@@ -76,7 +76,7 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     fmt, why = number_format(device, precision)
     if why:
-        record.counts[f"precision={precision} not applied: {why}"] += 1
+        record.skip_option("precision", f"precision={precision} not applied: {why}")
         log.warning("rocm_sd.optimize: precision=%s not applied to %s, its layers keep their dtype: %s", precision,
                     type(model).__name__, why)
         return

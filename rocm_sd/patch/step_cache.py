@@ -22,7 +22,7 @@ def cache_steps(model: nn.Module, record: PatchRecord, options: dict) -> None:
         return
     problem = unet_problem(model)
     if problem is not None:
-        record.counts[f"step cache not applied: {problem}"] += 1
+        record.skip_option("cache", f"step cache not applied: {problem}")
         log.warning("rocm_sd.optimize: cache=%r not applied to %s: %s", mode, type(model).__name__, problem)
         return
     controller = UNetStepCache(model, mode, options["cache_interval"], options["cache_threshold"], record.counts)
