@@ -4,14 +4,16 @@
 //
 // ResnetBlock2D ends with conv2 (whose bias PyTorch adds in a separate broadcast kernel on the cuDNN
 // path), then `(input + h) / output_scale_factor`: up to three passes over the activation, here one.
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "rocm_sd/bias_residual/api.h"
-#include "rocm_sd/common.h"
-#include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
+#endif
 
 namespace rsd {
 namespace {
@@ -44,6 +46,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#if !RSD_RTC
 template <class T, int VEC>
 void launch_vec(const BiasResidualArgs& a, unsigned blocks, int64_t vectors, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
@@ -67,8 +70,10 @@ void launch(const BiasResidualArgs& a, int vec, unsigned blocks, int64_t vectors
   }
 }
 
+#endif  // !RSD_RTC
 }  // namespace
 
+#if !RSD_RTC
 std::string bias_residual_check(const BiasResidualArgs& a) {
   if (a.n <= 0 || a.c <= 0 || a.hw <= 0) return "empty tensor";
   const int eb = elem_bytes(a.dtype);
@@ -98,5 +103,7 @@ std::string bias_residual_forward(const BiasResidualArgs& a) {
   if (err != hipSuccess) return std::string("bias_residual launch failed: ") + hipGetErrorString(err);
   return std::string();
 }
+
+#endif  // !RSD_RTC
 
 }  // namespace rsd

@@ -7,14 +7,16 @@
 // elementwise kernels of the profile in bench/notes/sd15.md) and writes the gelu in between; here
 // each thread reads one vector of each half and writes one vector of y: 2 reads + 1 write per output
 // element, the least there is. Math in fp32, one rounding at the end (torch rounds twice).
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
-#include "rocm_sd/common.h"
-#include "rocm_sd/compat.h"
 #include "rocm_sd/geglu/api.h"
 #include "rocm_sd/launch.h"
+#endif
 
 namespace rsd {
 namespace {
@@ -41,6 +43,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#if !RSD_RTC
 template <class T>
 void launch(const GegluArgs& a, int vec, unsigned blocks, int64_t vectors, FastDiv per_row, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
@@ -55,8 +58,10 @@ void launch(const GegluArgs& a, int vec, unsigned blocks, int64_t vectors, FastD
   }
 }
 
+#endif  // !RSD_RTC
 }  // namespace
 
+#if !RSD_RTC
 std::string geglu_check(const GegluArgs& a) {
   if (a.rows <= 0 || a.d <= 0) return "empty tensor";
   if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.y, elem_bytes(a.dtype))) return "misaligned data pointer";
@@ -83,5 +88,7 @@ std::string geglu_forward(const GegluArgs& a) {
   if (err != hipSuccess) return std::string("geglu launch failed: ") + hipGetErrorString(err);
   return std::string();
 }
+
+#endif  // !RSD_RTC
 
 }  // namespace rsd

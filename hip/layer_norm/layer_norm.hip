@@ -11,14 +11,16 @@
 // A wave loads its row once (up to kMaxVecsPerLane 16-byte vectors a lane), reduces the mean with
 // shuffles, then the variance about that mean from the same registers (two-pass: exact, no E[x^2]
 // cancellation), and writes the row: one read and one write, no shared memory, no block barrier.
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
-#include "rocm_sd/common.h"
-#include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
 #include "rocm_sd/layer_norm/api.h"
+#endif
 
 namespace rsd {
 namespace {
@@ -26,7 +28,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxVecsPerLane = 16;
 
+#if !RSD_RTC
 int pick_vec(const LayerNormArgs& a) { return widest_vec(a.dtype, a.c, {a.x, a.y, a.residual, a.sum}); }
+#endif
 
 template <class T, class P, int VEC, int VECS, bool kResidual>
 __global__ void __launch_bounds__(kThreads)
@@ -86,6 +90,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Vectors a lane must hold for this row length, rounded up to an instantiated count (1, 2, 4, 8, 16).
+#if !RSD_RTC
 int vecs_per_lane(const LayerNormArgs& a, int vec) {
   const int wave = device_attribute(a.device, Attr::wave_size, 32);  // 32 is the safe guess: more vectors a lane
   const int64_t need = (a.c / vec + wave - 1) / wave;
@@ -142,8 +147,10 @@ void launch_params(const LayerNormArgs& a, hipStream_t stream) {
     launch<T, T>(a, stream);
 }
 
+#endif  // !RSD_RTC
 }  // namespace
 
+#if !RSD_RTC
 std::string layer_norm_check(const LayerNormArgs& a) {
   if (a.rows <= 0 || a.c <= 0) return "empty tensor";
   if (a.param_dtype != a.dtype && a.param_dtype != DType::f32) return "weight/bias dtype must be the input's or float32";
@@ -171,5 +178,7 @@ std::string layer_norm_forward(const LayerNormArgs& a) {
   if (err != hipSuccess) return std::string("layer_norm launch failed: ") + hipGetErrorString(err);
   return std::string();
 }
+
+#endif  // !RSD_RTC
 
 }  // namespace rsd

@@ -7,13 +7,15 @@
 // consecutive threads write consecutive 16-byte vectors of a pixel row, and each reads the same channels
 // of one parity pixel (C contiguous elements): both sides coalesced. Replaces four strided copies and the
 // convolution's separate bias pass.
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <cstdint>
 #include <string>
 
-#include "rocm_sd/common.h"
-#include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
 #include "rocm_sd/parity_shuffle/api.h"
+#endif
 
 namespace rsd {
 namespace {
@@ -45,6 +47,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#if !RSD_RTC
 template <class T, int VEC>
 void launch_vec(const ParityShuffleArgs& a, hipStream_t stream) {
   const int64_t vectors = a.n * 4 * a.h * a.w * a.c / VEC;
@@ -65,8 +68,10 @@ void launch(const ParityShuffleArgs& a, int vec, hipStream_t stream) {
   }
 }
 
+#endif  // !RSD_RTC
 }  // namespace
 
+#if !RSD_RTC
 std::string parity_shuffle_check(const ParityShuffleArgs& a) {
   if (a.n <= 0 || a.h <= 0 || a.w <= 0 || a.c <= 0) return "empty tensor";
   const int eb = elem_bytes(a.dtype);
@@ -94,5 +99,7 @@ std::string parity_shuffle_forward(const ParityShuffleArgs& a) {
   if (err != hipSuccess) return std::string("parity_shuffle launch failed: ") + hipGetErrorString(err);
   return std::string();
 }
+
+#endif  // !RSD_RTC
 
 }  // namespace rsd

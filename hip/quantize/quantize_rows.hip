@@ -5,15 +5,17 @@
 //
 // Rows of any length: unlike LayerNorm's (rocm_sd/layer_norm/), the row is not held in registers, so the
 // feed-forward's 5120-wide GEGLU output takes the same kernel as a 320-wide projection input.
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#include "rocm_sd/quantize/api.h"
+#include "rocm_sd/quantize/encode.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
-#include "rocm_sd/common.h"
-#include "rocm_sd/compat.h"
 #include "rocm_sd/launch.h"
-#include "rocm_sd/quantize/api.h"
-#include "rocm_sd/quantize/encode.h"
+#endif
 
 namespace rsd {
 namespace {
@@ -49,6 +51,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#if !RSD_RTC
 template <class T>
 void launch(const QuantizeRowsArgs& a, int vec, hipStream_t stream) {
   const unsigned blocks = unsigned(ceil_div(a.rows, kThreads / device_attribute(a.device, Attr::wave_size, 32)));
@@ -71,8 +74,10 @@ int pick_vec(const QuantizeRowsArgs& a) {
   return vec;
 }
 
+#endif  // !RSD_RTC
 }  // namespace
 
+#if !RSD_RTC
 std::string quantize_rows_check(const QuantizeRowsArgs& a) {
   if (a.rows <= 0 || a.k <= 0) return "empty tensor";
   if (a.format != QuantFormat::e4m3fn && a.format != QuantFormat::e4m3fnuz && a.format != QuantFormat::int8)
@@ -98,5 +103,7 @@ std::string quantize_rows_forward(const QuantizeRowsArgs& a) {
   if (err != hipSuccess) return std::string("quantize_rows launch failed: ") + hipGetErrorString(err);
   return std::string();
 }
+
+#endif  // !RSD_RTC
 
 }  // namespace rsd

@@ -10,13 +10,17 @@
 // global -> shared copies in async_copy.h: included by the kernels that use them.
 #pragma once
 
+#include "rocm_sd/rtc.h"
+
 #if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)  // clang -x hip, or a HIP toolchain header
 #define RSD_PLATFORM_HIP 1
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 #else
 #define RSD_PLATFORM_CUDA 1
+#if !RSD_RTC  // NVRTC compiles device code only: no runtime API header (and none of its names is used there)
 #include <cuda_runtime.h>
+#endif
 #include <cuda_fp16.h>
 
 // ---- HIP runtime API names used by rocm_sd, spelled for CUDA ----
@@ -42,7 +46,9 @@
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif
 
+#if !RSD_RTC  // hiprtc and rocm_sd/rtc.h (NVRTC) define the fixed-width integers
 #include <stdint.h>
+#endif
 
 // ---- wave size in device code ----
 // nvcc: 32. clang/hipcc: from the target's family macro (clang 21 deprecates __AMDGCN_WAVEFRONT_SIZE):

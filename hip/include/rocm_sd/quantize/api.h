@@ -7,8 +7,11 @@
 // encode is round-to-nearest-even into the format: the GEMM operands of optimize(precision="fp8"/"int8").
 #pragma once
 
+#include "rocm_sd/rtc.h"
+#if !RSD_RTC  // the kernels (also compiled at run time) need QuantFormat only
 #include <cstdint>
 #include <string>
+#endif
 
 #include "rocm_sd/api.h"
 
@@ -29,7 +32,9 @@ struct QuantizeRowsArgs {
   void* stream;
   int device;
 };
+#if !RSD_RTC
 std::string quantize_rows_check(const QuantizeRowsArgs& a);
 std::string quantize_rows_forward(const QuantizeRowsArgs& a);
+#endif
 
 }  // namespace rsd
