@@ -48,7 +48,9 @@ def info() -> int:
             rows.append((f"GPU {i}", f"{props.name}, {arch}, {props.multi_processor_count} CUs/SMs"))
     else:
         rows.append(("GPU", "none visible to torch"))
-    build = _ext.build_info()
+    device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
+    _ext.unavailable_reason(device)  # settles where kernels come from (_C or the JIT) on a GPU
+    build = _ext.built_info()
     if build:
         rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
                            f"(runtime {build['runtime_version']}, kernel sources {build.get('source_hash', 'unknown')})"))
@@ -57,12 +59,13 @@ def info() -> int:
                      else "none (built on ROCm when Composable Kernel headers are found)"))
     else:
         rows.append(("_C", _ext.LOAD_ERROR))
-    device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
+    rows.append(("kernels from", _kernel_source()))
+    source = {"_C": "_C", "JIT": "JIT, compiled at first use"}.get(_ext.source(), "")
     for op, reasons in _sample_call_reasons(device).items():
         if reasons is None:
             state = "vendor GEMM / convolution, then its rocm_sd epilogue op (a CK instance where tuned faster)"
         else:
-            state = "rocm_sd kernel" if not reasons else "PyTorch fallback: " + "; ".join(reasons)
+            state = f"rocm_sd kernel ({source})" if not reasons else "PyTorch fallback: " + "; ".join(reasons)
         rows.append((f"op {op}", state))
     rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in REGISTRY)))
     rows.append(("precision='fp8'", _eight_bit(device, "fp8")))
@@ -72,6 +75,23 @@ def info() -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _kernel_source() -> str:
+    """Where the ops' kernels come from, and for the JIT its compiler, cache folder and what it compiled so far."""
+    from . import config
+
+    setting = f"ROCM_SD_KERNELS={config.current.kernels}"
+    if _ext.source() == "_C":
+        return f"_C ({setting})"
+    if _ext.source() == "none":
+        return f"none ({setting})"
+    jit = _ext._C
+    entries = len(list(jit.cache.folder.glob("*.bin"))) if jit.cache.folder.is_dir() else 0
+    compiled = ", ".join(f"{unit} {arch} {seconds:.1f} s{' (cached)' if cached else ''}"
+                         for (unit, arch), (seconds, cached) in jit.compiles.items())
+    return (f"runtime-compiled (JIT) with {jit.compiler().label} ({setting}); cache {jit.cache.folder} ({entries} "
+            f"entries)" + (f"; this run: {compiled}" if compiled else ""))
 
 
 def _eight_bit(device: torch.device, precision: str) -> str:

@@ -7,6 +7,10 @@ ROCM_SD_LOG=0               silence the one-line notice printed for each distinc
 ROCM_SD_TUNE_DB=PATH        where tuning databases live: a folder (one file per device) or one .json file
 ROCM_SD_TUNE_ACCEPT_STALE=1 use a tuning database measured with other software (versions, driver) anyway
 ROCM_SD_TUNE_DEFAULTS=0     do not read the default databases shipped in rocm_sd/tune/defaults/
+ROCM_SD_KERNELS=auto|built|jit   where kernels come from: auto (default) takes _C where it has code for the GPU
+                            and compiles the shipped sources at run time elsewhere (rocm_sd/jit/); built: _C only;
+                            jit: always compile at run time (tests the JIT path on a GPU that _C covers)
+ROCM_SD_JIT_CACHE=PATH      folder of the runtime-compiled kernels (default: the cache folder's rocm_sd/jit)
 
 Switches take 1/true/yes/on or 0/false/no/off (any case); empty is the default. A value that is none of these,
 or a ROCM_SD_BACKEND that is not op:backend entries, gets one warning naming the variable and is ignored: the
@@ -32,6 +36,8 @@ class Config:
     tune_db: str | None = None
     tune_accept_stale: bool = False
     tune_defaults: bool = True  # read the shipped default databases (rocm_sd/tune/defaults/) beneath the user's
+    kernels: str = "auto"  # KERNEL_SOURCES: where kernels come from (_ext.py)
+    jit_cache: str | None = None
 
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -67,6 +73,18 @@ def _parse_backends(spec: str) -> dict[str, str]:
     return forced
 
 
+KERNEL_SOURCES = ("auto", "built", "jit")
+
+
+def _kernel_source() -> str:
+    value = os.environ.get("ROCM_SD_KERNELS", "").strip().lower()
+    if value in KERNEL_SOURCES:
+        return value
+    if value:
+        _ignored("ROCM_SD_KERNELS", value, f"one of {', '.join(KERNEL_SOURCES)}", "auto")
+    return "auto"
+
+
 def _forced_backends() -> dict[str, str]:
     # All or nothing: applying the well-formed half of a list would run a mix the user never asked for.
     spec = os.environ.get("ROCM_SD_BACKEND", "")
@@ -86,6 +104,8 @@ def _from_env() -> Config:
         tune_db=os.environ.get("ROCM_SD_TUNE_DB") or None,
         tune_accept_stale=_flag("ROCM_SD_TUNE_ACCEPT_STALE", False),
         tune_defaults=_flag("ROCM_SD_TUNE_DEFAULTS", True),
+        kernels=_kernel_source(),
+        jit_cache=os.environ.get("ROCM_SD_JIT_CACHE") or None,
     )
 
 

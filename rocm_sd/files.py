@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -36,3 +37,13 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object
 
 def write_json_atomically(path: str | os.PathLike, data, lock_held: bool = False) -> None:
     write_atomically(path, lambda f: f.write(json.dumps(data, indent=1).encode("utf-8")), lock_held=lock_held)
+
+
+def user_cache_dir() -> Path:
+    """rocm_sd's folder in the platform's cache folder: ~/.cache/rocm_sd ($XDG_CACHE_HOME/rocm_sd),
+    %LOCALAPPDATA%\\rocm_sd on Windows. Tuning databases and runtime-compiled kernels live below it."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "rocm_sd"

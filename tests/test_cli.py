@@ -84,7 +84,7 @@ def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
 
     group_norm = REGISTRY["group_norm"]
 
-    monkeypatch.setattr(_ext, "build_info", lambda: {"platform": "hip", "targets": "gfx942", "runtime_version": 60400,
+    monkeypatch.setattr(_ext, "built_info", lambda: {"platform": "hip", "targets": "gfx942", "runtime_version": 60400,
                                                      "source_hash": "abc"})
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [("ck_group_norm_swish_f16_b64_c1x64_s1x1_v1", True)])
     assert cli.info() == 0

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Iterator, Mapping
 from filelock import FileLock, Timeout
 
 from .. import config
-from ..files import write_json_atomically
+from ..files import user_cache_dir, write_json_atomically
 from .device_key import DeviceKey
 
 log = logging.getLogger("rocm_sd")
@@ -82,11 +81,7 @@ def default_location() -> Path:
     """The folder (or file) for user databases, by platform convention unless ROCM_SD_TUNE_DB says."""
     if config.current.tune_db:
         return Path(config.current.tune_db).expanduser()
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "rocm_sd" / "tune"
+    return user_cache_dir() / "tune"
 
 
 def _file_for(location: Path, device: DeviceKey) -> Path:

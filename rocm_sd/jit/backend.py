@@ -1,0 +1,209 @@
+"""The runtime-compiled backend: an object with _C's functions (the same names and arguments, bindings.cpp's
+convention) for the ops whose launchers plans.py mirrors, so ops/ and dispatch.py do not change. Each source
+file is compiled on first use for exactly the device's arch, cached on disk (cache.py), loaded into the device's
+context and launched on torch's current stream. Ops it does not cover answer their check with the reason, so they
+fall back (or fail in strict mode) by the usual rule."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from .. import platform
+from . import plans, rtc, sources
+from .cache import KernelCache, entry_key
+from .launch import Runtime
+
+log = logging.getLogger("rocm_sd")
+
+# The ops whose launch decisions plans.py holds; add_layer_norm is layer_norm's residual form.
+COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm")
+NOT_COVERED = ("group_norm", "attention")
+_NOT_COVERED_REASON = ("jit: the runtime-compiled backend has no {op} launcher yet (its path selection, workspace "
+                       "and grid exchange live in the C++ launcher of _C); build _C for this GPU to run it")
+
+
+class JitBackend:
+    def __init__(self, gpu_platform: str | None = None, cache: KernelCache | None = None):
+        self.platform = gpu_platform or platform.torch_gpu_platform()
+        self.root = sources.source_root()
+        self.cache = cache or KernelCache()
+        self._compiler = None
+        self._runtime: Runtime | None = None
+        self._functions: dict[tuple[int, str], object] = {}  # (device, name expression) -> kernel handle
+        self._modules: dict[tuple[int, str], dict[str, str]] = {}  # (device, unit) -> lowered names
+        self._device_facts: dict[int, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+        self.compiles: dict[tuple[str, str], tuple[float, bool]] = {}  # (unit, arch) -> (seconds, from cache)
+
+    # ---- availability ---------------------------------------------------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        """Why nothing can be compiled here (no sources shipped, no compiler), else None. Loads the compiler."""
+        if self.platform not in ("hip", "cuda"):
+            return "no GPU: torch is a CPU-only build"
+        if self.root is None:
+            return "jit: the kernel sources are not installed (rocm_sd/_hip); reinstall rocm_sd"
+        try:
+            self.compiler()
+        except rtc.RtcUnavailable as error:
+            return f"jit: {error}"
+        return None
+
+    def compiler(self):
+        if self._compiler is None:
+            self._compiler = rtc.compiler(self.platform)
+        return self._compiler
+
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            self._runtime = Runtime(self.platform)
+        return self._runtime
+
+    # ---- what _C's runtime functions answer -----------------------------------------------------------------------
+    def build_info(self) -> dict:
+        return {"platform": self.platform, "targets": "compiled at run time for each GPU (JIT)",
+                "runtime_version": platform.runtime_version(),
+                "source_hash": sources.source_hash(self.root)[:16] if self.root else "none"}
+
+    def check_kernel_image(self, device: int) -> str:
+        return self.unavailable_reason() or ""
+
+    def device_info(self, device: int) -> dict:
+        props = torch.cuda.get_device_properties(device)
+        multiprocessors, wave = self._facts(device)
+        return {"name": props.name, "arch": platform.device_arch(device), "multiprocessors": multiprocessors,
+                "wave_size": wave, "l2_bytes": getattr(props, "L2_cache_size", 0),
+                "driver_version": self.runtime().driver_version()}
+
+    def _facts(self, device: int) -> tuple[int, int]:
+        """(multiprocessors, wave size) of `device`: what rsd::device_attribute gives the C++ launchers."""
+        facts = self._device_facts.get(device)
+        if facts is None:
+            props = torch.cuda.get_device_properties(device)
+            wave = getattr(props, "warp_size", 0) or (64 if platform.device_arch(device).startswith("gfx9") else 32)
+            facts = self._device_facts[device] = (props.multi_processor_count, wave)
+        return facts
+
+    # ---- compile, load, launch ------------------------------------------------------------------------------------
+    def compile_unit(self, unit_name: str, arch: str) -> tuple[rtc.Compiled, bool]:
+        """The unit's code for `arch`, from the cache or compiled now (with a notice and its time)."""
+        unit = sources.UNITS[unit_name]
+        compiler = self.compiler()
+        options = rtc.options(self.platform, arch, self.root / "include")
+        key = entry_key(unit.name, sources.source_hash(self.root), options, arch, compiler.version(),
+                        platform.runtime_version())
+
+        def build() -> rtc.Compiled:
+            log.warning("rocm_sd: compiling the %s kernels for %s (%d instances; first use, cached in %s)",
+                        unit.name, arch, len(unit.expressions), self.cache.folder)
+            start = time.perf_counter()
+            compiled = compiler.compile(sources.unit_source(unit, self.root), unit.path.rsplit("/", 1)[-1], options,
+                                        list(unit.expressions))
+            compiled.seconds = time.perf_counter() - start
+            log.warning("rocm_sd: compiled the %s kernels for %s in %.1f s", unit.name, arch, compiled.seconds)
+            return compiled
+
+        start = time.perf_counter()
+        compiled, cached = self.cache.get(key, build)
+        self.compiles[(unit.name, arch)] = (time.perf_counter() - start, cached)
+        return compiled, cached
+
+    def _load(self, device: int, unit_name: str) -> None:
+        with self._lock:
+            if (device, unit_name) in self._modules:
+                return
+            compiled, _ = self.compile_unit(unit_name, platform.device_arch(device))
+            runtime = self.runtime()
+            with torch.cuda.device(device):
+                module = runtime.load(compiled.code)
+                for expression, symbol in compiled.lowered.items():
+                    self._functions[(device, expression)] = runtime.function(module, symbol)
+            self._modules[(device, unit_name)] = compiled.lowered
+
+    def _run(self, device: int, launch: plans.Launch, stream: int) -> None:
+        function = self._functions.get((device, launch.expression))
+        if function is None:
+            self._load(device, launch.unit)
+            function = self._functions[(device, launch.expression)]
+        self.runtime().launch(function, launch.grid, launch.block, 0, stream, launch.signature, launch.args)
+
+    @staticmethod
+    def _raise_if(why: str) -> None:
+        if why:
+            raise RuntimeError(why)
+
+    # ---- the ops, as bindings.cpp names them -----------------------------------------------------------------------
+    def bias_residual_check(self, x, residual, bias, y, dtype, layout, n, c, hw, scale, device):
+        return plans.bias_residual_check(x, residual, bias, y, dtype, layout, n, c, hw, scale)
+
+    def bias_residual_forward(self, x, residual, bias, y, dtype, layout, n, c, hw, scale, stream, device):
+        self._raise_if(plans.bias_residual_check(x, residual, bias, y, dtype, layout, n, c, hw, scale))
+        self._run(device, plans.bias_residual_plan(x, residual, bias, y, dtype, layout, n, c, hw, scale,
+                                                   self._facts(device)[0]), stream)
+
+    def parity_shuffle_check(self, parities, bias, out, dtype, n, h, w, c, device):
+        return plans.parity_shuffle_check(parities, bias, out, dtype, n, h, w, c)
+
+    def parity_shuffle_forward(self, parities, bias, out, dtype, n, h, w, c, stream, device):
+        self._raise_if(plans.parity_shuffle_check(parities, bias, out, dtype, n, h, w, c))
+        self._run(device, plans.parity_shuffle_plan(parities, bias, out, dtype, n, h, w, c, self._facts(device)[0]),
+                  stream)
+
+    def geglu_check(self, x, y, dtype, rows, d, device):
+        return plans.geglu_check(x, y, dtype, rows, d)
+
+    def geglu_forward(self, x, y, dtype, rows, d, stream, device):
+        self._raise_if(plans.geglu_check(x, y, dtype, rows, d))
+        self._run(device, plans.geglu_plan(x, y, dtype, rows, d, self._facts(device)[0]), stream)
+
+    def quantize_rows_check(self, x, q, scale, dtype, format, rows, k, device):
+        return plans.quantize_rows_check(x, q, scale, dtype, format, rows, k)
+
+    def quantize_rows_forward(self, x, q, scale, dtype, format, rows, k, stream, device):
+        self._raise_if(plans.quantize_rows_check(x, q, scale, dtype, format, rows, k))
+        self._run(device, plans.quantize_rows_plan(x, q, scale, dtype, format, rows, k, self._facts(device)[1]),
+                  stream)
+
+    def layer_norm_check(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, device, residual=0, sum=0):
+        return plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, self._facts(device)[1],
+                                      residual, sum)
+
+    def layer_norm_forward(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, stream, device, residual=0,
+                           sum=0):
+        wave = self._facts(device)[1]
+        self._raise_if(plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual, sum))
+        self._run(device, plans.layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual,
+                                                sum), stream)
+
+    # ---- ops not covered: their checks give the reason, so dispatch falls back by the usual rule -----------------
+    def group_norm_check(self, *args, **kwargs):
+        return _NOT_COVERED_REASON.format(op="group_norm")
+
+    def attention_check(self, *args, **kwargs):
+        return _NOT_COVERED_REASON.format(op="attention")
+
+    def attention_describe(self, *args, **kwargs):
+        return "error: " + _NOT_COVERED_REASON.format(op="attention")
+
+    def group_norm_describe(self, *args, **kwargs):
+        return "error: " + _NOT_COVERED_REASON.format(op="group_norm")
+
+    def attention_instances(self):
+        return []
+
+    def attention_refused_instances(self, arch):
+        return []
+
+    def _not_covered(self, op):
+        raise RuntimeError(_NOT_COVERED_REASON.format(op=op))
+
+    def group_norm_workspace_bytes(self, *args, **kwargs):
+        self._not_covered("group_norm")
+
+    def group_norm_forward(self, *args, **kwargs):
+        self._not_covered("group_norm")
+
+    def attention_forward(self, *args, **kwargs):
+        self._not_covered("attention")

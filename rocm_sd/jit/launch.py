@@ -1,0 +1,84 @@
+"""Loading compiled code and launching its kernels through the GPU runtime torch itself uses (the HIP runtime that
+torch loaded, or the CUDA driver), on the stream torch hands out: a kernel launched here orders with torch's own
+work and is captured into CUDA / HIP graphs like any other launch."""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from .rtc import loaded_library
+
+
+class LaunchError(RuntimeError):
+    """The runtime refused to load a module or launch a kernel; the message names the call and the error."""
+
+
+class FastDiv(ctypes.Structure):
+    """rsd::FastDiv (rocm_sd/common.h), passed by value: the divisor and the multiplier / shift of its division."""
+    _fields_ = [("divisor", ctypes.c_uint32), ("multiplier", ctypes.c_uint32), ("shift", ctypes.c_uint32)]
+
+    @classmethod
+    @functools.lru_cache(maxsize=4096)  # launches reuse a few divisors; the structure is only read
+    def of(cls, d: int) -> "FastDiv":
+        shift = 0
+        while (1 << shift) < d:
+            shift += 1
+        return cls(d, ((1 << 32) * ((1 << shift) - d) // d + 1) & 0xFFFFFFFF, shift)
+
+
+# Kernel parameter types by the letters the launch plans use (plans.py): pointers, int64_t, int, float, and
+# rsd::FastDiv built from its divisor.
+CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float, "d": FastDiv.of}
+
+
+class Runtime:
+    """Module load / function lookup / launch of the HIP runtime or the CUDA driver API (same signatures)."""
+
+    def __init__(self, platform: str):
+        self.platform = platform
+        if platform == "hip":
+            self.lib = ctypes.CDLL(loaded_library("libamdhip64.so") or "libamdhip64.so")
+            prefix = {"load": "hipModuleLoadData", "get": "hipModuleGetFunction", "launch": "hipModuleLaunchKernel",
+                      "driver": "hipDriverGetVersion"}
+            self.lib.hipGetErrorString.restype = ctypes.c_char_p
+        else:
+            self.lib = ctypes.CDLL(loaded_library("libcuda.so") or "libcuda.so.1")
+            prefix = {"load": "cuModuleLoadData", "get": "cuModuleGetFunction", "launch": "cuLaunchKernel",
+                      "driver": "cuDriverGetVersion"}
+        self._load, self._get = getattr(self.lib, prefix["load"]), getattr(self.lib, prefix["get"])
+        self._launch, self._driver = getattr(self.lib, prefix["launch"]), getattr(self.lib, prefix["driver"])
+        self._launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [ctypes.c_uint, ctypes.c_void_p,
+                                                                              ctypes.c_void_p, ctypes.c_void_p]
+
+    def _error(self, code: int) -> str:
+        if self.platform == "hip":
+            return (self.lib.hipGetErrorString(code) or b"").decode()
+        text = ctypes.c_char_p()
+        self.lib.cuGetErrorString(code, ctypes.byref(text))
+        return (text.value or b"").decode()
+
+    def check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise LaunchError(f"{what} failed: {self._error(code)} ({code})")
+
+    def driver_version(self) -> int:
+        version = ctypes.c_int()
+        self.check(self._driver(ctypes.byref(version)), "driver version")
+        return version.value
+
+    def load(self, code: bytes) -> ctypes.c_void_p:
+        """A module from code; the caller makes the target device current (torch.cuda.device)."""
+        module = ctypes.c_void_p()
+        self.check(self._load(ctypes.byref(module), code), "module load")
+        return module
+
+    def function(self, module: ctypes.c_void_p, symbol: str) -> ctypes.c_void_p:
+        function = ctypes.c_void_p()
+        self.check(self._get(ctypes.byref(function), module, symbol.encode()), f"function lookup of {symbol}")
+        return function
+
+    def launch(self, function, grid: int, block: int, shared: int, stream: int, signature: str, args) -> None:
+        """One launch of a 1-D grid; `signature` gives each argument's type (CTYPES letters)."""
+        values = [CTYPES[kind](arg) for kind, arg in zip(signature, args, strict=True)]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        self.check(self._launch(function, grid, 1, 1, block, 1, 1, shared, stream, params, None), "kernel launch")

@@ -1,0 +1,190 @@
+"""Launch plans of the runtime-compiled kernels: the decisions the C++ launchers of hip/<op>/*.hip make (argument
+checks, vector width, template instance, grid), as pure functions of the arguments and two device facts
+(multiprocessors, wave size), so they run and are tested without a GPU.
+
+Why a Python mirror rather than one planner shared with C++: without a host compiler, no C++ runs on the user's
+machine (that is the point of the JIT backend), and hiprtc / NVRTC compile device code only. So the plan exists
+twice; tests/test_jit_plans.py compiles the shared C++ helpers (rocm_sd/launch.h, rsd::FastDiv) with g++ and
+compares them with these for many inputs, and the GPU test tests/ops/test_jit_matches_built.py requires
+bit-identical outputs from _C and the JIT backend where both exist (the vector width changes the order of a
+reduction, so a different plan shows). Each function names the C++ it mirrors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sources import DTYPE_NAMES, TYPES
+
+THREADS = 256  # kThreads of every kernel here
+F32 = 0
+NCHW, NHWC = 0, 1
+TWO_31 = 1 << 31
+
+
+@dataclass(frozen=True)
+class Launch:
+    unit: str          # sources.UNITS key
+    expression: str    # the template instance (a name expression of the unit)
+    grid: int
+    signature: str     # kernel parameter types, launch.CTYPES letters
+    args: tuple
+    block: int = THREADS
+
+
+def elem_bytes(dtype: int) -> int:
+    return 4 if dtype == F32 else 2
+
+
+def ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def aligned(pointer: int, nbytes: int) -> bool:
+    return pointer % nbytes == 0
+
+
+def widest_vec(dtype: int, unit: int, pointers) -> int:
+    """rsd::widest_vec (launch.h): widest access of at most 16 bytes whose element count divides `unit`, with
+    every pointer aligned for it."""
+    eb = elem_bytes(dtype)
+    vec = 16 // eb
+    while vec > 1:
+        if unit % vec == 0 and all(aligned(p, vec * eb) for p in pointers):
+            return vec
+        vec //= 2
+    return 1
+
+
+def grid_stride_blocks(multiprocessors: int, work_items: int, threads: int, blocks_per_sm: int = 8) -> int:
+    """rsd::grid_stride_blocks (launch.h)."""
+    return max(1, min(ceil_div(work_items, threads), blocks_per_sm * multiprocessors))
+
+
+# ---- bias_residual (hip/bias_residual/bias_residual.hip) ----------------------------------------------------------
+
+def bias_residual_check(x, residual, bias, y, dtype, layout, n, c, hw, scale) -> str:
+    if n <= 0 or c <= 0 or hw <= 0:
+        return "empty tensor"
+    eb = elem_bytes(dtype)
+    if not all(aligned(p, eb) for p in (x, residual, y, bias)):
+        return "misaligned data pointer"
+    if n * c * hw >= TWO_31:
+        return "2^31 or more elements"
+    return ""
+
+
+def bias_residual_plan(x, residual, bias, y, dtype, layout, n, c, hw, scale, sms) -> Launch:
+    vec = widest_vec(dtype, hw if layout == NCHW else c, (x, residual, y))
+    vectors = n * c * hw // vec
+    nhwc = "true" if layout == NHWC else "false"
+    return Launch("bias_residual", f"rsd::bias_residual_kernel<{TYPES[dtype]}, {vec}, {nhwc}>",
+                  grid_stride_blocks(sms, vectors, THREADS), "ppppqddf",
+                  (x, residual, bias, y, vectors, hw, c, scale))
+
+
+# ---- parity_shuffle (hip/parity_shuffle/parity_shuffle.hip) -------------------------------------------------------
+
+def parity_shuffle_check(parities, bias, out, dtype, n, h, w, c) -> str:
+    if n <= 0 or h <= 0 or w <= 0 or c <= 0:
+        return "empty tensor"
+    eb = elem_bytes(dtype)
+    if not all(aligned(p, eb) for p in (parities, out, bias)):
+        return "misaligned data pointer"
+    if n * 4 * (h + 1) * (w + 1) * c >= TWO_31 or n * 4 * h * w * c >= TWO_31:
+        return "2^31 or more elements"
+    return ""
+
+
+def parity_shuffle_plan(parities, bias, out, dtype, n, h, w, c, sms) -> Launch:
+    vec = widest_vec(dtype, c, (parities, out))
+    vectors = n * 4 * h * w * c // vec
+    return Launch("parity_shuffle", f"rsd::parity_shuffle_kernel<{TYPES[dtype]}, {vec}>",
+                  grid_stride_blocks(sms, vectors, THREADS), "pppqdddiii",
+                  (parities, bias, out, vectors, c // vec, 2 * w, 2 * h, h, w, c))
+
+
+# ---- geglu (hip/geglu/geglu.hip) ----------------------------------------------------------------------------------
+
+def geglu_check(x, y, dtype, rows, d) -> str:
+    if rows <= 0 or d <= 0:
+        return "empty tensor"
+    if not (aligned(x, elem_bytes(dtype)) and aligned(y, elem_bytes(dtype))):
+        return "misaligned data pointer"
+    if rows * d >= TWO_31:
+        return "2^31 or more output elements"
+    return ""
+
+
+def geglu_plan(x, y, dtype, rows, d, sms) -> Launch:
+    vec = widest_vec(dtype, d, (x, y))
+    vectors = rows * d // vec
+    return Launch("geglu", f"rsd::geglu_kernel<{TYPES[dtype]}, {vec}>", grid_stride_blocks(sms, vectors, THREADS),
+                  "ppqdq", (x, y, vectors, d // vec, d))
+
+
+# ---- quantize_rows (hip/quantize/quantize_rows.hip) ---------------------------------------------------------------
+
+FORMAT_CODES = (0, 1, 2)  # rsd::QuantFormat: e4m3fn, e4m3fnuz, int8
+
+
+def quantize_rows_check(x, q, scale, dtype, format, rows, k) -> str:
+    if rows <= 0 or k <= 0:
+        return "empty tensor"
+    if format not in FORMAT_CODES:
+        return f"unknown format code {format}"
+    if not (aligned(x, elem_bytes(dtype)) and aligned(scale, 4)):
+        return "misaligned data pointer"
+    if rows >= TWO_31 // (THREADS // 32):
+        return "too many rows"
+    return ""
+
+
+def quantize_rows_plan(x, q, scale, dtype, format, rows, k, wave) -> Launch:
+    vec = widest_vec(dtype, k, (x,))
+    while vec > 1 and not aligned(q, vec):
+        vec //= 2
+    return Launch("quantize_rows", f"rsd::quantize_rows_kernel<{TYPES[dtype]}, {vec}>",
+                  ceil_div(rows, THREADS // wave), "pppqqi", (x, q, scale, rows, k, format))
+
+
+# ---- layer_norm and add_layer_norm (hip/layer_norm/layer_norm.hip) ------------------------------------------------
+
+MAX_VECS_PER_LANE = 16
+
+
+def _layer_norm_vec(dtype, c, x, y, residual, sum_) -> int:
+    return widest_vec(dtype, c, (x, y, residual, sum_))
+
+
+def _vecs_per_lane(c: int, vec: int, wave: int) -> int:
+    need = ceil_div(c // vec, wave)
+    count = 1
+    while count < need:
+        count *= 2
+    return count
+
+
+def layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0) -> str:
+    if rows <= 0 or c <= 0:
+        return "empty tensor"
+    if param_dtype != dtype and param_dtype != F32:
+        return "weight/bias dtype must be the input's or float32"
+    if (residual == 0) != (sum == 0):
+        return "residual and sum come together"
+    if not all(aligned(p, elem_bytes(dtype)) for p in (x, y, residual, sum)):
+        return "misaligned data pointer"
+    if rows * c >= 1 << 40:
+        return "tensor too large"
+    if _vecs_per_lane(c, _layer_norm_vec(dtype, c, x, y, residual, sum), wave) > MAX_VECS_PER_LANE:
+        return f"normalized size {c} is too large for the one-wave-per-row kernel"
+    return ""
+
+
+def layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0) -> Launch:
+    vec = _layer_norm_vec(dtype, c, x, y, residual, sum)
+    vecs = _vecs_per_lane(c, vec, wave)
+    vecs = vecs if vecs in (1, 2, 4, 8) else 16  # the launcher's switch
+    t = TYPES[dtype]
+    p = "float" if param_dtype == F32 else t
+    flag = "true" if residual else "false"
+    return Launch(f"layer_norm_{DTYPE_NAMES[dtype]}", f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {flag}>",
+                  ceil_div(rows, THREADS // wave), "ppppppqif", (x, residual, sum, y, gamma, beta, rows, c, eps))

@@ -1,0 +1,85 @@
+"""The kernel sources the runtime compiler takes: where they are (shipped in the package as rocm_sd/_hip, or
+hip/ of a source checkout), which source file each op's kernels live in, the template instances its launcher
+can pick (the same sets the C++ launchers switch over), and a hash of everything a compile reads."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+# Element types by rsd::DType code (rocm_sd/api.h), spelled as the kernels' template arguments.
+TYPES = {0: "float", 1: "__half", 2: "rsd::bf16"}
+VECS_BY_TYPE = {"float": (1, 2, 4), "__half": (1, 2, 4, 8), "rsd::bf16": (1, 2, 4, 8)}  # 16-byte accesses at most
+
+
+def source_root() -> Path | None:
+    """hip/ as installed (rocm_sd/_hip, CMake's install of the sources) or in a source checkout; None if absent."""
+    for root in (PACKAGE / "_hip", PACKAGE.parent / "hip"):
+        if (root / "include" / "rocm_sd" / "compat.h").is_file():
+            return root
+    return None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One source file compiled at run time, with the name expressions of every kernel instance it provides."""
+    name: str
+    path: str  # relative to the source root
+    expressions: tuple[str, ...]
+
+
+def _bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def _typed_vec(kernel: str, *extra: tuple) -> tuple[str, ...]:
+    """`kernel<T, VEC, extra...>` for every element type and vector width (and every combination of `extra`)."""
+    out = []
+    for t, vecs in VECS_BY_TYPE.items():
+        for vec in vecs:
+            for rest in itertools.product(*extra):
+                out.append(f"rsd::{kernel}<{', '.join([t, str(vec), *rest])}>")
+    return tuple(out)
+
+
+def _layer_norm(t: str) -> tuple[str, ...]:
+    """Every instance for inputs of type `t`: params of the input's type or float32, 1..16 vectors a lane, with and
+    without the residual (add_layer_norm)."""
+    out = []
+    for p in dict.fromkeys((t, "float")):
+        for vec, vecs_per_lane, residual in itertools.product(VECS_BY_TYPE[t], (1, 2, 4, 8, 16), (False, True)):
+            out.append(f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs_per_lane}, {_bool(residual)}>")
+    return tuple(out)
+
+
+# Short dtype names of unit names (a unit per input type where a source has many instances: a first call compiles
+# only its own type's).
+DTYPE_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
+
+UNITS = {
+    "bias_residual": Unit("bias_residual", "bias_residual/bias_residual.hip",
+                          _typed_vec("bias_residual_kernel", ("true", "false"))),
+    "parity_shuffle": Unit("parity_shuffle", "parity_shuffle/parity_shuffle.hip", _typed_vec("parity_shuffle_kernel")),
+    "geglu": Unit("geglu", "geglu/geglu.hip", _typed_vec("geglu_kernel")),
+    "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
+    **{f"layer_norm_{DTYPE_NAMES[code]}": Unit(f"layer_norm_{DTYPE_NAMES[code]}", "layer_norm/layer_norm.hip",
+                                               _layer_norm(t)) for code, t in TYPES.items()},
+}
+
+
+def unit_source(unit: Unit, root: Path) -> str:
+    """The source file's text: the program the compiler is given (its includes resolve from hip/include)."""
+    return (root / unit.path).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash(root: Path) -> str:
+    """sha256 over every file of the source tree (names and contents): a changed header changes every key."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()

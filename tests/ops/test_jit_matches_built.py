@@ -1,0 +1,75 @@
+"""On a GPU that _C has code for: the runtime-compiled backend (rocm_sd/jit/) gives bit-identical results to _C for
+every op it covers, on the ops' samples and on shapes where the plan's choices differ (vector width, vectors a
+lane, a residual), in every dtype. Same source, same instance, same grid: the same bits. A JIT plan that picked
+another vector width would change the order of LayerNorm's sums and show here (rocm_sd/jit/plans.py). The whole
+GPU suite runs on the JIT with ROCM_SD_KERNELS=jit (docs/building.md)."""
+import pytest
+import torch
+
+from rocm_sd import _ext
+from rocm_sd.jit.backend import COVERED, JitBackend
+from rocm_sd.ops import REGISTRY
+
+pytestmark = pytest.mark.gpu
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def backends():
+    device = torch.device("cuda")
+    if _ext.BUILT is None or _ext.BUILT.check_kernel_image(torch.cuda.current_device()):
+        pytest.skip("needs _C with code for this GPU, to compare against")
+    jit = JitBackend()
+    why = jit.unavailable_reason()
+    if why:
+        pytest.fail(why)
+    return device, _ext.BUILT, jit
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of t (NaN payloads and fp8 codes compare as bits)."""
+    return t.contiguous().flatten().view(torch.uint8)
+
+
+def run_on(backend, monkeypatch, kernel, args):
+    monkeypatch.setattr(_ext, "_C", backend)
+    out = kernel(*args)
+    torch.cuda.synchronize()
+    return out if isinstance(out, tuple) else (out,)
+
+
+def extra_cases(op, device, dtype):
+    """Shapes beyond the samples where the plans choose differently: odd widths (vector width 1), rows of 77,
+    LayerNorm widths needing 1..16 vectors a lane."""
+    r = lambda *shape: torch.randn(*shape, device=device, dtype=dtype)  # noqa: E731
+    if op == "layer_norm":
+        return [(r(3, 77, c), r(c), r(c), 1e-5) for c in (7, 320, 768, 1280, 2048, 4096)]
+    if op == "add_layer_norm":
+        return [(r(2, 77, c), r(2, 77, c), r(c), r(c), 1e-5) for c in (5, 320, 1280)]
+    if op == "geglu":
+        return [(r(2, 77, 2 * d),) for d in (3, 320, 1280)]
+    if op == "bias_residual":
+        return [(r(2, c, 9, 7), r(2, c, 9, 7), r(c), 0.5) for c in (3, 320)]
+    if op == "quantize_rows":
+        return [(r(77, k), fmt) for k in (5, 320) for fmt in ("int8",)]
+    return []
+
+
+@pytest.mark.parametrize("op", COVERED)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_jit_is_bitwise_the_built_kernel(op, dtype, backends, monkeypatch):
+    device, built, jit = backends
+    spec = REGISTRY[op]
+    cases = spec.samples(device, dtype) + extra_cases(op, device, dtype)
+    compared = 0
+    for args in cases:
+        if spec.supports(*args):  # e.g. a dtype the op does not take
+            continue
+        reference = run_on(built, monkeypatch, spec.kernel, args)
+        ours = run_on(jit, monkeypatch, spec.kernel, args)
+        for a, b in zip(reference, ours, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+            assert torch.equal(bits(a), bits(b)), \
+                f"{op} {dtype}: JIT differs from _C for shapes {[tuple(t.shape) for t in args if torch.is_tensor(t)]}"
+        compared += 1
+    assert compared, f"{op} {dtype}: nothing compared"

@@ -1,0 +1,291 @@
+"""The runtime-compiled backend (rocm_sd/jit/) on the CPU: its disk cache (atomic entries, one compile under the
+lock, damaged entries moved aside, keys), the kernel sources and the instances they provide, NVRTC compiling
+every source for sm_80 / sm_90 (where libnvrtc is found), backend selection in _ext and its messages."""
+import multiprocessing
+import os
+import pathlib
+import shutil
+import time
+
+import pytest
+import torch
+
+from rocm_sd import _ext, config
+from rocm_sd.jit import plans, rtc, sources
+from rocm_sd.jit.backend import COVERED, JitBackend
+from rocm_sd.jit.cache import KernelCache, entry_key
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def compiled(code: bytes = b"\x7fELF code") -> rtc.Compiled:
+    return rtc.Compiled(code, {"rsd::k<float, 1>": "_Z1kIfLi1EEvv"}, compiler="test")
+
+
+# ---- cache --------------------------------------------------------------------------------------------------------
+
+def test_cache_builds_once_then_reads_from_disk(tmp_path):
+    calls = []
+    cache = KernelCache(tmp_path)
+    first, from_disk = cache.get("unit-sm_90-abc", lambda: calls.append(1) or compiled())
+    assert not from_disk and calls == [1]
+    second, from_disk = KernelCache(tmp_path).get("unit-sm_90-abc", lambda: calls.append(2) or compiled(b"other"))
+    assert from_disk and calls == [1]
+    assert second.code == first.code and second.lowered == first.lowered
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
+def test_damaged_entry_is_moved_aside_and_compiled_again(tmp_path, damage, caplog):
+    cache = KernelCache(tmp_path)
+    cache.get("k", compiled)
+    path = cache.path("k")
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[:-3], "flip": data[:-1] + bytes([data[-1] ^ 1]), "garbage": b"\x00" * 40,
+                      "empty": b""}[damage])
+    rebuilt, from_disk = cache.get("k", lambda: compiled(b"\x7fELF fresh"))
+    assert not from_disk and rebuilt.code == b"\x7fELF fresh"
+    assert [p.name for p in tmp_path.glob("k.bin.corrupt-*")], "the damaged entry was not kept aside"
+    assert "damaged" in caplog.text
+    assert KernelCache(tmp_path).get("k", lambda: pytest.fail("rebuilt twice"))[0].code == b"\x7fELF fresh"
+
+
+def test_failed_compile_leaves_no_entry(tmp_path):
+    cache = KernelCache(tmp_path)
+
+    def broken():
+        raise rtc.CompileError("syntax error")
+
+    with pytest.raises(rtc.CompileError):
+        cache.get("k", broken)
+    assert not cache.path("k").exists() and not list(tmp_path.glob("*.tmp"))
+    assert not cache.get("k", compiled)[1]
+
+
+def _slow_build(folder: str, marker: str) -> bytes:
+    def build():
+        with open(marker, "a") as f:
+            f.write("built\n")
+        time.sleep(1.0)
+        return compiled(b"\x7fELF shared")
+
+    return KernelCache(pathlib.Path(folder)).get("shared", build)[0].code
+
+
+def test_processes_compiling_at_once_compile_once(tmp_path):
+    marker = tmp_path / "builds.txt"
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        codes = pool.starmap(_slow_build, [(str(tmp_path / "cache"), str(marker))] * 3)
+    assert codes == [b"\x7fELF shared"] * 3
+    assert marker.read_text().count("built") == 1
+
+
+def test_key_changes_with_everything_that_changes_the_code():
+    base = dict(unit="geglu", source_hash="s", options=["-O3"], arch="sm_90", compiler="nvrtc 13.0",
+                runtime="CUDA 13.0")
+    keys = {entry_key(**base)}
+    for field, other in (("source_hash", "t"), ("options", ["-O2"]), ("arch", "sm_80"), ("compiler", "nvrtc 12.8"),
+                         ("runtime", "CUDA 12.8"), ("unit", "layer_norm")):
+        keys.add(entry_key(**{**base, field: other}))
+    assert len(keys) == 7
+    assert entry_key(**base) == entry_key(**base)
+
+
+def test_cache_folder_follows_the_setting(tmp_path):
+    with config.override(jit_cache=str(tmp_path / "jit")):
+        assert KernelCache().folder == tmp_path / "jit"
+    with config.override(jit_cache=None):
+        assert KernelCache().folder.parts[-2:] == ("rocm_sd", "jit")
+
+
+# ---- sources and instances ------------------------------------------------------------------------------------------
+
+def test_sources_are_found_and_hashed(tmp_path):
+    root = sources.source_root()
+    assert root is not None and all((root / unit.path).is_file() for unit in sources.UNITS.values())
+    copy = tmp_path / "hip"
+    shutil.copytree(root, copy)
+    before = sources.source_hash(copy)
+    (copy / "include" / "rocm_sd" / "common.h").write_text((copy / "include" / "rocm_sd" / "common.h").read_text()
+                                                          + "\n// changed\n")
+    sources.source_hash.cache_clear()
+    assert sources.source_hash(copy) != before
+
+
+def test_every_planned_launch_names_a_compiled_instance():
+    """The instance each plan picks is among its unit's name expressions, for every dtype, alignment, layout, size
+    and wave size the plans can meet (else the first such call would find no kernel)."""
+    provided = {name: set(unit.expressions) for name, unit in sources.UNITS.items()}
+    pointers = (0x10000, 0x10002, 0x10004, 0x10008)
+    seen = set()
+    for dtype in (0, 1, 2):
+        for p in pointers:
+            for size in (1, 2, 3, 4, 8, 320, 1280):
+                for layout in (0, 1):
+                    seen.add(plans.bias_residual_plan(p, p, p, p, dtype, layout, 2, size, size, 1.0, 80))
+                seen.add(plans.parity_shuffle_plan(p, 0, p, dtype, 1, 4, 4, size, 80))
+                seen.add(plans.geglu_plan(p, p, dtype, 3, size, 80))
+                for q in pointers:
+                    seen.add(plans.quantize_rows_plan(p, q, 0x1000, dtype, 0, 5, size, 32))
+            for c in (1, 8, 77, 320, 768, 1280, 2048, 4096, 8192):
+                for wave in (32, 64):
+                    for pdtype in {dtype, 0}:
+                        for residual in (0, 0x20000):
+                            args = (p, p, 0, 0, dtype, pdtype, 4, c, 1e-5, wave, residual, residual)
+                            if not plans.layer_norm_check(*args):
+                                seen.add(plans.layer_norm_plan(*args))
+    missing = [f"{launch.unit}: {launch.expression}" for launch in seen if launch.expression not in provided[launch.unit]]
+    assert not missing, "\n".join(sorted(missing))
+    assert {launch.unit for launch in seen} == set(sources.UNITS)
+
+
+# ---- NVRTC on the CPU -----------------------------------------------------------------------------------------------
+
+def _nvrtc():
+    try:
+        compiler = rtc.compiler("cuda")
+        rtc.options("cuda", "sm_90", pathlib.Path("."))
+    except rtc.RtcUnavailable as error:
+        if os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"):
+            pytest.fail(str(error))
+        pytest.skip(f"{error} (pip install nvidia-cuda-nvrtc, a few hundred MB, needs no GPU)")
+    return compiler
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("arch", [pytest.param("sm_80", marks=pytest.mark.slow), "sm_90"])
+def test_nvrtc_compiles_every_source(arch):
+    compiler = _nvrtc()
+    root = sources.source_root()
+    options = rtc.options("cuda", arch, root / "include")
+    timings = []
+    for unit in sources.UNITS.values():
+        start = time.perf_counter()
+        out = compiler.compile(sources.unit_source(unit, root), unit.path.rsplit("/", 1)[-1], options,
+                               list(unit.expressions))
+        timings.append(f"{unit.name} {time.perf_counter() - start:.1f} s")
+        assert out.code[:4] == b"\x7fELF", f"{unit.name}: not a cubin"
+        assert sorted(out.lowered) == sorted(unit.expressions)
+        for symbol in out.lowered.values():  # every instance's entry is in the cubin under its lowered name
+            assert symbol.encode() in out.code, f"{unit.name}: {symbol} not in the cubin"
+    print(f"NVRTC {arch}: " + ", ".join(timings))
+
+
+def test_compile_errors_carry_the_log():
+    compiler = _nvrtc()
+    with pytest.raises(rtc.CompileError, match="broken.cu.*(error|expected)"):
+        compiler.compile("__global__ void k() { this is not C++ }", "broken.cu", ["--gpu-architecture=sm_90"], [])
+
+
+# ---- missing compilers: clear messages ----------------------------------------------------------------------------
+
+def test_missing_nvrtc_says_what_to_install():
+    with pytest.raises(rtc.RtcUnavailable, match="nvidia-cuda-nvrtc"):
+        rtc.compiler("cuda", nvrtc_candidates=["/nonexistent/libnvrtc.so.13"])
+
+
+def test_missing_hiprtc_names_hip_python(monkeypatch):
+    monkeypatch.setattr(rtc, "loaded_library", lambda fragment: None)
+    monkeypatch.setenv("ROCM_PATH", "/nonexistent")
+    monkeypatch.setattr(rtc.ctypes, "CDLL", lambda *a, **k: (_ for _ in ()).throw(OSError("not found")))
+    with pytest.raises(rtc.RtcUnavailable, match="hip-python"):
+        rtc.compiler("hip")
+
+
+def test_missing_cuda_headers_say_so():
+    with pytest.raises(rtc.RtcUnavailable, match="cuda_fp16.h"):
+        rtc.options("cuda", "sm_90", pathlib.Path("."), cuda_includes=[])
+
+
+# ---- backend selection (_ext) -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch claims one CUDA GPU; _ext's choice is undone afterwards."""
+    monkeypatch.setattr(_ext.platform, "torch_gpu_platform", lambda: "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(_ext, "_C", _ext._C)
+    monkeypatch.setattr(_ext, "_jit", None)
+    _ext._device_reason.cache_clear()
+    yield
+    _ext._device_reason.cache_clear()
+
+
+def test_without_c_the_jit_backend_takes_over(fake_gpu, monkeypatch):
+    monkeypatch.setattr(JitBackend, "unavailable_reason", lambda self: None)
+    monkeypatch.setattr(_ext, "BUILT", None)
+    with config.override(kernels="auto"):
+        assert _ext.unavailable_reason(torch.device("cuda", 0)) is None
+    assert isinstance(_ext._C, JitBackend) and _ext.source() == "JIT"
+    assert callable(_ext._C.geglu_forward) and _ext.build_info()["targets"].endswith("(JIT)")
+
+
+def test_jit_forced_even_with_c(fake_gpu, monkeypatch):
+    monkeypatch.setattr(JitBackend, "unavailable_reason", lambda self: None)
+    monkeypatch.setattr(_ext, "BUILT", object())  # a built library that would have been taken otherwise
+    with config.override(kernels="jit"):
+        assert _ext.unavailable_reason(torch.device("cuda", 0)) is None
+    assert _ext.source() == "JIT"
+
+
+def test_built_only_never_compiles(fake_gpu, monkeypatch):
+    monkeypatch.setattr(_ext, "BUILT", None)
+    monkeypatch.setattr(JitBackend, "unavailable_reason", lambda self: pytest.fail("the JIT was consulted"))
+    with config.override(kernels="built"):
+        assert _ext.unavailable_reason(torch.device("cuda", 0)) == _ext.LOAD_ERROR
+
+
+def test_both_reasons_when_neither_can_run(fake_gpu, monkeypatch):
+    monkeypatch.setattr(_ext, "BUILT", None)
+    monkeypatch.setattr(JitBackend, "unavailable_reason", lambda self: "jit: hiprtc not found (hip-python)")
+    with config.override(kernels="auto"):
+        why = _ext.unavailable_reason(torch.device("cuda", 0))
+    assert why.startswith(_ext.LOAD_ERROR) and "runtime compilation is not possible either" in why
+    assert "hip-python" in why and _ext.source() == "none"
+
+
+def test_cpu_tensors_keep_the_old_reason():
+    assert _ext.unavailable_reason(torch.device("cpu")) == (_ext.LOAD_ERROR if _ext.BUILT is None else
+                                                           "device: tensors are on cpu, kernels run on the GPU")
+
+
+def test_the_setting_is_checked(monkeypatch, caplog):
+    monkeypatch.setenv("ROCM_SD_KERNELS", "compile")
+    assert config.refresh().kernels == "auto" and "ROCM_SD_KERNELS" in caplog.text
+    monkeypatch.setenv("ROCM_SD_KERNELS", "JIT")
+    assert config.refresh().kernels == "jit"
+    monkeypatch.delenv("ROCM_SD_KERNELS")
+    config.refresh()
+
+
+def test_ops_not_covered_give_their_reason_and_never_launch():
+    backend = JitBackend("cuda")
+    assert "group_norm launcher" in backend.group_norm_check(0, 0, 0, 0, 1, 1, 0, 1, 32, 1, 32, 1e-5, False, 0)
+    assert "attention launcher" in backend.attention_check(0, 0, 0, 0, 1, [1] * 5, [[1] * 3] * 4, 1.0, 0)
+    assert backend.attention_instances() == []
+    with pytest.raises(RuntimeError, match="group_norm"):
+        backend.group_norm_forward()
+    assert set(COVERED) >= {"bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm"}
+
+
+def test_forward_raises_the_check_before_anything_launches():
+    backend = JitBackend("cuda")
+    backend._device_facts[0] = (80, 32)
+    with pytest.raises(RuntimeError, match="misaligned"):
+        backend.geglu_forward(0x1001, 0x2000, 1, 4, 64, 0, 0)
+    with pytest.raises(RuntimeError, match="empty tensor"):
+        backend.layer_norm_forward(0x1000, 0x2000, 0, 0, 1, 1, 0, 64, 1e-5, 0, 0)
+
+
+def test_info_names_the_jit_and_its_cache(fake_gpu, monkeypatch, tmp_path):
+    from rocm_sd import cli
+
+    monkeypatch.setattr(JitBackend, "unavailable_reason", lambda self: None)
+    monkeypatch.setattr(JitBackend, "compiler", lambda self: type("C", (), {"label": "NVRTC (test)"})())
+    monkeypatch.setattr(_ext, "BUILT", None)
+    with config.override(kernels="auto", jit_cache=str(tmp_path)):
+        _ext.unavailable_reason(torch.device("cuda", 0))
+        _ext._C.compiles[("geglu", "sm_90")] = (0.25, False)
+        line = cli._kernel_source()
+    assert line.startswith("runtime-compiled (JIT) with NVRTC (test)") and str(tmp_path) in line
+    assert "geglu sm_90 0.2" in line

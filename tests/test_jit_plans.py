@@ -1,0 +1,134 @@
+"""The JIT backend's launch plans (rocm_sd/jit/plans.py) against the C++ launchers they mirror: each op's source
+is compiled by nvcc as host code into a driver that calls its checks and planning helpers (the anonymous-namespace
+ones too: the driver includes the .hip file) for many argument sets, with the device facts stubbed; Python gives
+its answers for the same sets. No GPU runs; nvcc is needed (the build checks' toolchain)."""
+import itertools
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from rocm_sd.jit import plans
+from rocm_sd.jit.launch import FastDiv
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.build
+
+SMS = (1, 80, 132, 304)
+WAVES = (32, 64)
+POINTERS = (0x10000, 0x10002, 0x10004, 0x10008, 0x10010)  # alignments 16 and less
+DTYPES = (0, 1, 2)
+
+STUBS = """
+#include <cstdio>
+#include <string>
+namespace rsd {
+int g_sms = 80, g_wave = 32;
+int device_attribute(int, Attr which, int fallback) {
+  return which == Attr::multiprocessors ? g_sms : which == Attr::wave_size ? g_wave : fallback;
+}
+DeviceGuard::DeviceGuard(int) {}
+DeviceGuard::~DeviceGuard() {}
+}  // namespace rsd
+using namespace rsd;
+static const void* P(unsigned long long p) { return reinterpret_cast<const void*>(p); }
+static void* M(unsigned long long p) { return reinterpret_cast<void*>(p); }
+static void out(const std::string& s) { std::printf("%s\\n", s.c_str()); }
+"""
+
+
+def run_driver(tmp_path, source: str, body: list[str]) -> list[str]:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        if os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"):
+            pytest.fail("nvcc not found (ROCM_SD_REQUIRE_BUILD_TOOLS is set)")
+        pytest.skip("nvcc not found")
+    driver = tmp_path / "driver.cu"
+    driver.write_text(f'#include "{ROOT / "hip" / source}"\n{STUBS}\nint main() {{\n' + "\n".join(body) + "\n}\n")
+    exe = tmp_path / "driver"
+    subprocess.run([nvcc, "-std=c++17", "-O0", f"-I{ROOT / 'hip' / 'include'}", "-arch=compute_80", "-code=compute_80",
+                    str(driver), "-o", str(exe)], check=True, capture_output=True, timeout=600)
+    return subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.splitlines()
+
+
+def compare(cpp: list[str], python: list[str]) -> None:
+    assert len(cpp) == len(python)
+    mismatches = [f"C++ {c!r} != Python {p!r}" for c, p in zip(cpp, python) if c != p]
+    assert not mismatches, f"{len(mismatches)} of {len(cpp)} differ:\n" + "\n".join(mismatches[:20])
+
+
+def test_shared_helpers_match_launch_h(tmp_path):
+    body, expected = [], []
+    for dtype, unit, a, b in itertools.product(DTYPES, (1, 2, 3, 4, 8, 12, 16, 77, 320), POINTERS, POINTERS):
+        body.append(f'out(std::to_string(widest_vec(DType({dtype}), {unit}, {{P({a}), P({b})}})));')
+        expected.append(str(plans.widest_vec(dtype, unit, (a, b))))
+    for sms, work, threads in itertools.product(SMS, (0, 1, 255, 256, 257, 10**5, 10**8), (64, 256)):
+        body.append(f"g_sms = {sms}; out(std::to_string(grid_stride_blocks(0, {work}LL, {threads})));")
+        expected.append(str(plans.grid_stride_blocks(sms, work, threads)))
+    for d in (1, 2, 3, 7, 64, 77, 320, 1000, 4096, 65535, 2**31 - 1, 2**31, 2**32 - 1):
+        body.append(f"{{ FastDiv f({d}u); out(std::to_string(f.divisor) + ' ' + std::to_string(f.multiplier) + ' ' + "
+                    f"std::to_string(f.shift)); }}")
+        fd = FastDiv.of(d)
+        expected.append(f"{fd.divisor} {fd.multiplier} {fd.shift}")
+    compare(run_driver(tmp_path, "geglu/geglu.hip", body), expected)
+
+
+def test_layer_norm_plan_matches_its_launcher(tmp_path):
+    body, expected = [], []
+    for wave, dtype, pdtype, c, x, res in itertools.product(WAVES, DTYPES, (0, 1, 2), (1, 3, 8, 77, 320, 768, 1280,
+                                                                                      2048, 4096, 8192, 20000),
+                                                            POINTERS[:4], (0, 0x20000, 0x20002)):
+        total = res + 0x100000 if res else 0
+        args = f"LayerNormArgs{{P({x}), M({x} + 0x40000), P(0), P(0), DType({dtype}), DType({pdtype}), 7, {c}, 1e-5f, " \
+               f"nullptr, 0, P({res}), M({total})}}"
+        body.append(f"{{ g_wave = {wave}; LayerNormArgs a = {args}; std::string why = layer_norm_check(a); "
+                    f"out(why.empty() ? std::to_string(pick_vec(a)) + ' ' + std::to_string(vecs_per_lane(a, "
+                    f"pick_vec(a))) : why); }}")
+        why = plans.layer_norm_check(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total)
+        if why:
+            expected.append(why)
+        else:
+            launch = plans.layer_norm_plan(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total)
+            vec, vecs = launch.expression.split(", ")[2:4]
+            # the launcher's switch sends every count beyond 8 to the 16-vector instance; the check caps it at 16
+            expected.append(f"{vec} {vecs}")
+    cpp = run_driver(tmp_path, "layer_norm/layer_norm.hip", body)
+    # the C++ prints vecs_per_lane itself (a power of two <= 16 once the check passed): the instance it launches
+    compare(cpp, expected)
+
+
+def test_quantize_rows_plan_matches_its_launcher(tmp_path):
+    body, expected = [], []
+    for dtype, fmt, k, x, q in itertools.product(DTYPES, (0, 1, 2, 5), (1, 3, 8, 64, 320, 5120), POINTERS, POINTERS):
+        args = f"QuantizeRowsArgs{{P({x}), M({q}), (float*)M(0x80000), DType({dtype}), QuantFormat({fmt}), 5, {k}, " \
+               f"nullptr, 0}}"
+        body.append(f"{{ QuantizeRowsArgs a = {args}; std::string why = quantize_rows_check(a); "
+                    f"out(why.empty() ? std::to_string(pick_vec(a)) : why); }}")
+        why = plans.quantize_rows_check(x, q, 0x80000, dtype, fmt, 5, k)
+        expected.append(why or plans.quantize_rows_plan(x, q, 0x80000, dtype, fmt, 5, k, 32).expression
+                        .rsplit(", ", 1)[1].rstrip(">"))
+    compare(run_driver(tmp_path, "quantize/quantize_rows.hip", body), expected)
+
+
+def test_elementwise_checks_match_their_launchers(tmp_path):
+    cases = {
+        "bias_residual/bias_residual.hip": [], "parity_shuffle/parity_shuffle.hip": [], "geglu/geglu.hip": []}
+    expected = {name: [] for name in cases}
+    for dtype, ptr, n, c, hw in itertools.product(DTYPES, POINTERS, (0, 1, 2), (0, 3, 320), (1, 4096, 2**25)):
+        cases["bias_residual/bias_residual.hip"].append(
+            f"out(bias_residual_check(BiasResidualArgs{{P({ptr}), P(0x30000), P(0x40000), M(0x50000), DType({dtype}), "
+            f"Layout::nchw, {n}, {c}, {hw}, 1.f, nullptr, 0}}));")
+        expected["bias_residual/bias_residual.hip"].append(
+            plans.bias_residual_check(ptr, 0x30000, 0x40000, 0x50000, dtype, 0, n, c, hw, 1.0))
+        cases["parity_shuffle/parity_shuffle.hip"].append(
+            f"out(parity_shuffle_check(ParityShuffleArgs{{P({ptr}), P(0), M(0x50000), DType({dtype}), {n}, {c}, {c}, "
+            f"{hw}, nullptr, 0}}));")
+        expected["parity_shuffle/parity_shuffle.hip"].append(
+            plans.parity_shuffle_check(ptr, 0, 0x50000, dtype, n, c, c, hw))
+        cases["geglu/geglu.hip"].append(
+            f"out(geglu_check(GegluArgs{{P({ptr}), M(0x50000), DType({dtype}), {n * c}, {hw}, nullptr, 0}}));")
+        expected["geglu/geglu.hip"].append(plans.geglu_check(ptr, 0x50000, dtype, n * c, hw))
+    for source, body in cases.items():
+        compare(run_driver(tmp_path, source, body), expected[source])
