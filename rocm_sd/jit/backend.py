@@ -17,6 +17,7 @@ from .cache import KernelCache, entry_key
 from .launch import Runtime
 
 log = logging.getLogger("rocm_sd")
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 # The ops whose launch decisions plans.py holds; add_layer_norm is layer_norm's residual form.
 COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm")
@@ -127,7 +128,11 @@ class JitBackend:
         if function is None:
             self._load(device, launch.unit)
             function = self._functions[(device, launch.expression)]
-        self.runtime().launch(function, launch.grid, launch.block, 0, stream, launch.signature, launch.args)
+        if _current_device() == device:
+            self.runtime().launch(function, launch.grid, launch.block, 0, stream, launch.signature, launch.args)
+        else:  # a function belongs to its device's context, as the C++ launchers' DeviceGuard knows
+            with torch.cuda.device(device):
+                self.runtime().launch(function, launch.grid, launch.block, 0, stream, launch.signature, launch.args)
 
     @staticmethod
     def _raise_if(why: str) -> None:

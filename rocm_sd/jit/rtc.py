@@ -171,12 +171,17 @@ def _load_nvrtc(candidates: list[str]) -> CtypesRtc:
 def _load_hiprtc() -> HipPythonRtc | CtypesRtc:
     try:
         from hip import hiprtc  # hip-python
-        return HipPythonRtc(hiprtc)
-    except ImportError as error:
-        missing_binding = str(error)
+
+        binding = HipPythonRtc(hiprtc)
+        binding.version()  # hip-python opens libhiprtc on first use: a missing library shows here, not mid-op
+        return binding
+    except Exception as error:  # ImportError, or hip-python's own error when it cannot open libhiprtc
+        missing_binding = f"hip-python: {error}"
     candidates = [p for p in (loaded_library("libhiprtc.so"),) if p]
     rocm = os.environ.get("ROCM_PATH", "/opt/rocm")
-    candidates += sorted(glob.glob(os.path.join(rocm, "lib", "libhiprtc.so*"))) + ["libhiprtc.so"]
+    for base in [rocm + "/lib", *(os.path.join(p, "torch", "lib") for p in sys.path)]:  # torch's ROCm wheel has one
+        candidates += sorted(glob.glob(os.path.join(base, "libhiprtc.so*")))
+    candidates.append("libhiprtc.so")
     for candidate in candidates:
         try:
             return CtypesRtc(ctypes.CDLL(candidate), "hiprtc", f"hiprtc ({candidate})")
