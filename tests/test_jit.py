@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rocm_sd import _ext, config
-from rocm_sd.jit import plans, rtc, sources
+from rocm_sd.jit import attention_plan, plans, rtc, sources
 from rocm_sd.jit.backend import COVERED, JitBackend
 from rocm_sd.jit.cache import KernelCache, entry_key
 
@@ -133,6 +133,20 @@ def test_every_planned_launch_names_a_compiled_instance():
                             args = (p, p, 0, 0, dtype, pdtype, 4, c, 1e-5, wave, residual, residual)
                             if not plans.layer_norm_check(*args):
                                 seen.add(plans.layer_norm_plan(*args))
+    for platform_, arch in (("cuda", "sm_90"), ("hip", "gfx942"), ("hip", "gfx1100"), ("hip", "gfx1201")):
+        for dtype in (1, 2):
+            for head_dim in range(8, 513, 8):
+                for q_len, kv_len in ((77, 77), (4096, 77), (4096, 4096), (1024, 1024)):
+                    sizes = [1, 2, q_len, kv_len, head_dim]
+                    strides = [[8 * 4096 * 1024, 1024, 512]] * 4
+                    args = (0x1000, 0x2000, 0x3000, 0x4000, dtype, sizes, strides, 0.125, platform_, arch)
+                    if not attention_plan.check(*args, 0):
+                        seen.add(attention_plan.plan(*args, 64, "")[0])
+            for inst in attention_plan.INSTANCES:  # every instance the tuner may name
+                args = (0x1000, 0x2000, 0x3000, 0x4000, dtype, [1, 2, 64, 64, inst.padded_dim],
+                        [[8 * 4096 * 1024, 1024, 512]] * 4, 0.125, platform_, arch)
+                if not attention_plan.check(*args, 0, inst.name):
+                    seen.add(attention_plan.plan(*args, 32, inst.name)[0])
     missing = [f"{launch.unit}: {launch.expression}" for launch in seen if launch.expression not in provided[launch.unit]]
     assert not missing, "\n".join(sorted(missing))
     assert {launch.unit for launch in seen} == set(sources.UNITS)
@@ -261,11 +275,23 @@ def test_the_setting_is_checked(monkeypatch, caplog):
 def test_ops_not_covered_give_their_reason_and_never_launch():
     backend = JitBackend("cuda")
     assert "group_norm launcher" in backend.group_norm_check(0, 0, 0, 0, 1, 1, 0, 1, 32, 1, 32, 1e-5, False, 0)
-    assert "attention launcher" in backend.attention_check(0, 0, 0, 0, 1, [1] * 5, [[1] * 3] * 4, 1.0, 0)
-    assert backend.attention_instances() == []
     with pytest.raises(RuntimeError, match="group_norm"):
         backend.group_norm_forward()
-    assert set(COVERED) >= {"bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm"}
+    assert set(COVERED) >= {"bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "attention"}
+
+
+def test_attention_instances_and_refusals():
+    backend = JitBackend("hip")
+    names = backend.attention_instances()
+    assert len(names) == len(set(names)) == 50 and "f16_d64_w4_r2_n64" in names and "bf16_d512_w4_r2_n16_wide" in names
+    assert backend.attention_refused_instances("gfx1100") == ["f16_d512_w4_r2_n16_wide", "bf16_d512_w4_r2_n16_wide"]
+    assert backend.attention_refused_instances("gfx942:sramecc+:xnack-") == []
+    backend._arches[0] = "gfx1201"
+    backend._device_facts[0] = (64, 32)
+    args = (0x1000, 0x2000, 0x3000, 0x4000, 1, [2, 8, 4096, 4096, 512], [[8 * 512 * 4096, 512, 512 * 0 + 64]] * 4,
+            0.125, 0)
+    assert "strides" not in backend.attention_check(*args)
+    assert backend.attention_describe(*args).startswith("f16_d512_w4_r1_n16_wide grid=256x8x2")  # r2 spills on RDNA
 
 
 def test_forward_raises_the_check_before_anything_launches():

@@ -39,17 +39,22 @@ static void out(const std::string& s) { std::printf("%s\\n", s.c_str()); }
 """
 
 
-def run_driver(tmp_path, source: str, body: list[str]) -> list[str]:
+def run_driver(tmp_path, source: str, body: list[str], extra: str = "", also: tuple = ()) -> list[str]:
+    """Builds and runs a driver that includes hip/<source> and runs `body` in main(); `also`: more sources
+    compiled beside it (their anonymous namespaces stay theirs)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         if os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"):
             pytest.fail("nvcc not found (ROCM_SD_REQUIRE_BUILD_TOOLS is set)")
         pytest.skip("nvcc not found")
     driver = tmp_path / "driver.cu"
-    driver.write_text(f'#include "{ROOT / "hip" / source}"\n{STUBS}\nint main() {{\n' + "\n".join(body) + "\n}\n")
+    driver.write_text(f'#include "{ROOT / "hip" / source}"\n{STUBS}\n{extra}\nint main() {{\n' + "\n".join(body)
+                      + "\n}\n")
     exe = tmp_path / "driver"
-    subprocess.run([nvcc, "-std=c++17", "-O0", f"-I{ROOT / 'hip' / 'include'}", "-arch=compute_80", "-code=compute_80",
-                    str(driver), "-o", str(exe)], check=True, capture_output=True, timeout=600)
+    result = subprocess.run([nvcc, "-std=c++17", "-O0", f"-I{ROOT / 'hip' / 'include'}", "-arch=compute_80",
+                             "-code=compute_80", "-x", "cu", str(driver), *[str(ROOT / "hip" / s) for s in also], "-o", str(exe)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
     return subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.splitlines()
 
 
@@ -132,3 +137,52 @@ def test_elementwise_checks_match_their_launchers(tmp_path):
         expected["geglu/geglu.hip"].append(plans.geglu_check(ptr, 0x50000, dtype, n * c, hw))
     for source, body in cases.items():
         compare(run_driver(tmp_path, source, body), expected[source])
+
+
+ATTENTION_STUBS = """
+namespace rsd {
+const char* g_arch = "sm_90";
+std::string device_info(int, DeviceInfo* out) { out->arch = g_arch; return std::string(); }
+}  // namespace rsd
+"""
+
+
+def test_attention_plan_matches_its_launcher(tmp_path):
+    """Checks, the instance the heuristic or a name picks, and the grid (attention_describe), for head dims, sequence
+    lengths, dtypes, strides, pointers, scales and named instances; the instance list in order. The driver is
+    built with nvcc, so its policy is NVIDIA's (sm_80+, and none below)."""
+    from rocm_sd.jit import attention_plan
+
+    body, expected = [], []
+    body.append("for (const auto& name : attention_instances()) out(name);")
+    expected += [inst.name for inst in attention_plan.INSTANCES]
+    cases = []
+    for arch, dtype, head_dim in itertools.product(("sm_90", "sm_75"), (0, 1, 2), (8, 40, 64, 72, 80, 88, 128, 160,
+                                                                                   168, 512, 520)):
+        for q_len, kv_len in ((77, 77), (4096, 77), (4096, 4096), (1024, 1024), (2048, 161)):
+            cases.append((arch, dtype, [2, 8, q_len, kv_len, head_dim], 0x1000, 512, 0.125, ""))
+    for arch, bad in itertools.product(("sm_90",), ("pointer", "stride", "scale", "nan", "empty")):
+        cases.append((arch, 1, [1, 2, 64, 64 if bad != "empty" else 0, 64], 0x1008 if bad == "pointer" else 0x1000,
+                      516 if bad == "stride" else 512, {"scale": -1.0, "nan": float("nan")}.get(bad, 0.125), ""))
+    for inst, dtype in itertools.product(attention_plan.INSTANCES[::3], (1, 2)):
+        cases.append(("sm_90", dtype, [1, 2, 300, 300, min(inst.padded_dim, 136)], 0x1000, 512, 0.125, inst.name))
+    cases.append(("sm_90", 1, [1, 2, 300, 300, 64], 0x1000, 512, 0.125, "no_such_instance"))
+    for arch, dtype, sizes, ptr, stride, scale, name in cases:
+        device = 0 if arch == "sm_90" else 1  # the C++ caches each device's matrix-unit policy
+        strides = [[8 * 4096 * 1024, stride, 64]] * 4
+        scale_text = "__builtin_nanf(\"\")" if scale != scale else repr(scale) + "f"
+        body.append(
+            f'{{ g_arch = "{arch}"; AttentionArgs a; a.q = P({ptr}); a.k = P(0x2000); a.v = P(0x3000); a.out = M(0x4000); '
+            f"a.dtype = DType({dtype}); a.batch = {sizes[0]}; a.heads = {sizes[1]}; a.q_len = {sizes[2]}; "
+            f"a.kv_len = {sizes[3]}; a.head_dim = {sizes[4]}; "
+            + "".join(f"a.{t}_stride[{i}] = {strides[0][i]};" for t in ("q", "k", "v", "out") for i in range(3))
+            + f' a.scale = {scale_text}; a.stream = nullptr; a.device = {device}; a.instance = "{name}"; '
+              f"out(attention_describe(a)); }}")
+        why = attention_plan.check(ptr, 0x2000, 0x3000, 0x4000, dtype, sizes, strides, scale, "cuda", arch, device, name)
+        if why:
+            expected.append("error: " + why)
+        else:
+            expected.append(attention_plan.describe(*attention_plan.plan(ptr, 0x2000, 0x3000, 0x4000, dtype, sizes,
+                                                                         strides, scale, "cuda", arch, 32, name)))
+    compare(run_driver(tmp_path, "attention/attention.hip", body, extra=ATTENTION_STUBS,
+                       also=["attention/attention_wide.hip"]), expected)

@@ -16,6 +16,10 @@
 // Head dims above 160 (the VAE's 512) run the wide family instead (attention_wide.hip), whose waves split
 // the head dim. Instances of both (padded head dim x block shape x dtype) are listed by
 // attention_instances() for the tuner; without one named, the heuristic in pick_instance() chooses.
+#include "rocm_sd/async_copy.h"
+#include "rocm_sd/attention/impl.h"
+#include "rocm_sd/attention/wave_mma.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -25,16 +29,16 @@
 #include <string>
 #include <vector>
 
-#include "rocm_sd/async_copy.h"
-#include "rocm_sd/attention/impl.h"
-#include "rocm_sd/attention/wave_mma.h"
 #include "rocm_sd/device.h"
 #include "rocm_sd/runtime.h"  // device_info
+#endif
 
 namespace rsd {
 namespace {
 
+#if !RSD_RTC
 using attn::Instance;
+#endif
 using attn::load_rows;
 using attn::Params;
 
@@ -192,6 +196,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
 
 // ---- instances ------------------------------------------------------------------------------------
 
+#if !RSD_RTC
 template <class T, int DP, int kWaves, int kRows, int kBlockN>
 void launch_instance(const AttentionArgs& a, int wave_size, hipStream_t stream) {
   const dim3 grid(unsigned(ceil_div(a.q_len, 16 * kRows * kWaves)), unsigned(a.heads), unsigned(a.batch));
@@ -315,8 +320,10 @@ const Instance* find_instance(const AttentionArgs& a, MatrixUnits units, std::st
 
 bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
 
+#endif  // !RSD_RTC
 }  // namespace
 
+#if !RSD_RTC
 std::vector<std::string> attention_instances() {
   std::vector<std::string> names;
   for (const Instance& inst : all_instances()) names.emplace_back(inst.name);
@@ -380,5 +387,7 @@ std::string attention_forward(const AttentionArgs& a) {
   if (err != hipSuccess) return std::string("attention launch failed: ") + hipGetErrorString(err);
   return std::string();
 }
+
+#endif  // !RSD_RTC
 
 }  // namespace rsd

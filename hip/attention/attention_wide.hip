@@ -16,11 +16,12 @@
 //
 // 16 keys a tile keep K + V + partials within the 48 KiB of static shared memory every target grants (and
 // the 64 KiB LDS of a CDNA CU); the instances differ in waves (dims a wave: 128 or 64) and query tiles.
-#include <algorithm>
-
 #include "rocm_sd/async_copy.h"
 #include "rocm_sd/attention/impl.h"
 #include "rocm_sd/attention/wave_mma.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
+#include <algorithm>
+#endif
 
 namespace rsd {
 namespace attn {
@@ -159,6 +160,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) wide_attention_kernel(const
 #endif
 }
 
+#if !RSD_RTC
 template <class T, int DP, int kWaves, int kRows>
 void launch_wide(const AttentionArgs& a, int wave_size, hipStream_t stream) {
   const dim3 grid(unsigned(ceil_div(a.q_len, 16 * kRows)), unsigned(a.heads), unsigned(a.batch));
@@ -176,12 +178,16 @@ void launch_wide(const AttentionArgs& a, int wave_size, hipStream_t stream) {
 // accumulators of both still fit in registers.
 const Instance kWide[] = {RSD_WIDE_SHAPE(512, 4, 1), RSD_WIDE_SHAPE(512, 8, 1), RSD_WIDE_SHAPE(512, 4, 2)};
 
+#endif  // !RSD_RTC
 }  // namespace
 
+#if !RSD_RTC
 const Instance* wide_instances(int* count) {
   *count = int(sizeof(kWide) / sizeof(kWide[0]));
   return kWide;
 }
+
+#endif  // !RSD_RTC
 
 }  // namespace attn
 }  // namespace rsd

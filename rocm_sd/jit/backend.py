@@ -12,16 +12,16 @@ import time
 import torch
 
 from .. import platform
-from . import plans, rtc, sources
+from . import attention_plan, plans, rtc, sources
 from .cache import KernelCache, entry_key
 from .launch import Runtime
 
 log = logging.getLogger("rocm_sd")
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
-# The ops whose launch decisions plans.py holds; add_layer_norm is layer_norm's residual form.
-COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm")
-NOT_COVERED = ("group_norm", "attention")
+# The ops whose launch decisions plans.py / attention_plan.py hold; add_layer_norm is layer_norm's residual form.
+COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm", "attention")
+NOT_COVERED = ("group_norm",)
 _NOT_COVERED_REASON = ("jit: the runtime-compiled backend has no {op} launcher yet (its path selection, workspace "
                        "and grid exchange live in the C++ launcher of _C); build _C for this GPU to run it")
 
@@ -36,6 +36,7 @@ class JitBackend:
         self._functions: dict[tuple[int, str], object] = {}  # (device, name expression) -> kernel handle
         self._modules: dict[tuple[int, str], dict[str, str]] = {}  # (device, unit) -> lowered names
         self._device_facts: dict[int, tuple[int, int]] = {}
+        self._arches: dict[int, str] = {}
         self._lock = threading.Lock()
         self.compiles: dict[tuple[str, str], tuple[float, bool]] = {}  # (unit, arch) -> (seconds, from cache)
 
@@ -115,7 +116,7 @@ class JitBackend:
         with self._lock:
             if (device, unit_name) in self._modules:
                 return
-            compiled, _ = self.compile_unit(unit_name, platform.device_arch(device))
+            compiled, _ = self.compile_unit(unit_name, self._arch(device))
             runtime = self.runtime()
             with torch.cuda.device(device):
                 module = runtime.load(compiled.code)
@@ -182,24 +183,40 @@ class JitBackend:
         self._run(device, plans.layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual,
                                                 sum), stream)
 
+    # ---- attention (hip/attention/attention.hip's launcher: attention_plan.py) ------------------------------------
+    def _arch(self, device: int) -> str:
+        arch = self._arches.get(device)
+        if arch is None:
+            arch = self._arches[device] = platform.device_arch(device)
+        return arch
+
+    def attention_instances(self):
+        return [inst.name for inst in attention_plan.INSTANCES]
+
+    def attention_refused_instances(self, arch):
+        units = attention_plan.matrix_units(self.platform, arch.split(":")[0])
+        return [inst.name for inst in attention_plan.INSTANCES if attention_plan.spills_on(units, inst)]
+
+    def attention_check(self, q, k, v, out, dtype, sizes, strides, scale, device, instance=""):
+        return attention_plan.check(q, k, v, out, dtype, sizes, strides, scale, self.platform, self._arch(device),
+                                    device, instance)
+
+    def attention_describe(self, q, k, v, out, dtype, sizes, strides, scale, device, instance=""):
+        why = self.attention_check(q, k, v, out, dtype, sizes, strides, scale, device, instance)
+        if why:
+            return "error: " + why
+        return attention_plan.describe(*attention_plan.plan(q, k, v, out, dtype, sizes, strides, scale, self.platform,
+                                                            self._arch(device), self._facts(device)[1], instance))
+
+    def attention_forward(self, q, k, v, out, dtype, sizes, strides, scale, stream, device, instance=""):
+        self._raise_if(self.attention_check(q, k, v, out, dtype, sizes, strides, scale, device, instance))
+        launch, _ = attention_plan.plan(q, k, v, out, dtype, sizes, strides, scale, self.platform, self._arch(device),
+                                        self._facts(device)[1], instance)
+        self._run(device, launch, stream)
+
     # ---- ops not covered: their checks give the reason, so dispatch falls back by the usual rule -----------------
     def group_norm_check(self, *args, **kwargs):
         return _NOT_COVERED_REASON.format(op="group_norm")
-
-    def attention_check(self, *args, **kwargs):
-        return _NOT_COVERED_REASON.format(op="attention")
-
-    def attention_describe(self, *args, **kwargs):
-        return "error: " + _NOT_COVERED_REASON.format(op="attention")
-
-    def group_norm_describe(self, *args, **kwargs):
-        return "error: " + _NOT_COVERED_REASON.format(op="group_norm")
-
-    def attention_instances(self):
-        return []
-
-    def attention_refused_instances(self, arch):
-        return []
 
     def _not_covered(self, op):
         raise RuntimeError(_NOT_COVERED_REASON.format(op=op))
@@ -210,5 +227,3 @@ class JitBackend:
     def group_norm_forward(self, *args, **kwargs):
         self._not_covered("group_norm")
 
-    def attention_forward(self, *args, **kwargs):
-        self._not_covered("attention")

@@ -26,9 +26,25 @@ class FastDiv(ctypes.Structure):
         return cls(d, ((1 << 32) * ((1 << shift) - d) // d + 1) & 0xFFFFFFFF, shift)
 
 
-# Kernel parameter types by the letters the launch plans use (plans.py): pointers, int64_t, int, float, and
-# rsd::FastDiv built from its divisor.
-CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float, "d": FastDiv.of}
+class AttentionParams(ctypes.Structure):
+    """rsd::attn::Params<T> (rocm_sd/attention/impl.h), the attention kernels' one argument, passed by value."""
+    _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("out", ctypes.c_void_p),
+                ("q_stride", ctypes.c_int64 * 3), ("k_stride", ctypes.c_int64 * 3), ("v_stride", ctypes.c_int64 * 3),
+                ("out_stride", ctypes.c_int64 * 3), ("q_len", ctypes.c_int), ("kv_len", ctypes.c_int),
+                ("head_dim", ctypes.c_int), ("scale_log2", ctypes.c_float)]
+
+    @classmethod
+    def of(cls, fields: tuple) -> "AttentionParams":
+        q, k, v, out, qs, ks, vs, os_, q_len, kv_len, head_dim, scale_log2 = fields
+        triple = ctypes.c_int64 * 3
+        return cls(q, k, v, out, triple(*qs), triple(*ks), triple(*vs), triple(*os_), q_len, kv_len, head_dim,
+                   scale_log2)
+
+
+# Kernel parameter types by the letters the launch plans use (plans.py): pointers, int64_t, int, float,
+# rsd::FastDiv built from its divisor, and the attention kernels' Params.
+CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float, "d": FastDiv.of,
+          "a": AttentionParams.of}
 
 
 class Runtime:
@@ -77,8 +93,10 @@ class Runtime:
         self.check(self._get(ctypes.byref(function), module, symbol.encode()), f"function lookup of {symbol}")
         return function
 
-    def launch(self, function, grid: int, block: int, shared: int, stream: int, signature: str, args) -> None:
-        """One launch of a 1-D grid; `signature` gives each argument's type (CTYPES letters)."""
+    def launch(self, function, grid, block: int, shared: int, stream: int, signature: str, args) -> None:
+        """One launch; `grid` is a block count or (x, y, z); `signature` gives each argument's type (CTYPES
+        letters)."""
+        gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
         values = [CTYPES[kind](arg) for kind, arg in zip(signature, args, strict=True)]
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        self.check(self._launch(function, grid, 1, 1, block, 1, 1, shared, stream, params, None), "kernel launch")
+        self.check(self._launch(function, gx, gy, gz, block, 1, 1, shared, stream, params, None), "kernel launch")

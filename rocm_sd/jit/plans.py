@@ -24,7 +24,7 @@ TWO_31 = 1 << 31
 class Launch:
     unit: str          # sources.UNITS key
     expression: str    # the template instance (a name expression of the unit)
-    grid: int
+    grid: int | tuple[int, int, int]
     signature: str     # kernel parameter types, launch.CTYPES letters
     args: tuple
     block: int = THREADS

@@ -60,6 +60,30 @@ def _layer_norm(t: str) -> tuple[str, ...]:
 # only its own type's).
 DTYPE_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
 
+# Attention instances (hip/attention/attention.hip's kNarrow, attention_wide.hip's kWide): padded head dim ->
+# (query tiles a wave, keys a tile) of the narrow family, all with 4 waves; the wide family's (waves, tiles).
+NARROW_SHAPES = {dp: [(rows, n) for rows in ((1, 2) if dp <= 80 else (1,)) for n in (64, 32)]
+                 for dp in (32, 48, 64, 80, 96, 128, 160)}
+WIDE_SHAPES = {512: [(4, 1), (8, 1), (4, 2)]}
+ATTENTION_TYPES = {1: "__half", 2: "rsd::bf16"}
+
+
+def _attention_units() -> dict[str, "Unit"]:
+    """A unit per dtype and padded head dim: a first call compiles the few instances its head dim can pick."""
+    units = {}
+    for code, t in ATTENTION_TYPES.items():
+        for dp, shapes in NARROW_SHAPES.items():
+            name = f"attention_{DTYPE_NAMES[code]}_d{dp}"
+            units[name] = Unit(name, "attention/attention.hip",
+                               tuple(f"rsd::attention_kernel<{t}, {dp}, 4, {rows}, {n}>" for rows, n in shapes))
+        for dp, shapes in WIDE_SHAPES.items():
+            name = f"attention_{DTYPE_NAMES[code]}_d{dp}"
+            units[name] = Unit(name, "attention/attention_wide.hip",
+                               tuple(f"rsd::attn::wide_attention_kernel<{t}, {dp}, {waves}, {rows}>"
+                                     for waves, rows in shapes))
+    return units
+
+
 UNITS = {
     "bias_residual": Unit("bias_residual", "bias_residual/bias_residual.hip",
                           _typed_vec("bias_residual_kernel", ("true", "false"))),
@@ -68,6 +92,7 @@ UNITS = {
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
     **{f"layer_norm_{DTYPE_NAMES[code]}": Unit(f"layer_norm_{DTYPE_NAMES[code]}", "layer_norm/layer_norm.hip",
                                                _layer_norm(t)) for code, t in TYPES.items()},
+    **_attention_units(),
 }
 
 

@@ -21,3 +21,24 @@ typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 #endif
+
+#if defined(__CUDACC_RTC__)
+// The one <type_traits> name the kernels use (hiprtc has it built in).
+namespace std {
+template <class A, class B>
+struct is_same {
+  static constexpr bool value = false;
+};
+template <class A>
+struct is_same<A, A> {
+  static constexpr bool value = true;
+};
+}  // namespace std
+#endif
+
+// <math.h>'s INFINITY (both compilers have the math functions built in, not the header's macros).
+#if defined(__CUDACC_RTC__) && !defined(INFINITY)
+#define INFINITY __int_as_float(0x7f800000)
+#elif defined(__HIPCC_RTC__) && !defined(INFINITY)
+#define INFINITY __builtin_huge_valf()
+#endif

@@ -5,14 +5,16 @@
 //                                512-dim mid-block attention), exchanging partial scores in shared memory.
 #pragma once
 
-#include <cstdint>
-
 #include "rocm_sd/async_copy.h"
-#include "rocm_sd/attention/api.h"
 #include "rocm_sd/attention/wave_mma.h"
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
+#include <cstdint>
+
+#include "rocm_sd/attention/api.h"
 #include "rocm_sd/launch.h"
+#endif
 
 namespace rsd {
 namespace attn {
@@ -28,6 +30,7 @@ struct Params {
   float scale_log2;  // scale * log2(e): the softmax runs on exp2
 };
 
+#if !RSD_RTC
 template <class T>
 Params<T> make_params(const AttentionArgs& a) {
   Params<T> p;
@@ -51,6 +54,8 @@ Params<T> make_params(const AttentionArgs& a) {
 // rows x DP elements from global (row stride `stride`, 16-byte vectors) into shared rows of LD elements,
 // asynchronously where the target can (compat.h). Rows at or past `valid` and columns at or past head_dim
 // are written as zeros: padding that Q K^T and P V then ignore, and finite V rows for a zero probability.
+#endif
+
 template <class T, int DP, int LD>
 __device__ __forceinline__ void load_rows(T* smem, const T* src, int64_t stride, int valid, int rows, int head_dim,
                                           int tid, int threads) {
@@ -129,6 +134,7 @@ __device__ __forceinline__ void store_output(T* o, int64_t row_stride, int query
 
 // One compiled kernel configuration, named by its parameters for the tuner:
 // "<dtype>_d<padded head dim>_w<waves>_r<16-query tiles a wave>_n<keys a tile>", wide ones "..._wide".
+#if !RSD_RTC
 struct Instance {
   const char* name;
   DType dtype;
@@ -139,6 +145,7 @@ struct Instance {
 
 // The wide family's instances (attention_wide.hip).
 const Instance* wide_instances(int* count);
+#endif
 
 }  // namespace attn
 }  // namespace rsd

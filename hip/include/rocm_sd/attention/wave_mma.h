@@ -27,10 +27,11 @@
 // product instead of keeping them in registers (hip/attention/attention.hip, kQRegisterLimit).
 #pragma once
 
-#include <type_traits>
-
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#if !RSD_RTC  // hiprtc has std::is_same built in, rocm_sd/rtc.h gives NVRTC one
+#include <type_traits>
+#endif
 
 #if defined(RSD_PLATFORM_CUDA)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
