@@ -61,9 +61,11 @@ def test_jit_is_bitwise_the_built_kernel(op, dtype, backends, monkeypatch):
     device, built, jit = backends
     spec = REGISTRY[op]
     cases = spec.samples(device, dtype) + extra_cases(op, device, dtype)
-    compared = 0
+    compared, refused = 0, []
     for args in cases:
-        if spec.supports(*args):  # e.g. a dtype the op does not take
+        reasons = spec.supports(*args)
+        if reasons:  # a dtype the op does not take (attention: float32); anything else fails below
+            refused += reasons
             continue
         reference = run_on(built, monkeypatch, spec.kernel, args)
         ours = run_on(jit, monkeypatch, spec.kernel, args)
@@ -72,4 +74,6 @@ def test_jit_is_bitwise_the_built_kernel(op, dtype, backends, monkeypatch):
             assert torch.equal(bits(a), bits(b)), \
                 f"{op} {dtype}: JIT differs from _C for shapes {[tuple(t.shape) for t in args if torch.is_tensor(t)]}"
         compared += 1
-    assert compared, f"{op} {dtype}: nothing compared"
+    if not compared and refused and all("float32" in r for r in refused):
+        pytest.skip(f"{op} takes no {dtype}: {refused[0]}")
+    assert compared, f"{op} {dtype}: nothing compared: {refused[:3]}"
