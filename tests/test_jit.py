@@ -315,3 +315,24 @@ def test_info_names_the_jit_and_its_cache(fake_gpu, monkeypatch, tmp_path):
         line = cli._kernel_source()
     assert line.startswith("runtime-compiled (JIT) with NVRTC (test)") and str(tmp_path) in line
     assert "geglu sm_90 0.2" in line
+
+
+def test_a_first_use_inside_graph_capture_says_so(monkeypatch, tmp_path):
+    """Loading a module is refused while a graph is captured: the error says to run the model once first."""
+    from rocm_sd.jit.launch import LaunchError
+
+    class Refusing:
+        def load(self, code):
+            raise LaunchError("module load failed: operation not permitted when stream is capturing (900)")
+
+    backend = JitBackend("cuda", KernelCache(tmp_path))
+    backend._arches[0] = "sm_90"
+    monkeypatch.setattr(backend, "compile_unit", lambda unit, arch: (compiled(), True))
+    monkeypatch.setattr(backend, "runtime", lambda: Refusing())
+    monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(LaunchError, match="graph was being captured.*run the model once"):
+        backend._load(0, "geglu")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with pytest.raises(LaunchError, match="^module load failed"):
+        backend._load(0, "geglu")

@@ -14,7 +14,7 @@ import torch
 from .. import platform
 from . import attention_plan, plans, rtc, sources
 from .cache import KernelCache, entry_key
-from .launch import Runtime
+from .launch import LaunchError, Runtime
 
 log = logging.getLogger("rocm_sd")
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
@@ -119,7 +119,14 @@ class JitBackend:
             compiled, _ = self.compile_unit(unit_name, self._arch(device))
             runtime = self.runtime()
             with torch.cuda.device(device):
-                module = runtime.load(compiled.code)
+                try:
+                    module = runtime.load(compiled.code)
+                except LaunchError as error:
+                    if torch.cuda.is_current_stream_capturing():  # loading a module is no stream work
+                        raise LaunchError(f"rocm_sd: the {unit_name} kernels were first needed while a CUDA / HIP "
+                                          f"graph was being captured, when they cannot be loaded ({error}); run the "
+                                          "model once before capturing (rocm_sd's own graphs do)") from error
+                    raise
                 for expression, symbol in compiled.lowered.items():
                     self._functions[(device, expression)] = runtime.function(module, symbol)
             self._modules[(device, unit_name)] = compiled.lowered
