@@ -137,7 +137,7 @@ def test_forge_gets_a_patched_clone_of_its_unet_patcher(webui, script):
             param.data.normal_(0, 0.2)
         original = comfy.model_patcher.ModelPatcher(base)
         p = SimpleNamespace(sd_model=SimpleNamespace(forge_objects=SimpleNamespace(unet=original)))
-        forge = script.RocmSdForge()
+        forge = script.RocmSdScript()
         forge.process_before_every_sampling(p)
         assert p.sd_model.forge_objects.unet is original  # not asked for: untouched
         webui["shared"].cmd_opts.rocm_sd = True
