@@ -105,6 +105,9 @@ def start_webui(webui: str, data_dir: str, device: str):
     initialize.check_versions()
     initialize.initialize()
     import modules
+    from modules import shared
+
+    shared.opts.live_previews_enable = False  # its "Approx NN" previewer would download a model
 
     return modules
 
