@@ -36,6 +36,7 @@ int pick_vec(const LayerNormArgs& a) { return widest_vec(a.dtype, a.c, {a.x, a.y
 // The quantized output is instantiated for 16-bit activations in 16-byte vectors only (SD's C = 320..1280):
 // every other call quantizes y with rocm_sd::quantize_rows instead (the op's check says so).
 constexpr int kQuantizeVec = 8;
+constexpr int kMaxQuantizedVecsPerLane = 8;
 
 struct QuantizedOut {
   uint8_t* q;
@@ -139,7 +140,9 @@ void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
     case 2: layer_norm_rows<T, P, VEC, 2, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
     case 4: layer_norm_rows<T, P, VEC, 4, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
     case 8: layer_norm_rows<T, P, VEC, 8, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
-    default: layer_norm_rows<T, P, VEC, 16, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
+    default:  // 16: the quantized rows are held to 8 vectors a lane (16 spill on RDNA3.5/4: layer_norm_check)
+      if constexpr (!kQuantize) layer_norm_rows<T, P, VEC, 16, kResidual, false><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo);
+      break;
   }
 }
 
@@ -191,6 +194,8 @@ std::string layer_norm_check(const LayerNormArgs& a) {
       return "unknown format code " + std::to_string(int(a.format));
     if (elem_bytes(a.dtype) != 2 || pick_vec(a) != kQuantizeVec || !aligned(a.q, kQuantizeVec) || !aligned(a.scale, 4))
       return "quantized output needs fp16/bf16 rows of a multiple of 8 channels, 16-byte aligned";
+    if (vecs_per_lane(a, kQuantizeVec) > kMaxQuantizedVecsPerLane)
+      return "quantized output: normalized size " + std::to_string(a.c) + " is over 8 vectors a lane";
   }
   for (const void* ptr : {a.x, static_cast<const void*>(a.y), a.residual, static_cast<const void*>(a.sum)})
     if (!aligned(ptr, elem_bytes(a.dtype))) return "misaligned data pointer";
