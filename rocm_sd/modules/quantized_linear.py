@@ -35,10 +35,11 @@ def new_model_call(*_) -> None:
     _call[0] += 1
 
 
-def _scope() -> tuple[int, bool]:
-    """The model call, and whether a graph is being captured: the warm-up calls before a capture are the same model
-    call, and their quantizations must not be baked into the graph either."""
-    return _call[0], torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+def _scope(x: torch.Tensor) -> tuple[int, bool]:
+    """The model call, and whether x's stream is being captured into a graph: the warm-up calls before a capture are
+    the same model call, and their quantizations must not be baked into the graph either. (Asked of GPU tensors
+    only: a CPU-only torch cannot answer, and a CPU tensor is never in a graph.)"""
+    return _call[0], x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _version(x: torch.Tensor) -> int | None:
@@ -56,7 +57,7 @@ def remember_rows(x: torch.Tensor, format: str, q: torch.Tensor, scale: torch.Te
         return
     version = _version(x)
     if version is not None or trusted:
-        setattr(x, _REMEMBERED, (format, version, _scope(), q, scale))
+        setattr(x, _REMEMBERED, (format, version, _scope(x), q, scale))
 
 
 def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -65,7 +66,7 @@ def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.T
     if memory is None or torch.compiler.is_compiling():
         return None
     kept_format, version, scope, q, scale = memory
-    return (q, scale) if kept_format == format and scope == _scope() and version == _version(x) else None
+    return (q, scale) if kept_format == format and scope == _scope(x) and version == _version(x) else None
 
 
 class RocmQuantizedLinear(nn.Module):
