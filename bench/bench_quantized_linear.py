@@ -1,23 +1,66 @@
-"""Per-shape microbenchmark of RocmQuantizedLinear against F.linear (eager calls in a loop, microseconds, host time
-included): python bench/bench_quantized_linear.py"""
-import torch, torch.nn.functional as F
-from rocm_sd.ops.quantize import quantize_rows, quantize_rows_kernel
-from rocm_sd.modules.quantized_linear import RocmQuantizedLinear
-def t(fn, n=50):
-    for _ in range(5): fn()
-    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-    torch.cuda.synchronize(); s.record()
-    for _ in range(n): fn()
-    e.record(); torch.cuda.synchronize(); return s.elapsed_time(e) / n * 1e3
-print("| M | K | N | fp16 linear us | quantize us | fp8 scaled_mm us | fp8 total | speed-up | int8 total |")
-for M, K, N in [(8192, 640, 640), (8192, 640, 5120), (8192, 2560, 640), (2048, 1280, 1280), (2048, 1280, 10240), (2048, 5120, 1280), (8192, 320, 320), (8192, 1280, 320), (154, 2048, 640)]:
-    x = torch.randn(M, K, device="cuda", dtype=torch.float16); w = torch.randn(N, K, device="cuda", dtype=torch.float16); b = torch.randn(N, device="cuda", dtype=torch.float16)
-    lin = t(lambda: F.linear(x, w, b))
+"""Per-shape microbenchmark of the 8-bit linear layers against F.linear: device time per call (microseconds), from a
+CUDA graph of 20 calls replayed, so host time does not hide the kernels (the pipelines replay graphs too).
+
+Columns: fp16 F.linear; quantize_rows alone; the layer's fp8 GEMM (torch._scaled_mm, row-wise scales) on quantized
+input; the same GEMM with one scale per tensor (what a static, calibrated activation scale would allow); the whole
+fp8 layer (quantize + GEMM); the whole int8 layer (torch._int_mm + dequantize).
+
+    python bench/bench_quantized_linear.py
+"""
+import torch
+import torch.nn.functional as F
+
+from rocm_sd.modules.quantized_linear import RocmQuantizedLinear, new_model_call
+from rocm_sd.ops.quantize import quantize_rows_kernel
+
+CALLS = 20
+
+
+def device_us(fn) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (5 * CALLS) * 1e3
+
+
+def fresh(layer, x):
+    new_model_call()  # the layer's input is quantized again on every call, as in a model call
+    return layer(x)
+
+
+# (M rows, K -> N): SDXL 1024 (batch 2 with CFG) and SD1.5 512 shapes of the attention projections, feed-forward
+# and proj_in / proj_out, and the text embedding's keys and values.
+SHAPES = [(8192, 640, 640), (8192, 640, 5120), (8192, 2560, 640), (2048, 1280, 1280), (2048, 1280, 10240),
+          (2048, 5120, 1280), (8192, 320, 320), (8192, 1280, 320), (154, 2048, 640)]
+
+print("| M | K | N | fp16 linear | quantize | fp8 GEMM row-wise | fp8 GEMM tensor-wise | fp8 layer | fp8 vs fp16 "
+      "| tensor-wise GEMM vs fp16 | int8 layer |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for m, k, n in SHAPES:
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, device="cuda", dtype=torch.float16)
+    linear = device_us(lambda: F.linear(x, w, b))
     layer = RocmQuantizedLinear(w, b, "e4m3fn").cuda()
-    q, s = quantize_rows_kernel(x, "e4m3fn")
-    qt = t(lambda: quantize_rows_kernel(x, "e4m3fn"))
-    mm = t(lambda: layer.matmul(q, s, torch.float16))
-    tot = t(lambda: layer(x))
-    l8 = RocmQuantizedLinear(w, b, "int8").cuda()
-    i8 = t(lambda: l8(x))
-    print(f"| {M} | {K} | {N} | {lin:.1f} | {qt:.1f} | {mm:.1f} | {tot:.1f} | {lin/tot:.2f} | {i8:.1f} |")
+    q, scale = quantize_rows_kernel(x, "e4m3fn")
+    quantize = device_us(lambda: quantize_rows_kernel(x, "e4m3fn"))
+    rowwise = device_us(lambda: layer.matmul(q, scale, torch.float16))
+    one = torch.ones((), device="cuda")
+    tensorwise = device_us(lambda: torch._scaled_mm(q, layer.weight_q.t(), scale_a=one, scale_b=one, bias=b,
+                                                    out_dtype=torch.float16))
+    whole = device_us(lambda: fresh(layer, x))
+    int8 = RocmQuantizedLinear(w, b, "int8").cuda()
+    whole_int8 = device_us(lambda: fresh(int8, x))
+    print(f"| {m} | {k} | {n} | {linear:.1f} | {quantize:.1f} | {rowwise:.1f} | {tensorwise:.1f} | {whole:.1f} "
+          f"| {linear / whole:.2f} | {linear / tensorwise:.2f} | {whole_int8:.1f} |", flush=True)

@@ -137,7 +137,7 @@ def test_forge_gets_a_patched_clone_of_its_unet_patcher(webui, script):
             param.data.normal_(0, 0.2)
         original = comfy.model_patcher.ModelPatcher(base)
         p = SimpleNamespace(sd_model=SimpleNamespace(forge_objects=SimpleNamespace(unet=original)))
-        forge = script.RocmSdForge()
+        forge = script.RocmSdScript()
         forge.process_before_every_sampling(p)
         assert p.sd_model.forge_objects.unet is original  # not asked for: untouched
         webui["shared"].cmd_opts.rocm_sd = True
@@ -159,3 +159,103 @@ def test_forge_gets_a_patched_clone_of_its_unet_patcher(webui, script):
         sys.path.remove(comfy_root)
         for name in [m for m in sys.modules if m == "comfy" or m.startswith("comfy.")]:
             del sys.modules[name]
+
+
+class _Upsample(torch.nn.Module):
+    """The VAE's Upsample as ldm writes it (nearest 2x, then a 3x3 conv)."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.with_conv, self.conv = True, torch.nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+_Upsample.__name__ = "Upsample"
+
+
+class _Block(torch.nn.Module):
+    """An ldm ResBlock's in_layers and a transformer block's LayerNorm, on a small UNet."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_layers = torch.nn.Sequential(torch.nn.GroupNorm(4, 8), torch.nn.SiLU(), torch.nn.Conv2d(8, 8, 3, padding=1))
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x, timesteps=None, context=None, y=None):
+        h = self.in_layers(x)
+        return self.norm(h.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def _tiny_sd_model():
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    model = SimpleNamespace(model=torch.nn.Module(), first_stage_model=torch.nn.Sequential(
+        torch.nn.GroupNorm(4, 8), _Upsample(8)))
+    model.model.diffusion_model = _Block()
+    for module in (model.model, model.first_stage_model):
+        for p in module.parameters():
+            p.data.normal_(0, 0.3)
+    return model
+
+
+def test_patch_sd_model_computes_the_same_and_reverts_exactly(webui, monkeypatch):
+    """patch/a1111.py on an ldm-shaped model: every feature swaps what it should, the outputs agree, LoRA's lazy
+    weight merge runs for the kernel-backed copies (the webui's patched forwards do it for its own), and revert puts
+    back the very modules."""
+    from types import SimpleNamespace
+
+    from rocm_sd.patch.a1111 import patch_sd_model
+
+    merged = []
+    monkeypatch.setitem(sys.modules, "networks", SimpleNamespace(
+        loaded_networks=[], network_apply_weights=lambda module: merged.append(type(module).__name__)))
+    model = _tiny_sd_model()
+    unet, vae = model.model.diffusion_model, model.first_stage_model
+    def tree():
+        return [("unet", n, m) for n, m in unet.named_modules()] + [("vae", n, m) for n, m in vae.named_modules()]
+
+    originals = tree()
+    x, z = torch.randn(2, 8, 6, 6), torch.randn(1, 8, 4, 4)
+    with torch.inference_mode():
+        expected = unet(x), vae(z)
+        record = patch_sd_model(model)
+        assert type(unet.in_layers[0]).__name__ == "RocmGroupNorm" and type(unet.in_layers[1]) is torch.nn.Identity
+        assert type(unet.norm).__name__ == "RocmLayerNorm" and type(unet.in_layers[2]).__name__ == "RocmConv2d"
+        assert type(vae[1]).__name__ == "RocmUpsample" and "forward" in unet.__dict__
+        got = unet(x), vae(z)
+        assert "RocmConv2d" in merged and "RocmGroupNorm" in merged
+        record.revert()
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    assert "forward" not in unet.__dict__
+    after = tree()
+    assert len(after) == len(originals) and all(a[:2] == b[:2] and a[2] is b[2] for a, b in zip(after, originals))
+
+
+def test_settings_apply_and_undo_follow_the_optimization(webui, script):
+    """The Settings checkboxes exist; apply() patches the loaded model, a checkbox change re-patches it without that
+    feature, undo() (another optimization selected) restores it."""
+    from modules import sd_models
+
+    shared = webui["shared"]
+    webui["callbacks"].ui_settings_callback()
+    assert {f"rocm_sd_{f}" for f in script.OPTIONS} <= set(shared.opts.data_labels)
+    model = _tiny_sd_model()
+    sd_models.model_data.sd_model = model
+    try:
+        option = script.SdOptimizationRocmSd()
+        option.apply()
+        assert type(model.model.diffusion_model.in_layers[2]).__name__ == "RocmConv2d"
+        shared.opts.set("rocm_sd_channels_last", False)
+        assert type(model.model.diffusion_model.in_layers[2]) is torch.nn.Conv2d
+        assert type(model.model.diffusion_model.in_layers[0]).__name__ == "RocmGroupNorm"
+        option.undo()
+        assert not any(type(m).__name__.startswith("Rocm") for m in model.model.modules())
+        webui["callbacks"].model_loaded_callback(model)  # not the optimization any more: left alone
+        assert not any(type(m).__name__.startswith("Rocm") for m in model.model.modules())
+    finally:
+        sd_models.model_data.sd_model = None
+        shared.opts.set("rocm_sd_channels_last", True)

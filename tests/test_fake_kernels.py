@@ -128,12 +128,31 @@ def case_linear_geglu(rng):
 
 def case_quantize_rows(rng):
     shape = (rng.randint(1, 3), rng.randint(0, 4), rng.randint(1, 9))[:rng.choice([1, 2, 3, 0])]
-    fmt = rng.choice(["e4m3fn", "e4m3fnuz", "int8", "int8", "fp4"])
-    return torch.ops.rocm_sd.quantize_rows, (_tensor(rng, shape, _dtype(rng)), fmt)
+    return torch.ops.rocm_sd.quantize_rows, (_tensor(rng, shape, _dtype(rng)), _format(rng))
+
+
+def _format(rng):
+    return rng.choice(["e4m3fn", "e4m3fnuz", "int8", "int8", "fp4"])
+
+
+def case_layer_norm_quantize_rows(rng):
+    op, args = case_layer_norm(rng)
+    return torch.ops.rocm_sd.layer_norm_quantize_rows, (*args, _format(rng))
+
+
+def case_add_layer_norm_quantize_rows(rng):
+    op, args = case_add_layer_norm(rng)
+    return torch.ops.rocm_sd.add_layer_norm_quantize_rows, (*args, _format(rng))
+
+
+def case_geglu_quantize_rows(rng):
+    op, args = case_geglu(rng)
+    return torch.ops.rocm_sd.geglu_quantize_rows, (*args, _format(rng))
 
 
 CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case_bias_residual, case_parity_shuffle,
-         case_attention, case_conv_bias_residual, case_linear_geglu, case_quantize_rows]
+         case_attention, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
+         case_add_layer_norm_quantize_rows, case_geglu_quantize_rows]
 
 
 def test_every_registered_op_is_fuzzed():

@@ -1,6 +1,7 @@
 """The runtime-compiled backend (rocm_sd/jit/) on the CPU: its disk cache (atomic entries, one compile under the
 lock, damaged entries moved aside, keys), the kernel sources and the instances they provide, NVRTC compiling
 every source for sm_80 / sm_90 (where libnvrtc is found), backend selection in _ext and its messages."""
+import itertools
 import multiprocessing
 import os
 import pathlib
@@ -123,14 +124,17 @@ def test_every_planned_launch_names_a_compiled_instance():
                 for layout in (0, 1):
                     seen.add(plans.bias_residual_plan(p, p, p, p, dtype, layout, 2, size, size, 1.0, 80))
                 seen.add(plans.parity_shuffle_plan(p, 0, p, dtype, 1, 4, 4, size, 80))
-                seen.add(plans.geglu_plan(p, p, dtype, 3, size, 80))
                 for q in pointers:
                     seen.add(plans.quantize_rows_plan(p, q, 0x1000, dtype, 0, 5, size, 32))
+                    for wave in (32, 64):
+                        seen.add(plans.geglu_plan(p, p, dtype, 3, size, 80, wave))
+                        if not plans.geglu_check(p, p, dtype, 3, size, q, 0x1000, 0):
+                            seen.add(plans.geglu_plan(p, p, dtype, 3, size, 80, wave, q, 0x1000, 0))
             for c in (1, 8, 77, 320, 768, 1280, 2048, 4096, 8192):
                 for wave in (32, 64):
                     for pdtype in {dtype, 0}:
-                        for residual in (0, 0x20000):
-                            args = (p, p, 0, 0, dtype, pdtype, 4, c, 1e-5, wave, residual, residual)
+                        for residual, q in itertools.product((0, 0x20000), (0, 0x30000)):
+                            args = (p, p, 0, 0, dtype, pdtype, 4, c, 1e-5, wave, residual, residual, q, q, 2)
                             if not plans.layer_norm_check(*args):
                                 seen.add(plans.layer_norm_plan(*args))
     for platform_, arch in (("cuda", "sm_90"), ("hip", "gfx942"), ("hip", "gfx1100"), ("hip", "gfx1201")):

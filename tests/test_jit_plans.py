@@ -82,26 +82,45 @@ def test_shared_helpers_match_launch_h(tmp_path):
 
 def test_layer_norm_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
-    for wave, dtype, pdtype, c, x, res in itertools.product(WAVES, DTYPES, (0, 1, 2), (1, 3, 8, 77, 320, 768, 1280,
-                                                                                      2048, 4096, 8192, 20000),
-                                                            POINTERS[:4], (0, 0x20000, 0x20002)):
+    quantized = ((0, 0, 0), (0x60000, 0x70000, 1), (0x60004, 0x70000, 2), (0x60000, 0, 0), (0x60000, 0x70000, 7))
+    for wave, dtype, pdtype, c, x, res, (q, scale, fmt) in itertools.product(
+            WAVES, DTYPES, (0, 1, 2), (1, 3, 8, 77, 320, 768, 1280, 2048, 4096, 8192, 20000), POINTERS[:4],
+            (0, 0x20000, 0x20002), quantized):
         total = res + 0x100000 if res else 0
         args = f"LayerNormArgs{{P({x}), M({x} + 0x40000), P(0), P(0), DType({dtype}), DType({pdtype}), 7, {c}, 1e-5f, " \
-               f"nullptr, 0, P({res}), M({total})}}"
+               f"nullptr, 0, P({res}), M({total}), M({q}), (float*)M({scale}), QuantFormat({fmt})}}"
+        # what the launcher decides: vector width, vectors a lane, and whether the quantizing instance runs
         body.append(f"{{ g_wave = {wave}; LayerNormArgs a = {args}; std::string why = layer_norm_check(a); "
                     f"out(why.empty() ? std::to_string(pick_vec(a)) + ' ' + std::to_string(vecs_per_lane(a, "
-                    f"pick_vec(a))) : why); }}")
-        why = plans.layer_norm_check(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total)
+                    f"pick_vec(a))) + (a.q && pick_vec(a) == kQuantizeVec ? \" q\" : \"\") : why); }}")
+        why = plans.layer_norm_check(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total, q, scale, fmt)
         if why:
             expected.append(why)
         else:
-            launch = plans.layer_norm_plan(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total)
-            vec, vecs = launch.expression.split(", ")[2:4]
-            # the launcher's switch sends every count beyond 8 to the 16-vector instance; the check caps it at 16
-            expected.append(f"{vec} {vecs}")
+            launch = plans.layer_norm_plan(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total, q, scale,
+                                           fmt)
+            vec, vecs, _, quantize = launch.expression.rstrip(">").split(", ")[2:6]
+            expected.append(f"{vec} {vecs}" + (" q" if quantize == "true" else ""))
+            assert launch.args[-1] == (q, scale, fmt)
     cpp = run_driver(tmp_path, "layer_norm/layer_norm.hip", body)
     # the C++ prints vecs_per_lane itself (a power of two <= 16 once the check passed): the instance it launches
     compare(cpp, expected)
+
+
+def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
+    body, expected = [], []
+    for dtype, d, x, q, scale, fmt in itertools.product(DTYPES, (1, 3, 8, 320, 1280), POINTERS, POINTERS,
+                                                        (0x80000, 0x80002, 0), (0, 2, 9)):
+        args = f"GegluArgs{{P({x}), M(0x50000), DType({dtype}), 5, {d}, nullptr, 0, M({q}), (float*)M({scale}), " \
+               f"QuantFormat({fmt})}}"
+        # geglu_forward's quantized branch narrows the vector width to q's alignment
+        body.append(f"{{ GegluArgs a = {args}; std::string why = geglu_check(a); int vec = widest_vec(a.dtype, a.d, "
+                    f"{{a.x, a.y}}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
+                    f"out(why.empty() ? std::to_string(vec) : why); }}")
+        why = plans.geglu_check(x, 0x50000, dtype, 5, d, q, scale, fmt)
+        expected.append(why or plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, 32, q, scale, fmt).expression
+                        .rsplit(", ", 1)[1].rstrip(">"))
+    compare(run_driver(tmp_path, "geglu/geglu.hip", body), expected)
 
 
 def test_quantize_rows_plan_matches_its_launcher(tmp_path):

@@ -8,7 +8,8 @@ from torch import nn
 
 import rocm_sd
 from rocm_sd import config, dispatch, models
-from rocm_sd.modules.quantized_linear import RocmQuantizedLinear
+from rocm_sd.modules import RocmGEGLU, RocmLayerNorm
+from rocm_sd.modules.quantized_linear import RocmQuantizedLinear, new_model_call
 from rocm_sd.ops.quantize import FORMATS, dequantize_rows, quantize_rows_ref
 from rocm_sd.patch import precision
 from tests.test_optimize import run_pipe
@@ -91,6 +92,57 @@ def test_patch_replaces_the_linears_and_revert_restores(monkeypatch, fmt, precis
     after = pipe.unet.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert torch.equal(run_pipe(pipe), reference)
+
+
+def test_an_input_is_quantized_once_for_every_layer_that_takes_it():
+    """to_q, to_k and to_v share one quantization of their input; an in-place write to it, or the next model call,
+    makes the next layer quantize again. The shared quantization is the one each layer would have made."""
+    layers = [RocmQuantizedLinear.from_module(nn.Linear(64, 32), "e4m3fn") for _ in range(3)]
+    x = torch.randn(2, 5, 64)
+    alone = [layer(x.clone()) for layer in layers]
+    dispatch.reset_stats()
+    with config.override(log_fallbacks=False):
+        shared = [layer(x) for layer in layers]
+        assert dispatch.stats()["quantize_rows"] == {"torch": 1}
+        assert all(torch.equal(a, b) for a, b in zip(alone, shared))
+        x.mul_(2)
+        assert torch.equal(layers[0](x), layers[0](x.clone()))
+        assert dispatch.stats()["quantize_rows"] == {"torch": 3}  # x changed: quantized again (and the clone)
+        layers[1](x)
+        new_model_call()
+        layers[2](x)
+        assert dispatch.stats()["quantize_rows"] == {"torch": 4}
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "int8"])
+def test_norms_and_geglu_quantize_for_the_layers_after_them(monkeypatch, fmt):
+    """Where every consumer of a rocm_sd LayerNorm or GEGLU is an 8-bit layer of the format, that kernel writes the
+    quantized output too and the layers quantize nothing: the same operands, so bit for bit the same images."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: (fmt, None))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8" if fmt != "int8" else "int8", channels_last=False)
+        producers = [m for m in pipe.unet.modules() if isinstance(m, (RocmLayerNorm, RocmGEGLU))]
+        fused = [m for m in producers if m.quantized_output == fmt]
+        blocks = sum(1 for m in pipe.unet.modules() if type(m).__name__ == "BasicTransformerBlock")
+        assert len(fused) == 4 * blocks and blocks > 0  # norm1, norm2, norm3 and the GEGLU of each block
+        report = rocm_sd.report(pipe)["unet"]
+        assert report[f"RocmLayerNorm writes {fmt}"] == 3 * blocks and report[f"RocmGEGLU writes {fmt}"] == blocks
+        dispatch.reset_stats()
+        with_fusion = run_pipe(pipe)
+        stats = dispatch.stats()
+        assert stats["geglu_quantize_rows"]["torch"] > 0 and stats["add_layer_norm_quantize_rows"]["torch"] > 0
+        quantizing = stats["quantize_rows"]["torch"]
+        for module in fused:
+            module.quantized_output = None
+        dispatch.reset_stats()
+        without = run_pipe(pipe)
+        assert dispatch.stats()["quantize_rows"]["torch"] > quantizing
+    assert torch.equal(with_fusion, without)
+    for module in fused:
+        module.quantized_output = fmt
+    rocm_sd.revert(pipe)
+    assert all("quantized_output" not in vars(m) for m in producers)
 
 
 # ------------------------------------------------------------------------------------------- GPU

@@ -7,8 +7,14 @@
 // elementwise kernels of the profile in bench/notes/sd15.md) and writes the gelu in between; here
 // each thread reads one vector of each half and writes one vector of y: 2 reads + 1 write per output
 // element, the least there is. Math in fp32, one rounding at the end (torch rounds twice).
+//
+// With q and scale (optimize(precision="fp8"/"int8")), one wave per row instead: it writes its row of y while
+// reducing max |y|, then reads the row back (its own writes, from cache; a 5120-wide row is 10 KB) and writes
+// the row quantized as rocm_sd::quantize_rows would: the output projection's 8-bit input without a pass over y
+// from memory.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#include "rocm_sd/quantize/encode.h"
 #if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
@@ -43,7 +49,48 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    geglu_rows_quantized(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ q, float* __restrict__ scale,
+                         int64_t rows, int64_t d, QuantFormat format) {
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / RSD_WAVE) + wave_id();
+  if (row >= rows) return;  // whole waves leave together
+  const int64_t vectors = d / VEC;
+  const T* in = x + row * 2 * d;
+  T* yr = y + row * d;
+  float amax = 0.f;
+  for (int64_t j = lane_id(); j < vectors; j += RSD_WAVE) {
+    const Vec<T, VEC> a = load_vec<T, VEC>(in + j * VEC);
+    const Vec<T, VEC> g = load_vec<T, VEC>(in + d + j * VEC);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      out.v[k] = from_float<T>(to_float(a.v[k]) * gelu_erf(to_float(g.v[k])));
+      amax = absmax_nan(amax, to_float(out.v[k]));  // of y as stored: quantize_rows(y)
+    }
+    store_vec(yr + j * VEC, out, false);
+  }
+  const float inv = row_scale(amax, format, scale + row);
+  uint8_t* qr = q + row * d;
+  for (int64_t j = lane_id(); j < vectors; j += RSD_WAVE)  // the same elements this lane wrote
+    store_vec(qr + j * VEC, encode_vec(load_vec<T, VEC>(yr + j * VEC), inv, format), false);
+}
+
 #if !RSD_RTC
+template <class T>
+void launch_quantized(const GegluArgs& a, int vec, hipStream_t stream) {
+  const unsigned blocks = unsigned(ceil_div(a.rows, kThreads / device_attribute(a.device, Attr::wave_size, 32)));
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  uint8_t* q = static_cast<uint8_t*>(a.q);
+  switch (vec) {
+    case 8: geglu_rows_quantized<T, 8><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
+    case 4: geglu_rows_quantized<T, 4><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
+    case 2: geglu_rows_quantized<T, 2><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
+    default: geglu_rows_quantized<T, 1><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
+  }
+}
+
 template <class T>
 void launch(const GegluArgs& a, int vec, unsigned blocks, int64_t vectors, FastDiv per_row, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
@@ -66,6 +113,13 @@ std::string geglu_check(const GegluArgs& a) {
   if (a.rows <= 0 || a.d <= 0) return "empty tensor";
   if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.y, elem_bytes(a.dtype))) return "misaligned data pointer";
   if (a.rows * a.d >= (int64_t(1) << 31)) return "2^31 or more output elements";
+  if ((a.q == nullptr) != (a.scale == nullptr)) return "q and scale come together";
+  if (a.q) {
+    if (a.format != QuantFormat::e4m3fn && a.format != QuantFormat::e4m3fnuz && a.format != QuantFormat::int8)
+      return "unknown format code " + std::to_string(int(a.format));
+    if (elem_bytes(a.dtype) != 2) return "quantized output needs fp16 or bf16 activations";
+    if (!aligned(a.scale, 4)) return "misaligned scale pointer";
+  }
   return std::string();
 }
 
@@ -74,15 +128,23 @@ std::string geglu_forward(const GegluArgs& a) {
   if (!why.empty()) return why;
   DeviceGuard guard(a.device);
   if (!guard.error().empty()) return guard.error();
-  const int vec = widest_vec(a.dtype, a.d, {a.x, a.y});  // D a multiple of vec keeps both halves aligned
-  const int64_t vectors = a.rows * a.d / vec;
-  const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
+  int vec = widest_vec(a.dtype, a.d, {a.x, a.y});  // D a multiple of vec keeps both halves aligned
   hipStream_t stream = static_cast<hipStream_t>(a.stream);
-  const FastDiv per_row(uint32_t(a.d / vec));
-  switch (a.dtype) {
-    case DType::f32: launch<float>(a, vec, blocks, vectors, per_row, stream); break;
-    case DType::f16: launch<__half>(a, vec, blocks, vectors, per_row, stream); break;
-    case DType::bf16: launch<bf16>(a, vec, blocks, vectors, per_row, stream); break;
+  if (a.q) {
+    while (vec > 1 && !aligned(a.q, vec)) vec /= 2;  // q's vectors are vec bytes
+    if (a.dtype == DType::f16)
+      launch_quantized<__half>(a, vec, stream);
+    else
+      launch_quantized<bf16>(a, vec, stream);
+  } else {
+    const int64_t vectors = a.rows * a.d / vec;
+    const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
+    const FastDiv per_row(uint32_t(a.d / vec));
+    switch (a.dtype) {
+      case DType::f32: launch<float>(a, vec, blocks, vectors, per_row, stream); break;
+      case DType::f16: launch<__half>(a, vec, blocks, vectors, per_row, stream); break;
+      case DType::bf16: launch<bf16>(a, vec, blocks, vectors, per_row, stream); break;
+    }
   }
   const hipError_t err = hipGetLastError();
   if (err != hipSuccess) return std::string("geglu launch failed: ") + hipGetErrorString(err);

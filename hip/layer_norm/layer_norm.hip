@@ -11,8 +11,13 @@
 // A wave loads its row once (up to kMaxVecsPerLane 16-byte vectors a lane), reduces the mean with
 // shuffles, then the variance about that mean from the same registers (two-pass: exact, no E[x^2]
 // cancellation), and writes the row: one read and one write, no shared memory, no block barrier.
+//
+// With q and scale (optimize(precision="fp8"/"int8")), the normalised row, still in registers, is also quantized
+// per row as rocm_sd::quantize_rows would quantize y: the 8-bit input of the projections that follow, without
+// a second pass over y.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#include "rocm_sd/quantize/encode.h"
 #if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
@@ -32,10 +37,22 @@ constexpr int kMaxVecsPerLane = 16;
 int pick_vec(const LayerNormArgs& a) { return widest_vec(a.dtype, a.c, {a.x, a.y, a.residual, a.sum}); }
 #endif
 
-template <class T, class P, int VEC, int VECS, bool kResidual>
+// The quantized output is instantiated for 16-bit activations in 16-byte vectors only (SD's C = 320..1280):
+// every other call quantizes y with rocm_sd::quantize_rows instead (the op's check says so).
+constexpr int kQuantizeVec = 8;
+constexpr int kMaxQuantizedVecsPerLane = 8;
+
+struct QuantizedOut {
+  uint8_t* q;
+  float* scale;
+  QuantFormat format;
+};
+
+template <class T, class P, int VEC, int VECS, bool kResidual, bool kQuantize>
 __global__ void __launch_bounds__(kThreads)
     layer_norm_rows(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ sum_out, T* __restrict__ y,
-                    const P* __restrict__ gamma, const P* __restrict__ beta, int64_t rows, int c, float eps) {
+                    const P* __restrict__ gamma, const P* __restrict__ beta, int64_t rows, int c, float eps,
+                    QuantizedOut quantized) {
   const int waves_per_block = kThreads / RSD_WAVE;
   const int64_t row = int64_t(blockIdx.x) * waves_per_block + wave_id();
   if (row >= rows) return;  // whole waves leave together: row is uniform within a wave
@@ -72,6 +89,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float rstd = rsqrtf(wave_sum(m2) / float(c) + eps);  // biased variance, as torch
   T* yr = y + row * c;
+  float amax = 0.f;
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = lane_id() + k * RSD_WAVE;
@@ -83,8 +101,19 @@ __global__ void __launch_bounds__(kThreads)
         const float g = gamma ? to_float(gamma[ch]) : 1.f;
         const float b = beta ? to_float(beta[ch]) : 0.f;
         out.v[e] = from_float<T>(fmaf((to_float(v[k].v[e]) - mean) * rstd, g, b));
+        if constexpr (kQuantize) amax = absmax_nan(amax, to_float(out.v[e]));  // of y as stored: quantize_rows(y)
       }
       store_vec(yr + j * VEC, out, false);
+      if constexpr (kQuantize) v[k] = out;
+    }
+  }
+  if constexpr (kQuantize) {
+    const float inv = row_scale(amax, quantized.format, quantized.scale + row);
+    uint8_t* qr = quantized.q + row * c;
+#pragma unroll
+    for (int k = 0; k < VECS; ++k) {
+      const int j = lane_id() + k * RSD_WAVE;
+      if (j < vectors) store_vec(qr + j * VEC, encode_vec(v[k], inv, quantized.format), false);
     }
   }
 }
@@ -99,7 +128,7 @@ int vecs_per_lane(const LayerNormArgs& a, int vec) {
   return count;
 }
 
-template <class T, class P, int VEC, bool kResidual>
+template <class T, class P, int VEC, bool kResidual, bool kQuantize>
 void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
   const int waves = kThreads / device_attribute(a.device, Attr::wave_size, 32);
   const unsigned blocks = unsigned((a.rows + waves - 1) / waves);
@@ -110,21 +139,32 @@ void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
   const P* g = static_cast<const P*>(a.gamma);
   const P* b = static_cast<const P*>(a.beta);
   const int c = int(a.c);
+  const QuantizedOut qo{static_cast<uint8_t*>(a.q), a.scale, a.format};
   switch (vecs) {
-    case 1: layer_norm_rows<T, P, VEC, 1, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
-    case 2: layer_norm_rows<T, P, VEC, 2, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
-    case 4: layer_norm_rows<T, P, VEC, 4, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
-    case 8: layer_norm_rows<T, P, VEC, 8, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
-    default: layer_norm_rows<T, P, VEC, 16, kResidual><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps); break;
+    case 1: layer_norm_rows<T, P, VEC, 1, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
+    case 2: layer_norm_rows<T, P, VEC, 2, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
+    case 4: layer_norm_rows<T, P, VEC, 4, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
+    case 8: layer_norm_rows<T, P, VEC, 8, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
+    default:  // 16: the quantized rows are held to 8 vectors a lane (16 spill on RDNA3.5/4: layer_norm_check)
+      if constexpr (!kQuantize) layer_norm_rows<T, P, VEC, 16, kResidual, false><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo);
+      break;
   }
+}
+
+template <class T, class P, int VEC, bool kResidual>
+void launch_quantized_or_not(const LayerNormArgs& a, int vecs, hipStream_t stream) {
+  if constexpr (VEC == kQuantizeVec && sizeof(T) == 2) {
+    if (a.q) return launch_vecs<T, P, VEC, kResidual, true>(a, vecs, stream);
+  }
+  launch_vecs<T, P, VEC, kResidual, false>(a, vecs, stream);
 }
 
 template <class T, class P, int VEC>
 void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
   if (a.residual)
-    launch_vecs<T, P, VEC, true>(a, vecs, stream);
+    launch_quantized_or_not<T, P, VEC, true>(a, vecs, stream);
   else
-    launch_vecs<T, P, VEC, false>(a, vecs, stream);
+    launch_quantized_or_not<T, P, VEC, false>(a, vecs, stream);
 }
 
 template <class T, class P>
@@ -155,6 +195,15 @@ std::string layer_norm_check(const LayerNormArgs& a) {
   if (a.rows <= 0 || a.c <= 0) return "empty tensor";
   if (a.param_dtype != a.dtype && a.param_dtype != DType::f32) return "weight/bias dtype must be the input's or float32";
   if ((a.residual == nullptr) != (a.sum == nullptr)) return "residual and sum come together";
+  if ((a.q == nullptr) != (a.scale == nullptr)) return "q and scale come together";
+  if (a.q) {
+    if (a.format != QuantFormat::e4m3fn && a.format != QuantFormat::e4m3fnuz && a.format != QuantFormat::int8)
+      return "unknown format code " + std::to_string(int(a.format));
+    if (elem_bytes(a.dtype) != 2 || pick_vec(a) != kQuantizeVec || !aligned(a.q, kQuantizeVec) || !aligned(a.scale, 4))
+      return "quantized output needs fp16/bf16 rows of a multiple of 8 channels, 16-byte aligned";
+    if (vecs_per_lane(a, kQuantizeVec) > kMaxQuantizedVecsPerLane)
+      return "quantized output: normalized size " + std::to_string(a.c) + " is over 8 vectors a lane";
+  }
   for (const void* ptr : {a.x, static_cast<const void*>(a.y), a.residual, static_cast<const void*>(a.sum)})
     if (!aligned(ptr, elem_bytes(a.dtype))) return "misaligned data pointer";
   if (a.rows * a.c >= (int64_t(1) << 40)) return "tensor too large";

@@ -36,19 +36,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) amax = absmax_nan(amax, to_float(v.v[e]));
   }
-  amax = wave_absmax(amax);
-  const float fmax = format_max(format);
-  const float clamped = amax < kMinAmax ? kMinAmax : amax;  // keeps a NaN
-  const float inv = fmax / clamped;
-  if (lane_id() == 0) scale[row] = clamped / fmax;
+  const float inv = row_scale(amax, format, scale + row);
   uint8_t* qr = q + row * k;
-  for (int64_t j = lane_id(); j < vectors; j += RSD_WAVE) {
-    const Vec<T, VEC> v = load_vec<T, VEC>(xr + j * VEC);
-    Vec<uint8_t, VEC> out;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) out.v[e] = encode(clamp_nan(to_float(v.v[e]) * inv, fmax), format);
-    store_vec(qr + j * VEC, out, false);
-  }
+  for (int64_t j = lane_id(); j < vectors; j += RSD_WAVE)
+    store_vec(qr + j * VEC, encode_vec(load_vec<T, VEC>(xr + j * VEC), inv, format), false);
 }
 
 #if !RSD_RTC

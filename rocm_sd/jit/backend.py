@@ -20,7 +20,8 @@ log = logging.getLogger("rocm_sd")
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 # The ops whose launch decisions plans.py / attention_plan.py hold; add_layer_norm is layer_norm's residual form.
-COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm", "attention")
+COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm", "attention",
+           "layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows")
 NOT_COVERED = ("group_norm",)
 _NOT_COVERED_REASON = ("jit: the runtime-compiled backend has no {op} launcher yet (its path selection, workspace "
                        "and grid exchange live in the C++ launcher of _C); build _C for this GPU to run it")
@@ -164,12 +165,12 @@ class JitBackend:
         self._run(device, plans.parity_shuffle_plan(parities, bias, out, dtype, n, h, w, c, self._facts(device)[0]),
                   stream)
 
-    def geglu_check(self, x, y, dtype, rows, d, device):
-        return plans.geglu_check(x, y, dtype, rows, d)
+    def geglu_check(self, x, y, dtype, rows, d, device, q=0, scale=0, format=0):
+        return plans.geglu_check(x, y, dtype, rows, d, q, scale, format)
 
-    def geglu_forward(self, x, y, dtype, rows, d, stream, device):
-        self._raise_if(plans.geglu_check(x, y, dtype, rows, d))
-        self._run(device, plans.geglu_plan(x, y, dtype, rows, d, self._facts(device)[0]), stream)
+    def geglu_forward(self, x, y, dtype, rows, d, stream, device, q=0, scale=0, format=0):
+        self._raise_if(plans.geglu_check(x, y, dtype, rows, d, q, scale, format))
+        self._run(device, plans.geglu_plan(x, y, dtype, rows, d, *self._facts(device), q, scale, format), stream)
 
     def quantize_rows_check(self, x, q, scale, dtype, format, rows, k, device):
         return plans.quantize_rows_check(x, q, scale, dtype, format, rows, k)
@@ -179,16 +180,18 @@ class JitBackend:
         self._run(device, plans.quantize_rows_plan(x, q, scale, dtype, format, rows, k, self._facts(device)[1]),
                   stream)
 
-    def layer_norm_check(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, device, residual=0, sum=0):
+    def layer_norm_check(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, device, residual=0, sum=0, q=0,
+                         scale=0, format=0):
         return plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, self._facts(device)[1],
-                                      residual, sum)
+                                      residual, sum, q, scale, format)
 
     def layer_norm_forward(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, stream, device, residual=0,
-                           sum=0):
+                           sum=0, q=0, scale=0, format=0):
         wave = self._facts(device)[1]
-        self._raise_if(plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual, sum))
-        self._run(device, plans.layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual,
-                                                sum), stream)
+        quantized = (residual, sum, q, scale, format)
+        self._raise_if(plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, *quantized))
+        self._run(device, plans.layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave,
+                                                *quantized), stream)
 
     # ---- attention (hip/attention/attention.hip's launcher: attention_plan.py) ------------------------------------
     def _arch(self, device: int) -> str:

@@ -26,6 +26,16 @@ class FastDiv(ctypes.Structure):
         return cls(d, ((1 << 32) * ((1 << shift) - d) // d + 1) & 0xFFFFFFFF, shift)
 
 
+class QuantizedOut(ctypes.Structure):
+    """rsd::QuantizedOut (hip/layer_norm/layer_norm.hip), passed by value: where LayerNorm writes its row quantized
+    (nullptrs when it does not) and the format code."""
+    _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("format", ctypes.c_int32)]
+
+    @classmethod
+    def of(cls, fields: tuple) -> "QuantizedOut":
+        return cls(*fields)
+
+
 class AttentionParams(ctypes.Structure):
     """rsd::attn::Params<T> (rocm_sd/attention/impl.h), the attention kernels' one argument, passed by value."""
     _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("out", ctypes.c_void_p),
@@ -42,9 +52,9 @@ class AttentionParams(ctypes.Structure):
 
 
 # Kernel parameter types by the letters the launch plans use (plans.py): pointers, int64_t, int, float,
-# rsd::FastDiv built from its divisor, and the attention kernels' Params.
+# rsd::FastDiv built from its divisor, LayerNorm's QuantizedOut and the attention kernels' Params.
 CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float, "d": FastDiv.of,
-          "a": AttentionParams.of}
+          "o": QuantizedOut.of, "a": AttentionParams.of}
 
 
 class Runtime:

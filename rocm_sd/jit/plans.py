@@ -18,6 +18,7 @@ THREADS = 256  # kThreads of every kernel here
 F32 = 0
 NCHW, NHWC = 0, 1
 TWO_31 = 1 << 31
+FORMAT_CODES = (0, 1, 2)  # rsd::QuantFormat: e4m3fn, e4m3fnuz, int8
 
 
 @dataclass(frozen=True)
@@ -104,27 +105,38 @@ def parity_shuffle_plan(parities, bias, out, dtype, n, h, w, c, sms) -> Launch:
 
 # ---- geglu (hip/geglu/geglu.hip) ----------------------------------------------------------------------------------
 
-def geglu_check(x, y, dtype, rows, d) -> str:
+def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0) -> str:
     if rows <= 0 or d <= 0:
         return "empty tensor"
     if not (aligned(x, elem_bytes(dtype)) and aligned(y, elem_bytes(dtype))):
         return "misaligned data pointer"
     if rows * d >= TWO_31:
         return "2^31 or more output elements"
+    if (q == 0) != (scale == 0):
+        return "q and scale come together"
+    if q:
+        if format not in FORMAT_CODES:
+            return f"unknown format code {format}"
+        if elem_bytes(dtype) != 2:
+            return "quantized output needs fp16 or bf16 activations"
+        if not aligned(scale, 4):
+            return "misaligned scale pointer"
     return ""
 
 
-def geglu_plan(x, y, dtype, rows, d, sms) -> Launch:
+def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0) -> Launch:
     vec = widest_vec(dtype, d, (x, y))
+    if q:  # geglu_forward's quantized branch: launch_quantized, one wave a row
+        while vec > 1 and not aligned(q, vec):
+            vec //= 2
+        return Launch("geglu", f"rsd::geglu_rows_quantized<{TYPES[dtype]}, {vec}>", ceil_div(rows, THREADS // wave),
+                      "ppppqqi", (x, y, q, scale, rows, d, format))
     vectors = rows * d // vec
     return Launch("geglu", f"rsd::geglu_kernel<{TYPES[dtype]}, {vec}>", grid_stride_blocks(sms, vectors, THREADS),
                   "ppqdq", (x, y, vectors, d // vec, d))
 
 
 # ---- quantize_rows (hip/quantize/quantize_rows.hip) ---------------------------------------------------------------
-
-FORMAT_CODES = (0, 1, 2)  # rsd::QuantFormat: e4m3fn, e4m3fnuz, int8
-
 
 def quantize_rows_check(x, q, scale, dtype, format, rows, k) -> str:
     if rows <= 0 or k <= 0:
@@ -149,6 +161,8 @@ def quantize_rows_plan(x, q, scale, dtype, format, rows, k, wave) -> Launch:
 # ---- layer_norm and add_layer_norm (hip/layer_norm/layer_norm.hip) ------------------------------------------------
 
 MAX_VECS_PER_LANE = 16
+QUANTIZE_VEC = 8  # kQuantizeVec: the quantized output's one vector width
+MAX_QUANTIZED_VECS_PER_LANE = 8
 
 
 def _layer_norm_vec(dtype, c, x, y, residual, sum_) -> int:
@@ -163,28 +177,42 @@ def _vecs_per_lane(c: int, vec: int, wave: int) -> int:
     return count
 
 
-def layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0) -> str:
+def layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0, q=0, scale=0,
+                     format=0) -> str:
     if rows <= 0 or c <= 0:
         return "empty tensor"
     if param_dtype != dtype and param_dtype != F32:
         return "weight/bias dtype must be the input's or float32"
     if (residual == 0) != (sum == 0):
         return "residual and sum come together"
+    if (q == 0) != (scale == 0):
+        return "q and scale come together"
+    vec = _layer_norm_vec(dtype, c, x, y, residual, sum)
+    if q:
+        if format not in FORMAT_CODES:
+            return f"unknown format code {format}"
+        if elem_bytes(dtype) != 2 or vec != QUANTIZE_VEC or not aligned(q, QUANTIZE_VEC) or not aligned(scale, 4):
+            return "quantized output needs fp16/bf16 rows of a multiple of 8 channels, 16-byte aligned"
+        if _vecs_per_lane(c, QUANTIZE_VEC, wave) > MAX_QUANTIZED_VECS_PER_LANE:
+            return f"quantized output: normalized size {c} is over 8 vectors a lane"
     if not all(aligned(p, elem_bytes(dtype)) for p in (x, y, residual, sum)):
         return "misaligned data pointer"
     if rows * c >= 1 << 40:
         return "tensor too large"
-    if _vecs_per_lane(c, _layer_norm_vec(dtype, c, x, y, residual, sum), wave) > MAX_VECS_PER_LANE:
+    if _vecs_per_lane(c, vec, wave) > MAX_VECS_PER_LANE:
         return f"normalized size {c} is too large for the one-wave-per-row kernel"
     return ""
 
 
-def layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0) -> Launch:
+def layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0, q=0, scale=0,
+                    format=0) -> Launch:
     vec = _layer_norm_vec(dtype, c, x, y, residual, sum)
     vecs = _vecs_per_lane(c, vec, wave)
     vecs = vecs if vecs in (1, 2, 4, 8) else 16  # the launcher's switch
     t = TYPES[dtype]
     p = "float" if param_dtype == F32 else t
-    flag = "true" if residual else "false"
-    return Launch(f"layer_norm_{DTYPE_NAMES[dtype]}", f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {flag}>",
-                  ceil_div(rows, THREADS // wave), "ppppppqif", (x, residual, sum, y, gamma, beta, rows, c, eps))
+    quantize = bool(q) and vec == QUANTIZE_VEC and elem_bytes(dtype) == 2  # launch_quantized_or_not
+    flags = f"{'true' if residual else 'false'}, {'true' if quantize else 'false'}"
+    return Launch(f"layer_norm_{DTYPE_NAMES[dtype]}", f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {flags}>",
+                  ceil_div(rows, THREADS // wave), "ppppppqifo",
+                  (x, residual, sum, y, gamma, beta, rows, c, eps, (q, scale, format)))

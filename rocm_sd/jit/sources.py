@@ -48,11 +48,15 @@ def _typed_vec(kernel: str, *extra: tuple) -> tuple[str, ...]:
 
 def _layer_norm(t: str) -> tuple[str, ...]:
     """Every instance for inputs of type `t`: params of the input's type or float32, 1..16 vectors a lane, with and
-    without the residual (add_layer_norm)."""
+    without the residual (add_layer_norm); for 16-bit inputs also the quantized output's (16-byte vectors, up to 8 a
+    lane: layer_norm.hip's launch_vecs)."""
     out = []
     for p in dict.fromkeys((t, "float")):
         for vec, vecs_per_lane, residual in itertools.product(VECS_BY_TYPE[t], (1, 2, 4, 8, 16), (False, True)):
-            out.append(f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs_per_lane}, {_bool(residual)}>")
+            out.append(f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs_per_lane}, {_bool(residual)}, false>")
+        if t != "float":
+            for vecs_per_lane, residual in itertools.product((1, 2, 4, 8), (False, True)):
+                out.append(f"rsd::layer_norm_rows<{t}, {p}, 8, {vecs_per_lane}, {_bool(residual)}, true>")
     return tuple(out)
 
 
@@ -88,7 +92,8 @@ UNITS = {
     "bias_residual": Unit("bias_residual", "bias_residual/bias_residual.hip",
                           _typed_vec("bias_residual_kernel", ("true", "false"))),
     "parity_shuffle": Unit("parity_shuffle", "parity_shuffle/parity_shuffle.hip", _typed_vec("parity_shuffle_kernel")),
-    "geglu": Unit("geglu", "geglu/geglu.hip", _typed_vec("geglu_kernel")),
+    "geglu": Unit("geglu", "geglu/geglu.hip", _typed_vec("geglu_kernel") + tuple(
+        f"rsd::geglu_rows_quantized<{t}, {vec}>" for t in ("__half", "rsd::bf16") for vec in VECS_BY_TYPE[t])),
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
     **{f"layer_norm_{DTYPE_NAMES[code]}": Unit(f"layer_norm_{DTYPE_NAMES[code]}", "layer_norm/layer_norm.hip",
                                                _layer_norm(t)) for code, t in TYPES.items()},

@@ -5,10 +5,17 @@ import torch
 from torch import nn
 
 from ..ops.layer_norm import layer_norm
+from ..ops.quantized_outputs import layer_norm_quantize_rows
+from .quantized_linear import remember_rows
 
 
 class RocmLayerNorm(nn.LayerNorm):
-    """Same parameters and state-dict keys as the nn.LayerNorm it replaces (shared, not copied)."""
+    """Same parameters and state-dict keys as the nn.LayerNorm it replaces (shared, not copied).
+
+    `quantized_output`: None, or the 8-bit format its every consumer multiplies in (patch/precision.py sets it): the
+    kernel then also writes its output quantized per row, which those layers take instead of quantizing it."""
+
+    quantized_output: str | None = None
 
     @classmethod
     def from_layer_norm(cls, module: nn.LayerNorm) -> "RocmLayerNorm":
@@ -21,4 +28,8 @@ class RocmLayerNorm(nn.LayerNorm):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm.call(x, self.weight, self.bias, self.eps)
+        if self.quantized_output is None:
+            return layer_norm.call(x, self.weight, self.bias, self.eps)
+        y, q, scale = layer_norm_quantize_rows.call(x, self.weight, self.bias, self.eps, self.quantized_output)
+        remember_rows(y, self.quantized_output, q, scale, trusted=True)
+        return y

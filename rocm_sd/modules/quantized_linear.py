@@ -9,6 +9,11 @@ the bias in its epilogue, writing the input's dtype:
 
 Off a GPU (and wherever those GEMMs cannot run) the same product is computed from the dequantized operands in fp32:
 the numbers a GPU gives up to accumulation order, which is how the CPU tests check the math.
+
+An input is quantized once, however many layers take it: its (q, scale) travel with the tensor (remember_rows),
+so attention's to_q / to_k / to_v share one quantization of the norm's output, and the cross-attention keys and
+values of every block one of the text embedding. The norms and the GEGLU in front of these layers write it
+themselves (ops/quantized_outputs.py; patch/precision.py says which), so most layers quantize nothing.
 """
 from __future__ import annotations
 
@@ -17,6 +22,51 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.quantize import FORMATS, dequantize_rows, quantize_rows, quantize_rows_ref
+
+
+_REMEMBERED = "_rocm_sd_quantized_rows"
+_call = [0]  # which model call a remembered quantization belongs to (new_model_call)
+
+
+def new_model_call(*_) -> None:
+    """Forgets every remembered quantization: a forward pre-hook of each quantized model. A quantization is only ever
+    used inside the model call that made it, so inside one captured graph, where replays recompute it: one kept
+    from an earlier call would be read at its old address by every replay, never refreshed."""
+    _call[0] += 1
+
+
+def _scope(x: torch.Tensor) -> tuple[int, bool]:
+    """The model call, and whether x's stream is being captured into a graph: the warm-up calls before a capture are
+    the same model call, and their quantizations must not be baked into the graph either. (Asked of GPU tensors
+    only: a CPU-only torch cannot answer, and a CPU tensor is never in a graph.)"""
+    return _call[0], x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _version(x: torch.Tensor) -> int | None:
+    try:
+        return x._version
+    except RuntimeError:  # an inference tensor (ComfyUI samples in inference mode) has no version counter
+        return None
+
+
+def remember_rows(x: torch.Tensor, format: str, q: torch.Tensor, scale: torch.Tensor, trusted: bool = False) -> None:
+    """Keeps x's per-row quantization on x for the next layers that take x in this model call, while x is unchanged:
+    an in-place write bumps its version and the memory is ignored. Inference tensors have no version; their quantization is kept
+    only when `trusted` (a norm or GEGLU whose every consumer is a quantized layer: patch/precision.py)."""
+    if torch.compiler.is_compiling():
+        return
+    version = _version(x)
+    if version is not None or trusted:
+        setattr(x, _REMEMBERED, (format, version, _scope(x), q, scale))
+
+
+def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(q, scale) of x in `format` as remember_rows kept it, if x has not changed since."""
+    memory = getattr(x, _REMEMBERED, None)
+    if memory is None or torch.compiler.is_compiling():
+        return None
+    kept_format, version, scope, q, scale = memory
+    return (q, scale) if kept_format == format and scope == _scope(x) and version == _version(x) else None
 
 
 class RocmQuantizedLinear(nn.Module):
@@ -47,16 +97,20 @@ class RocmQuantizedLinear(nn.Module):
             if x.dim() != 4:
                 raise ValueError(f"RocmQuantizedLinear (1x1 convolution): input of shape {tuple(x.shape)} is not 4-D")
             rows = x.permute(0, 2, 3, 1)  # a view for channels_last input, which the convolution patches keep
-            return self._rows(rows.reshape(-1, self.in_features)).view(*rows.shape[:-1], -1).permute(0, 3, 1, 2)
+            return self._rows(x, rows.reshape(-1, self.in_features)).view(*rows.shape[:-1], -1).permute(0, 3, 1, 2)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"RocmQuantizedLinear: input of shape {tuple(x.shape)} does not end in "
                              f"{self.in_features} features")
-        return self._rows(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+        return self._rows(x, x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        q, scale = quantize_rows.call(x, self.format)
-        return self.matmul(q, scale, x.dtype)
+    def _rows(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The layer on `rows` (x's rows, a view or a copy), with x's remembered quantization if it has one."""
+        quantized = remembered_rows(x, self.format)
+        if quantized is None:
+            quantized = quantize_rows.call(rows.contiguous(), self.format)
+            remember_rows(x, self.format, *quantized)
+        q, scale = quantized
+        return self.matmul(q.reshape(rows.shape), scale.reshape(rows.shape[0]), x.dtype)
 
     def matmul(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """(q * scale) @ (weight_q * weight_scale).T + bias in `dtype`, from already quantized rows."""

@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from ..ops.layer_norm import add_layer_norm
+from ..ops.quantized_outputs import add_layer_norm_quantize_rows
 from .fusing import called_plainly
 from .layer_norm import RocmLayerNorm
+from .quantized_linear import remember_rows
 
 
 def fusable(block: nn.Module) -> bool:
@@ -32,7 +34,12 @@ def _add_norm(norm: RocmLayerNorm, x: torch.Tensor, residual: torch.Tensor) -> t
     if x.shape != residual.shape:  # a broadcasting add: leave it to torch
         total = x + residual
         return total, norm(total)
-    return add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
+    if norm.quantized_output is None:
+        return add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
+    total, y, q, scale = add_layer_norm_quantize_rows.call(x, residual, norm.weight, norm.bias, norm.eps,
+                                                           norm.quantized_output)
+    remember_rows(y, norm.quantized_output, q, scale, trusted=True)
+    return total, y
 
 
 def transformer_block_forward(self, hidden_states: torch.Tensor, attention_mask=None, encoder_hidden_states=None,

@@ -5,5 +5,5 @@ that lists the ops (the tuner, `info`, the opcheck and fake-kernel tests). The o
 `rocm_sd.ops.<module>.<op>` (e.g. rocm_sd.ops.group_norm.group_norm), or REGISTRY[name].op.
 """
 from . import (attention, bias_residual, conv_bias_residual, geglu, group_norm, layer_norm,  # noqa: F401
-               linear_geglu, parity_shuffle, quantize)
+               linear_geglu, parity_shuffle, quantize, quantized_outputs)
 from .spec import REGISTRY, OpSpec, Plan  # noqa: F401

@@ -48,11 +48,15 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.unsqueeze(-1)
 
 
+def check_format(op: str, format: str) -> None:
+    if format not in FORMATS:
+        fail(op, f"format {format!r} is not one of {', '.join(FORMATS)}")
+
+
 def check_args(x: torch.Tensor, format: str) -> None:
     check_floating(OP, input=x)
     check_min_dims(OP, x, 1, "(..., K)")
-    if format not in FORMATS:
-        fail(OP, f"format {format!r} is not one of {', '.join(FORMATS)}")
+    check_format(OP, format)
 
 
 def input_reasons(x: torch.Tensor) -> list[str]:
@@ -64,7 +68,8 @@ def input_reasons(x: torch.Tensor) -> list[str]:
     return reasons
 
 
-def _outputs(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantized_like(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (q, scale) for x (..., K) quantized per row: what every op with a quantized output allocates."""
     return (torch.empty(x.shape, dtype=FORMATS[format][1], device=x.device),
             torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device))
 
@@ -82,14 +87,14 @@ def supports(x: torch.Tensor, format: str) -> list[str]:
 
 def quantize_rows_kernel(x: torch.Tensor, format: str, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The HIP kernel itself, no dispatch; `out`: (q, scale) to write into."""
-    q, scale = _outputs(x, format) if out is None else out
+    q, scale = quantized_like(x, format) if out is None else out
     _ext._C.quantize_rows_forward(*_kernel_args(x, q, scale, format), stream_handle(x.device), x.device.index)
     return q, scale
 
 
 def _fake(x, format):
     check_args(x, format)
-    return _outputs(x, format)
+    return quantized_like(x, format)
 
 
 def _key(x, format) -> str:

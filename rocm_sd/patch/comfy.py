@@ -7,15 +7,12 @@ per-model `optimized_attention_override` or as attn1/attn2 replace patches.
 """
 from __future__ import annotations
 
-from torch import nn
-
 from ..checkpoints import architecture_for
 from ..modules.attention import heads_first, heads_last, spatial_attention
 from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
 from .comfy_graph import install_graphs, install_step_cache
 from ..modules.step_cache import ComfyStepCache
-from ..modules.host_copies import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
-from ..modules.upsample import conv_foldable
+from . import ldm_swaps
 
 
 def _host_casts(module) -> bool:
@@ -24,66 +21,21 @@ def _host_casts(module) -> bool:
                 or getattr(module, "bias_function", None))
 
 
-# ---- which modules are which in ComfyUI's models -----------------------------------------------------------
+# ---- which modules are which: patch/ldm_swaps.py, with ComfyUI's own path for weights it casts per call -------
 
 def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[str, object]:
-    """{dotted path under root: replacement} for the norms of a ComfyUI UNet or VAE.
-
-    A GroupNorm directly followed by nn.SiLU inside an nn.Sequential is run as one fused call, with the
-    SiLU replaced by Identity, except in a ResBlock's out_layers when it uses scale-shift norm (there the
-    SiLU comes after the scale and shift). So are the VAE ResnetBlock's norm1 and norm2, whose forward
-    applies its `swish` module right after each and nowhere else when the block has no time embedding
-    (no `temb_proj`: the VAE's blocks). Every other GroupNorm, and every LayerNorm, is swapped alone.
-    """
-    swaps: dict[str, object] = {}
-    if group_norm:
-        for parent_name, parent in root.named_modules():
-            scale_shift = getattr(parent, "use_scale_shift_norm", False)
-            for seq_name, seq in parent.named_children():
-                if not isinstance(seq, nn.Sequential) or (scale_shift and seq_name == "out_layers"):
-                    continue
-                path = f"{parent_name}.{seq_name}" if parent_name else seq_name
-                items = list(seq.named_children())
-                for (name, module), (next_name, following) in zip(items, items[1:]):
-                    if isinstance(module, nn.GroupNorm) and type(following) is nn.SiLU:
-                        swaps[f"{path}.{name}"] = group_norm_copy(module, "silu", _host_casts)
-                        swaps[f"{path}.{next_name}"] = nn.Identity()
-        for name, block in root.named_modules():
-            norms = [getattr(block, n, None) for n in ("norm1", "norm2")]
-            if (type(getattr(block, "swish", None)) is nn.SiLU and not hasattr(block, "temb_proj")
-                    and all(isinstance(norm, nn.GroupNorm) for norm in norms)):
-                prefix = f"{name}." if name else ""
-                swaps[prefix + "norm1"] = group_norm_copy(norms[0], "silu", _host_casts)
-                swaps[prefix + "norm2"] = group_norm_copy(norms[1], "silu", _host_casts)
-                swaps[prefix + "swish"] = nn.Identity()
-        for name, module in root.named_modules():
-            if isinstance(module, nn.GroupNorm) and name not in swaps:
-                swaps[name] = group_norm_copy(module, None, _host_casts)
-    if layer_norm:
-        for name, module in root.named_modules():
-            if isinstance(module, nn.LayerNorm):
-                swaps[name] = layer_norm_copy(module, _host_casts)
-    return swaps
+    """ldm_swaps.norm_swaps for a ComfyUI UNet or VAE."""
+    return ldm_swaps.norm_swaps(root, group_norm, layer_norm, host_path=_host_casts)
 
 
 def upsample_swaps(root) -> dict[str, object]:
-    """{dotted path: replacement} for the VAE's Upsample modules (nearest 2x interpolation, then a 3x3 `conv`
-    when `with_conv`): the folded 2x2 convolution of modules/upsample.py. Weights ComfyUI casts per call take its
-    own forward."""
-    return {name: upsample_copy(module, _host_casts) for name, module in root.named_modules()
-            if type(module).__name__ == "Upsample" and getattr(module, "with_conv", False)
-            and conv_foldable(getattr(module, "conv", None))}
+    """ldm_swaps.upsample_swaps for a ComfyUI VAE."""
+    return ldm_swaps.upsample_swaps(root, host_path=_host_casts)
 
 
 def conv_swaps(root, skip: dict | None = None) -> dict[str, object]:
-    """{dotted path: replacement} for every 2-D convolution of a ComfyUI UNet or VAE: the same convolution on a
-    channels_last view of its weight (modules/host_copies.py), so that the model's activations run NHWC. ComfyUI keeps
-    its models NCHW, and on NCHW tensors cuDNN's and MIOpen's fast convolutions transpose every input, output
-    and filter (bench/notes/comfyui.md). Convolutions under a
-    path in `skip` (modules swapped whole, such as the folded upsamplers) are left to their owner."""
-    skip = skip or {}
-    return {name: conv_channels_last_copy(module, _host_casts) for name, module in root.named_modules()
-            if isinstance(module, nn.Conv2d) and not any(name.startswith(owner + ".") for owner in skip)}
+    """ldm_swaps.conv_swaps for a ComfyUI UNet or VAE."""
+    return ldm_swaps.conv_swaps(root, skip, host_path=_host_casts)
 
 
 def model_architecture(patcher) -> str:

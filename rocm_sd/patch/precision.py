@@ -13,8 +13,10 @@ import torch
 from torch import nn
 
 from .. import platform
+from ..modules.geglu import RocmGEGLU
+from ..modules.layer_norm import RocmLayerNorm
 from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
-from ..modules.quantized_linear import RocmQuantizedLinear
+from ..modules.quantized_linear import RocmQuantizedLinear, new_model_call
 from ..ops.quantize import fp8_format
 from .core import PatchRecord
 
@@ -89,3 +91,35 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         record.on_revert(module.to, device)  # the fp16 weights come back to the GPU with the module
         module.to("cpu")
         record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1
+    if targets:
+        record.add_hook(model.register_forward_pre_hook(new_model_call))
+        quantize_in_producers(model, record, fmt)
+
+
+def _consumers(block: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:
+    """(producer, the layers that take its output) in a diffusers BasicTransformerBlock: norm1 feeds self-attention's
+    projections, norm2 cross-attention's query, norm3 the feed-forward's GEGLU, whose output feeds ff.net[2]."""
+    attn1, attn2, ff = block.attn1, getattr(block, "attn2", None), block.ff
+    if getattr(attn1, "fused_projections", False):
+        self_attention = [attn1.to_qkv] if not block.only_cross_attention else [attn1.to_q]
+    else:
+        self_attention = [attn1.to_q] + ([] if block.only_cross_attention else [attn1.to_k, attn1.to_v])
+    pairs = [(block.norm1, self_attention), (block.norm3, [getattr(ff.net[0], "proj", None)]),
+             (ff.net[0], [ff.net[2]] if len(ff.net) > 2 else [])]
+    if attn2 is not None:
+        pairs.append((block.norm2, [attn2.to_q]))
+    return pairs
+
+
+def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> None:
+    """Where every layer taking a rocm_sd LayerNorm's or GEGLU's output is an 8-bit GEMM of `fmt`, that kernel writes
+    the quantized output too (ops/quantized_outputs.py) and the GEMMs quantize nothing."""
+    for block in model.modules():
+        if not all(hasattr(block, name) for name in ("norm1", "attn1", "norm3", "ff", "only_cross_attention")):
+            continue
+        for producer, consumers in _consumers(block):
+            if (isinstance(producer, (RocmLayerNorm, RocmGEGLU)) and consumers
+                    and all(isinstance(c, RocmQuantizedLinear) and c.format == fmt for c in consumers)):
+                producer.quantized_output = fmt
+                record.on_revert(delattr, producer, "quantized_output")
+                record.counts[f"{type(producer).__name__} writes {fmt}"] += 1

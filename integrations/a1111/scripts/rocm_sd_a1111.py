@@ -1,13 +1,18 @@
 """rocm_sd for AUTOMATIC1111: a cross-attention optimization named "rocm_sd" (Settings > Optimizations, or
---rocm-sd with "Automatic"), registered through script_callbacks.on_list_optimizers.
+--rocm-sd with "Automatic"), registered through script_callbacks.on_list_optimizers, and a Settings section
+"rocm_sd" with one checkbox per feature.
 
-apply() points ldm's and sgm's CrossAttention.forward (SD1.x/2.x and SDXL) and the VAE's AttnBlock.forward at
-rocm_sd's attention, computing what the webui's own SDP optimization computes: hypernetworks still act on
-the keys' and values' context, and the "upcast cross attention layer to float32" setting is honoured.
-undo() is SdOptimization's own, which restores the webui's forwards. On Forge, which never applies
-SdOptimizations, RocmSdForge patches a clone of the UNet patcher before each sampling instead. A thin shim: the attention itself
-is rocm_sd.ops.attention's scaled_dot_product_attention (rocm_sd's kernel where tuned faster, else PyTorch SDPA). Without rocm_sd nothing is registered,
-and one log line says why.
+While "rocm_sd" is the webui's optimization, the loaded model (applied when it is loaded, or when the optimization
+or a checkbox changes; removed when the webui switches optimization or loads another model) runs:
+- attention: ldm's and sgm's CrossAttention.forward (SD1.x/2.x and SDXL) and the VAE's AttnBlock.forward through
+  rocm_sd's attention, computing what the webui's own SDP optimization computes (hypernetworks still act on the
+  keys' and values' context, "upcast cross attention layer to float32" is honoured); off: the webui's sdp;
+- the UNet's and VAE's GroupNorm(+SiLU) and LayerNorm as rocm_sd's kernels, the VAE's upsamplers folded,
+  convolutions on channels_last views, the UNet's evaluations replayed as captured graphs per input shape
+  (rocm_sd.patch.a1111: the ComfyUI node's logic, patch/ldm_swaps.py, on the webui's model in place).
+On Forge, which never applies SdOptimizations, RocmSdForge patches a clone of the UNet patcher before each sampling
+instead (rocm_sd.patch.comfy, as the ComfyUI node). A thin shim: without rocm_sd nothing is registered, and one log
+line says why.
 """
 import logging
 
@@ -21,6 +26,8 @@ log = logging.getLogger("rocm_sd.a1111")
 try:
     from rocm_sd.modules.attention import heads_first, heads_last, spatial_attention
     from rocm_sd.ops.attention import scaled_dot_product_attention as rocm_attention
+    from rocm_sd.patch.a1111 import graph_stats, patch_sd_model
+    from rocm_sd.patch.a1111_graph import hooked_by_another
     from rocm_sd.patch.comfy import patch_model_patcher
     UNAVAILABLE = None
 except ImportError as exc:
@@ -71,6 +78,87 @@ def _attention_modules():
     return found
 
 
+# ---- settings: one checkbox per feature, as the ComfyUI node's options -------------------------------------
+
+SECTION = ("rocm_sd", "rocm_sd")
+OPTIONS = {  # feature -> label; every one on by default
+    "attention": "Attention through rocm_sd (off: the webui's sdp)",
+    "group_norm": "GroupNorm (+ the SiLU after it) as one kernel, in the UNet and the VAE",
+    "layer_norm": "The transformer blocks' LayerNorms as rocm_sd's kernel",
+    "fold_upsample": "VAE: each upsampler's nearest 2x + 3x3 convolution folded into one convolution",
+    "channels_last": "Convolutions on channels_last views of their weights (NHWC activations, no layout transposes)",
+    "cuda_graph": ("Replay each UNet evaluation as one captured GPU graph per input shape (VRAM for its "
+                   "activations; steps with ControlNet, --medvram/--lowvram or token merging run as usual)"),
+}
+
+
+def setting(feature: str) -> bool:
+    return bool(getattr(shared.opts, f"rocm_sd_{feature}", True))
+
+
+def on_ui_settings():
+    for feature, label in OPTIONS.items():
+        shared.opts.add_option(f"rocm_sd_{feature}", shared.OptionInfo(
+            True, label, section=SECTION, onchange=_settings_changed).info("applies when 'rocm_sd' is the "
+                                                                           "cross attention optimization"))
+
+
+# ---- the loaded model's patches: on while "rocm_sd" is the webui's optimization -----------------------------
+
+class _Patched:
+    active = False   # "rocm_sd" is the applied optimization
+    record = None    # rocm_sd.patch.core.PatchRecord of the patched model
+    model = None
+    said: set = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _Patched.said:
+        _Patched.said.add(message)
+        print(f"rocm_sd: {message}")
+
+
+def _loaded_model():
+    from modules import sd_models
+
+    return getattr(sd_models.model_data, "sd_model", None)
+
+
+def unpatch() -> None:
+    if _Patched.record is not None:
+        _Patched.record.revert()
+    _Patched.record = _Patched.model = None
+
+
+def repatch(sd_model=None) -> None:
+    """Remove rocm_sd's module patches from the model they are on, and, while "rocm_sd" is the webui's
+    optimization, install them on `sd_model` (default: the loaded model) with the current settings."""
+    unpatch()
+    sd_model = sd_model if sd_model is not None else _loaded_model()
+    if not _Patched.active or sd_model is None or not hasattr(getattr(sd_model, "model", None), "diffusion_model"):
+        return
+    features = {feature: setting(feature) for feature in OPTIONS if feature != "attention"}
+    _Patched.record, _Patched.model = patch_sd_model(sd_model, **features), sd_model
+    on = [feature for feature, enabled in features.items() if enabled] + ["attention"] * setting("attention")
+    print(f"rocm_sd: {', '.join(on) or 'nothing'} on {type(sd_model).__name__} "
+          f"({dict(_Patched.record.counts)})")
+
+
+def _settings_changed() -> None:
+    if _Patched.active:
+        _set_attention()
+        repatch()
+
+
+def _set_attention() -> None:
+    if not setting("attention"):
+        sd_hijack_optimizations.SdOptimizationSdp().apply()
+        return
+    for cross_attention, attn_block in _attention_modules():
+        cross_attention.forward = cross_attention_forward
+        attn_block.forward = attnblock_forward
+
+
 class SdOptimizationRocmSd(sd_hijack_optimizations.SdOptimization):
     name = "rocm_sd"
     label = "rocm_sd kernels (AMD GPUs)"
@@ -81,9 +169,16 @@ class SdOptimizationRocmSd(sd_hijack_optimizations.SdOptimization):
         return UNAVAILABLE is None and torch.cuda.is_available()
 
     def apply(self):
-        for cross_attention, attn_block in _attention_modules():
-            cross_attention.forward = cross_attention_forward
-            attn_block.forward = attnblock_forward
+        # The webui calls this when it hijacks a model it loads (the new model is not yet the loaded one then:
+        # on_model_loaded patches it) and when the optimization is selected (the loaded model is patched here).
+        _set_attention()
+        _Patched.active = True
+        repatch()
+
+    def undo(self):
+        super().undo()
+        _Patched.active = False
+        unpatch()
 
 
 def list_optimizers(res):
@@ -91,13 +186,23 @@ def list_optimizers(res):
         res.append(SdOptimizationRocmSd())
 
 
-script_callbacks.on_list_optimizers(list_optimizers)
+def on_model_loaded(sd_model):
+    if _Patched.active:
+        repatch(sd_model)
 
 
-class RocmSdForge(scripts.Script):
-    """Forge never applies SdOptimizations; with --rocm-sd, each sampling gets a clone of Forge's UNet
-    patcher with rocm_sd installed the way the ComfyUI node installs it (rocm_sd.patch.comfy: norm kernels
-    as object patches, attention as attn1/attn2 replace patches). Plain AUTOMATIC1111 never calls this hook."""
+if UNAVAILABLE is None:
+    script_callbacks.on_list_optimizers(list_optimizers)
+    script_callbacks.on_ui_settings(on_ui_settings)
+    script_callbacks.on_model_loaded(on_model_loaded)
+
+
+class RocmSdScript(scripts.Script):
+    """AUTOMATIC1111: says once when the UNet's graphs step aside for a generation (sd-webui-controlnet replaces
+    the UNet's forward while it runs). Forge (which never applies SdOptimizations): with --rocm-sd, each sampling
+    gets a clone of Forge's UNet patcher with rocm_sd installed the way the ComfyUI node installs it
+    (rocm_sd.patch.comfy: norm kernels as object patches, attention as attn1/attn2 replace patches, and the
+    channels_last and graph checkboxes)."""
 
     def title(self):
         return "rocm_sd"
@@ -106,9 +211,26 @@ class RocmSdForge(scripts.Script):
         return scripts.AlwaysVisible
 
     def process_before_every_sampling(self, p, *args, **kwargs):
+        if UNAVAILABLE:
+            return
         forge_objects = getattr(p.sd_model, "forge_objects", None)
-        if forge_objects is None or UNAVAILABLE or not getattr(shared.cmd_opts, "rocm_sd", False):
+        if forge_objects is None:
+            record = _Patched.record
+            if record is not None and "unet" in record.graphed and hooked_by_another(p.sd_model.model.diffusion_model):
+                _say_once("UNet evaluations without graph replay while another extension (sd-webui-controlnet) "
+                          "replaces the UNet's forward")
+            return
+        if not getattr(shared.cmd_opts, "rocm_sd", False):
             return
         unet = forge_objects.unet.clone()
-        patch_model_patcher(unet, override_supported=False)
+        why = patch_model_patcher(unet, override_supported=False, cuda_graph=setting("cuda_graph"),
+                                  channels_last=setting("channels_last"), group_norm=setting("group_norm"),
+                                  layer_norm=setting("layer_norm"), attention=setting("attention"))
+        if why:
+            _say_once(f"no graph capture on Forge: {why}")
         forge_objects.unet = unet
+
+
+def unet_graph_stats():
+    """The loaded model's UNet graph statistics (captures, replays, eager calls and why): for checks and benches."""
+    return graph_stats(_Patched.record)

@@ -1,11 +1,13 @@
 // The host interface of hip/geglu/ (conventions: rocm_sd/api.h): y = x[:, :D] * gelu(x[:, D:]) for x of shape
-// (rows, 2D), row-major contiguous
+// (rows, 2D), row-major contiguous; with q and scale, y is also quantized per row into them (rocm_sd/quantize/api.h),
+// the 8-bit input of the feed-forward's output projection
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "rocm_sd/api.h"
+#include "rocm_sd/quantize/api.h"
 
 namespace rsd {
 
@@ -16,6 +18,9 @@ struct GegluArgs {
   int64_t rows, d;
   void* stream;
   int device;
+  void* q = nullptr;       // (rows, d) one byte each: y quantized per row, or nullptr
+  float* scale = nullptr;  // (rows,): its scales; set exactly when q is
+  QuantFormat format = QuantFormat::e4m3fn;
 };
 std::string geglu_check(const GegluArgs& a);
 std::string geglu_forward(const GegluArgs& a);

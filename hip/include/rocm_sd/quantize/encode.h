@@ -64,4 +64,24 @@ __device__ __forceinline__ uint8_t encode(float x, QuantFormat f) {
   return encode_e4m3(x, f == QuantFormat::e4m3fnuz);
 }
 
+// The row's scale, from each lane's max |x| over its part of the row (one wave per row): lane 0 writes
+// max(amax, kMinAmax) / fmax, and every lane gets the multiplier into the format, fmax / max(amax, kMinAmax).
+__device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, float* scale) {
+  const float amax = wave_absmax(lane_amax);
+  const float fmax = format_max(format);
+  const float clamped = amax < kMinAmax ? kMinAmax : amax;  // keeps a NaN
+  if (lane_id() == 0) *scale = clamped / fmax;
+  return fmax / clamped;
+}
+
+// One vector of the row in the format, `inv` from row_scale.
+template <class T, int VEC>
+__device__ __forceinline__ Vec<uint8_t, VEC> encode_vec(const Vec<T, VEC>& v, float inv, QuantFormat format) {
+  const float fmax = format_max(format);
+  Vec<uint8_t, VEC> out;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out.v[e] = encode(clamp_nan(to_float(v.v[e]) * inv, fmax), format);
+  return out;
+}
+
 }  // namespace rsd

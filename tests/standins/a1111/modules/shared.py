@@ -1,9 +1,31 @@
-"""modules.shared (stand-in): the settings and state the attention forwards read."""
+"""modules.shared (stand-in): the settings and state the extension reads, and the settings registry it adds to."""
 import argparse
+
+
+class OptionInfo:
+    def __init__(self, default=None, label="", component=None, component_args=None, onchange=None, section=None):
+        self.default, self.label, self.onchange, self.section = default, label, onchange, section
+
+    def info(self, text):
+        return self
 
 
 class Options:
     upcast_attn = False
+
+    def __init__(self):
+        self.data_labels = {}
+
+    def add_option(self, key, info):
+        self.data_labels[key] = info
+        setattr(self, key, info.default)
+
+    def set(self, key, value):
+        """As the settings page sets a value: its onchange runs."""
+        setattr(self, key, value)
+        onchange = self.data_labels[key].onchange
+        if onchange is not None:
+            onchange()
 
 
 opts = Options()

@@ -1,0 +1,245 @@
+"""The kernels that quantize their own output for the 8-bit GEMMs that follow (optimize(precision="fp8"/"int8")):
+each is its kernel plus rocm_sd::quantize_rows of the output it already holds, so the GEMM's input costs no
+second pass over memory.
+
+    rocm_sd::layer_norm_quantize_rows(x, w, b, eps, format)               -> (y, q, scale)        hip/layer_norm/
+    rocm_sd::add_layer_norm_quantize_rows(x, residual, w, b, eps, format) -> (sum, y, q, scale)   hip/layer_norm/
+    rocm_sd::geglu_quantize_rows(x, format)                               -> (y, q, scale)        hip/geglu/
+
+y (and sum) are what rocm_sd::layer_norm / add_layer_norm / geglu return; (q, scale) is exactly
+quantize_rows(y, format) of that y, bit for bit. The kernels take fp16 / bf16 activations (LayerNorm: C a multiple of
+8); everything else takes the PyTorch path, which computes the same definition.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _ext, dispatch
+from ._common import stream_handle
+from .geglu import _kernel_args as _geglu_args
+from .geglu import _output as _geglu_output
+from .geglu import check_args as check_geglu_args
+from .geglu import geglu_ref
+from .geglu import input_reasons as geglu_input_reasons
+from .layer_norm import _add_torch_path, _args, _residual_args, _residual_reasons, _samples, _torch_layer_norm
+from .layer_norm import add_layer_norm_ref, check_add_args
+from .layer_norm import check_args as check_layer_norm_args
+from .layer_norm import input_reasons as layer_norm_input_reasons
+from .layer_norm import layer_norm_ref
+from .quantize import FORMATS, check_format, quantize_rows_ref, quantized_like
+from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, problem_key, tensor_key
+
+# The C++ checks ask for q and scale pointers only for their alignment: a fresh allocation's.
+_ALIGNED = 256
+
+
+def _quantized_args(q: torch.Tensor | None, scale: torch.Tensor | None, format: str) -> dict:
+    return {"q": q.data_ptr() if q is not None else _ALIGNED, "scale": scale.data_ptr() if scale is not None
+            else _ALIGNED, "format": FORMATS[format][0]}
+
+
+def _sixteen_bit(x: torch.Tensor) -> list[str]:
+    return [] if x.dtype in (torch.float16, torch.bfloat16) else [f"quantized output needs fp16 or bf16, not {x.dtype}"]
+
+
+def _with_format(samples: list[tuple]) -> list[tuple]:
+    """The first sample in every format, the others in the first."""
+    return [(*samples[0], format) for format in FORMATS] + [(*args, next(iter(FORMATS))) for args in samples[1:]]
+
+
+def _layer_norm_samples(device, dtype) -> list[tuple]:
+    """layer_norm's 320-channel sample (its 33-channel one takes quantize_rows instead: the kernel's check says so)
+    and a 1280-channel one (several vectors a lane on wave32)."""
+    return [args for args in _samples(device, dtype) if args[0].shape[-1] % 8 == 0] + [
+        (torch.randn(2, 3, 1280, device=device, dtype=dtype), torch.rand(1280, device=device, dtype=dtype),
+         torch.randn(1280, device=device, dtype=dtype), 1e-6)]
+
+
+def _key(op: str, x, format: str, d: int, **extra) -> str:
+    x = as_meta(x)
+    return problem_key(op, dtype_name(x), format, rows=x.numel() // max(x.shape[-1], 1), D=d, **extra)
+
+
+# ---- layer_norm_quantize_rows ------------------------------------------------------------------------------
+
+LN_OP = "layer_norm_quantize_rows"
+
+
+def layer_norm_quantize_rows_ref(x, weight, bias, eps, format):
+    y = layer_norm_ref(x, weight, bias, eps)
+    return (y, *quantize_rows_ref(y, format))
+
+
+def _ln_check(x, weight, bias, eps, format):
+    check_layer_norm_args(x, weight, bias, LN_OP)
+    check_format(LN_OP, format)
+
+
+def _ln_supports(x, weight, bias, eps, format) -> list[str]:
+    return kernel_reasons(x.device, layer_norm_input_reasons(x, weight, bias) + _sixteen_bit(x),
+                          lambda: _ext._C.layer_norm_check(*_args(x, x, weight, bias, eps), x.device.index,
+                                                           **_quantized_args(None, None, format)))
+
+
+def layer_norm_quantize_rows_kernel(x, weight, bias, eps, format, out=None):
+    """The HIP kernel itself, no dispatch; `out`: (y, q, scale) to write into."""
+    y, q, scale = (torch.empty_like(x), *quantized_like(x, format)) if out is None else out
+    _ext._C.layer_norm_forward(*_args(x, y, weight, bias, eps), stream_handle(x.device), x.device.index,
+                               **_quantized_args(q, scale, format))
+    return y, q, scale
+
+
+def _ln_torch_path(x, weight, bias, eps, format):
+    y = _torch_layer_norm(x, weight, bias, eps)
+    return (y, *quantize_rows_ref(y, format))
+
+
+def _ln_fake(x, weight, bias, eps, format):
+    _ln_check(x, weight, bias, eps, format)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), *quantized_like(x, format))
+
+
+LN_SPEC = OpSpec(LN_OP, reference=layer_norm_quantize_rows_ref, check_args=_ln_check, fake=_ln_fake,
+                 supports=_ln_supports, launch=lambda plan, *args: layer_norm_quantize_rows_kernel(*args),
+                 torch_path=_ln_torch_path,
+                 plan_key=lambda x, weight, bias, eps, format: (tensor_key(x), tensor_key(weight), tensor_key(bias),
+                                                                format),
+                 key=lambda x, weight, bias, eps, format: _key(LN_OP, x, format, x.shape[-1],
+                                                               affine=int(weight is not None)),
+                 candidates=lambda *args: {dispatch.TORCH: _ln_torch_path, "rocm_sd": layer_norm_quantize_rows_kernel},
+                 samples=lambda device, dtype: _with_format(_layer_norm_samples(device, dtype)),
+                 kernel=layer_norm_quantize_rows_kernel)
+
+
+@LN_SPEC.define
+def layer_norm_quantize_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                             format: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, q, scale): y = layer_norm(x) over the last dimension, and y quantized per row into `format`."""
+
+
+# ---- add_layer_norm_quantize_rows --------------------------------------------------------------------------
+
+ADD_OP = "add_layer_norm_quantize_rows"
+
+
+def add_layer_norm_quantize_rows_ref(x, residual, weight, bias, eps, format):
+    total, y = add_layer_norm_ref(x, residual, weight, bias, eps)
+    return (total, y, *quantize_rows_ref(y, format))
+
+
+def _add_check(x, residual, weight, bias, eps, format):
+    check_add_args(x, residual, weight, bias)
+    check_format(ADD_OP, format)
+
+
+def _add_supports(x, residual, weight, bias, eps, format) -> list[str]:
+    reasons = layer_norm_input_reasons(x, weight, bias) + _residual_reasons(x, residual) + _sixteen_bit(x)
+    return kernel_reasons(x.device, reasons,
+                          lambda: _ext._C.layer_norm_check(*_args(x, x, weight, bias, eps), x.device.index,
+                                                           **_residual_args(residual, x),
+                                                           **_quantized_args(None, None, format)))
+
+
+def add_layer_norm_quantize_rows_kernel(x, residual, weight, bias, eps, format, out=None):
+    """The HIP kernel itself, no dispatch; `out`: (sum, y, q, scale) to write into."""
+    total, y, q, scale = ((torch.empty_like(x), torch.empty_like(x), *quantized_like(x, format)) if out is None
+                          else out)
+    _ext._C.layer_norm_forward(*_args(x, y, weight, bias, eps), stream_handle(x.device), x.device.index,
+                               **_residual_args(residual, total), **_quantized_args(q, scale, format))
+    return total, y, q, scale
+
+
+def _add_torch_path_quantized(x, residual, weight, bias, eps, format):
+    total, y = _add_torch_path(x, residual, weight, bias, eps)
+    return (total, y, *quantize_rows_ref(y, format))
+
+
+def _add_fake(x, residual, weight, bias, eps, format):
+    dtype = check_add_args(x, residual, weight, bias)
+    check_format(ADD_OP, format)
+    like = torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+    return (like, torch.empty_like(like), *quantized_like(like, format))
+
+
+ADD_SPEC = OpSpec(ADD_OP, reference=add_layer_norm_quantize_rows_ref, check_args=_add_check, fake=_add_fake,
+                  supports=_add_supports, launch=lambda plan, *args: add_layer_norm_quantize_rows_kernel(*args),
+                  torch_path=_add_torch_path_quantized,
+                  plan_key=lambda x, residual, weight, bias, eps, format: (tensor_key(x), tensor_key(residual),
+                                                                           tensor_key(weight), tensor_key(bias),
+                                                                           format),
+                  key=lambda x, residual, weight, bias, eps, format: _key(ADD_OP, x, format, x.shape[-1],
+                                                                          affine=int(weight is not None)),
+                  candidates=lambda *args: {dispatch.TORCH: _add_torch_path_quantized,
+                                            "rocm_sd": add_layer_norm_quantize_rows_kernel},
+                  samples=lambda device, dtype: _with_format([(x, torch.randn_like(x), w, b, eps)
+                                                              for x, w, b, eps in _layer_norm_samples(device, dtype)]),
+                  kernel=add_layer_norm_quantize_rows_kernel)
+
+
+@ADD_SPEC.define
+def add_layer_norm_quantize_rows(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                                 bias: torch.Tensor | None, eps: float,
+                                 format: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x + residual, y, q, scale): y = layer_norm(x + residual), and y quantized per row into `format`."""
+
+
+# ---- geglu_quantize_rows -----------------------------------------------------------------------------------
+
+GEGLU_OP = "geglu_quantize_rows"
+
+
+def geglu_quantize_rows_ref(x, format):
+    y = geglu_ref(x)
+    return (y, *quantize_rows_ref(y, format))
+
+
+def _geglu_check(x, format):
+    check_geglu_args(x)
+    check_format(GEGLU_OP, format)
+
+
+def _geglu_supports(x, format) -> list[str]:
+    return kernel_reasons(x.device, geglu_input_reasons(x) + _sixteen_bit(x),
+                          lambda: _ext._C.geglu_check(*_geglu_args(x, x), x.device.index,
+                                                      **_quantized_args(None, None, format)))
+
+
+def geglu_quantize_rows_kernel(x, format, out=None):
+    """The HIP kernel itself, no dispatch; `out`: (y, q, scale) to write into."""
+    if out is None:
+        y = _geglu_output(x)
+        out = (y, *quantized_like(y, format))
+    y, q, scale = out
+    _ext._C.geglu_forward(*_geglu_args(x, y), stream_handle(x.device), x.device.index,
+                          **_quantized_args(q, scale, format))
+    return y, q, scale
+
+
+def _geglu_torch_path(x, format):
+    y = geglu_ref(x).contiguous()
+    return (y, *quantize_rows_ref(y, format))
+
+
+def _geglu_fake(x, format):
+    _geglu_check(x, format)
+    y = _geglu_output(x)
+    return (y, *quantized_like(y, format))
+
+
+def _geglu_samples(device, dtype) -> list[tuple]:
+    """Half-widths 64 (8-wide vectors), 7 (the scalar path) and 640 (rows longer than one pass of a wave)."""
+    return _with_format([(torch.randn(2, 16, 2 * d, device=device, dtype=dtype),) for d in (64, 7, 640)])
+
+
+GEGLU_SPEC = OpSpec(GEGLU_OP, reference=geglu_quantize_rows_ref, check_args=_geglu_check, fake=_geglu_fake,
+                    supports=_geglu_supports, launch=lambda plan, x, format: geglu_quantize_rows_kernel(x, format),
+                    torch_path=_geglu_torch_path, plan_key=lambda x, format: (tensor_key(x), format),
+                    key=lambda x, format: _key(GEGLU_OP, x, format, x.shape[-1] // 2),
+                    candidates=lambda x, format: {dispatch.TORCH: _geglu_torch_path,
+                                                  "rocm_sd": geglu_quantize_rows_kernel},
+                    samples=_geglu_samples, kernel=geglu_quantize_rows_kernel)
+
+
+@GEGLU_SPEC.define
+def geglu_quantize_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, q, scale): y = x[..., :D] * gelu(x[..., D:]), and y quantized per row into `format`."""

@@ -1,0 +1,83 @@
+"""Which modules are which in UNets and VAEs of the latent-diffusion lineage (CompVis ldm, Stability's sgm, and the
+copies of them in ComfyUI's comfy.ldm and A1111 / Forge), and the kernel-backed copies that replace them.
+
+Host-neutral (docs/design.md, convention 10: one copy of the patch logic): patch/comfy.py installs these
+swaps as ComfyUI object patches, patch/a1111.py in place on the webui's model. `host_path(module) -> bool` is the
+host's say per call: True runs the module's own forward (weights the host casts or streams per call, LoRA computed
+in the forward); it may also bring the module up to date first (the webui merges LoRA weights lazily per forward).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+from ..modules.host_copies import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
+from ..modules.upsample import conv_foldable
+
+
+def _never(module) -> bool:
+    return False
+
+
+def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True,
+               host_path: Callable[[nn.Module], bool] = _never) -> dict[str, object]:
+    """{dotted path under root: replacement} for the norms of an ldm-lineage UNet or VAE.
+
+    A GroupNorm directly followed by nn.SiLU inside an nn.Sequential is run as one fused call, with the
+    SiLU replaced by Identity, except in a ResBlock's out_layers when it uses scale-shift norm (there the
+    SiLU comes after the scale and shift). So are the VAE ResnetBlock's norm1 and norm2, whose forward
+    applies its `swish` module right after each and nowhere else when the block has no time embedding
+    (no `temb_proj`: ComfyUI's VAE blocks; ldm's and sgm's call a module-level `nonlinearity` instead, so theirs
+    stay plain GroupNorms). Every other GroupNorm (ldm's GroupNorm32 too: the kernel computes in fp32 and returns
+    the input's dtype, as GroupNorm32's float cast does), and every LayerNorm, is swapped alone.
+    """
+    swaps: dict[str, object] = {}
+    if group_norm:
+        for parent_name, parent in root.named_modules():
+            scale_shift = getattr(parent, "use_scale_shift_norm", False)
+            for seq_name, seq in parent.named_children():
+                if not isinstance(seq, nn.Sequential) or (scale_shift and seq_name == "out_layers"):
+                    continue
+                path = f"{parent_name}.{seq_name}" if parent_name else seq_name
+                items = list(seq.named_children())
+                for (name, module), (next_name, following) in zip(items, items[1:]):
+                    if isinstance(module, nn.GroupNorm) and type(following) is nn.SiLU:
+                        swaps[f"{path}.{name}"] = group_norm_copy(module, "silu", host_path)
+                        swaps[f"{path}.{next_name}"] = nn.Identity()
+        for name, block in root.named_modules():
+            norms = [getattr(block, n, None) for n in ("norm1", "norm2")]
+            if (type(getattr(block, "swish", None)) is nn.SiLU and not hasattr(block, "temb_proj")
+                    and all(isinstance(norm, nn.GroupNorm) for norm in norms)):
+                prefix = f"{name}." if name else ""
+                swaps[prefix + "norm1"] = group_norm_copy(norms[0], "silu", host_path)
+                swaps[prefix + "norm2"] = group_norm_copy(norms[1], "silu", host_path)
+                swaps[prefix + "swish"] = nn.Identity()
+        for name, module in root.named_modules():
+            if isinstance(module, nn.GroupNorm) and name not in swaps:
+                swaps[name] = group_norm_copy(module, None, host_path)
+    if layer_norm:
+        for name, module in root.named_modules():
+            if isinstance(module, nn.LayerNorm):
+                swaps[name] = layer_norm_copy(module, host_path)
+    return swaps
+
+
+def upsample_swaps(root, host_path: Callable[[nn.Module], bool] = _never) -> dict[str, object]:
+    """{dotted path: replacement} for the VAE's Upsample modules (nearest 2x interpolation, then a 3x3 `conv`
+    when `with_conv`): the folded 2x2 convolution of modules/upsample.py. The UNet's Upsample (`use_conv`) is not
+    matched. Calls for which host_path(conv) is true take the module's own forward."""
+    return {name: upsample_copy(module, host_path) for name, module in root.named_modules()
+            if type(module).__name__ == "Upsample" and getattr(module, "with_conv", False)
+            and conv_foldable(getattr(module, "conv", None))}
+
+
+def conv_swaps(root, skip: dict | None = None, host_path: Callable[[nn.Module], bool] = _never) -> dict[str, object]:
+    """{dotted path: replacement} for every 2-D convolution of a UNet or VAE: the same convolution on a
+    channels_last view of its weight (modules/host_copies.py), so that the model's activations run NHWC. The hosts
+    keep their models NCHW, and on NCHW tensors cuDNN's and MIOpen's fast convolutions transpose every input, output
+    and filter (bench/notes/comfyui.md). Convolutions under a path in `skip` (modules swapped whole, such as the
+    folded upsamplers) are left to their owner."""
+    skip = skip or {}
+    return {name: conv_channels_last_copy(module, host_path) for name, module in root.named_modules()
+            if isinstance(module, nn.Conv2d) and not any(name.startswith(owner + ".") for owner in skip)}
