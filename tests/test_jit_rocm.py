@@ -20,12 +20,14 @@ from rocm_sd.jit import sources  # noqa: E402
 pytestmark = [pytest.mark.build, pytest.mark.slow]
 ARCHS = ["gfx942", "gfx1100", "gfx1201"]
 # Equal to the letter: what decides occupancy, memory traffic and correctness of the exchange.
-RESOURCES = ("agpr", "sgpr", "vgpr_spill", "sgpr_spill", "scratch", "dynamic_stack", "lds", "max_workgroup",
+RESOURCES = ("agpr", "vgpr_spill", "sgpr_spill", "scratch", "dynamic_stack", "lds", "max_workgroup",
              "waves_per_simd", "matrix", "load128", "wave")
 # hiprtc's driver (comgr) compiles otherwise than hipcc in details (-mllvm -amdgpu-internalize-symbols, its own
 # runtime header): measured with HIP 6.4 / clang 21, every kernel has the build's registers and occupancy except
-# 16 gfx1201 attention kernels with one VGPR more (same waves per SIMD) and up to 9 instructions apart. Allowed:
+# 16 gfx1201 attention kernels with one VGPR more (same waves per SIMD) and up to 9 instructions apart, and
+# quantize_rows_kernel<float, 4> with 98 SGPRs against the build's 100 on gfx942 (same waves per SIMD). Allowed:
 VGPR_SLACK = 2
+SGPR_SLACK = 4
 INSTRUCTION_SLACK = 0.01  # of the build's count, plus one (padding between kernels goes to the one before it)
 
 
@@ -71,6 +73,8 @@ def test_resources_equal_the_build_table(compiled):
             differ = {c: (k[c], ref[c]) for c in RESOURCES if k[c] != ref[c]}
             if abs(k["vgpr"] - ref["vgpr"]) > VGPR_SLACK:
                 differ["vgpr"] = (k["vgpr"], ref["vgpr"])
+            if abs(k["sgpr"] - ref["sgpr"]) > SGPR_SLACK:
+                differ["sgpr"] = (k["sgpr"], ref["sgpr"])
             if abs(k["instructions"] - ref["instructions"]) > 1 + INSTRUCTION_SLACK * ref["instructions"]:
                 differ["instructions"] = (k["instructions"], ref["instructions"])
             if differ:
