@@ -6,6 +6,8 @@ import multiprocessing
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -340,3 +342,18 @@ def test_a_first_use_inside_graph_capture_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     with pytest.raises(LaunchError, match="^module load failed"):
         backend._load(0, "geglu")
+
+
+@pytest.mark.gpu
+def test_a_first_load_needs_no_earlier_gpu_work(tmp_path):
+    """A process whose first GPU call is the JIT's module load (bench_jit, a warm-up compiling ahead of the model)
+    has no current context yet: the backend makes torch's primary context current instead of failing."""
+    code = ("import pathlib, sys, torch\n"
+            "from rocm_sd.jit.backend import JitBackend\n"
+            "from rocm_sd.jit.cache import KernelCache\n"
+            "backend = JitBackend(cache=KernelCache(pathlib.Path(sys.argv[1])))\n"
+            "why = backend.unavailable_reason()\n"
+            "sys.exit(why) if why else backend._load(torch.cuda.current_device(), 'geglu')\n"
+            "print('loaded', len(backend._functions))\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("loaded"), result.stderr[-3000:]

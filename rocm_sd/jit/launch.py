@@ -94,9 +94,26 @@ class Runtime:
 
     def load(self, code: bytes) -> ctypes.c_void_p:
         """A module from code; the caller makes the target device current (torch.cuda.device)."""
+        if self.platform == "cuda":
+            self._make_context_current()
         module = ctypes.c_void_p()
         self.check(self._load(ctypes.byref(module), code), "module load")
         return module
+
+    def _make_context_current(self) -> None:
+        """The driver API loads modules into the thread's current context, which torch creates lazily: a process
+        that has not run CUDA work on this thread yet has none ("invalid device context"). The primary context
+        of torch's current device is the one torch itself runs in (the HIP runtime needs no such step)."""
+        context = ctypes.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(ctypes.byref(context)), "current context")
+        if context.value:
+            return
+        import torch
+
+        device = ctypes.c_int()
+        self.check(self.lib.cuDeviceGet(ctypes.byref(device), torch.cuda.current_device()), "device lookup")
+        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "primary context")
+        self.check(self.lib.cuCtxSetCurrent(context), "making the primary context current")
 
     def function(self, module: ctypes.c_void_p, symbol: str) -> ctypes.c_void_p:
         function = ctypes.c_void_p()
