@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sources import DTYPE_NAMES, TYPES
+from .sources import TYPES, layer_norm_unit
 
 THREADS = 256  # kThreads of every kernel here
 F32 = 0
@@ -213,6 +213,7 @@ def layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, r
     p = "float" if param_dtype == F32 else t
     quantize = bool(q) and vec == QUANTIZE_VEC and elem_bytes(dtype) == 2  # launch_quantized_or_not
     flags = f"{'true' if residual else 'false'}, {'true' if quantize else 'false'}"
-    return Launch(f"layer_norm_{DTYPE_NAMES[dtype]}", f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {flags}>",
+    return Launch(layer_norm_unit(dtype, param_dtype == F32 and dtype != F32, vec, quantize),
+                  f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {flags}>",
                   ceil_div(rows, THREADS // wave), "ppppppqifo",
                   (x, residual, sum, y, gamma, beta, rows, c, eps, (q, scale, format)))

@@ -46,18 +46,31 @@ def _typed_vec(kernel: str, *extra: tuple) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _layer_norm(t: str) -> tuple[str, ...]:
-    """Every instance for inputs of type `t`: params of the input's type or float32, 1..16 vectors a lane, with and
-    without the residual (add_layer_norm); for 16-bit inputs also the quantized output's (16-byte vectors, up to 8 a
-    lane: layer_norm.hip's launch_vecs)."""
-    out = []
-    for p in dict.fromkeys((t, "float")):
-        for vec, vecs_per_lane, residual in itertools.product(VECS_BY_TYPE[t], (1, 2, 4, 8, 16), (False, True)):
-            out.append(f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs_per_lane}, {_bool(residual)}, false>")
-        if t != "float":
-            for vecs_per_lane, residual in itertools.product((1, 2, 4, 8), (False, True)):
-                out.append(f"rsd::layer_norm_rows<{t}, {p}, 8, {vecs_per_lane}, {_bool(residual)}, true>")
-    return tuple(out)
+def _layer_norm_units() -> dict[str, "Unit"]:
+    """A unit per input type, parameter type and vector width (the C++ launcher's first three choices), each with
+    1..16 vectors a lane, with and without the residual (add_layer_norm); for 16-byte vectors of 16-bit inputs the
+    quantized output's instances (up to 8 vectors a lane: layer_norm.hip's launch_vecs) in a unit of their own, which
+    only precision="fp8" / "int8" loads. A first call compiles the 8-10 instances it can pick, not a dtype's 96."""
+    units = {}
+    for code, t in TYPES.items():
+        for p, vec in itertools.product(dict.fromkeys((t, "float")), VECS_BY_TYPE[t]):
+            float_params = p == "float" and t != "float"
+            name = layer_norm_unit(code, float_params, vec, quantize=False)
+            units[name] = Unit(name, "layer_norm/layer_norm.hip", tuple(
+                f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {_bool(residual)}, false>"
+                for vecs, residual in itertools.product((1, 2, 4, 8, 16), (False, True))))
+            if t != "float" and vec == 8:
+                name = layer_norm_unit(code, float_params, vec, quantize=True)
+                units[name] = Unit(name, "layer_norm/layer_norm.hip", tuple(
+                    f"rsd::layer_norm_rows<{t}, {p}, 8, {vecs}, {_bool(residual)}, true>"
+                    for vecs, residual in itertools.product((1, 2, 4, 8), (False, True))))
+    return units
+
+
+def layer_norm_unit(dtype: int, float_params: bool, vec: int, quantize: bool) -> str:
+    """The unit of LayerNorm's instances for inputs of `dtype`, float32 parameters or the input's, `vec`-wide
+    vectors, writing a quantized output or not."""
+    return f"layer_norm_{DTYPE_NAMES[dtype]}{'_pf32' if float_params else ''}_v{vec}{'_q' if quantize else ''}"
 
 
 # Short dtype names of unit names (a unit per input type where a source has many instances: a first call compiles
@@ -95,8 +108,7 @@ UNITS = {
     "geglu": Unit("geglu", "geglu/geglu.hip", _typed_vec("geglu_kernel") + tuple(
         f"rsd::geglu_rows_quantized<{t}, {vec}>" for t in ("__half", "rsd::bf16") for vec in VECS_BY_TYPE[t])),
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
-    **{f"layer_norm_{DTYPE_NAMES[code]}": Unit(f"layer_norm_{DTYPE_NAMES[code]}", "layer_norm/layer_norm.hip",
-                                               _layer_norm(t)) for code, t in TYPES.items()},
+    **_layer_norm_units(),
     **_attention_units(),
 }
 
