@@ -23,6 +23,8 @@ hand) need `rocm_sd.invalidate_graphs(pipe)` after them.
 from __future__ import annotations
 
 import logging
+import os
+import traceback
 import types
 import warnings
 import weakref
@@ -333,13 +335,24 @@ def _host_syncs_raise():
         yield
     except RuntimeError as error:
         if "synchronizing" in str(error):
-            raise RuntimeError("the call synchronizes with the host (e.g. .item(), a copy to or from the CPU)") \
-                from error
+            raise RuntimeError("the call synchronizes with the host (e.g. .item(), a copy to or from the CPU)"
+                               + _caller_outside_torch(error)) from error
         raise
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.cuda.set_sync_debug_mode(previous)
+
+
+def _caller_outside_torch(error: BaseException) -> str:
+    """' at file:line (function)' of the innermost frame of error's traceback outside torch: the model code that
+    synchronized, which a user or a host app's developer can find (or '' when every frame is torch's)."""
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(torch_dir)]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {frame.filename}:{frame.lineno} ({frame.name}: {(frame.line or '').strip()[:80]})"
 
 
 def _repair_after_failed_capture(device: torch.device) -> None:

@@ -57,7 +57,9 @@ def _subclass(base: type, kind: str) -> type:
             def forward(self, x):
                 if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1:
                     return base.forward(self, x)
-                return layer_norm.call(x, self.weight, self.bias, self.eps)
+                # The ldm repository's SpatialTransformer gives its norms a (b, h*w, c) view of an NCHW tensor (its
+                # rearrange has no .contiguous()); torch's layer_norm copies such an input as well.
+                return layer_norm.call(x.contiguous(), self.weight, self.bias, self.eps)
         _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
     return _SUBCLASSES[key]
 
