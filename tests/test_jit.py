@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rocm_sd import _ext, config
-from rocm_sd.jit import attention_plan, plans, rtc, sources
+from rocm_sd.jit import attention_plan, group_norm_plan, plans, rtc, sources
 from rocm_sd.jit.backend import COVERED, JitBackend
 from rocm_sd.jit.cache import KernelCache, entry_key
 
@@ -153,9 +153,31 @@ def test_every_planned_launch_names_a_compiled_instance():
                         [[8 * 4096 * 1024, 1024, 512]] * 4, 0.125, platform_, arch)
                 if not attention_plan.check(*args, 0, inst.name):
                     seen.add(attention_plan.plan(*args, 32, inst.name)[0])
+    seen |= _group_norm_launches()
     missing = [f"{launch.unit}: {launch.expression}" for launch in seen if launch.expression not in provided[launch.unit]]
     assert not missing, "\n".join(sorted(missing))
     assert {launch.unit for launch in seen} == set(sources.UNITS)
+    group_norm = {(launch.unit, launch.expression) for launch in seen if launch.unit.startswith("group_norm")}
+    unplanned = [f"{name}: {e}" for name, unit in sources.UNITS.items() if name.startswith("group_norm")
+                 for e in unit.expressions if (name, e) not in group_norm]
+    assert not unplanned, "compiled but never launched:\n" + "\n".join(unplanned)
+
+
+def _group_norm_launches() -> set:
+    """GroupNorm's launches on each path, layout, dtype, alignment, params dtype and SiLU, at shapes reaching every
+    instance: NHWC rows of more than 512 threads (the 1024-thread instances), vectors spanning two groups."""
+    seen = set()
+    facts = group_norm_plan.Facts(132, 50 << 20)
+    shapes = ((1, 64, 16, 32), (2, 320, 4096, 32), (1, 128, 512 * 512, 32), (1, 1024, 4, 1024), (1, 1200, 4, 200),
+              (1, 8192, 4, 32), (1, 2048, 4, 1024), (1, 64, 1, 32), (2, 7, 77, 7), (1, 4096, 4, 512))
+    for dtype, p, layout, (n, c, hw, g), silu, path in itertools.product(
+            (0, 1, 2), (0x10000, 0x10002, 0x10004, 0x10008), (0, 1), shapes, (False, True), (0, 1, 2)):
+        for pdtype in {dtype, 0}:
+            a = group_norm_plan.Args(p, p, 0, 0, dtype, pdtype, layout, n, c, hw, g, 1e-5, silu, 0x1000, path)
+            capacity = lambda *_: 1 << 20  # noqa: E731
+            if not group_norm_plan.check(a) and not group_norm_plan.choose(a, capacity)[0]:
+                seen.update(w for w in group_norm_plan.launches(a, facts, capacity) if isinstance(w, plans.Launch))
+    return seen
 
 
 # ---- NVRTC on the CPU -----------------------------------------------------------------------------------------------
@@ -278,11 +300,70 @@ def test_the_setting_is_checked(monkeypatch, caplog):
     config.refresh()
 
 
-def test_ops_not_covered_give_their_reason_and_never_launch():
+class _RecordingRuntime:
+    """Records what the backend enqueues; occupancy answers `warps` blocks of 32-thread warps a multiprocessor."""
+
+    def __init__(self, warps=64):
+        self.calls, self.warps = [], warps
+
+    def occupancy(self, function, block, shared=0):
+        return self.warps // ((block + 31) // 32)
+
+    def memset(self, pointer, nbytes, stream):
+        self.calls.append(("memset", pointer, nbytes, stream))
+
+    def launch(self, function, grid, block, shared, stream, signature, args):
+        self.calls.append(("launch", function, grid, block, stream))
+
+
+@pytest.fixture
+def gn_backend(monkeypatch):
+    """A JIT backend on a fake device 0 (132 multiprocessors, wave 32, 50 MiB L2) whose kernels are their name
+    expressions and whose runtime records (nothing is compiled or launched)."""
+    from rocm_sd.jit import backend as backend_module
+
     backend = JitBackend("cuda")
-    assert "group_norm launcher" in backend.group_norm_check(0, 0, 0, 0, 1, 1, 0, 1, 32, 1, 32, 1e-5, False, 0)
-    with pytest.raises(RuntimeError, match="group_norm"):
-        backend.group_norm_forward()
+    backend._device_facts[0] = (132, 32)
+    backend._l2[0] = 50 << 20
+    backend._runtime = _RecordingRuntime()
+    monkeypatch.setattr(backend, "_function", lambda device, unit, expression: expression)
+    monkeypatch.setattr(backend_module, "_current_device", lambda: 0)
+    return backend
+
+
+def test_group_norm_is_covered_with_the_c_signatures(gn_backend):
+    """group_norm's check, describe, workspace and forward take bindings.cpp's arguments (path and input_bias
+    defaulted) and answer as group_norm.hip: one block a group (NCHW) or an image (NHWC) runs resident, else split;
+    a forced resident path with an exchange asks the occupancy and zeroes the counters before its launch."""
+    b = gn_backend
+    assert "group_norm" in COVERED
+    x, y = 0x100000, 0x200000
+    assert b.group_norm_check(x, y, 0, 0, 1, 1, 0, 2, 320, 4096, 32, 1e-5, True, 0) == ""
+    assert b.group_norm_check(x, y, 0, 0, 1, 1, 0, 2, 320, 4096, 33, 1e-5, True, 0) == \
+        "channels must be divisible by groups"
+    assert b.group_norm_describe(x, y, 1, 0, 2, 1280, 64, 32, 0) == "resident vec=8 blocks_per_group=1"
+    assert b.group_norm_workspace_bytes(x, y, 1, 0, 2, 1280, 64, 32, 0) == 0
+    assert b.group_norm_describe(x, y, 1, 1, 2, 64, 16, 32, 0) == "resident vec=2 blocks_per_image=1"
+    assert b.group_norm_describe(x, y, 1, 0, 2, 320, 4096, 32, 0) == "split vec=8"
+    assert b.group_norm_describe(x, y, 1, 0, 2, 320, 4096, 32, 0, path=1) == "resident vec=8 blocks_per_group=5"
+    # counters (1 + n * groups, 256-byte rounded), then a partial per block
+    assert b.group_norm_workspace_bytes(x, y, 1, 0, 2, 320, 4096, 32, 0, path=1) == 512 + 64 * 5 * 12
+    b._runtime.warps, b._capacity = 0, {}  # the runtime cannot tell: refused, as in C++
+    assert b.group_norm_describe(x, y, 1, 0, 2, 320, 4096, 32, 0, path=1) == \
+        "error: the resident GroupNorm path cannot hold a group of this size and layout on this device"
+    with pytest.raises(RuntimeError, match="resident GroupNorm path cannot hold"):
+        b.group_norm_forward(x, y, 0, 0, 1, 1, 0, 2, 320, 4096, 32, 1e-5, True, 0x700000, 7, 0, 1)
+    b._runtime.warps = 64
+    b.group_norm_forward(x, y, 0, 0, 1, 1, 0, 2, 320, 4096, 32, 1e-5, True, 0x700000, 7, 0, 1)
+    assert b._runtime.calls == [("memset", 0x700000, 512, 7),
+                                ("launch", "rsd::gn::group_norm_resident_nchw<__half, __half, 8, true>", 320, 256, 7)]
+    b._runtime.calls.clear()
+    b.group_norm_forward(x, y, 0, 0, 1, 0, 1, 2, 320, 4096, 32, 1e-5, False, 0x700000, 7, 0, input_bias=0x300000)
+    assert [c[1] for c in b._runtime.calls] == ["rsd::gn::group_norm_stats_nhwc<__half, 2, 1, 512>",
+                                               "rsd::gn::group_norm_finalize",
+                                               "rsd::gn::group_norm_apply_nhwc<__half, float, 2, false, 512>"]
+    with pytest.raises(RuntimeError, match="misaligned"):
+        b.group_norm_forward(x + 1, y, 0, 0, 1, 1, 0, 2, 320, 4096, 32, 1e-5, True, 0, 0, 0)
     assert set(COVERED) >= {"bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "attention"}
 
 

@@ -25,9 +25,10 @@ STUBS = """
 #include <cstdio>
 #include <string>
 namespace rsd {
-int g_sms = 80, g_wave = 32;
+int g_sms = 80, g_wave = 32, g_l2 = 0;  // g_l2 0: the runtime gives none (the fallback)
 int device_attribute(int, Attr which, int fallback) {
-  return which == Attr::multiprocessors ? g_sms : which == Attr::wave_size ? g_wave : fallback;
+  return which == Attr::multiprocessors ? g_sms : which == Attr::wave_size ? g_wave
+         : which == Attr::l2_bytes && g_l2 ? g_l2 : fallback;
 }
 DeviceGuard::DeviceGuard(int) {}
 DeviceGuard::~DeviceGuard() {}
@@ -39,9 +40,11 @@ static void out(const std::string& s) { std::printf("%s\\n", s.c_str()); }
 """
 
 
-def run_driver(tmp_path, source: str, body: list[str], extra: str = "", also: tuple = ()) -> list[str]:
+def run_driver(tmp_path, source: str, body: list[str], extra: str = "", also: tuple = (),
+               flags: tuple = ()) -> list[str]:
     """Builds and runs a driver that includes hip/<source> and runs `body` in main(); `also`: more sources
-    compiled beside it (their anonymous namespaces stay theirs)."""
+    compiled beside it (their anonymous namespaces stay theirs; relative to hip/, or absolute paths); `flags`: more
+    nvcc options for every source."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         if os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"):
@@ -52,7 +55,8 @@ def run_driver(tmp_path, source: str, body: list[str], extra: str = "", also: tu
                       + "\n}\n")
     exe = tmp_path / "driver"
     result = subprocess.run([nvcc, "-std=c++17", "-O0", f"-I{ROOT / 'hip' / 'include'}", "-arch=compute_80",
-                             "-code=compute_80", "-x", "cu", str(driver), *[str(ROOT / "hip" / s) for s in also], "-o", str(exe)],
+                             "-code=compute_80", *flags, "-x", "cu", str(driver),
+                             *[str(ROOT / "hip" / s) for s in also], "-o", str(exe)],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.splitlines()
@@ -205,3 +209,269 @@ def test_attention_plan_matches_its_launcher(tmp_path):
                                                                          strides, scale, "cuda", arch, 32, name)))
     compare(run_driver(tmp_path, "attention/attention.hip", body, extra=ATTENTION_STUBS,
                        also=["attention/attention_wide.hip"]), expected)
+
+
+# ---- group_norm: check, path, plans, workspace, describe and every launch of group_norm_forward -------------------
+
+# The kernels' parameter types as launch.CTYPES letters, from the kernels' own types (gn_test::add), and the
+# launches group_norm_forward makes, caught by stubs of the runtime's launch and memset (ld --wrap): the instance,
+# grid, block and every argument's value, in order.
+GN_REGISTRY_H = r"""
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+namespace gn_test {
+struct Kernel { std::string name, signature; };
+std::map<const void*, Kernel>& registry();
+extern std::string launches;
+extern int warps;
+#ifdef RSD_GN_KERNELS  // the CUDA sources, with the kernels (the stubs, compiled by the host compiler, have no rsd::)
+template <class T> struct Letter { static constexpr char c = '?'; };
+template <class T> struct Letter<T*> { static constexpr char c = 'p'; };
+template <> struct Letter<long> { static constexpr char c = 'q'; };
+template <> struct Letter<long long> { static constexpr char c = 'q'; };
+template <> struct Letter<int> { static constexpr char c = 'i'; };
+template <> struct Letter<unsigned> { static constexpr char c = 'u'; };
+template <> struct Letter<bool> { static constexpr char c = 'b'; };
+template <> struct Letter<float> { static constexpr char c = 'f'; };
+template <> struct Letter<rsd::FastDiv> { static constexpr char c = 'd'; };
+template <class... P>
+void add(void (*kernel)(P...), const char* name) {
+  registry()[reinterpret_cast<const void*>(kernel)] = Kernel{name, std::string{Letter<P>::c...}};
+}
+#endif
+}  // namespace gn_test
+"""
+
+# The runtime calls the GroupNorm launchers make (kernel launches, memsets, occupancy queries), replaced at link time
+# (ld --wrap) by these, compiled by the host compiler alone.
+GN_STUBS_CPP = r"""
+#include <cstring>
+#include "gn_registry.h"
+namespace gn_test {
+std::string launches;
+int warps = 64;  // warps of a kernel's blocks a multiprocessor holds (the occupancy stub's answer)
+std::map<const void*, Kernel>& registry() { static std::map<const void*, Kernel> r; return r; }
+template <class V> V read(void* p) { V v; std::memcpy(&v, p, sizeof v); return v; }
+}  // namespace gn_test
+struct Dim3 { unsigned x, y, z; };
+extern "C" int __wrap_cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int threads, size_t) {
+  *blocks = gn_test::warps / ((threads + 31) / 32);
+  return 0;
+}
+extern "C" int __wrap_cudaGetLastError(void) { return 0; }
+extern "C" int __wrap_cudaMemsetAsync(void* p, int value, size_t bytes, void*) {
+  gn_test::launches += " | memset " + std::to_string(reinterpret_cast<uintptr_t>(p)) + " " +
+                       std::to_string(value) + " " + std::to_string(bytes);
+  return 0;
+}
+// <<<>>> calls __cudaGetKernel once per kernel, then __cudaLaunchKernel with its handle (CUDA 13; CUDA 12 calls
+// cudaLaunchKernel with the kernel's host function): the handle here is that function.
+extern "C" int __wrap___cudaGetKernel(const void** handle, const void* f) {
+  *handle = f;
+  return 0;
+}
+extern "C" int __wrap_cudaLaunchKernel(const void* f, Dim3 grid, Dim3 block, void** args, size_t shared, void*);
+extern "C" int __wrap___cudaLaunchKernel(const void* f, Dim3 grid, Dim3 block, void** args, size_t shared, void* s) {
+  return __wrap_cudaLaunchKernel(f, grid, block, args, shared, s);
+}
+extern "C" int __wrap_cudaLaunchKernel(const void* f, Dim3 grid, Dim3 block, void** args, size_t shared, void*) {
+  using namespace gn_test;
+  auto it = registry().find(f);
+  if (it == registry().end()) { launches += " | unknown kernel"; return 0; }
+  const std::string& sig = it->second.signature;
+  launches += " | " + it->second.name + " grid=" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+         std::to_string(grid.z) + " block=" + std::to_string(block.x) + "," + std::to_string(block.y) + "," +
+         std::to_string(block.z) + " shared=" + std::to_string(shared) + " sig=" + sig + " args=";
+  for (size_t i = 0; i < sig.size(); ++i) {
+    std::string v;
+    switch (sig[i]) {
+      case 'p': v = std::to_string(read<uintptr_t>(args[i])); break;
+      case 'q': v = std::to_string(read<int64_t>(args[i])); break;
+      case 'i': v = std::to_string(read<int32_t>(args[i])); break;
+      case 'u': v = std::to_string(read<uint32_t>(args[i])); break;
+      case 'b': v = read<bool>(args[i]) ? "1" : "0"; break;
+      case 'f': v = std::to_string(read<uint32_t>(args[i])); break;  // the float's bits
+      case 'd': { uint32_t d[3]; std::memcpy(d, args[i], sizeof d);  // rsd::FastDiv: divisor, multiplier, shift
+                  v = std::to_string(d[0]) + "/" + std::to_string(d[1]) + "/" + std::to_string(d[2]); break; }
+      case 'w': { uintptr_t w[5]; std::memcpy(w, args[i], sizeof w);  // gn::Workspace: five pointers
+                  for (int k = 0; k < 5; ++k) v += (k ? "/" : "") + std::to_string(w[k]); break; }
+      default: v = "?";
+    }
+    launches += (i ? " " : "") + v;
+  }
+  return 0;
+}
+"""
+
+GN_STUBS = r"""
+#define RSD_GN_KERNELS
+#include "gn_registry.h"
+void register_resident();
+void register_resident_nhwc();
+struct GnCase { unsigned long long x, y, gamma, beta; int dtype, pdtype, layout; long long n, c, hw; int groups;
+                double eps; int silu; unsigned long long input_bias; int scenario; };
+struct GnScenario { int sms, l2, warps; };
+static std::string b(bool v) { return v ? "1" : "0"; }
+static std::string s(long long v) { return std::to_string(v); }
+"""
+
+GN_MAIN = r"""
+  register_split(); register_resident(); register_resident_nhwc();
+  for (const GnCase& k : kCases) {
+    const GnScenario& sc = kScenarios[k.scenario];
+    g_sms = sc.sms; g_l2 = sc.l2; gn_test::warps = sc.warps;
+    GroupNormArgs a{P(k.x), M(k.y), P(k.gamma), P(k.beta), DType(k.dtype), DType(k.pdtype), Layout(k.layout), k.n, k.c,
+                    k.hw, k.groups, float(k.eps), bool(k.silu), M(0x7000000), nullptr, k.scenario,
+                    GroupNormPath::automatic, P(k.input_bias)};
+    const std::string why = group_norm_check(a);
+    if (!why.empty()) { out("check: " + why); continue; }
+    const gn::Plan p = gn::make_plan(a);
+    out("split vec=" + s(p.vec) + " threads=" + s(p.threads) + " tpr=" + s(p.threads_per_row) + " rpi=" +
+        s(p.rows_per_iter) + " chunk=" + s(p.chunk) + " splits=" + s(p.splits) + " partials=" + s(p.partial_count) +
+        " planes=" + b(p.planes) + " plane_chunk=" + s(p.plane_chunk) + " plane_splits=" + s(p.plane_splits) +
+        " streaming=" + b(p.streaming) + " gpv=" + s(p.groups_per_vec));
+    gn::ResidentPlan r;
+    out(gn::resident_plan(a, &r) ? "resident vec=" + s(r.vec) + " bpg=" + s(r.blocks_per_group) + " threads=" +
+        s(r.threads) + " tpr=" + s(r.threads_per_row) + " rpi=" + s(r.rows_per_iter) + " rpb=" + s(r.rows_per_block) +
+        " bpi=" + s(r.blocks_per_image) + " tickets=" + b(r.tickets) : std::string("no resident plan"));
+    for (int path = 0; path < 3; ++path) {
+      a.path = GroupNormPath(path);
+      out("path " + s(path) + ": " + group_norm_describe(a) + " ws=" + s(group_norm_workspace_bytes(a)));
+      gn_test::launches.clear();
+      const std::string err = group_norm_forward(a);
+      out(err.empty() ? "forward" + gn_test::launches : "forward error: " + err);
+    }
+  }
+"""
+
+# (multiprocessors, L2 bytes (0: the runtime gives none), warps a multiprocessor holds of the resident kernels (0: the
+# occupancy is unknown)); each a device index of its own, as the C++ caches occupancy per device.
+GN_SCENARIOS = ((132, 50 << 20, 64), (304, 256 << 20, 32), (1, 0, 64), (80, 6 << 20, 0), (20, 4 << 20, 8))
+GN_SHAPES = (  # (n, c, hw, groups): SD's, then odd ones
+    (2, 320, 64 * 64, 32), (2, 1280, 8 * 8, 32), (1, 128, 512 * 512, 32), (1, 512, 64 * 64, 32), (2, 640, 32 * 32, 32),
+    (2, 1280, 16 * 16, 32), (1, 256, 256 * 256, 32), (2, 960, 32 * 32, 32), (1, 512, 128 * 128, 32),
+    (2, 64, 16, 32), (3, 96, 63, 32), (2, 128, 64 * 64, 32), (2, 128, 16, 32), (1, 7, 77, 7), (2, 5, 1, 5),
+    (1, 64, 1, 32), (4, 33, 9, 3), (1, 4096, 16, 32), (1, 2048, 8, 2048), (2, 1024, 4, 1024), (1, 64, 512 * 512, 1),
+    (3000, 32, 5, 32), (70000, 8, 4, 4), (1, 8192, 2, 32), (1, 2, 2 ** 30, 1), (1, 1, 2 ** 31 - 1, 1), (0, 32, 4, 32),
+    (2, 30, 4, 4))
+
+
+def _gn_arg_text(kind: str, value) -> str:
+    """A planned launch argument as the driver prints it (C++ reads it back from the launch's argument array)."""
+    import struct
+
+    if kind == "b":
+        return "1" if value else "0"
+    if kind == "f":
+        return str(struct.unpack("<I", struct.pack("<f", value))[0])
+    if kind == "d":
+        d = FastDiv.of(value)
+        return f"{d.divisor}/{d.multiplier}/{d.shift}"
+    if kind == "w":
+        return "/".join(str(v) for v in value)
+    return str(value)
+
+
+def _gn_work_text(work) -> str:
+    if isinstance(work, plans.Memset):
+        return f" | memset {work.pointer} 0 {work.nbytes}"
+    gx, gy, gz = (work.grid, 1, 1) if isinstance(work.grid, int) else work.grid
+    args = " ".join(_gn_arg_text(k, v) for k, v in zip(work.signature, work.args, strict=True))
+    return f" | {work.expression} grid={gx},{gy},{gz} block={work.block},1,1 shared=0 sig={work.signature} args={args}"
+
+
+def test_group_norm_plan_matches_its_launcher(tmp_path):
+    """group_norm_check; make_plan (split); resident_plan (with an occupancy stub: 0 = unknown, and small devices
+    that cannot hold an exchange); for each path (automatic, resident, split) group_norm_describe,
+    group_norm_workspace_bytes, and the launches and memsets group_norm_forward makes with every argument. NCHW and
+    NHWC, SD's shapes and odd ones, every dtype, alignments, float32 params, SiLU, input bias."""
+    from dataclasses import replace
+
+    from rocm_sd.jit import group_norm_plan as gnp
+    from rocm_sd.jit import sources
+
+    cases, expected = [], []
+    pointers = (0x10000000, 0x10000002, 0x10000004, 0x10000008)
+    index = 0
+    for scenario, (sms, l2, warps) in enumerate(GN_SCENARIOS):
+        facts = gnp.Facts(sms, l2 or 32 << 20)
+
+        def capacity(layout, dtype, vec, threads, _warps=warps, _sms=sms):
+            return _warps // ((threads + 31) // 32) * _sms
+
+        for (n, c, hw, groups), dtype, layout, x in itertools.product(GN_SHAPES, DTYPES, (0, 1), pointers):
+            index += 1
+            pdtype = (dtype + 1) % 3 if dtype and index % 11 == 0 else (0 if index % 5 in (1, 3) else dtype)
+            y = 0x20000001 if index % 17 == 0 else 0x20000000
+            gamma, beta = (0, 0) if index % 4 == 3 else (0x30000000, 0x30001000)
+            input_bias = 0x40000000 if index % 3 == 1 else 0
+            eps, silu = (1e-5, 1e-6)[index % 2], index % 7 < 4
+            cases.append(f"{{{x}ULL, {y}ULL, {gamma}ULL, {beta}ULL, {dtype}, {pdtype}, {layout}, {n}LL, {c}LL, {hw}LL, "
+                         f"{groups}, {eps!r}, {int(silu)}, {input_bias}ULL, {scenario}}}")
+            a = gnp.Args(x, y, gamma, beta, dtype, pdtype, layout, n, c, hw, groups, eps, silu, 0x7000000,
+                         gnp.AUTOMATIC, input_bias)
+            why = gnp.check(a)
+            if why:
+                expected.append("check: " + why)
+                continue
+            p = gnp.split_plan(a, facts)
+            expected.append(f"split vec={p.vec} threads={p.threads} tpr={p.threads_per_row} rpi={p.rows_per_iter} "
+                            f"chunk={p.chunk} splits={p.splits} partials={p.partial_count} planes={int(p.planes)} "
+                            f"plane_chunk={p.plane_chunk} plane_splits={p.plane_splits} "
+                            f"streaming={int(p.streaming)} gpv={p.groups_per_vec}")
+            r = gnp.resident_plan(a, capacity)
+            expected.append(f"resident vec={r.vec} bpg={r.blocks_per_group} threads={r.threads} "
+                            f"tpr={r.threads_per_row} rpi={r.rows_per_iter} rpb={r.rows_per_block} "
+                            f"bpi={r.blocks_per_image} tickets={int(r.tickets)}" if r else "no resident plan")
+            for path in (gnp.AUTOMATIC, gnp.RESIDENT, gnp.SPLIT):
+                ap = replace(a, path=path)
+                expected.append(f"path {path}: {gnp.describe(ap, facts, capacity)} "
+                                f"ws={gnp.workspace_bytes(ap, facts, capacity)}")
+                try:
+                    expected.append("forward" + "".join(_gn_work_text(w) for w in gnp.launches(ap, facts, capacity)))
+                except RuntimeError as error:
+                    expected.append(f"forward error: {error}")
+
+    def registrations(function: str, unit_prefix: str) -> str:
+        expressions = dict.fromkeys(e for name, unit in sources.UNITS.items() if name.startswith(unit_prefix)
+                                    for e in unit.expressions)
+        return f"void {function}() {{\n" + "".join(f'  gn_test::add(&{e}, "{e}");\n' for e in expressions) + "}\n"
+
+    (tmp_path / "gn_registry.h").write_text(GN_REGISTRY_H)
+    (tmp_path / "gn_stubs.cpp").write_text(GN_STUBS_CPP)
+    host = shutil.which("c++") or shutil.which("g++")  # nvcc's host compiler
+    if host is None:
+        if os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"):
+            pytest.fail("no host C++ compiler (ROCM_SD_REQUIRE_BUILD_TOOLS is set)")
+        pytest.skip("no host C++ compiler")
+    built = subprocess.run([host, "-std=c++17", "-c", f"-I{tmp_path}", str(tmp_path / "gn_stubs.cpp"), "-o",
+                            str(tmp_path / "gn_stubs.o")], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-4000:]
+    hip = ROOT / "hip" / "group_norm"
+    header = '#define RSD_GN_KERNELS\n#include "gn_registry.h"\n'
+    resident = tmp_path / "resident.cu"
+    resident.write_text(f'#include "{hip / "group_norm_resident.hip"}"\n' + header
+                        + registrations("register_resident", ("group_norm_resident_f", "group_norm_resident_b")))
+    resident_nhwc = tmp_path / "resident_nhwc.cu"
+    resident_nhwc.write_text(f'#include "{hip / "group_norm_resident_nhwc.hip"}"\n' + header
+                             + "template <> struct gn_test::Letter<rsd::gn::Workspace> "
+                               "{ static constexpr char c = 'w'; };\n"
+                             + registrations("register_resident_nhwc", "group_norm_resident_nhwc_"))
+    scenarios = ", ".join(f"{{{s}, {l2}, {w}}}" for s, l2, w in GN_SCENARIOS)
+    extra = (GN_STUBS + registrations("register_split", ("group_norm_nchw_", "group_norm_nhwc_"))
+             + f"static const GnScenario kScenarios[] = {{{scenarios}}};\n"
+             + "static const GnCase kCases[] = {\n" + ",\n".join(cases) + "};\n")
+    wrapped = ("cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaLaunchKernel", "__cudaLaunchKernel",
+               "__cudaGetKernel", "cudaMemsetAsync", "cudaGetLastError")
+    cpp = run_driver(tmp_path, "group_norm/group_norm_split.hip", [GN_MAIN], extra=extra,
+                     also=("group_norm/group_norm.hip", resident, resident_nhwc),
+                     flags=(f"-I{tmp_path}", "-Xlinker", str(tmp_path / "gn_stubs.o"),
+                            *(f"-Xlinker=--wrap={name}" for name in wrapped)))
+    compare(cpp, expected)
+    launched = [line for line in expected if line.startswith("forward |")]
+    assert len(launched) > 1000 and any("memset" in line for line in launched)
+    assert any("group_norm_apply_planes" in line for line in launched)
+    assert any("memset" in line and "group_norm_resident_nchw<" in line for line in launched)
+    assert any("memset" in line and "group_norm_resident_nhwc<" in line for line in launched)

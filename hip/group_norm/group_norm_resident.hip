@@ -18,9 +18,11 @@
 // margin for kernels running beside this one). Tickets instead of blockIdx make this independent of
 // the order in which the hardware dispatches blocks. If a wait still exceeds seconds (a device
 // partitioned below what the runtime reports), the kernel traps: an error, not a hang.
-#include "rocm_sd/device.h"
 #include "rocm_sd/grid_sync.h"
 #include "rocm_sd/group_norm/impl.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
+#include "rocm_sd/device.h"
+#endif
 
 namespace rsd {
 namespace gn {
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(kThreads)
   chunk.template store<SILU>(y + ng * L, L, hw, channel0, gamma, beta, bias_row, mean_rstd_of(s, eps), streaming);
 }
 
+#if !RSD_RTC  // the plan and launcher: mirrored by rocm_sd/jit/group_norm_plan.py
 template <class T, class P, int VEC, bool SILU>
 constexpr auto kernel_of() {
   return &group_norm_resident_nchw<T, P, VEC, SILU>;
@@ -87,8 +90,11 @@ int64_t resident_capacity(int device) {
 }
 
 size_t counter_bytes(const GroupNormArgs& a) { return round_up(size_t(1 + a.n * a.groups) * sizeof(unsigned), 256); }
+#endif  // !RSD_RTC
 
 }  // namespace
+
+#if !RSD_RTC
 
 bool resident_plan(const GroupNormArgs& a, ResidentPlan* plan) {
   if (a.layout != Layout::nchw) return resident_nhwc_plan(a, plan);
@@ -142,6 +148,7 @@ hipError_t resident_launch(const GroupNormArgs& a, const ResidentPlan& p) {
   });
   return hipGetLastError();
 }
+#endif  // !RSD_RTC
 
 }  // namespace gn
 }  // namespace rsd

@@ -25,9 +25,11 @@
 // the data; measured on H200 it is on par with split there (the two grid-wide waits cost what the launches
 // did), faster at some shapes and slower at others, so it runs where the tuner measured it faster, or
 // when an image fits one block (no exchange): bench/notes/group_norm.md.
-#include "rocm_sd/device.h"
 #include "rocm_sd/grid_sync.h"
 #include "rocm_sd/group_norm/impl.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
+#include "rocm_sd/device.h"
+#endif
 
 namespace rsd {
 namespace gn {
@@ -51,6 +53,7 @@ struct Workspace {
   float2* mean_rstd;
 };
 
+#if !RSD_RTC  // workspace layout: mirrored by rocm_sd/jit/group_norm_plan.py
 size_t counter_bytes(const GroupNormArgs& a) { return round_up(size_t(1 + 2 * a.n) * sizeof(unsigned), 256); }
 size_t partial_bytes(const GroupNormArgs& a, const ResidentPlan& p) {
   return round_up(size_t(a.n * p.blocks_per_image * a.groups) * sizeof(WelfordStats), 256);
@@ -62,6 +65,7 @@ Workspace workspace_of(const GroupNormArgs& a, const ResidentPlan& p) {
   return Workspace{counters, counters + 1, counters + 1 + a.n, reinterpret_cast<WelfordStats*>(base + counter_bytes(a)),
                    reinterpret_cast<float2*>(base + counter_bytes(a) + partial_bytes(a, p))};
 }
+#endif  // !RSD_RTC
 
 template <class T, class P, int VEC, bool SILU>
 __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 caps a 512-thread kernel at 64 registers and spills
@@ -169,6 +173,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)  // ", 1": without it nvcc 13 
   }
 }
 
+#if !RSD_RTC  // the plan and launcher: mirrored by rocm_sd/jit/group_norm_plan.py
 template <class T, class P, int VEC, bool SILU>
 constexpr auto kernel_of() {
   return &group_norm_resident_nhwc<T, P, VEC, SILU>;
@@ -189,8 +194,11 @@ int64_t resident_capacity(int device, int threads) {
                                  kernel_of<T, float, VEC, false>(), kernel_of<T, float, VEC, true>());
   return slot;
 }
+#endif  // !RSD_RTC
 
 }  // namespace
+
+#if !RSD_RTC
 
 bool resident_nhwc_plan(const GroupNormArgs& a, ResidentPlan* plan) {
   if (a.layout != Layout::nhwc) return false;
@@ -254,6 +262,7 @@ hipError_t resident_nhwc_launch(const GroupNormArgs& a, const ResidentPlan& p) {
   });
   return hipGetLastError();
 }
+#endif  // !RSD_RTC
 
 }  // namespace gn
 }  // namespace rsd

@@ -12,8 +12,10 @@
 //
 // References: Chan, Golub, LeVeque, "Algorithms for computing the sample variance" (1983);
 // torch's GroupNorm (aten/src/ATen/native/cuda/group_norm_kernel.cu) for the semantics.
-#include "rocm_sd/device.h"
 #include "rocm_sd/group_norm/impl.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
+#include "rocm_sd/device.h"
+#endif
 
 namespace rsd {
 namespace gn {
@@ -29,6 +31,7 @@ constexpr int kBytesInFlight = 64;
 __host__ __device__ constexpr int nhwc_unroll(int vec_bytes, int max_threads) {
   return max_threads <= 512 && kBytesInFlight / vec_bytes > kUnroll ? kBytesInFlight / vec_bytes : kUnroll;
 }
+#if !RSD_RTC  // the plan's constants and make_plan: mirrored by rocm_sd/jit/group_norm_plan.py (split_plan)
 // Which instantiation (512 or 1024 threads at most) a channels_last plan launches.
 constexpr int nhwc_max_threads(int threads) { return threads <= 512 ? 512 : 1024; }
 constexpr int64_t kChunkElems = 16384;  // elements per block: 32 KB of fp16, 16 vectors a thread
@@ -120,6 +123,7 @@ Plan make_plan(const GroupNormArgs& a) {
   p.streaming = streaming_output(a);
   return p;
 }
+#endif  // !RSD_RTC
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -335,6 +339,7 @@ __global__ void __launch_bounds__(MAX_THREADS) group_norm_apply_nhwc(const T* __
 
 }  // namespace
 
+#if !RSD_RTC  // the launcher: mirrored by rocm_sd/jit/group_norm_plan.py (split_launches)
 int split_vec(const GroupNormArgs& a) { return make_plan(a).vec; }
 
 size_t split_workspace_bytes(const GroupNormArgs& a) {
@@ -404,6 +409,7 @@ hipError_t split_launch(const GroupNormArgs& a) {
 
   return hipGetLastError();
 }
+#endif  // !RSD_RTC
 
 }  // namespace gn
 }  // namespace rsd

@@ -1,8 +1,9 @@
 """The runtime-compiled backend: an object with _C's functions (the same names and arguments, bindings.cpp's
-convention) for the ops whose launchers plans.py mirrors, so ops/ and dispatch.py do not change. Each source
-file is compiled on first use for exactly the device's arch, cached on disk (cache.py), loaded into the device's
-context and launched on torch's current stream. Ops it does not cover answer their check with the reason, so they
-fall back (or fail in strict mode) by the usual rule."""
+convention) for every op of rocm_sd's own kernels, whose launchers plans.py, attention_plan.py and
+group_norm_plan.py mirror, so ops/ and dispatch.py do not change. Each source file is compiled on first use for
+exactly the device's arch, cached on disk (cache.py), loaded into the device's context and launched on torch's
+current stream. The Composable Kernel instances (ck_*) are _C's only: without their listing functions the ops see
+none under the JIT."""
 from __future__ import annotations
 
 import logging
@@ -12,19 +13,17 @@ import time
 import torch
 
 from .. import platform
-from . import attention_plan, plans, rtc, sources
+from . import attention_plan, group_norm_plan, plans, rtc, sources
 from .cache import KernelCache, entry_key
 from .launch import LaunchError, Runtime
 
 log = logging.getLogger("rocm_sd")
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
-# The ops whose launch decisions plans.py / attention_plan.py hold; add_layer_norm is layer_norm's residual form.
+# The ops whose launch decisions plans.py / attention_plan.py / group_norm_plan.py hold; add_layer_norm is
+# layer_norm's residual form. (The Composable Kernel instances, ck_*, are _C's only: the ops list none under the JIT.)
 COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm", "attention",
-           "layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows")
-NOT_COVERED = ("group_norm",)
-_NOT_COVERED_REASON = ("jit: the runtime-compiled backend has no {op} launcher yet (its path selection, workspace "
-                       "and grid exchange live in the C++ launcher of _C); build _C for this GPU to run it")
+           "layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows", "group_norm")
 
 
 class JitBackend:
@@ -37,6 +36,8 @@ class JitBackend:
         self._functions: dict[tuple[int, str], object] = {}  # (device, name expression) -> kernel handle
         self._modules: dict[tuple[int, str], dict[str, str]] = {}  # (device, unit) -> lowered names
         self._device_facts: dict[int, tuple[int, int]] = {}
+        self._l2: dict[int, int] = {}
+        self._capacity: dict[tuple, int] = {}  # (device, layout, dtype, vec, threads) -> resident GroupNorm blocks
         self._arches: dict[int, str] = {}
         self._lock = threading.Lock()
         self.compiles: dict[tuple[str, str], tuple[float, bool]] = {}  # (unit, arch) -> (seconds, from cache)
@@ -89,6 +90,13 @@ class JitBackend:
             facts = self._device_facts[device] = (props.multi_processor_count, wave)
         return facts
 
+    def _l2_bytes(self, device: int) -> int:
+        """The L2 size of `device`, or rsd::device_attribute's fallback of 32 MiB where the runtime gives none."""
+        l2 = self._l2.get(device)
+        if l2 is None:
+            l2 = self._l2[device] = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 32 << 20
+        return l2
+
     # ---- compile, load, launch ------------------------------------------------------------------------------------
     def compile_unit(self, unit_name: str, arch: str) -> tuple[rtc.Compiled, bool]:
         """The unit's code for `arch`, from the cache or compiled now (with a notice and its time)."""
@@ -132,16 +140,32 @@ class JitBackend:
                     self._functions[(device, expression)] = runtime.function(module, symbol)
             self._modules[(device, unit_name)] = compiled.lowered
 
-    def _run(self, device: int, launch: plans.Launch, stream: int) -> None:
-        function = self._functions.get((device, launch.expression))
+    def _function(self, device: int, unit: str, expression: str):
+        function = self._functions.get((device, expression))
         if function is None:
-            self._load(device, launch.unit)
-            function = self._functions[(device, launch.expression)]
+            self._load(device, unit)
+            function = self._functions[(device, expression)]
+        return function
+
+    def _run(self, device: int, launch: plans.Launch | list, stream: int) -> None:
+        """Enqueues a launch, or a list of launches and memsets in order, on `stream` of `device`."""
+        work = launch if isinstance(launch, list) else [launch]
+        functions = [None if isinstance(w, plans.Memset) else self._function(device, w.unit, w.expression)
+                     for w in work]
+        runtime = self.runtime()
+
+        def enqueue():
+            for w, function in zip(work, functions):
+                if function is None:
+                    runtime.memset(w.pointer, w.nbytes, stream)
+                else:
+                    runtime.launch(function, w.grid, w.block, 0, stream, w.signature, w.args)
+
         if _current_device() == device:
-            self.runtime().launch(function, launch.grid, launch.block, 0, stream, launch.signature, launch.args)
+            enqueue()
         else:  # a function belongs to its device's context, as the C++ launchers' DeviceGuard knows
             with torch.cuda.device(device):
-                self.runtime().launch(function, launch.grid, launch.block, 0, stream, launch.signature, launch.args)
+                enqueue()
 
     @staticmethod
     def _raise_if(why: str) -> None:
@@ -224,16 +248,58 @@ class JitBackend:
                                         self._facts(device)[1], instance)
         self._run(device, launch, stream)
 
-    # ---- ops not covered: their checks give the reason, so dispatch falls back by the usual rule -----------------
-    def group_norm_check(self, *args, **kwargs):
-        return _NOT_COVERED_REASON.format(op="group_norm")
+    # ---- group_norm (hip/group_norm/'s launcher: group_norm_plan.py) ---------------------------------------------
+    def _gn_args(self, x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps, silu, workspace=0,
+                 path=0, input_bias=0) -> group_norm_plan.Args:
+        return group_norm_plan.Args(int(x), int(y), int(gamma), int(beta), int(dtype), int(param_dtype), int(layout),
+                                    int(n), int(c), int(hw), int(groups), float(eps), bool(silu), int(workspace),
+                                    int(path), int(input_bias))
 
-    def _not_covered(self, op):
-        raise RuntimeError(_NOT_COVERED_REASON.format(op=op))
+    def _gn_facts(self, device: int) -> group_norm_plan.Facts:
+        return group_norm_plan.Facts(self._facts(device)[0], self._l2_bytes(device))
 
-    def group_norm_workspace_bytes(self, *args, **kwargs):
-        self._not_covered("group_norm")
+    def _gn_capacity(self, device: int):
+        """least_resident_blocks for the resident GroupNorm kernels of `device`: the least occupancy of the instances
+        one launch may pick among (params of the input's type or float32, SiLU or not), asked of the loaded kernels,
+        times the multiprocessors; 0 when the runtime cannot tell (the path is then refused, as in C++)."""
+        def capacity(layout, dtype, vec, threads) -> int:
+            key = (device, layout, dtype, vec, threads)
+            cached = self._capacity.get(key)
+            if cached:
+                return cached
+            unit, expressions = group_norm_plan.resident_kernels(layout, dtype, vec)
+            functions = [self._function(device, unit, e) for e in expressions]
+            try:
+                if _current_device() == device:
+                    least = min(self.runtime().occupancy(f, threads) for f in functions)
+                else:
+                    with torch.cuda.device(device):
+                        least = min(self.runtime().occupancy(f, threads) for f in functions)
+            except LaunchError as error:
+                log.warning("rocm_sd: occupancy of the resident GroupNorm kernels unknown (%s)", error)
+                return 0
+            blocks = least * self._facts(device)[0]
+            if blocks:  # 0 (unknown) is asked again next time, as in C++
+                self._capacity[key] = blocks
+            return blocks
 
-    def group_norm_forward(self, *args, **kwargs):
-        self._not_covered("group_norm")
+        return capacity
 
+    def group_norm_check(self, x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps, silu, device):
+        return group_norm_plan.check(self._gn_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups,
+                                                   eps, silu))
+
+    def group_norm_workspace_bytes(self, x, y, dtype, layout, n, c, hw, groups, device, path=0):
+        a = self._gn_args(x, y, 0, 0, dtype, dtype, layout, n, c, hw, groups, 1e-5, False, 0, path)
+        return group_norm_plan.workspace_bytes(a, self._gn_facts(device), self._gn_capacity(device))
+
+    def group_norm_describe(self, x, y, dtype, layout, n, c, hw, groups, device, path=0):
+        a = self._gn_args(x, y, 0, 0, dtype, dtype, layout, n, c, hw, groups, 1e-5, False, 0, path)
+        return group_norm_plan.describe(a, self._gn_facts(device), self._gn_capacity(device))
+
+    def group_norm_forward(self, x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps, silu, workspace,
+                           stream, device, path=0, input_bias=0):
+        a = self._gn_args(x, y, gamma, beta, dtype, param_dtype, layout, n, c, hw, groups, eps, silu, workspace, path,
+                          input_bias)
+        self._raise_if(group_norm_plan.check(a))
+        self._run(device, group_norm_plan.launches(a, self._gn_facts(device), self._gn_capacity(device)), stream)

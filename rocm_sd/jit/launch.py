@@ -51,10 +51,23 @@ class AttentionParams(ctypes.Structure):
                    scale_log2)
 
 
-# Kernel parameter types by the letters the launch plans use (plans.py): pointers, int64_t, int, float,
-# rsd::FastDiv built from its divisor, LayerNorm's QuantizedOut and the attention kernels' Params.
-CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float, "d": FastDiv.of,
-          "o": QuantizedOut.of, "a": AttentionParams.of}
+class GroupNormWorkspace(ctypes.Structure):
+    """gn::Workspace (hip/group_norm/group_norm_resident_nhwc.hip), passed by value: the ticket, arrival and ready
+    counters, the partials and the (image, group) mean / rstd, all within the op's workspace."""
+    _fields_ = [("ticket", ctypes.c_void_p), ("arrived", ctypes.c_void_p), ("ready", ctypes.c_void_p),
+                ("partials", ctypes.c_void_p), ("mean_rstd", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, fields: tuple) -> "GroupNormWorkspace":
+        return cls(*fields)
+
+
+# Kernel parameter types by the letters the launch plans use (plans.py): pointers, int64_t, int, uint32_t, bool,
+# float, rsd::FastDiv built from its divisor, LayerNorm's QuantizedOut, the attention kernels' Params and the NHWC
+# resident GroupNorm's Workspace.
+CTYPES = {"p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int32, "u": ctypes.c_uint32, "b": ctypes.c_bool,
+          "f": ctypes.c_float, "d": FastDiv.of, "o": QuantizedOut.of, "a": AttentionParams.of,
+          "w": GroupNormWorkspace.of}
 
 
 class Runtime:
@@ -65,16 +78,25 @@ class Runtime:
         if platform == "hip":
             self.lib = ctypes.CDLL(loaded_library("libamdhip64.so") or "libamdhip64.so")
             prefix = {"load": "hipModuleLoadData", "get": "hipModuleGetFunction", "launch": "hipModuleLaunchKernel",
-                      "driver": "hipDriverGetVersion"}
+                      "driver": "hipDriverGetVersion", "memset": "hipMemsetAsync",
+                      "occupancy": "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor"}
             self.lib.hipGetErrorString.restype = ctypes.c_char_p
+            # hipMemsetAsync(dst, value, bytes, stream)
+            memset_args = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
         else:
             self.lib = ctypes.CDLL(loaded_library("libcuda.so") or "libcuda.so.1")
             prefix = {"load": "cuModuleLoadData", "get": "cuModuleGetFunction", "launch": "cuLaunchKernel",
-                      "driver": "cuDriverGetVersion"}
+                      "driver": "cuDriverGetVersion", "occupancy": "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                      "memset": "cuMemsetD8Async"}
+            # cuMemsetD8Async(CUdeviceptr, byte, count, stream)
+            memset_args = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
         self._load, self._get = getattr(self.lib, prefix["load"]), getattr(self.lib, prefix["get"])
         self._launch, self._driver = getattr(self.lib, prefix["launch"]), getattr(self.lib, prefix["driver"])
         self._launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [ctypes.c_uint, ctypes.c_void_p,
                                                                               ctypes.c_void_p, ctypes.c_void_p]
+        self._occupancy, self._memset = getattr(self.lib, prefix["occupancy"]), getattr(self.lib, prefix["memset"])
+        self._occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        self._memset.argtypes = memset_args
 
     def _error(self, code: int) -> str:
         if self.platform == "hip":
@@ -119,6 +141,17 @@ class Runtime:
         function = ctypes.c_void_p()
         self.check(self._get(ctypes.byref(function), module, symbol.encode()), f"function lookup of {symbol}")
         return function
+
+    def occupancy(self, function, block: int, shared: int = 0) -> int:
+        """Blocks of `block` threads of `function` that fit on one multiprocessor at once (the C++ launchers'
+        hipOccupancyMaxActiveBlocksPerMultiprocessor, asked of the loaded kernel)."""
+        blocks = ctypes.c_int()
+        self.check(self._occupancy(ctypes.byref(blocks), function, block, shared), "occupancy query")
+        return blocks.value
+
+    def memset(self, pointer: int, nbytes: int, stream: int) -> None:
+        """Zeroes `nbytes` at `pointer` on `stream` (hipMemsetAsync / cuMemsetD8Async)."""
+        self.check(self._memset(pointer, 0, nbytes, stream), "memset")
 
     def launch(self, function, grid, block: int, shared: int, stream: int, signature: str, args) -> None:
         """One launch; `grid` is a block count or (x, y, z); `signature` gives each argument's type (CTYPES

@@ -31,6 +31,14 @@ class Launch:
     block: int = THREADS
 
 
+@dataclass(frozen=True)
+class Memset:
+    """Zeroing `nbytes` at `pointer` on the stream, in order with the launches around it (hipMemsetAsync /
+    cuMemsetD8Async: a memset node under graph capture), as the C++ launchers' hipMemsetAsync."""
+    pointer: int
+    nbytes: int
+
+
 def elem_bytes(dtype: int) -> int:
     return 4 if dtype == F32 else 2
 

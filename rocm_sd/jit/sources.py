@@ -77,6 +77,52 @@ def layer_norm_unit(dtype: int, float_params: bool, vec: int, quantize: bool) ->
 # only its own type's).
 DTYPE_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
 
+def _group_norm_split(t: str, layout: str) -> tuple[str, ...]:
+    """group_norm_split.hip's instances for inputs of type `t` in one layout (split_launch's switches): stats (NHWC:
+    the 1024-thread instance, the 512-thread one, and the one whose vectors span two groups), finalize, and apply
+    (NCHW: chunks and planes; NHWC: 512 and 1024 threads) with params of the input's type or float32, SiLU or not."""
+    out = []
+    for vec in VECS_BY_TYPE[t]:
+        if layout == "nchw":
+            out.append(f"rsd::gn::group_norm_stats_nchw<{t}, {vec}>")
+        else:
+            gpv = 2 if vec >= 2 else 1
+            out += list(dict.fromkeys(f"rsd::gn::group_norm_stats_nhwc<{t}, {vec}, {g}, {threads}>"
+                                      for g, threads in ((1, 1024), (1, 512), (gpv, 512))))
+    out.append("rsd::gn::group_norm_finalize")
+    for p, vec, silu in itertools.product(dict.fromkeys((t, "float")), VECS_BY_TYPE[t], (False, True)):
+        if layout == "nchw":
+            out += [f"rsd::gn::group_norm_apply_{kind}<{t}, {p}, {vec}, {_bool(silu)}>" for kind in ("nchw", "planes")]
+        else:
+            out += [f"rsd::gn::group_norm_apply_nhwc<{t}, {p}, {vec}, {_bool(silu)}, {threads}>"
+                    for threads in (512, 1024)]
+    return tuple(out)
+
+
+def _group_norm_resident(t: str, layout: str) -> tuple[str, ...]:
+    """group_norm_resident[_nhwc].hip's instances for inputs of type `t`: every vector width, params of the input's
+    type or float32, SiLU or not (the four an occupancy query asks about per width are among them)."""
+    return tuple(f"rsd::gn::group_norm_resident_{layout}<{t}, {p}, {vec}, {_bool(silu)}>"
+                 for p, vec, silu in itertools.product(dict.fromkeys((t, "float")), VECS_BY_TYPE[t], (False, True)))
+
+
+def _group_norm_units() -> dict[str, "Unit"]:
+    """Per dtype: the split path's NCHW and NHWC kernels (one source, a unit per layout) and the resident kernels of
+    each layout: a first call compiles only the layout and path it takes."""
+    units = {}
+    for code, t in TYPES.items():
+        dt = DTYPE_NAMES[code]
+        for layout in ("nchw", "nhwc"):
+            name = f"group_norm_{layout}_{dt}"
+            units[name] = Unit(name, "group_norm/group_norm_split.hip", _group_norm_split(t, layout))
+        units[f"group_norm_resident_{dt}"] = Unit(f"group_norm_resident_{dt}", "group_norm/group_norm_resident.hip",
+                                                  _group_norm_resident(t, "nchw"))
+        units[f"group_norm_resident_nhwc_{dt}"] = Unit(f"group_norm_resident_nhwc_{dt}",
+                                                       "group_norm/group_norm_resident_nhwc.hip",
+                                                       _group_norm_resident(t, "nhwc"))
+    return units
+
+
 # Attention instances (hip/attention/attention.hip's kNarrow, attention_wide.hip's kWide): padded head dim ->
 # (query tiles a wave, keys a tile) of the narrow family, all with 4 waves; the wide family's (waves, tiles).
 NARROW_SHAPES = {dp: [(rows, n) for rows in ((1, 2) if dp <= 80 else (1,)) for n in (64, 32)]
@@ -110,6 +156,7 @@ UNITS = {
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
     **_layer_norm_units(),
     **_attention_units(),
+    **_group_norm_units(),
 }
 
 

@@ -6,20 +6,23 @@
 //   split (group_norm_split.hip): stats / finalize / apply launches; x is read twice.
 #pragma once
 
+#include "rocm_sd/common.h"
+#include "rocm_sd/compat.h"
+#include "rocm_sd/grid_sync.h"
+#if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
-#include "rocm_sd/common.h"
-#include "rocm_sd/compat.h"
 #include "rocm_sd/device.h"
-#include "rocm_sd/grid_sync.h"
 #include "rocm_sd/group_norm/api.h"
 #include "rocm_sd/launch.h"
+#endif
 
 namespace rsd {
 namespace gn {
 
+#if !RSD_RTC  // the launchers' plans (mirrored by rocm_sd/jit/group_norm_plan.py)
 inline int64_t tensor_bytes(const GroupNormArgs& a) { return a.n * a.c * a.hw * elem_bytes(a.dtype); }
 
 // Widest access (at most 16 bytes) such that every vector stays inside one channel (NCHW) or
@@ -75,6 +78,7 @@ constexpr int kMaxThreadsNhwc = 1024;
 size_t split_workspace_bytes(const GroupNormArgs& a);
 int split_vec(const GroupNormArgs& a);  // the split path's vector width (NHWC vectors may span two groups)
 hipError_t split_launch(const GroupNormArgs& a);
+#endif  // !RSD_RTC
 
 // ---- device math ----
 __device__ __forceinline__ float2 mean_rstd_of(const WelfordStats& s, float eps) {
@@ -109,13 +113,23 @@ __device__ __forceinline__ T activate(float y) {
   return from_float<T>(y);
 }
 
+// Whether normalize's A is a per-element array (<type_traits>' is_array, which neither runtime compiler has).
+template <class A>
+struct per_element {
+  static constexpr bool value = false;
+};
+template <class E, int N>
+struct per_element<E[N]> {
+  static constexpr bool value = true;
+};
+
 // y = act(x * a + b) for one vector; A and B are scalars (one channel) or per-element arrays.
 template <class T, int VEC, bool SILU, class A, class B>
 __device__ __forceinline__ Vec<T, VEC> normalize(const Vec<T, VEC>& v, const A& a, const B& b) {
   Vec<T, VEC> out;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    if constexpr (std::is_array<A>::value)
+    if constexpr (per_element<A>::value)
       out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a[k], b[k]));
     else
       out.v[k] = activate<T, SILU>(fmaf(to_float(v.v[k]), a, b));
@@ -270,6 +284,7 @@ struct RegisterChunk {
   }
 };
 
+#if !RSD_RTC
 // ---- compile-time dispatch of runtime choices ----
 template <class T>
 struct Tag {
@@ -315,6 +330,7 @@ void with_params(DType param_dtype, F&& f) {
   else
     f(Tag<T>{});
 }
+#endif  // !RSD_RTC
 
 }  // namespace gn
 }  // namespace rsd
