@@ -13,7 +13,7 @@ from collections import Counter
 from torch import nn
 
 from . import ldm_swaps
-from .a1111_graph import GraphedUNetForward, webui_module
+from .a1111_graph import GraphedUNetForward, sgm_timestep_embedding, sgm_timestep_embedding_site, webui_module
 from .core import PatchRecord
 
 FEATURES = ("group_norm", "layer_norm", "fold_upsample", "channels_last", "cuda_graph")
@@ -89,6 +89,9 @@ def patch_sd_model(sd_model, group_norm: bool = True, layer_norm: bool = True, f
         record.set_attr(unet, "forward", graphed)
         record.on_revert(graphed.clear)
         record.graphed["unet"] = graphed
+        site = sgm_timestep_embedding_site()
+        if site is not None:
+            record.set_attr(*site, sgm_timestep_embedding)
     return record
 
 

@@ -26,6 +26,7 @@ applies the new weights) before capturing again.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections import Counter
 
@@ -113,6 +114,54 @@ class GraphedUNetForward:
     def clear(self) -> None:
         """Drop the captured graphs; their memory returns to PyTorch's allocator."""
         self.graphed.clear()
+
+
+# ---- generative-models' timestep embedding, which copies from the CPU on every call ---------------------------------
+# sgm.modules.diffusionmodules.util.timestep_embedding builds its frequencies on the CPU and copies them to the GPU per
+# call: a host copy, which a graph capture refuses, so every SDXL evaluation ran eagerly (seen on the H100). The copy
+# below computes them the same way, once per size and device (the same bits), and copies them without waiting (from
+# pinned memory), so a capture finds them on the GPU. The webui's own ldm version builds them on the GPU already.
+_FREQUENCIES: dict[tuple, torch.Tensor] = {}
+
+
+def sgm_timestep_embedding(timesteps, dim, max_period=10000, repeat_only=False):
+    """generative-models' timestep_embedding, the same arithmetic on the same frequencies, without a copy per call."""
+    if repeat_only:  # no frequencies, no copy
+        return webui_module("sgm.modules.diffusionmodules.util").timestep_embedding(timesteps, dim, max_period, True)
+    half = dim // 2
+    key = (half, max_period, timesteps.device)
+    freqs = _FREQUENCIES.get(key)
+    if freqs is None:
+        host = torch.exp(-math.log(max_period) * torch.arange(start=0, end=half, dtype=torch.float32) / half)
+        if timesteps.is_cuda:
+            host = host.pin_memory()
+        freqs = _FREQUENCIES[key] = host.to(device=timesteps.device, non_blocking=True)
+    args = timesteps[:, None].float() * freqs[None]
+    embedding = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        embedding = torch.cat([embedding, torch.zeros_like(embedding[:, :1])], dim=-1)
+    return embedding
+
+
+def sgm_timestep_embedding_site():
+    """(holder, attribute name) of the function the SDXL UNet calls as generative-models' timestep_embedding: its
+    module's global, or the function inside the webui's hijack of it (a CondFunc casting the result), or None where
+    neither is that function (another webui version: the capture then fails and the reason is logged)."""
+    openaimodel = webui_module("sgm.modules.diffusionmodules.openaimodel")
+    util = webui_module("sgm.modules.diffusionmodules.util")
+    if openaimodel is None or util is None:
+        return None
+    holder, name = openaimodel, "timestep_embedding"
+    for _ in range(4):  # the webui stacks at most a couple of CondFuncs
+        current = getattr(holder, name)
+        if current is util.timestep_embedding:
+            return holder, name
+        cells = [cell.cell_contents for cell in getattr(current, "__closure__", None) or ()]
+        hijack = next((c for c in cells if type(c).__name__ == "CondFunc"), None)
+        if hijack is None or not hasattr(hijack, "_CondFunc__orig_func"):
+            return None
+        holder, name = hijack, "_CondFunc__orig_func"
+    return None
 
 
 def hooked_by_another(unet) -> bool:
