@@ -269,6 +269,11 @@ def summary(runs: list[dict]) -> str:
     if any("speedup_vs_1gpu" in r for r in rows):
         return ", ".join(f"{r['model']} {r['mode']} on {r['gpus']} GPUs {r['speedup_vs_1gpu']:.2f}x"
                          for r in rows if r["gpus"] > 1)
+    if any("speedup_step" in r for r in rows):
+        base = {(r["model"], r["size"]): r["engine"] for r in rows if r["speedup_step"] == 1.0}
+        return "; ".join(f"{r['model']} {r['size']}: {r['engine']} {r['speedup_step']:.2f}x "
+                         f"{base.get((r['model'], r['size']), 'baseline')} per step"
+                         for r in rows if r["speedup_step"] != 1.0)
     return f"{len(rows)} rows"
 
 
