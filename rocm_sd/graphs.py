@@ -150,6 +150,7 @@ class GraphedCall:
         self._evictions: deque = deque(maxlen=THRASH_WINDOW)  # per call: whether it evicted a graph
         self.stats: Counter = Counter()
         self._weight_list = None
+        self._derived: list = []
         self._structures: dict = {}  # fingerprint of the model's structure -> its number
         self._structure = -1
         self._seen_epoch = -1
@@ -241,21 +242,35 @@ class GraphedCall:
         and buffer, numbered per GraphedCall, so a model put back as it was (ComfyUI restores its object
         patches' originals and installs the patches again on every load) replays the graphs it had.
         Moving the model (offload, .to()) or swapping a weight tensor (LoRA fusing) changes a storage the
-        graph reads from; in-place updates (copy_) keep it and stay valid."""
-        if self._seen_epoch != _structure_epoch:  # walking the module tree costs ~1 ms: once per change
-            modules = list(self.module.modules())
-            self._weight_list = list(self.module.parameters()) + list(self.module.buffers())
-            for module in modules:
-                _watched.add(module)
-            processors = [getattr(m, "processor", None) for m in modules]  # diffusers' attention processors
-            fingerprint = (tuple((id(m), type(m), id(p), type(p)) for m, p in zip(modules, processors))
-                           + tuple((id(t), t.shape, t.dtype) for t in self._weight_list))
-            self._structure = self._structures.setdefault(fingerprint, len(self._structures))
-            self._seen_epoch = _structure_epoch
+        graph reads from; in-place updates (copy_) keep it and stay valid.
+
+        Weights derived from others (the 8-bit weights of modules/quantized_linear.QuantizedHostCopy) are brought up
+        to date first (`rocm_sd_refresh`), outside any capture: a new derivation is new buffers, so new pointers."""
+        if self._seen_epoch != _structure_epoch:
+            self._walk()
+        if self._derived:
+            for module in self._derived:
+                module.rocm_sd_refresh()
+            if self._seen_epoch != _structure_epoch:
+                self._walk()
         pointers = tuple(t.data_ptr() for t in self._weight_list)
         if 0 in pointers and any(t.is_meta for t in self._weight_list):
             raise _Ineligible("weights on the meta device (CPU offload brings them in for each call)")
         return (self._structure,) + pointers
+
+    def _walk(self) -> None:
+        """The model's structure, weights and derived-weight modules, again (walking the module tree costs ~1 ms:
+        once per change)."""
+        modules = list(self.module.modules())
+        self._weight_list = list(self.module.parameters()) + list(self.module.buffers())
+        self._derived = [m for m in modules if hasattr(type(m), "rocm_sd_refresh")]
+        for module in modules:
+            _watched.add(module)
+        processors = [getattr(m, "processor", None) for m in modules]  # diffusers' attention processors
+        fingerprint = (tuple((id(m), type(m), id(p), type(p)) for m, p in zip(modules, processors))
+                       + tuple((id(t), t.shape, t.dtype) for t in self._weight_list))
+        self._structure = self._structures.setdefault(fingerprint, len(self._structures))
+        self._seen_epoch = _structure_epoch
 
     # -- capture ----------------------------------------------------------------------------------
     def _capture(self, args, kwargs, leaves: list, spec):

@@ -41,3 +41,16 @@ def model_inputs(device="cpu", dtype=torch.float32, seed=1):
     g = torch.Generator(device).manual_seed(seed)
     return (torch.randn(2, 4, 8, 8, device=device, dtype=dtype, generator=g),
             torch.randn(2, 5, 24, device=device, dtype=dtype, generator=g))
+
+
+def run_patched_with_stats(patcher, x, ctx):
+    """One evaluation with the patcher's patches in place: (output, rocm_sd.stats() of that evaluation)."""
+    import rocm_sd
+
+    patcher.patch_model()
+    try:
+        rocm_sd.reset_stats()
+        out = run_model(patcher, x, ctx)
+        return out, rocm_sd.stats()
+    finally:
+        patcher.unpatch_model()

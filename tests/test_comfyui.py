@@ -13,7 +13,7 @@ import rocm_sd
 from rocm_sd import config, dispatch
 from rocm_sd.patch import comfy as comfy_patch
 
-from tests.comfyui_standin import load_node_package, model_inputs, run_model, standin_model
+from tests.comfyui_standin import load_node_package, model_inputs, run_model, run_patched_with_stats, standin_model
 
 
 def test_node_contract(nodes):
@@ -291,19 +291,11 @@ def test_without_rocm_sd_the_nodes_pass_through(comfy, monkeypatch):
 
 @pytest.mark.gpu
 def test_optimized_model_on_the_gpu_uses_the_kernels(comfy, nodes):
-    import rocm_sd
-
     patcher = standin_model(comfy, "cuda", torch.float16, channels=32)
     x, ctx = model_inputs("cuda", torch.float16)
     reference = run_model(patcher, x, ctx)
     (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher)
-    optimized.patch_model()
-    try:
-        rocm_sd.reset_stats()
-        got = run_model(optimized, x, ctx)
-        stats = rocm_sd.stats()
-    finally:
-        optimized.unpatch_model()
+    got, stats = run_patched_with_stats(optimized, x, ctx)
     n_group_norms = sum(isinstance(m, torch.nn.GroupNorm) for m in patcher.model.modules())
     n_layer_norms = sum(isinstance(m, torch.nn.LayerNorm) for m in patcher.model.modules())
     assert stats["group_norm"] == {"rocm_sd": n_group_norms} and stats["layer_norm"] == {"rocm_sd": n_layer_norms}

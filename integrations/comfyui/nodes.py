@@ -39,7 +39,8 @@ def _say_once(message: str) -> None:
 
 class RocmSDOptimizeModel:
     """MODEL -> MODEL: rocm_sd's norm kernels and attention on a clone, and its evaluations replayed as
-    captured graphs; optionally step caching (docs/step_cache.md); the input model is not changed."""
+    captured graphs; optionally step caching (docs/step_cache.md) and 8-bit linear layers (docs/precision.md); the
+    input model is not changed."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -64,6 +65,12 @@ class RocmSDOptimizeModel:
                                        "tooltip": "deepcache: one full evaluation per this many steps"}),
             "cache_threshold": ("FLOAT", {"default": 0.15, "min": 0.0, "max": 10.0, "step": 0.01, "tooltip": (
                 "adaptive: the summed relative change of the model's input that triggers a full evaluation")}),
+            "precision": (["fp16", "fp8", "int8"], {"default": "fp16", "tooltip": (
+                "8-bit linear layers (changes images): 'fp8' (MI300 / MI350, RDNA4, NVIDIA Ada and newer) or 'int8' "
+                "runs the attention projections, feed-forward and 1x1 convolutions as 8-bit GEMMs, weights "
+                "quantized per output channel from the model's current weights (LoRA included), activations per "
+                "token. The 8-bit weights are held beside ComfyUI's own: about half the linear layers' fp16 size "
+                "more VRAM, which ComfyUI's memory estimate does not see. 'fp16' keeps the model's dtype")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
@@ -73,7 +80,7 @@ class RocmSDOptimizeModel:
                    "model evaluation as a captured GPU graph (AMD GPUs).")
 
     def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True,
-                 cache="off", cache_interval=3, cache_threshold=0.15):
+                 cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16"):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
@@ -81,10 +88,9 @@ class RocmSDOptimizeModel:
         cache = None if cache == "off" else cache
         not_installed = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph,
                                             channels_last=channels_last, cache=cache, cache_interval=cache_interval,
-                                            cache_threshold=cache_threshold)
-        if not_installed:
-            wanted = [name for name, on in (("graph capture", cuda_graph), ("step cache", cache)) if on]
-            _say_once(f"no {' and no '.join(wanted)}: {not_installed}")
+                                            cache_threshold=cache_threshold, precision=precision)
+        for why in not_installed:
+            _say_once(why)
         _report_kernels()
         return (patched,)
 

@@ -1,4 +1,4 @@
-"""Kernel-backed copies of a host app's own modules (norms, upsamplers), for hosts that patch by object replacement
+"""Kernel-backed copies of a host app's own modules (norms, upsamplers, 8-bit linears), for hosts that patch by object replacement
 (ComfyUI's object patches, A1111's module hijacks) rather than by rocm_sd's in-place optimize().
 
 The copy keeps the module's class (a subclass is made on the fly), its attributes and its very
@@ -16,6 +16,9 @@ from torch import nn
 
 from ..ops.group_norm import group_norm
 from ..ops.layer_norm import layer_norm
+from ..ops.quantize import FORMATS
+from ..ops.quantized_outputs import layer_norm_quantize_rows
+from .quantized_linear import QuantizedHostCopy, remember_rows
 
 _SUBCLASSES: dict[tuple[type, str], type] = {}
 
@@ -53,13 +56,24 @@ def _subclass(base: type, kind: str) -> type:
                 # call (one copy of the filter, which the vendor did anyway on NCHW tensors): the host's own
                 # Parameter stays as it is for its weight patching (LoRA) and memory accounting.
                 return self._conv_forward(x, self.weight.contiguous(memory_format=torch.channels_last), self.bias)
+        elif kind == "quantized_linear":  # the forward is QuantizedHostCopy's
+            _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (QuantizedHostCopy, base), {"__module__": __name__})
+            return _SUBCLASSES[key]
         else:
             def forward(self, x):
                 if self.rocm_sd_host_path(self) or len(self.normalized_shape) != 1:
                     return base.forward(self, x)
                 # The ldm repository's SpatialTransformer gives its norms a (b, h*w, c) view of an NCHW tensor (its
                 # rearrange has no .contiguous()); torch's layer_norm copies such an input as well.
-                return layer_norm.call(x.contiguous(), self.weight, self.bias, self.eps)
+                x = x.contiguous()
+                fmt = self.rocm_sd_quantized_output
+                if fmt is None:
+                    return layer_norm.call(x, self.weight, self.bias, self.eps)
+                # Every consumer of this output is an 8-bit GEMM of `fmt` (ldm_swaps.quantized_norm_outputs): the
+                # kernel writes the output's per-row quantization too, which they take instead of quantizing it.
+                y, q, scale = layer_norm_quantize_rows.call(x, self.weight, self.bias, self.eps, fmt)
+                remember_rows(y, fmt, q, scale, trusted=True)
+                return y
         _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
     return _SUBCLASSES[key]
 
@@ -103,9 +117,30 @@ def group_norm_copy(module: nn.GroupNorm, act: str | None = None,
 
 
 def layer_norm_copy(module: nn.LayerNorm, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
-    """`module` as rocm_sd::layer_norm over its last dimension, unless host_path(copy)."""
+    """`module` as rocm_sd::layer_norm over its last dimension, unless host_path(copy). Its attribute
+    `rocm_sd_quantized_output` (None) may name the 8-bit format its every consumer multiplies in."""
     if not isinstance(module, nn.LayerNorm):
         raise TypeError(f"expected an nn.LayerNorm, got {type(module).__name__}")
     new = copy_as(module, _subclass(type(module), "layer_norm"))
-    new.rocm_sd_host_path = host_path
+    new.rocm_sd_host_path, new.rocm_sd_quantized_output = host_path, None
+    return new
+
+
+def is_pointwise_conv(module: nn.Module) -> bool:
+    """A 1x1 convolution that is a GEMM over the pixels (any Conv2d class of a host)."""
+    return (isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1) and module.stride == (1, 1)
+            and module.padding in ((0, 0), "valid") and module.dilation == (1, 1) and module.groups == 1
+            and module.padding_mode == "zeros")
+
+
+def quantized_linear_copy(module: nn.Module, format: str,
+                          host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
+    """`module` (a Linear, or a 1x1 Conv2d) as an 8-bit GEMM of `format` (ops/quantize.FORMATS) of its current
+    weight (modules/quantized_linear.QuantizedHostCopy), unless host_path(copy)."""
+    if format not in FORMATS:
+        raise ValueError(f"quantized_linear_copy: format {format!r} is not one of {', '.join(FORMATS)}")
+    if not (isinstance(module, nn.Linear) or is_pointwise_conv(module)):
+        raise TypeError(f"expected an nn.Linear or a 1x1 nn.Conv2d, got {type(module).__name__}")
+    new = copy_as(module, _subclass(type(module), "quantized_linear"))
+    new.rocm_sd_format, new.rocm_sd_conv, new.rocm_sd_host_path = format, isinstance(module, nn.Conv2d), host_path
     return new

@@ -17,6 +17,8 @@ themselves (ops/quantized_outputs.py; patch/precision.py says which), so most la
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -79,9 +81,9 @@ class RocmQuantizedLinear(nn.Module):
         self.format = format
         self.conv = conv  # a 1x1 convolution: (N, C, H, W) in and out
         self.out_features, self.in_features = weight.shape[0], weight.shape[1]
-        q, scale = quantize_rows_ref(weight.detach().reshape(self.out_features, self.in_features), format)
+        q, scale = quantize_weight(weight, format)
         self.register_buffer("weight_q", q)
-        self.register_buffer("weight_scale", scale.unsqueeze(0))  # (1, N): the GEMM's column scales
+        self.register_buffer("weight_scale", scale)  # (1, N): the GEMM's column scales
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     @classmethod
@@ -93,36 +95,112 @@ class RocmQuantizedLinear(nn.Module):
         return f"{kind}, in={self.in_features}, out={self.out_features}, format={self.format}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.conv:
-            if x.dim() != 4:
-                raise ValueError(f"RocmQuantizedLinear (1x1 convolution): input of shape {tuple(x.shape)} is not 4-D")
-            rows = x.permute(0, 2, 3, 1)  # a view for channels_last input, which the convolution patches keep
-            return self._rows(x, rows.reshape(-1, self.in_features)).view(*rows.shape[:-1], -1).permute(0, 3, 1, 2)
-        if x.shape[-1] != self.in_features:
+        if self.conv and x.dim() != 4:
+            raise ValueError(f"RocmQuantizedLinear (1x1 convolution): input of shape {tuple(x.shape)} is not 4-D")
+        if not self.conv and x.shape[-1] != self.in_features:
             raise ValueError(f"RocmQuantizedLinear: input of shape {tuple(x.shape)} does not end in "
                              f"{self.in_features} features")
-        return self._rows(x, x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
-
-    def _rows(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The layer on `rows` (x's rows, a view or a copy), with x's remembered quantization if it has one."""
-        quantized = remembered_rows(x, self.format)
-        if quantized is None:
-            quantized = quantize_rows.call(rows.contiguous(), self.format)
-            remember_rows(x, self.format, *quantized)
-        q, scale = quantized
-        return self.matmul(q.reshape(rows.shape), scale.reshape(rows.shape[0]), x.dtype)
+        return forward_8bit(x, self.conv, self.in_features, self.weight_q, self.weight_scale, self.bias, self.format)
 
     def matmul(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """(q * scale) @ (weight_q * weight_scale).T + bias in `dtype`, from already quantized rows."""
-        if q.is_cuda and q.shape[0] > 0:
-            if self.format == "int8":
-                if q.shape[0] > 16:  # torch._int_mm's smallest M
-                    acc = torch._int_mm(q, self.weight_q.t())
-                    out = acc.float().mul_(scale.unsqueeze(1)).mul_(self.weight_scale)
-                    return (out if self.bias is None else out.add_(self.bias)).to(dtype)
-            else:
-                return torch._scaled_mm(q, self.weight_q.t(), scale_a=scale.unsqueeze(1), scale_b=self.weight_scale,
-                                        bias=self.bias, out_dtype=dtype)
-        out = F.linear(dequantize_rows(q, scale), dequantize_rows(self.weight_q, self.weight_scale.squeeze(0)),
-                       None if self.bias is None else self.bias.float())
-        return out.to(dtype)
+        return linear_8bit(q, scale, self.weight_q, self.weight_scale, self.bias, self.format, dtype)
+
+
+def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.Tensor, weight_scale: torch.Tensor,
+                 bias: torch.Tensor | None, format: str) -> torch.Tensor:
+    """A Linear over x's last dimension, or with `conv` a 1x1 convolution of (N, C, H, W) x, as the 8-bit GEMM of
+    x's rows (with x's remembered quantization if it has one) and the quantized weight."""
+    if conv:
+        rows = x.permute(0, 2, 3, 1)  # a view for channels_last input, which the convolution patches keep
+        flat = rows.reshape(-1, in_features)
+        out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
+        return out.view(*rows.shape[:-1], -1).permute(0, 3, 1, 2)
+    flat = x.reshape(-1, in_features)
+    out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
+    return out.view(*x.shape[:-1], -1)
+
+
+def quantize_weight(weight: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear's (N, K) weight, or a 1x1 convolution's (N, K, 1, 1), quantized per output channel: (q (N, K), the
+    GEMM's column scales (1, N)). Weights a host stores in fp8 itself are read in fp32."""
+    rows = weight.detach().reshape(weight.shape[0], -1)
+    q, scale = quantize_rows_ref(rows.float() if rows.element_size() == 1 else rows, format)
+    return q, scale.unsqueeze(0)
+
+
+def input_rows(x: torch.Tensor, rows: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's rows (`rows`: x as (M, K), a view or a copy) quantized: (q (M, K), scale (M,)), from x's remembered
+    quantization if it has one, else by rocm_sd::quantize_rows, remembered for the next layers that take x."""
+    quantized = remembered_rows(x, format)
+    if quantized is None:
+        quantized = quantize_rows.call(rows.contiguous(), format)
+        remember_rows(x, format, *quantized)
+    q, scale = quantized
+    return q.reshape(rows.shape), scale.reshape(rows.shape[0])
+
+
+def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, weight_scale: torch.Tensor,
+                bias: torch.Tensor | None, format: str, dtype: torch.dtype) -> torch.Tensor:
+    """(q * scale) @ (weight_q * weight_scale).T + bias in `dtype`: the 8-bit GEMM on a GPU, the same product of the
+    dequantized operands in fp32 elsewhere."""
+    if bias is not None and bias.dtype != dtype:
+        bias = bias.to(dtype)  # a host that stores its weights in another dtype casts per call too
+    if q.is_cuda and q.shape[0] > 0:
+        if format == "int8":
+            if q.shape[0] > 16:  # torch._int_mm's smallest M
+                acc = torch._int_mm(q, weight_q.t())
+                out = acc.float().mul_(scale.unsqueeze(1)).mul_(weight_scale)
+                return (out if bias is None else out.add_(bias)).to(dtype)
+        else:
+            return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1), scale_b=weight_scale, bias=bias,
+                                    out_dtype=dtype)
+    out = F.linear(dequantize_rows(q, scale), dequantize_rows(weight_q, weight_scale.squeeze(0)),
+                   None if bias is None else bias.float())
+    return out.to(dtype)
+
+
+class QuantizedHostCopy:
+    """Mixed into a copy of a host app's own Linear or 1x1 Conv2d (modules/host_copies.quantized_linear_copy): its
+    forward as the 8-bit GEMM of the module's weight as the host has it now.
+
+    The host keeps its weights its own way: ComfyUI patches LoRA into them (a new Parameter on this copy), offloads
+    and reloads them, may store them in fp8 itself. So the weight is quantized from the current Parameter, again
+    whenever the host has replaced it or changed it in place (rocm_sd_refresh), into non-persistent buffers: they
+    move with the module when the host offloads it, stay out of its state_dict (saved checkpoints) and of its LoRA
+    key maps, and are part of a graph's signature (graphs.py refreshes them before each call, so a graph never
+    replays a quantization of other weights). Weights a host changes in place inside inference mode carry no version
+    and go unnoticed until they are replaced. Calls the host takes on its own path (rocm_sd_host_path: weights
+    cast or streamed per call, LoRA applied in the forward) and inputs the GEMM does not take run the host's forward."""
+
+    rocm_sd_format: str
+    rocm_sd_conv: bool
+
+    def rocm_sd_refresh(self) -> None:
+        if self.rocm_sd_host_path(self):
+            return  # the host's own forward runs: nothing reads the 8-bit weight
+        weight = self.weight
+        source = self.__dict__.get("_rocm_sd_source")
+        if source is not None and source[0]() is weight and source[1] == _version(weight):
+            return
+        q, scale = quantize_weight(weight, self.rocm_sd_format)
+        # New tensors, not copies into the old ones: a graph captured on the old quantization must not match.
+        self.register_buffer("rocm_sd_weight_q", q, persistent=False)
+        self.register_buffer("rocm_sd_weight_scale", scale, persistent=False)
+        self.__dict__["_rocm_sd_source"] = (weakref.ref(weight), _version(weight))
+
+    def _rocm_sd_takes(self, x: torch.Tensor) -> bool:
+        if (self.rocm_sd_host_path(self) or torch.compiler.is_compiling() or x.device != self.weight.device
+                or x.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
+            return False
+        if self.rocm_sd_conv:
+            return x.dim() == 4 and x.shape[1] == self.in_channels
+        return x.dim() >= 1 and x.shape[-1] == self.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._rocm_sd_takes(x):
+            return super().forward(x)
+        self.rocm_sd_refresh()
+        in_features = self.in_channels if self.rocm_sd_conv else self.in_features
+        return forward_8bit(x, self.rocm_sd_conv, in_features, self.rocm_sd_weight_q, self.rocm_sd_weight_scale,
+                            self.bias, self.rocm_sd_format)

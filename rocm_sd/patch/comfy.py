@@ -13,6 +13,7 @@ from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
 from .comfy_graph import install_graphs, install_step_cache
 from ..modules.step_cache import ComfyStepCache
 from . import ldm_swaps
+from . import precision as precision_patch
 
 
 def _host_casts(module) -> bool:
@@ -108,25 +109,57 @@ def _transformer_block_keys(diffusion_model) -> list[tuple[str, int, int]]:
 def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True, layer_norm: bool = True,
                         override_supported: bool | None = None, cuda_graph: bool = False,
                         channels_last: bool = False, cache: str | None = None, cache_interval: int = 3,
-                        cache_threshold: float = 0.15) -> str | None:
+                        cache_threshold: float = 0.15, precision: str = "fp16") -> list[str]:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
     patches and attention patches, with channels_last the convolutions on channels_last weights (NHWC
-    activations), with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py), and with cache
-    ('deepcache' / 'adaptive', as optimize()'s options; docs/step_cache.md) step caching of the UNet.
-    override_supported: None to detect ComfyUI's `wrap_attn`. Returns why graphs or the step cache could not be
-    installed, or None."""
+    activations), with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py), with cache
+    ('deepcache' / 'adaptive', as optimize()'s options; docs/step_cache.md) step caching of the UNet, and with
+    precision 'fp8' / 'int8' (as optimize()'s; docs/precision.md) its linear layers as 8-bit GEMMs.
+    override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
+    not_installed = []
     swaps = norm_swaps(diffusion_model, group_norm, layer_norm)
     if channels_last:
         swaps.update(conv_swaps(diffusion_model))
+    if precision != "fp16":
+        fmt, why = precision_patch.number_format(patcher.load_device, precision)
+        if why:
+            not_installed.append(f"precision={precision} not applied: {why}")
+        else:
+            swaps.update(quantized_swaps(diffusion_model, fmt, precision_patch.MULTIPLE[precision]))
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     _patch_attention(patcher, diffusion_model, attention, override_supported)
     step_cache = ComfyStepCache(cache, cache_interval, cache_threshold) if cache else None
     if cuda_graph:
-        return install_graphs(patcher, own_replace_patch=attention_replace, step_cache=step_cache)
-    return install_step_cache(patcher, step_cache) if step_cache is not None else None
+        why = install_graphs(patcher, own_replace_patch=attention_replace, step_cache=step_cache)
+    else:
+        why = install_step_cache(patcher, step_cache) if step_cache is not None else None
+    if why:
+        wanted = [name for name, on in (("graph capture", cuda_graph), ("step cache", cache)) if on]
+        not_installed.append(f"no {' and no '.join(wanted)}: {why}")
+    return not_installed
+
+
+def quantized_swaps(diffusion_model, format: str, multiple: int) -> dict[str, object]:
+    """ldm_swaps.quantized_linear_swaps for a ComfyUI UNet, and its transformer blocks' LayerNorms writing their
+    output quantized where every consumer is quantized (the norms' copies of norm_swaps, made again here when
+    layer_norm is off). A layer whose weights ComfyUI streams or patches per call (low-VRAM mode) runs ComfyUI's own
+    forward; one whose weights ComfyUI stores in fp8 itself (weight_dtype fp8_e4m3fn) is quantized from them."""
+    swaps = ldm_swaps.quantized_linear_swaps(diffusion_model, format, multiple, host_path=_host_patches_per_call)
+    modules = dict(diffusion_model.named_modules())
+    for path in ldm_swaps.quantized_norm_outputs(diffusion_model, swaps):
+        norm = ldm_swaps.layer_norm_copy(modules[path], _host_casts)
+        norm.rocm_sd_quantized_output = format
+        swaps[path] = norm
+    return swaps
+
+
+def _host_patches_per_call(module) -> bool:
+    """ComfyUI computes this module's weight per call (LoRA patches in low-VRAM mode): its own path. A weight it
+    merely casts (fp8 storage, manual cast) is quantized from as it is."""
+    return bool(getattr(module, "weight_function", None) or getattr(module, "bias_function", None))
 
 
 def _patch_attention(patcher, diffusion_model, attention: bool, override_supported: bool | None) -> None:

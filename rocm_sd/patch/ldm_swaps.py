@@ -12,7 +12,8 @@ from typing import Callable
 
 from torch import nn
 
-from ..modules.host_copies import conv_channels_last_copy, group_norm_copy, layer_norm_copy, upsample_copy
+from ..modules.host_copies import (conv_channels_last_copy, group_norm_copy, is_pointwise_conv, layer_norm_copy,
+                                   quantized_linear_copy, upsample_copy)
 from ..modules.upsample import conv_foldable
 
 
@@ -81,3 +82,62 @@ def conv_swaps(root, skip: dict | None = None, host_path: Callable[[nn.Module], 
     skip = skip or {}
     return {name: conv_channels_last_copy(module, host_path) for name, module in root.named_modules()
             if isinstance(module, nn.Conv2d) and not any(name.startswith(owner + ".") for owner in skip)}
+
+
+# Layers whose input is one row per image (ldm's time and class embeddings, the ResBlocks' time projections): an 8-bit
+# GEMM of two rows saves nothing.
+FEW_ROWS = ("time_embed", "label_emb", "emb_layers")
+
+
+def quantized_linear_swaps(root, format: str, multiple: int,
+                           host_path: Callable[[nn.Module], bool] = _never) -> dict[str, object]:
+    """{dotted path: replacement} for the Linears and 1x1 convolutions of an ldm-lineage UNet whose rows are many and
+    whose input and output sizes are multiples of `multiple` (the GEMM's shape rule): the 8-bit GEMM of `format` on
+    the module's current weight (modules/host_copies.quantized_linear_copy)."""
+    swaps = {}
+    for name, module in root.named_modules():
+        if any(part in FEW_ROWS for part in name.split(".")):
+            continue
+        if isinstance(module, nn.Linear):
+            n, k = module.out_features, module.in_features
+        elif is_pointwise_conv(module):
+            n, k = module.out_channels, module.in_channels
+        else:
+            continue
+        if n % multiple == 0 and k % multiple == 0:
+            swaps[name] = quantized_linear_copy(module, format, host_path)
+    return swaps
+
+
+def _norm_consumers(block) -> dict[str, list]:
+    """{norm: the layers that take its output} in an ldm BasicTransformerBlock: norm1 feeds self-attention's
+    projections (only the query where the block's first attention is cross-attention, `disable_self_attn`), norm2
+    cross-attention's query, norm3 the feed-forward's first projection (GEGLU's `proj`, or a Linear)."""
+    ff = getattr(block.ff, "net", block.ff)  # ComfyUI's FeedForward keeps its layers in `net`
+    first = ff[0] if isinstance(ff, nn.Sequential) and len(ff) else None
+    project_in = getattr(first, "proj", None)
+    if project_in is None:
+        project_in = first[0] if isinstance(first, nn.Sequential) else first
+    attn1, attn2 = block.attn1, getattr(block, "attn2", None)
+    consumers = {"norm1": [attn1.to_q] if getattr(block, "disable_self_attn", False)
+                 else [attn1.to_q, attn1.to_k, attn1.to_v],
+                 "norm3": [project_in]}
+    if attn2 is not None and hasattr(block, "norm2"):
+        consumers["norm2"] = [attn2.to_q]
+    return consumers
+
+
+def quantized_norm_outputs(root, quantized: dict[str, object]) -> list[str]:
+    """The dotted paths of the transformer blocks' LayerNorms whose every consumer is among the `quantized` swaps
+    (quantized_linear_swaps of the same root): those norms may write their output quantized for them."""
+    by_module = {id(module): path for path, module in root.named_modules()}
+    paths = []
+    for name, block in root.named_modules():
+        if (not all(hasattr(block, a) for a in ("norm1", "attn1", "norm3", "ff"))
+                or isinstance(getattr(block, "ff_in", None), nn.Module)):  # video blocks: norm_in and ff_in first
+            continue
+        prefix = f"{name}." if name else ""
+        for norm, consumers in _norm_consumers(block).items():
+            if consumers and all(c is not None and by_module.get(id(c)) in quantized for c in consumers):
+                paths.append(prefix + norm)
+    return paths

@@ -223,11 +223,11 @@ class RocmSdScript(scripts.Script):
         if not getattr(shared.cmd_opts, "rocm_sd", False):
             return
         unet = forge_objects.unet.clone()
-        why = patch_model_patcher(unet, override_supported=False, cuda_graph=setting("cuda_graph"),
-                                  channels_last=setting("channels_last"), group_norm=setting("group_norm"),
-                                  layer_norm=setting("layer_norm"), attention=setting("attention"))
-        if why:
-            _say_once(f"no graph capture on Forge: {why}")
+        not_installed = patch_model_patcher(unet, override_supported=False, cuda_graph=setting("cuda_graph"),
+                                            channels_last=setting("channels_last"), group_norm=setting("group_norm"),
+                                            layer_norm=setting("layer_norm"), attention=setting("attention"))
+        for why in not_installed:
+            _say_once(f"on Forge, {why}")
         forge_objects.unet = unet
 
 

@@ -82,15 +82,28 @@ class GEGLU(nn.Module):
         return x * F.gelu(gate)
 
 
+class FeedForward(nn.Module):
+    """ComfyUI's FeedForward (gated): its layers in `net`."""
+
+    def __init__(self, dim, operations=ops.disable_weight_init):
+        super().__init__()
+        self.net = nn.Sequential(GEGLU(dim, dim * 4, operations), nn.Dropout(0.0), operations.Linear(dim * 4, dim))
+
+    def forward(self, x):
+        return self.net(x)
+
+
 class BasicTransformerBlock(nn.Module):
-    """Self-attention, cross-attention, feed-forward; attn1/attn2 replace patches as ComfyUI applies them."""
+    """Self-attention, cross-attention, feed-forward; attn1/attn2 replace patches as ComfyUI applies them. As in
+    ComfyUI, `ff_in` is False and `disable_self_attn` False for Stable Diffusion's blocks."""
 
     def __init__(self, dim, n_heads, d_head, context_dim, operations=ops.disable_weight_init):
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_head
+        self.ff_in, self.disable_self_attn = False, False
         self.attn1 = CrossAttention(dim, None, n_heads, d_head, operations)
         self.attn2 = CrossAttention(dim, context_dim, n_heads, d_head, operations)
-        self.ff = nn.Sequential(GEGLU(dim, dim * 4, operations), nn.Dropout(0.0), operations.Linear(dim * 4, dim))
+        self.ff = FeedForward(dim, operations)
         self.norm1, self.norm2, self.norm3 = (operations.LayerNorm(dim) for _ in range(3))
 
     def _attend(self, attn, name, n, context, transformer_options):
