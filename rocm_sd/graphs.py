@@ -151,6 +151,8 @@ class GraphedCall:
         self.stats: Counter = Counter()
         self._weight_list = None
         self._derived: list = []
+        self._sources: list = []
+        self._derived_versions: tuple | None = None
         self._structures: dict = {}  # fingerprint of the model's structure -> its number
         self._structure = -1
         self._seen_epoch = -1
@@ -207,6 +209,7 @@ class GraphedCall:
                 return self.fn(*args, **kwargs)
             if self.graphs:  # why a call did not match the graphs there are: new shapes, moved weights...
                 self.stats[f"captured again: {_what_changed(list(self.graphs), key, args, kwargs)}"] += 1
+            key = self._key_as_captured(key)
             self.graphs[key] = graph
             self.stats["graph captures"] += 1
         self.stats["graph replays"] += 1
@@ -248,11 +251,12 @@ class GraphedCall:
         to date first (`rocm_sd_refresh`), outside any capture: a new derivation is new buffers, so new pointers."""
         if self._seen_epoch != _structure_epoch:
             self._walk()
-        if self._derived:
+        if self._derived and (self._derived_versions is None or self._source_versions() != self._derived_versions):
             for module in self._derived:
                 module.rocm_sd_refresh()
             if self._seen_epoch != _structure_epoch:
                 self._walk()
+            self._derived_versions = self._source_versions()
         pointers = tuple(t.data_ptr() for t in self._weight_list)
         if 0 in pointers and any(t.is_meta for t in self._weight_list):
             raise _Ineligible("weights on the meta device (CPU offload brings them in for each call)")
@@ -264,6 +268,12 @@ class GraphedCall:
         modules = list(self.module.modules())
         self._weight_list = list(self.module.parameters()) + list(self.module.buffers())
         self._derived = [m for m in modules if hasattr(type(m), "rocm_sd_refresh")]
+        # A weight replaced is a new epoch (a walk, then every derived module refreshed); one changed in place is a
+        # new version, checked per call. Inference tensors have no version (and cannot be changed outside
+        # inference mode).
+        self._sources = [w for w in (m._parameters.get("weight") for m in self._derived)
+                         if w is not None and not w.is_inference()]
+        self._derived_versions = None
         for module in modules:
             _watched.add(module)
         processors = [getattr(m, "processor", None) for m in modules]  # diffusers' attention processors
@@ -271,6 +281,17 @@ class GraphedCall:
                        + tuple((id(t), t.shape, t.dtype) for t in self._weight_list))
         self._structure = self._structures.setdefault(fingerprint, len(self._structures))
         self._seen_epoch = _structure_epoch
+
+    def _key_as_captured(self, key: tuple) -> tuple:
+        """`key` with the model as the graph captured it: the warm-up calls may have changed it (weights or buffers a
+        model creates on its first call, derived weights brought up to date), and the graph reads those."""
+        try:
+            return key[:-1] + (self._model_key(),)
+        except _Ineligible:
+            return key
+
+    def _source_versions(self) -> tuple:
+        return tuple(w._version for w in self._sources)
 
     # -- capture ----------------------------------------------------------------------------------
     def _capture(self, args, kwargs, leaves: list, spec):

@@ -53,6 +53,7 @@ def _policy_call(monkeypatch):
     eviction policy without a GPU (tests below with the mark `gpu` capture for real)."""
     call = graphs.GraphedCall(lambda x: ("eager", x), nn.Linear(2, 2), "policy")
     monkeypatch.setattr(call, "_signature", lambda args, kwargs: ((None, (args[0],), (0,)), [args[0]], None))
+    monkeypatch.setattr(call, "_model_key", lambda: (0,))  # the model as captured: the signature's last part
     monkeypatch.setattr(call, "_capture", lambda args, kwargs, leaves, spec: _FakeGraph(args[0]))
     return call
 
