@@ -6,8 +6,9 @@ Builds a small random SD1.5-style UNet and a random SD VAE with ComfyUI's own cl
 ComfyUI's ModelPatcher with and without "rocm_sd Optimize Model" / "rocm_sd Optimize VAE", and checks:
 the outputs agree, the attention override is called, the object patches are in place while the model is
 loaded, and the original model is exactly itself again afterwards; then KSampler's own path agrees with
-and without the node and (on a GPU) replays the node's captured graph; "rocm_sd Tune" reads the
-architecture from ComfyUI's model configs (the tuning itself is not run). Exits non-zero on any failure.
+and without the node and (on a GPU) replays the node's captured graph, also with the node's 8-bit `precision`
+(on a GPU) and a weight patch; "rocm_sd Tune" reads the architecture from ComfyUI's model configs (the tuning
+itself is not run). Exits non-zero on any failure.
 """
 import argparse
 import importlib.util
@@ -225,6 +226,57 @@ def check_vae(torch, comfy, nodes):
     return diff <= 2e-2 and restored and ran
 
 
+def check_precision(torch, comfy, nodes, device, dtype):
+    """The node's `precision` option on KSampler's path (a GPU with 8-bit GEMMs; on a CPU, that the node declines it
+    and says why): the latents stay near fp16's, the norms write the quantized rows and the steps replay the graph;
+    then a LoRA-style weight patch (ComfyUI's "diff" patch) reaches the 8-bit layers as it reaches ComfyUI's own."""
+    import comfy.sample
+    from rocm_sd.patch import precision
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    fmt, why = precision.number_format(device, "fp8")
+    choice = "fp8" if fmt else "int8"
+    patcher = small_model(torch, comfy, device, dtype)
+    (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher, precision=choice)
+    quantized = sum(hasattr(m, "rocm_sd_refresh") for m in optimized.object_patches.values())
+    if device.type == "cpu":
+        print(f"precision: on the CPU the node installs {quantized} 8-bit layers (expected 0: {why})")
+        return quantized == 0
+    g = torch.Generator().manual_seed(5)
+    noise, latent = torch.randn(1, 4, 16, 16, generator=g), torch.zeros(1, 4, 16, 16)
+    positive, negative = [[torch.randn(1, 8, 64, generator=g), {}]], [[torch.randn(1, 8, 64, generator=g), {}]]
+
+    def sample(p):
+        with torch.inference_mode():
+            return comfy.sample.sample(p, noise, 6, 7.0, "euler", "normal", positive, negative, latent, seed=0,
+                                       disable_pbar=True)
+
+    def relative(a, b):
+        return (a.float() - b.float()).abs().max().item() / b.float().abs().max().item()
+
+    import rocm_sd
+
+    reference = sample(patcher)
+    rocm_sd.reset_stats()
+    got = sample(optimized)
+    ran, stats = kernels_ran(torch, device, ("layer_norm_quantize_rows", "quantize_rows"))
+    graphs = graph_stats(optimized)
+    diff = relative(got, reference)
+    print(f"precision={choice}: {quantized} 8-bit layers, max relative difference {diff:.2e} against fp16, "
+          f"graphs {dict(graphs)}, op calls {stats}")
+    if not (ran and quantized and diff < 0.1 and torch.isfinite(got).all() and graphs["graph replays"] == 6):
+        return False
+    key = next(k for k in patcher.model.state_dict() if k.endswith("attn1.to_q.weight"))
+    delta = torch.randn(patcher.model.state_dict()[key].shape, generator=g).to(dtype) * 0.5
+    for p in (patcher, optimized):
+        p.add_patches({key: (delta,)}, 1.0)
+    patched_reference, patched = sample(patcher), sample(optimized)
+    diff = relative(patched, patched_reference)
+    effect = relative(patched_reference, reference)
+    print(f"precision={choice} with a weight patch: max relative difference {diff:.2e}, its effect {effect:.2e}")
+    return diff < 0.1 and effect > 10 * diff
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("comfyui", help="a ComfyUI checkout (its requirements installed)")
@@ -239,7 +291,8 @@ def main():
           f"{hasattr(comfy.ldm.modules.attention, 'wrap_attn')}")
     nodes = load_nodes()
     ok = (check_model(torch, comfy, nodes, device, dtype) and check_sampler(torch, comfy, nodes, device, dtype)
-          and check_tune_node(torch, comfy, nodes) and check_vae(torch, comfy, nodes))
+          and check_precision(torch, comfy, nodes, device, dtype) and check_tune_node(torch, comfy, nodes)
+          and check_vae(torch, comfy, nodes))
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 
