@@ -91,6 +91,26 @@ def test_each_copy_is_the_8bit_layer_of_the_current_weight(comfy, int8_here):
         assert copy.rocm_sd_weight_q is not first
 
 
+def test_copies_take_empty_and_nan_inputs_and_leave_other_dtypes_to_the_host():
+    with config.override(log_fallbacks=False):
+        linear = quantized_linear_copy(nn.Linear(16, 32), "e4m3fn")
+        conv = quantized_linear_copy(nn.Conv2d(16, 32, 1), "int8")
+        assert linear(torch.empty(2, 0, 16)).shape == (2, 0, 32)
+        assert conv(torch.empty(0, 16, 3, 3)).shape == (0, 32, 3, 3)
+        x = torch.randn(3, 16)
+        x[1, 2] = float("nan")
+        assert linear(x).isnan().any(1).tolist() == [False, True, False]  # the NaN row only, never hidden
+        dispatch.reset_stats()
+        wide = nn.Linear(16, 32).double()
+        torch.testing.assert_close(quantized_linear_copy(wide, "int8")(torch.ones(2, 16, dtype=torch.float64)),
+                                   wide(torch.ones(2, 16, dtype=torch.float64)), rtol=0, atol=0)
+        assert "quantize_rows" not in dispatch.stats()  # float64: the host's own forward
+    with pytest.raises(TypeError, match="1x1"):
+        quantized_linear_copy(nn.Conv2d(16, 32, 3), "int8")
+    with pytest.raises(ValueError, match="format 'fp4'"):
+        quantized_linear_copy(nn.Linear(16, 32), "fp4")
+
+
 def test_norms_write_the_quantized_output_their_consumers_take(comfy, nodes, int8_here):
     """Each transformer block's norm1 / norm2 / norm3 feeds only 8-bit layers: its kernel writes the quantization,
     the layers quantize nothing, and the result is bit for bit the one where each layer quantizes itself."""

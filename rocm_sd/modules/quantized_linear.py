@@ -115,10 +115,10 @@ def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.
         rows = x.permute(0, 2, 3, 1)  # a view for channels_last input, which the convolution patches keep
         flat = rows.reshape(-1, in_features)
         out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
-        return out.view(*rows.shape[:-1], -1).permute(0, 3, 1, 2)
+        return out.view(*rows.shape[:-1], weight_q.shape[0]).permute(0, 3, 1, 2)
     flat = x.reshape(-1, in_features)
     out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
-    return out.view(*x.shape[:-1], -1)
+    return out.view(*x.shape[:-1], weight_q.shape[0])
 
 
 def quantize_weight(weight: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
