@@ -105,6 +105,13 @@ def test_copies_take_empty_and_nan_inputs_and_leave_other_dtypes_to_the_host():
         torch.testing.assert_close(quantized_linear_copy(wide, "int8")(torch.ones(2, 16, dtype=torch.float64)),
                                    wide(torch.ones(2, 16, dtype=torch.float64)), rtol=0, atol=0)
         assert "quantize_rows" not in dispatch.stats()  # float64: the host's own forward
+    class HostLayout(torch.Tensor):  # a host's own quantized weight layout (ComfyUI's QuantizedTensor)
+        pass
+
+    layout = nn.Linear(16, 32)
+    layout.weight = nn.Parameter(layout.weight.detach().as_subclass(HostLayout), requires_grad=False)
+    root = nn.Sequential(layout, nn.Linear(16, 16))
+    assert list(ldm_swaps.quantized_linear_swaps(root, "int8", 8)) == ["1"]
     with pytest.raises(TypeError, match="1x1"):
         quantized_linear_copy(nn.Conv2d(16, 32, 3), "int8")
     with pytest.raises(ValueError, match="format 'fp4'"):

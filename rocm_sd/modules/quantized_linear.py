@@ -121,6 +121,12 @@ def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.
     return out.view(*x.shape[:-1], weight_q.shape[0])
 
 
+def quantizable_weight(weight) -> bool:
+    """A plain floating-point weight (fp8 storage included); not a tensor subclass such as a host's own quantized
+    layout, whose values only its own forward knows how to read."""
+    return type(weight) in (nn.Parameter, torch.Tensor) and weight.dtype.is_floating_point
+
+
 def quantize_weight(weight: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A Linear's (N, K) weight, or a 1x1 convolution's (N, K, 1, 1), quantized per output channel: (q (N, K), the
     GEMM's column scales (1, N)). Weights a host stores in fp8 itself are read in fp32."""
@@ -190,8 +196,8 @@ class QuantizedHostCopy:
         self.__dict__["_rocm_sd_source"] = (weakref.ref(weight), _version(weight))
 
     def _rocm_sd_takes(self, x: torch.Tensor) -> bool:
-        if (self.rocm_sd_host_path(self) or torch.compiler.is_compiling() or x.device != self.weight.device
-                or x.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
+        if (self.rocm_sd_host_path(self) or torch.compiler.is_compiling() or not quantizable_weight(self.weight)
+                or x.device != self.weight.device or x.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
             return False
         if self.rocm_sd_conv:
             return x.dim() == 4 and x.shape[1] == self.in_channels

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..modules.host_copies import (conv_channels_last_copy, group_norm_copy, is_pointwise_conv, layer_norm_copy,
                                    quantized_linear_copy, upsample_copy)
+from ..modules.quantized_linear import quantizable_weight
 from ..modules.upsample import conv_foldable
 
 
@@ -104,7 +105,7 @@ def quantized_linear_swaps(root, format: str, multiple: int,
             n, k = module.out_channels, module.in_channels
         else:
             continue
-        if n % multiple == 0 and k % multiple == 0:
+        if n % multiple == 0 and k % multiple == 0 and quantizable_weight(module.weight):
             swaps[name] = quantized_linear_copy(module, format, host_path)
     return swaps
 
