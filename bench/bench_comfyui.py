@@ -109,7 +109,8 @@ STEPS = 20  # one KSampler run: euler, CFG 7.5, the "normal" schedule
 LATENT = None  # the latent side; None: the model's native size (SD1.5 64: 512x512 pixels; SDXL 128)
 
 
-def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_name: str = "sd15"):
+def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_name: str = "sd15",
+               precisions: tuple[str, ...] = ()):
     import comfy.sample
 
     from rocm_sd.patch.comfy_graph import graph_stats
@@ -146,6 +147,8 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_n
     variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0],
                 "rocm_sd Optimize Model, cuda_graph off": node.optimize(patcher, cuda_graph=False)[0],
                 "rocm_sd Optimize Model, channels_last off": node.optimize(patcher, channels_last=False)[0]}
+    for precision in precisions:  # the node's 8-bit linears (docs/precision.md#in-comfyui): a row per format
+        variants[f"rocm_sd Optimize Model, precision {precision}"] = node.optimize(patcher, precision=precision)[0]
     if ablation:  # one option of the node at a time: which part costs or saves what; none: the clone alone
         options = ("attention", "group_norm", "layer_norm", "cuda_graph", "channels_last")
         for option in options + (None,):
@@ -202,6 +205,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR", help="write each row's per-op profiler table into DIR")
     parser.add_argument("--ablation", action="store_true", help="UNet rows with one node option on at a time")
     parser.add_argument("--model", choices=sorted(MODELS), default="sd15", help="the UNet architecture")
+    parser.add_argument("--precision", action="append", choices=("fp8", "int8"), default=[],
+                        help="also a row with the node's precision option (repeatable)")
     args = parser.parse_args()
     check = check_script()
     argv = list(sys.argv)
@@ -216,7 +221,7 @@ def main() -> None:
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = (bench_unet(torch, comfy, nodes, device, args.profile, args.ablation, args.model)
+    rows = (bench_unet(torch, comfy, nodes, device, args.profile, args.ablation, args.model, tuple(args.precision))
             + bench_vae(torch, comfy, nodes, sizes, args.profile))
     lines = ["| call | model | wall ms | kernel ms | vs ComfyUI | relative difference |", "|---|---|---:|---:|---:|---:|"]
     results = []

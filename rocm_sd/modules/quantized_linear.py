@@ -203,9 +203,9 @@ class QuantizedHostCopy:
             return x.dim() == 4 and x.shape[1] == self.in_channels
         return x.dim() >= 1 and x.shape[-1] == self.in_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._rocm_sd_takes(x):
-            return super().forward(x)
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if args or kwargs or not self._rocm_sd_takes(x):  # arguments of a host's own forward: its own path
+            return super().forward(x, *args, **kwargs)
         self.rocm_sd_refresh()
         in_features = self.in_channels if self.rocm_sd_conv else self.in_features
         return forward_8bit(x, self.rocm_sd_conv, in_features, self.rocm_sd_weight_q, self.rocm_sd_weight_scale,
