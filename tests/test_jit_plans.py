@@ -113,17 +113,23 @@ def test_layer_norm_plan_matches_its_launcher(tmp_path):
 
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
-    for dtype, d, x, q, scale, fmt in itertools.product(DTYPES, (1, 3, 8, 320, 1280), POINTERS, POINTERS,
-                                                        (0x80000, 0x80002, 0), (0, 2, 9)):
+    for dtype, d, x, q, scale, fmt in itertools.product(DTYPES, (1, 3, 8, 320, 1031, 5120, 8192, 8200), POINTERS,
+                                                        POINTERS, (0x80000, 0x80002, 0), (0, 2, 9)):
         args = f"GegluArgs{{P({x}), M(0x50000), DType({dtype}), 5, {d}, nullptr, 0, M({q}), (float*)M({scale}), " \
                f"QuantFormat({fmt})}}"
         # geglu_forward's quantized branch narrows the vector width to q's alignment
         body.append(f"{{ GegluArgs a = {args}; std::string why = geglu_check(a); int vec = widest_vec(a.dtype, a.d, "
                     f"{{a.x, a.y}}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
-                    f"out(why.empty() ? std::to_string(vec) : why); }}")
+                    f"out(why.empty() ? std::to_string(vec) + (geglu_row_block_fits(a.d, vec) ? \" block\" : "
+                    f"\" wave\") : why); }}")
         why = plans.geglu_check(x, 0x50000, dtype, 5, d, q, scale, fmt)
-        expected.append(why or plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, 32, q, scale, fmt).expression
-                        .rsplit(", ", 1)[1].rstrip(">"))
+        if why:
+            expected.append(why)
+            continue
+        launch = plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, 32, q, scale, fmt)
+        kernel, vec = launch.expression.rstrip(">").split("<")[0], launch.expression.rstrip(">").rsplit(", ", 1)[1]
+        expected.append(f"{vec} {'block' if kernel == 'rsd::geglu_row_block_quantized' else 'wave'}")
+        assert launch.block == (plans.GEGLU_ROW_THREADS if "block" in expected[-1] else plans.THREADS)
     compare(run_driver(tmp_path, "geglu/geglu.hip", body), expected)
 
 

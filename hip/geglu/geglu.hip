@@ -8,10 +8,11 @@
 // each thread reads one vector of each half and writes one vector of y: 2 reads + 1 write per output
 // element, the least there is. Math in fp32, one rounding at the end (torch rounds twice).
 //
-// With q and scale (optimize(precision="fp8"/"int8")), one wave per row instead: it writes its row of y while
-// reducing max |y|, then reads the row back (its own writes, from cache; a 5120-wide row is 10 KB) and writes
-// the row quantized as rocm_sd::quantize_rows would: the output projection's 8-bit input without a pass over y
-// from memory.
+// With q and scale (optimize(precision="fp8"/"int8")), the row quantized as rocm_sd::quantize_rows would quantize y
+// is written too: the output projection's 8-bit input without a pass over y. One block of kRowThreads per row keeps
+// the row's y in registers (up to kRowVectors vectors a thread, every load issued before the first use), reduces
+// max |y| across its waves and encodes from the registers: x is read once, y and q written once. Rows longer than
+// that (beyond SD's: over 8192 fp16 features) take one wave per row, which reads its own writes of y back.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/quantize/encode.h"
@@ -28,6 +29,8 @@ namespace rsd {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kRowThreads = 128;  // a row's block: SD's 5120-wide rows are 5 fp16 vectors a thread
+constexpr int kRowVectors = 8;    // the most vectors of y a thread keeps in registers
 
 __device__ __forceinline__ float gelu_erf(float g) { return 0.5f * g * (1.f + erff(g * 0.70710678118654752f)); }
 
@@ -76,13 +79,68 @@ __global__ void __launch_bounds__(kThreads)
     store_vec(qr + j * VEC, encode_vec(load_vec<T, VEC>(yr + j * VEC), inv, format), false);
 }
 
+template <class T, int VEC>
+__global__ void __launch_bounds__(kRowThreads)
+    geglu_row_block_quantized(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ q,
+                              float* __restrict__ scale, int64_t d, QuantFormat format) {
+  __shared__ float wave_amax[kRowThreads / 32];  // a wave is 32 or 64 lanes
+  const int64_t row = blockIdx.x;
+  const int64_t vectors = d / VEC;
+  const T* in = x + row * 2 * d;
+  T* yr = y + row * d;
+  Vec<T, VEC> a[kRowVectors], g[kRowVectors];
+#pragma unroll
+  for (int i = 0; i < kRowVectors; ++i) {  // every load first: the thread's loads in flight together
+    const int64_t j = threadIdx.x + int64_t(i) * kRowThreads;
+    if (j < vectors) {
+      a[i] = load_vec<T, VEC>(in + j * VEC);
+      g[i] = load_vec<T, VEC>(in + d + j * VEC);
+    }
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRowVectors; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kRowThreads;
+    if (j < vectors) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        a[i].v[k] = from_float<T>(to_float(a[i].v[k]) * gelu_erf(to_float(g[i].v[k])));  // y, kept in a
+        amax = absmax_nan(amax, to_float(a[i].v[k]));  // of y as stored: quantize_rows(y)
+      }
+      store_vec(yr + j * VEC, a[i], false);
+    }
+  }
+  amax = wave_absmax(amax);
+  if (lane_id() == 0) wave_amax[wave_id()] = amax;
+  __syncthreads();
+  amax = 0.f;
+  for (int w = 0; w < kRowThreads / RSD_WAVE; ++w) amax = absmax_nan(amax, wave_amax[w]);
+  const float inv = scale_from_amax(amax, format, scale + row, threadIdx.x == 0);
+  uint8_t* qr = q + row * d;
+#pragma unroll
+  for (int i = 0; i < kRowVectors; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kRowThreads;
+    if (j < vectors) store_vec(qr + j * VEC, encode_vec(a[i], inv, format), false);
+  }
+}
+
 #if !RSD_RTC
 template <class T>
 void launch_quantized(const GegluArgs& a, int vec, hipStream_t stream) {
-  const unsigned blocks = unsigned(ceil_div(a.rows, kThreads / device_attribute(a.device, Attr::wave_size, 32)));
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   uint8_t* q = static_cast<uint8_t*>(a.q);
+  if (geglu_row_block_fits(a.d, vec)) {
+    const unsigned blocks = unsigned(a.rows);  // rows * d < 2^31
+    switch (vec) {
+      case 8: geglu_row_block_quantized<T, 8><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+      case 4: geglu_row_block_quantized<T, 4><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+      case 2: geglu_row_block_quantized<T, 2><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+      default: geglu_row_block_quantized<T, 1><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+    }
+    return;
+  }
+  const unsigned blocks = unsigned(ceil_div(a.rows, kThreads / device_attribute(a.device, Attr::wave_size, 32)));
   switch (vec) {
     case 8: geglu_rows_quantized<T, 8><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
     case 4: geglu_rows_quantized<T, 4><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
@@ -109,6 +167,8 @@ void launch(const GegluArgs& a, int vec, unsigned blocks, int64_t vectors, FastD
 }  // namespace
 
 #if !RSD_RTC
+bool geglu_row_block_fits(int64_t d, int vec) { return d / vec <= int64_t(kRowThreads) * kRowVectors; }
+
 std::string geglu_check(const GegluArgs& a) {
   if (a.rows <= 0 || a.d <= 0) return "empty tensor";
   if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.y, elem_bytes(a.dtype))) return "misaligned data pointer";

@@ -113,6 +113,8 @@ def parity_shuffle_plan(parities, bias, out, dtype, n, h, w, c, sms) -> Launch:
 
 # ---- geglu (hip/geglu/geglu.hip) ----------------------------------------------------------------------------------
 
+GEGLU_ROW_THREADS, GEGLU_ROW_VECTORS = 128, 8  # geglu.hip's kRowThreads, kRowVectors
+
 def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0) -> str:
     if rows <= 0 or d <= 0:
         return "empty tensor"
@@ -134,9 +136,12 @@ def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0) -> str:
 
 def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0) -> Launch:
     vec = widest_vec(dtype, d, (x, y))
-    if q:  # geglu_forward's quantized branch: launch_quantized, one wave a row
+    if q:  # geglu_forward's quantized branch: launch_quantized, a block a row where it fits, else a wave a row
         while vec > 1 and not aligned(q, vec):
             vec //= 2
+        if d // vec <= GEGLU_ROW_THREADS * GEGLU_ROW_VECTORS:
+            return Launch("geglu", f"rsd::geglu_row_block_quantized<{TYPES[dtype]}, {vec}>", rows, "ppppqi",
+                          (x, y, q, scale, d, format), block=GEGLU_ROW_THREADS)
         return Launch("geglu", f"rsd::geglu_rows_quantized<{TYPES[dtype]}, {vec}>", ceil_div(rows, THREADS // wave),
                       "ppppqqi", (x, y, q, scale, rows, d, format))
     vectors = rows * d // vec

@@ -71,7 +71,8 @@ def test_layer_norm_quantize_rows(emulated, shape, residual, dtype, fmt):
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
-@pytest.mark.parametrize("shape", [(3, 2 * 640), (2, 2 * 5120), (5, 2 * 7), (1, 2)], ids=str)
+# A block per row up to 1024 vectors (5120 fp16 features: 640), a wave per row beyond (1031 odd features: 1031)
+@pytest.mark.parametrize("shape", [(3, 2 * 640), (2, 2 * 5120), (5, 2 * 7), (1, 2), (2, 2 * 1031)], ids=str)
 def test_geglu_quantize_rows(emulated, shape, dtype, fmt):
     arch, lib = emulated
     x = (torch.randn(shape) * 2).to(dtype)

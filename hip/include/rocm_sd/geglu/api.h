@@ -24,5 +24,7 @@ struct GegluArgs {
 };
 std::string geglu_check(const GegluArgs& a);
 std::string geglu_forward(const GegluArgs& a);
+// Whether the quantized branch runs a block per row (else a wave per row) for rows of d features in vectors of vec.
+bool geglu_row_block_fits(int64_t d, int vec);
 
 }  // namespace rsd

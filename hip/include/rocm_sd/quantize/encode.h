@@ -64,14 +64,18 @@ __device__ __forceinline__ uint8_t encode(float x, QuantFormat f) {
   return encode_e4m3(x, f == QuantFormat::e4m3fnuz);
 }
 
-// The row's scale, from each lane's max |x| over its part of the row (one wave per row): lane 0 writes
-// max(amax, kMinAmax) / fmax, and every lane gets the multiplier into the format, fmax / max(amax, kMinAmax).
-__device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, float* scale) {
-  const float amax = wave_absmax(lane_amax);
+// From the row's max |x|: writes max(amax, kMinAmax) / fmax to *scale where `write`, and returns the multiplier into
+// the format, fmax / max(amax, kMinAmax).
+__device__ __forceinline__ float scale_from_amax(float amax, QuantFormat format, float* scale, bool write) {
   const float fmax = format_max(format);
   const float clamped = amax < kMinAmax ? kMinAmax : amax;  // keeps a NaN
-  if (lane_id() == 0) *scale = clamped / fmax;
+  if (write) *scale = clamped / fmax;
   return fmax / clamped;
+}
+
+// The row's scale, from each lane's max |x| over its part of the row (one wave per row): lane 0 writes it.
+__device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, float* scale) {
+  return scale_from_amax(wave_absmax(lane_amax), format, scale, lane_id() == 0);
 }
 
 // One vector of the row in the format, `inv` from row_scale.
