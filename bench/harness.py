@@ -86,14 +86,19 @@ def write_results(what: str, rows: list[dict], table: str, out_dir: str) -> str:
     return f"appended run {run['run']} to {path} (python bench/render_results.py renders it)"
 
 
-def kernel_bench_args(description: str):
-    """The command line every kernel benchmark takes: --out-dir and --dtype."""
+def kernel_bench_args(description: str, more=None):
+    """The command line every kernel benchmark takes: --out-dir and --dtype; more(parser) adds a benchmark's own."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    return parser.parse_args()
+    if more is not None:
+        more(parser)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():  # a kernel benchmark times the GPU: say so instead of torch's assertion
+        parser.exit(2, f"{parser.prog}: no GPU visible to torch {torch.__version__}; kernel benchmarks time a GPU\n")
+    return args
 
 
 def compare_with_torch(op: str, args, shapes, setup, bytes_moved) -> None:
