@@ -13,7 +13,8 @@ from torch import nn
 from rocm_sd import config, dispatch
 from rocm_sd.graphs import GraphedCall
 from rocm_sd.modules.host_copies import quantized_linear_copy
-from rocm_sd.modules.quantized_linear import RocmQuantizedLinear
+from rocm_sd.modules.pointwise import is_pointwise
+from rocm_sd.modules.quantized_linear import FEW_ROWS, RocmQuantizedLinear
 from rocm_sd.patch import ldm_swaps, precision
 
 from tests.comfyui_standin import model_inputs, run_model, run_patched_with_stats, standin_model
@@ -41,8 +42,8 @@ def test_the_linears_run_as_8bit_gemms_and_unpatching_restores_the_model(comfy, 
     assert any(k.endswith("attn1.to_q") for k in quantized) and any(k.endswith("attn2.to_k") for k in quantized)
     assert any(k.endswith("ff.net.2") for k in quantized) and any(k.endswith("proj_in") for k in quantized)
     assert any(k.endswith("skip_connection") or k.endswith("skip") for k in quantized) or not any(
-        ldm_swaps.is_pointwise_conv(m) for m in patcher.model.modules())
-    assert not any(part in k for k in quantized for part in ldm_swaps.FEW_ROWS)
+        is_pointwise(m, any_class=True) for m in patcher.model.modules())
+    assert not any(part in k for k in quantized for part in FEW_ROWS)
     optimized.patch_model()
     try:
         with config.override(log_fallbacks=False):
@@ -127,6 +128,11 @@ def test_norms_write_the_quantized_output_their_consumers_take(comfy, nodes, int
     norms = [m for k, m in optimized.object_patches.items() if getattr(m, "rocm_sd_quantized_output", None)]
     blocks = sum(type(m).__name__ == "BasicTransformerBlock" for m in patcher.model.modules())
     assert len(norms) == 3 * blocks and blocks > 0
+    # layer_norm off: the LayerNorms stay ComfyUI's own, and the 8-bit layers quantize their inputs themselves
+    without = _optimized(nodes, patcher, layer_norm=False)
+    assert not any(k.rsplit(".", 1)[-1].startswith("norm") and "transformer_blocks" in k
+                   for k in without.object_patches)
+    assert any(hasattr(m, "rocm_sd_refresh") for m in without.object_patches.values())
     optimized.patch_model()
     try:
         with config.override(log_fallbacks=False):

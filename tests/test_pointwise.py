@@ -43,6 +43,12 @@ def test_only_true_pointwise_convolutions_qualify():
                  nn.Conv2d(4, 4, 1, padding=1), nn.Conv2d(4, 4, 1, padding_mode="reflect")):
         assert not is_pointwise(conv)
 
+    class HostConv2d(nn.Conv2d):  # a host app's own class: only host copies take it
+        pass
+
+    assert not is_pointwise(HostConv2d(4, 4, 1)) and is_pointwise(HostConv2d(4, 4, 1), any_class=True)
+    assert not is_pointwise(HostConv2d(4, 4, 3, padding=1), any_class=True)
+
 
 def test_optimize_swaps_them_and_keeps_the_state_dict():
     pipe = models.build_sd_pipeline("tiny")

@@ -103,7 +103,7 @@ def check_model(torch, comfy, nodes, device, dtype):
     got = run(optimized)
     ran, stats = kernels_ran(torch, device, ("group_norm", "layer_norm"))
     swapped = sum(type(m).__name__.startswith("Rocm") for m in optimized.model.modules())
-    diff = (got.float() - reference.float()).abs().max().item() / reference.float().abs().max().item()
+    diff = relative_difference(got, reference)
     again = run(patcher)
     restored = torch.equal(again, reference) and not any(type(m).__name__.startswith("Rocm") for m in model.modules())
     print(f"model: {len(optimized.object_patches)} object patches, {swapped} rocm_sd modules while loaded, "
@@ -119,28 +119,45 @@ def _tolerance(torch, dtype) -> float:
     return 1e-3 if dtype == torch.float32 else 2e-2
 
 
+def relative_difference(got, reference) -> float:
+    """max |got - reference| / max |reference|."""
+    return (got.float() - reference.float()).abs().max().item() / reference.float().abs().max().item()
+
+
+def sampler_inputs(torch, generator) -> tuple:
+    """(noise, latent, positive, negative) of a 128x128 txt2img KSampler run on the small model."""
+    noise, latent = torch.randn(1, 4, 16, 16, generator=generator), torch.zeros(1, 4, 16, 16)
+    positive = [[torch.randn(1, 7, 64, generator=generator), {}]]
+    negative = [[torch.randn(1, 7, 64, generator=generator), {}]]
+    return noise, latent, positive, negative
+
+
+def ksampler(torch, patcher, noise, latent, positive, negative):
+    """What the KSampler node calls: 6 euler steps, CFG 7."""
+    import comfy.sample
+
+    with torch.inference_mode():
+        return comfy.sample.sample(patcher, noise, 6, 7.0, "euler", "normal", positive, negative, latent, seed=0,
+                                   disable_pbar=True)
+
+
 def check_sampler(torch, comfy, nodes, device, dtype):
     """KSampler's own path (comfy.sample.sample, as the KSampler node calls it) with and without the node: the
     latents agree, and on a GPU the steps replayed the node's captured graph."""
-    import comfy.sample
     from rocm_sd.patch.comfy_graph import graph_stats
 
     patcher = small_model(torch, comfy, device, dtype)
     (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher)
     g = torch.Generator().manual_seed(3)
-    noise, latent = torch.randn(1, 4, 16, 16, generator=g), torch.zeros(1, 4, 16, 16)
-    positive, negative = [[torch.randn(1, 7, 64, generator=g), {}]], [[torch.randn(1, 7, 64, generator=g), {}]]
+    noise, latent, positive, negative = sampler_inputs(torch, g)
 
     def sample(p):
-        with torch.inference_mode():
-            return comfy.sample.sample(p, noise, 6, 7.0, "euler", "normal", positive, negative, latent, seed=0,
-                                       disable_pbar=True)
+        return ksampler(torch, p, noise, latent, positive, negative)
 
     reference, got = sample(patcher), sample(optimized)
     again = sample(optimized)  # a second run: new uuids and conds, the same graph
     stats = graph_stats(optimized)
-    diff = max((out.float() - reference.float()).abs().max().item() for out in (got, again))
-    diff /= reference.float().abs().max().item()
+    diff = max(relative_difference(out, reference) for out in (got, again))
     print(f"sampler: 2 x 6 euler steps, max relative difference {diff:.2e}, graphs {dict(stats)}")
     graphed = stats["graph captures"] == 1 and stats["graph replays"] == 12 if device.type == "cuda" else True
     tolerance = _tolerance(torch, dtype)
@@ -157,7 +174,7 @@ def check_sampler(torch, comfy, nodes, device, dtype):
     before = graph_stats(optimized)
     reference, got = sample(patcher), sample(optimized)
     stats = graph_stats(optimized) - before
-    diff = (got.float() - reference.float()).abs().max().item() / reference.float().abs().max().item()
+    diff = relative_difference(got, reference)
     effect = (reference.float() - again.float()).abs().max().item()  # the ControlNet changed the picture
     print(f"sampler with a ControlNet: max relative difference {diff:.2e}, its effect {effect:.2e}, "
           f"graphs {dict(stats)}")
@@ -230,7 +247,6 @@ def check_precision(torch, comfy, nodes, device, dtype):
     """The node's `precision` option on KSampler's path (a GPU with 8-bit GEMMs; on a CPU, that the node declines it
     and says why): the latents stay near fp16's, the norms write the quantized rows and the steps replay the graph;
     then a LoRA-style weight patch (ComfyUI's "diff" patch) reaches the 8-bit layers as it reaches ComfyUI's own."""
-    import comfy.sample
     from rocm_sd.patch import precision
     from rocm_sd.patch.comfy_graph import graph_stats
 
@@ -243,16 +259,10 @@ def check_precision(torch, comfy, nodes, device, dtype):
         print(f"precision: on the CPU the node installs {quantized} 8-bit layers (expected 0: {why})")
         return quantized == 0
     g = torch.Generator().manual_seed(5)
-    noise, latent = torch.randn(1, 4, 16, 16, generator=g), torch.zeros(1, 4, 16, 16)
-    positive, negative = [[torch.randn(1, 8, 64, generator=g), {}]], [[torch.randn(1, 8, 64, generator=g), {}]]
+    noise, latent, positive, negative = sampler_inputs(torch, g)
 
     def sample(p):
-        with torch.inference_mode():
-            return comfy.sample.sample(p, noise, 6, 7.0, "euler", "normal", positive, negative, latent, seed=0,
-                                       disable_pbar=True)
-
-    def relative(a, b):
-        return (a.float() - b.float()).abs().max().item() / b.float().abs().max().item()
+        return ksampler(torch, p, noise, latent, positive, negative)
 
     import rocm_sd
 
@@ -261,7 +271,7 @@ def check_precision(torch, comfy, nodes, device, dtype):
     got = sample(optimized)
     ran, stats = kernels_ran(torch, device, ("layer_norm_quantize_rows", "quantize_rows"))
     graphs = graph_stats(optimized)
-    diff = relative(got, reference)
+    diff = relative_difference(got, reference)
     print(f"precision={choice}: {quantized} 8-bit layers, max relative difference {diff:.2e} against fp16, "
           f"graphs {dict(graphs)}, op calls {stats}")
     if not (ran and quantized and diff < 0.1 and torch.isfinite(got).all() and graphs["graph replays"] == 6):
@@ -271,8 +281,8 @@ def check_precision(torch, comfy, nodes, device, dtype):
     for p in (patcher, optimized):
         p.add_patches({key: (delta,)}, 1.0)
     patched_reference, patched = sample(patcher), sample(optimized)
-    diff = relative(patched, patched_reference)
-    effect = relative(patched_reference, reference)
+    diff = relative_difference(patched, patched_reference)
+    effect = relative_difference(patched_reference, reference)
     print(f"precision={choice} with a weight patch: max relative difference {diff:.2e}, its effect {effect:.2e}")
     return diff < 0.1 and effect > 10 * diff
 

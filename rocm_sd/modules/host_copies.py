@@ -18,6 +18,7 @@ from ..ops.group_norm import group_norm
 from ..ops.layer_norm import layer_norm
 from ..ops.quantize import FORMATS
 from ..ops.quantized_outputs import layer_norm_quantize_rows
+from .pointwise import is_pointwise
 from .quantized_linear import QuantizedHostCopy, remember_rows
 
 _SUBCLASSES: dict[tuple[type, str], type] = {}
@@ -126,20 +127,13 @@ def layer_norm_copy(module: nn.LayerNorm, host_path: Callable[[nn.Module], bool]
     return new
 
 
-def is_pointwise_conv(module: nn.Module) -> bool:
-    """A 1x1 convolution that is a GEMM over the pixels (any Conv2d class of a host)."""
-    return (isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1) and module.stride == (1, 1)
-            and module.padding in ((0, 0), "valid") and module.dilation == (1, 1) and module.groups == 1
-            and module.padding_mode == "zeros")
-
-
 def quantized_linear_copy(module: nn.Module, format: str,
                           host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
     """`module` (a Linear, or a 1x1 Conv2d) as an 8-bit GEMM of `format` (ops/quantize.FORMATS) of its current
     weight (modules/quantized_linear.QuantizedHostCopy), unless host_path(copy)."""
     if format not in FORMATS:
         raise ValueError(f"quantized_linear_copy: format {format!r} is not one of {', '.join(FORMATS)}")
-    if not (isinstance(module, nn.Linear) or is_pointwise_conv(module)):
+    if not (isinstance(module, nn.Linear) or is_pointwise(module, any_class=True)):
         raise TypeError(f"expected an nn.Linear or a 1x1 nn.Conv2d, got {type(module).__name__}")
     new = copy_as(module, _subclass(type(module), "quantized_linear"))
     new.rocm_sd_format, new.rocm_sd_conv, new.rocm_sd_host_path = format, isinstance(module, nn.Conv2d), host_path

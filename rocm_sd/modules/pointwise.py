@@ -23,7 +23,9 @@ class RocmPointwiseConv2d(nn.Conv2d):
         return super().forward(x)
 
 
-def is_pointwise(conv: nn.Module) -> bool:
-    return (type(conv) is nn.Conv2d and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
-            and conv.padding in ((0, 0), "valid") and conv.dilation == (1, 1) and conv.groups == 1
-            and conv.padding_mode == "zeros")
+def is_pointwise(conv: nn.Module, any_class: bool = False) -> bool:
+    """A 1x1 convolution that is a GEMM over the pixels: a plain nn.Conv2d (optimize() replaces the module's class),
+    or with any_class one of any Conv2d class (a host app's own, kept by host copies)."""
+    return ((isinstance(conv, nn.Conv2d) if any_class else type(conv) is nn.Conv2d)
+            and conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.padding in ((0, 0), "valid")
+            and conv.dilation == (1, 1) and conv.groups == 1 and conv.padding_mode == "zeros")

@@ -26,6 +26,11 @@ from torch import nn
 from ..ops.quantize import FORMATS, dequantize_rows, quantize_rows, quantize_rows_ref
 
 
+# Layers whose input is one row per image, which stay as they are (an 8-bit GEMM of two rows saves nothing): the time
+# and class embeddings and the resnets' time projections, by their names in diffusers and in the ldm lineage.
+FEW_ROWS = ("time_embedding", "add_embedding", "class_embedding", "encoder_hid_proj", "time_emb_proj",
+            "time_embed", "label_emb", "emb_layers")
+
 _REMEMBERED = "_rocm_sd_quantized_rows"
 _call = [0]  # which model call a remembered quantization belongs to (new_model_call)
 
@@ -183,8 +188,11 @@ class QuantizedHostCopy:
     rocm_sd_conv: bool
 
     def rocm_sd_refresh(self) -> None:
-        if self.rocm_sd_host_path(self):
-            return  # the host's own forward runs: nothing reads the 8-bit weight
+        """graphs.GraphedCall's hook, before it compares signatures."""
+        if not self.rocm_sd_host_path(self) and quantizable_weight(self.weight):  # else the host's forward runs
+            self._rocm_sd_quantize_if_stale()
+
+    def _rocm_sd_quantize_if_stale(self) -> None:
         weight = self.weight
         source = self.__dict__.get("_rocm_sd_source")
         if source is not None and source[0]() is weight and source[1] == _version(weight):
@@ -206,7 +214,7 @@ class QuantizedHostCopy:
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or kwargs or not self._rocm_sd_takes(x):  # arguments of a host's own forward: its own path
             return super().forward(x, *args, **kwargs)
-        self.rocm_sd_refresh()
+        self._rocm_sd_quantize_if_stale()
         in_features = self.in_channels if self.rocm_sd_conv else self.in_features
         return forward_8bit(x, self.rocm_sd_conv, in_features, self.rocm_sd_weight_q, self.rocm_sd_weight_scale,
                             self.bias, self.rocm_sd_format)

@@ -127,7 +127,7 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
         if why:
             not_installed.append(f"precision={precision} not applied: {why}")
         else:
-            swaps.update(quantized_swaps(diffusion_model, fmt, precision_patch.MULTIPLE[precision]))
+            swaps.update(quantized_swaps(diffusion_model, fmt, precision_patch.MULTIPLE[precision], swaps))
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     _patch_attention(patcher, diffusion_model, attention, override_supported)
@@ -142,17 +142,15 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     return not_installed
 
 
-def quantized_swaps(diffusion_model, format: str, multiple: int) -> dict[str, object]:
-    """ldm_swaps.quantized_linear_swaps for a ComfyUI UNet, and its transformer blocks' LayerNorms writing their
-    output quantized where every consumer is quantized (the norms' copies of norm_swaps, made again here when
-    layer_norm is off). A layer whose weights ComfyUI streams or patches per call (low-VRAM mode) runs ComfyUI's own
-    forward; one whose weights ComfyUI stores in fp8 itself (weight_dtype fp8_e4m3fn) is quantized from them."""
+def quantized_swaps(diffusion_model, format: str, multiple: int, norms: dict[str, object]) -> dict[str, object]:
+    """ldm_swaps.quantized_linear_swaps for a ComfyUI UNet. The transformer blocks' LayerNorm copies among `norms`
+    (norm_swaps' output: none when layer_norm is off) whose every consumer is quantized write their output quantized
+    too. A layer whose weights ComfyUI streams or patches per call (low-VRAM mode) runs ComfyUI's own forward; one
+    whose weights ComfyUI stores in fp8 itself (weight_dtype fp8_e4m3fn) is quantized from them."""
     swaps = ldm_swaps.quantized_linear_swaps(diffusion_model, format, multiple, host_path=_host_patches_per_call)
-    modules = dict(diffusion_model.named_modules())
     for path in ldm_swaps.quantized_norm_outputs(diffusion_model, swaps):
-        norm = ldm_swaps.layer_norm_copy(modules[path], _host_casts)
-        norm.rocm_sd_quantized_output = format
-        swaps[path] = norm
+        if hasattr(norms.get(path), "rocm_sd_quantized_output"):
+            norms[path].rocm_sd_quantized_output = format
     return swaps
 
 

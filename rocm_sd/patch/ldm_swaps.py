@@ -12,9 +12,10 @@ from typing import Callable
 
 from torch import nn
 
-from ..modules.host_copies import (conv_channels_last_copy, group_norm_copy, is_pointwise_conv, layer_norm_copy,
-                                   quantized_linear_copy, upsample_copy)
-from ..modules.quantized_linear import quantizable_weight
+from ..modules.host_copies import (conv_channels_last_copy, group_norm_copy, layer_norm_copy, quantized_linear_copy,
+                                   upsample_copy)
+from ..modules.pointwise import is_pointwise
+from ..modules.quantized_linear import FEW_ROWS, quantizable_weight
 from ..modules.upsample import conv_foldable
 
 
@@ -85,11 +86,6 @@ def conv_swaps(root, skip: dict | None = None, host_path: Callable[[nn.Module], 
             if isinstance(module, nn.Conv2d) and not any(name.startswith(owner + ".") for owner in skip)}
 
 
-# Layers whose input is one row per image (ldm's time and class embeddings, the ResBlocks' time projections): an 8-bit
-# GEMM of two rows saves nothing.
-FEW_ROWS = ("time_embed", "label_emb", "emb_layers")
-
-
 def quantized_linear_swaps(root, format: str, multiple: int,
                            host_path: Callable[[nn.Module], bool] = _never) -> dict[str, object]:
     """{dotted path: replacement} for the Linears and 1x1 convolutions of an ldm-lineage UNet whose rows are many and
@@ -101,7 +97,7 @@ def quantized_linear_swaps(root, format: str, multiple: int,
             continue
         if isinstance(module, nn.Linear):
             n, k = module.out_features, module.in_features
-        elif is_pointwise_conv(module):
+        elif is_pointwise(module, any_class=True):
             n, k = module.out_channels, module.in_channels
         else:
             continue

@@ -16,13 +16,12 @@ from .. import platform
 from ..modules.geglu import RocmGEGLU
 from ..modules.layer_norm import RocmLayerNorm
 from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
-from ..modules.quantized_linear import RocmQuantizedLinear, new_model_call
+from ..modules.quantized_linear import FEW_ROWS, RocmQuantizedLinear, new_model_call
 from ..ops.quantize import fp8_format
 from .core import PatchRecord
 
 log = logging.getLogger("rocm_sd")
 
-FEW_ROWS = ("time_embedding", "add_embedding", "class_embedding", "encoder_hid_proj", "time_emb_proj")
 # The GEMMs' shape rules: torch._scaled_mm wants K and N multiples of 16, torch._int_mm multiples of 8.
 MULTIPLE = {"fp8": 16, "int8": 8}
 
