@@ -32,7 +32,7 @@ def category(name):
     n = name.lower()
     # rocm_sd's kernels first, by their own names (a template argument may name another kernel's types)
     if "quantize_rows_kernel" in n: return "quantize"
-    if "geglu_rows_quantized" in n or ("layer_norm_rows" in n and ", true>" in n): return "norm/geglu + quantize"
+    if "geglu_rows_quantized" in n or "geglu_row_block_quantized" in n or ("layer_norm_rows" in n and ", true>" in n): return "norm/geglu + quantize"
     if "layer_norm_rows" in n or "geglu_kernel" in n: return "norm/geglu"
     if any(s in n for s in ("gemm", "cutlass", "sm90_xmma", "cublas", "matmul", "_mm", "nvjet", "scaled_mm", "f8f8", "int8", "s8")): return "gemm"
     if any(s in n for s in ("conv", "implicit", "winograd", "fprop", "dgrad", "cudnn")): return "conv"

@@ -29,7 +29,7 @@ def standin_model(comfy, device="cpu", dtype=torch.float32, **kw):
     base = comfy["model_base"].BaseModel(**kw).to(device, dtype).eval()
     for p in base.parameters():  # ComfyUI skips init (weights come from files): random, never zeros
         p.data.normal_(0, 0.2)
-    return comfy["ModelPatcher"](base)
+    return comfy["ModelPatcher"](base, load_device=torch.device(device))  # as ComfyUI: where it samples
 
 
 def run_model(patcher, x, ctx):

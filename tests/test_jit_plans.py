@@ -113,23 +113,25 @@ def test_layer_norm_plan_matches_its_launcher(tmp_path):
 
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
-    for dtype, d, x, q, scale, fmt in itertools.product(DTYPES, (1, 3, 8, 320, 1031, 5120, 8192, 8200), POINTERS,
-                                                        POINTERS, (0x80000, 0x80002, 0), (0, 2, 9)):
+    for dtype, d, x, q, scale, fmt, wave in itertools.product(DTYPES, (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200,
+                                                                       16384, 16392), POINTERS, POINTERS,
+                                                              (0x80000, 0x80002, 0), (0, 2, 9), (32, 64)):
         args = f"GegluArgs{{P({x}), M(0x50000), DType({dtype}), 5, {d}, nullptr, 0, M({q}), (float*)M({scale}), " \
                f"QuantFormat({fmt})}}"
-        # geglu_forward's quantized branch narrows the vector width to q's alignment
+        # geglu_forward's quantized branch narrows the vector width to q's alignment; 0 threads: a wave per row
         body.append(f"{{ GegluArgs a = {args}; std::string why = geglu_check(a); int vec = widest_vec(a.dtype, a.d, "
                     f"{{a.x, a.y}}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
-                    f"out(why.empty() ? std::to_string(vec) + (geglu_row_block_fits(a.d, vec) ? \" block\" : "
-                    f"\" wave\") : why); }}")
+                    f"out(why.empty() ? std::to_string(vec) + \" \" + std::to_string(geglu_row_block_threads(a.d, vec, "
+                    f"{wave})) : why); }}")
         why = plans.geglu_check(x, 0x50000, dtype, 5, d, q, scale, fmt)
         if why:
             expected.append(why)
             continue
-        launch = plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, 32, q, scale, fmt)
+        launch = plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, wave, q, scale, fmt)
         kernel, vec = launch.expression.rstrip(">").split("<")[0], launch.expression.rstrip(">").rsplit(", ", 1)[1]
-        expected.append(f"{vec} {'block' if kernel == 'rsd::geglu_row_block_quantized' else 'wave'}")
-        assert launch.block == (plans.GEGLU_ROW_THREADS if "block" in expected[-1] else plans.THREADS)
+        block = launch.block if kernel == "rsd::geglu_row_block_quantized" else 0
+        assert block or (kernel == "rsd::geglu_rows_quantized" and launch.block == plans.THREADS)
+        expected.append(f"{vec} {block}")
     compare(run_driver(tmp_path, "geglu/geglu.hip", body), expected)
 
 

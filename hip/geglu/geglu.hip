@@ -9,10 +9,13 @@
 // element, the least there is. Math in fp32, one rounding at the end (torch rounds twice).
 //
 // With q and scale (optimize(precision="fp8"/"int8")), the row quantized as rocm_sd::quantize_rows would quantize y
-// is written too: the output projection's 8-bit input without a pass over y. One block of kRowThreads per row keeps
-// the row's y in registers (up to kRowVectors vectors a thread, every load issued before the first use), reduces
-// max |y| across its waves and encodes from the registers: x is read once, y and q written once. Rows longer than
-// that (beyond SD's: over 8192 fp16 features) take one wave per row, which reads its own writes of y back.
+// is written too: the output projection's 8-bit input without a pass over y. One block per row, sized to the row
+// (kRowVectors vectors of y a thread, rounded up to whole waves), keeps the row's y in registers, reduces max |y|
+// across its waves and encodes from the registers: x is read once, y and q written once. Few vectors a thread keep
+// the registers, and so the blocks resident per compute unit, near the plain kernel's: a fixed 128-thread block holding
+// up to 8 vectors a thread needed 115 registers on sm_90 and 163 VGPRs on gfx942, and ran no faster than the wave per
+// row. Rows longer than kRowMaxThreads * kRowVectors vectors (beyond SD's: over 16384 fp16 features) take one wave
+// per row, which reads its own writes of y back.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/quantize/encode.h"
@@ -29,8 +32,8 @@ namespace rsd {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRowThreads = 128;  // a row's block: SD's 5120-wide rows are 5 fp16 vectors a thread
-constexpr int kRowVectors = 8;    // the most vectors of y a thread keeps in registers
+constexpr int kRowMaxThreads = 1024;  // the largest row block
+constexpr int kRowVectors = 2;        // vectors of y a thread of a row block keeps in registers
 
 __device__ __forceinline__ float gelu_erf(float g) { return 0.5f * g * (1.f + erff(g * 0.70710678118654752f)); }
 
@@ -80,10 +83,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class T, int VEC>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowMaxThreads)
     geglu_row_block_quantized(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ q,
                               float* __restrict__ scale, int64_t d, QuantFormat format) {
-  __shared__ float wave_amax[kRowThreads / 32];  // a wave is 32 or 64 lanes
+  __shared__ float wave_amax[kRowMaxThreads / 32];  // a wave is 32 or 64 lanes
   const int64_t row = blockIdx.x;
   const int64_t vectors = d / VEC;
   const T* in = x + row * 2 * d;
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(kRowThreads)
   Vec<T, VEC> a[kRowVectors], g[kRowVectors];
 #pragma unroll
   for (int i = 0; i < kRowVectors; ++i) {  // every load first: the thread's loads in flight together
-    const int64_t j = threadIdx.x + int64_t(i) * kRowThreads;
+    const int64_t j = threadIdx.x + int64_t(i) * blockDim.x;
     if (j < vectors) {
       a[i] = load_vec<T, VEC>(in + j * VEC);
       g[i] = load_vec<T, VEC>(in + d + j * VEC);
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(kRowThreads)
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kRowVectors; ++i) {
-    const int64_t j = threadIdx.x + int64_t(i) * kRowThreads;
+    const int64_t j = threadIdx.x + int64_t(i) * blockDim.x;
     if (j < vectors) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
@@ -114,12 +117,12 @@ __global__ void __launch_bounds__(kRowThreads)
   if (lane_id() == 0) wave_amax[wave_id()] = amax;
   __syncthreads();
   amax = 0.f;
-  for (int w = 0; w < kRowThreads / RSD_WAVE; ++w) amax = absmax_nan(amax, wave_amax[w]);
+  for (int w = 0; w < int(blockDim.x) / RSD_WAVE; ++w) amax = absmax_nan(amax, wave_amax[w]);
   const float inv = scale_from_amax(amax, format, scale + row, threadIdx.x == 0);
   uint8_t* qr = q + row * d;
 #pragma unroll
   for (int i = 0; i < kRowVectors; ++i) {
-    const int64_t j = threadIdx.x + int64_t(i) * kRowThreads;
+    const int64_t j = threadIdx.x + int64_t(i) * blockDim.x;
     if (j < vectors) store_vec(qr + j * VEC, encode_vec(a[i], inv, format), false);
   }
 }
@@ -130,17 +133,18 @@ void launch_quantized(const GegluArgs& a, int vec, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   uint8_t* q = static_cast<uint8_t*>(a.q);
-  if (geglu_row_block_fits(a.d, vec)) {
+  const int wave = device_attribute(a.device, Attr::wave_size, 32);
+  if (const int threads = geglu_row_block_threads(a.d, vec, wave)) {
     const unsigned blocks = unsigned(a.rows);  // rows * d < 2^31
     switch (vec) {
-      case 8: geglu_row_block_quantized<T, 8><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
-      case 4: geglu_row_block_quantized<T, 4><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
-      case 2: geglu_row_block_quantized<T, 2><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
-      default: geglu_row_block_quantized<T, 1><<<blocks, kRowThreads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+      case 8: geglu_row_block_quantized<T, 8><<<blocks, threads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+      case 4: geglu_row_block_quantized<T, 4><<<blocks, threads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+      case 2: geglu_row_block_quantized<T, 2><<<blocks, threads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
+      default: geglu_row_block_quantized<T, 1><<<blocks, threads, 0, stream>>>(x, y, q, a.scale, a.d, a.format); break;
     }
     return;
   }
-  const unsigned blocks = unsigned(ceil_div(a.rows, kThreads / device_attribute(a.device, Attr::wave_size, 32)));
+  const unsigned blocks = unsigned(ceil_div(a.rows, kThreads / wave));
   switch (vec) {
     case 8: geglu_rows_quantized<T, 8><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
     case 4: geglu_rows_quantized<T, 4><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, a.rows, a.d, a.format); break;
@@ -167,7 +171,10 @@ void launch(const GegluArgs& a, int vec, unsigned blocks, int64_t vectors, FastD
 }  // namespace
 
 #if !RSD_RTC
-bool geglu_row_block_fits(int64_t d, int vec) { return d / vec <= int64_t(kRowThreads) * kRowVectors; }
+int geglu_row_block_threads(int64_t d, int vec, int wave) {
+  const int64_t threads = ceil_div(ceil_div(d / vec, int64_t(kRowVectors)), int64_t(wave)) * wave;
+  return threads <= kRowMaxThreads ? int(threads) : 0;
+}
 
 std::string geglu_check(const GegluArgs& a) {
   if (a.rows <= 0 || a.d <= 0) return "empty tensor";

@@ -113,7 +113,13 @@ def parity_shuffle_plan(parities, bias, out, dtype, n, h, w, c, sms) -> Launch:
 
 # ---- geglu (hip/geglu/geglu.hip) ----------------------------------------------------------------------------------
 
-GEGLU_ROW_THREADS, GEGLU_ROW_VECTORS = 128, 8  # geglu.hip's kRowThreads, kRowVectors
+GEGLU_ROW_MAX_THREADS, GEGLU_ROW_VECTORS = 1024, 2  # geglu.hip's kRowMaxThreads, kRowVectors
+
+
+def geglu_row_block_threads(d: int, vec: int, wave: int) -> int:
+    """geglu.hip's geglu_row_block_threads: a row block's threads, or 0 where a row takes a wave."""
+    threads = ceil_div(ceil_div(d // vec, GEGLU_ROW_VECTORS), wave) * wave
+    return threads if threads <= GEGLU_ROW_MAX_THREADS else 0
 
 def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0) -> str:
     if rows <= 0 or d <= 0:
@@ -139,9 +145,10 @@ def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0) -> Launc
     if q:  # geglu_forward's quantized branch: launch_quantized, a block a row where it fits, else a wave a row
         while vec > 1 and not aligned(q, vec):
             vec //= 2
-        if d // vec <= GEGLU_ROW_THREADS * GEGLU_ROW_VECTORS:
+        threads = geglu_row_block_threads(d, vec, wave)
+        if threads:
             return Launch("geglu", f"rsd::geglu_row_block_quantized<{TYPES[dtype]}, {vec}>", rows, "ppppqi",
-                          (x, y, q, scale, d, format), block=GEGLU_ROW_THREADS)
+                          (x, y, q, scale, d, format), block=threads)
         return Launch("geglu", f"rsd::geglu_rows_quantized<{TYPES[dtype]}, {vec}>", ceil_div(rows, THREADS // wave),
                       "ppppqqi", (x, y, q, scale, rows, d, format))
     vectors = rows * d // vec

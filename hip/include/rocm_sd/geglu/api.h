@@ -24,7 +24,8 @@ struct GegluArgs {
 };
 std::string geglu_check(const GegluArgs& a);
 std::string geglu_forward(const GegluArgs& a);
-// Whether the quantized branch runs a block per row (else a wave per row) for rows of d features in vectors of vec.
-bool geglu_row_block_fits(int64_t d, int vec);
+// The quantized branch's block size for rows of d features in vectors of vec on waves of `wave` lanes: a block per
+// row of that many threads, or 0 where a row is too long for one block (then a wave per row).
+int geglu_row_block_threads(int64_t d, int vec, int wave);
 
 }  // namespace rsd

@@ -31,37 +31,37 @@ __device__ __forceinline__ float wave_absmax(float v) {
 __device__ __forceinline__ float clamp_nan(float x, float fmax) { return x != x ? x : fminf(fmaxf(x, -fmax), fmax); }
 
 // x is already scaled into [-fmax, fmax] (or NaN). Round to nearest even, as torch's conversions, on the float's
-// bits (c10's fp8_e4m3fn_from_fp32_value, generalised to both exponent biases): a dozen integer operations, where
-// frexpf / ldexpf / rintf made the quantize kernels compute-bound. NaN: the format's canonical NaN code (torch may
-// keep a NaN's sign bit in e4m3fn, 0xFF, which is also NaN there).
+// bits (c10's fp8_e4m3fn_from_fp32_value, generalised to both exponent biases): a dozen integer operations and
+// selects, no branch, where frexpf / ldexpf / rintf (and, later, a branch per element on the format and the
+// subnormal range) made the quantize kernels compute-bound. NaN: the format's canonical NaN code (torch may keep a
+// NaN's sign bit in e4m3fn, 0xFF, which is also NaN there).
 template <int kBias>
 __device__ __forceinline__ uint32_t encode_e4m3_magnitude(uint32_t bits) {
   // Below the smallest normal (2^(1 - bias)): one float addition rounds to the subnormal quantum 2^(-bias - 2), the
-  // code is what lands in the low mantissa bits.
+  // code is what lands in the low mantissa bits. Both results are computed and one selected: no divergent branch.
   constexpr uint32_t kSmallestNormal = uint32_t(127 + 1 - kBias) << 23;
   constexpr uint32_t kDenormMagic = uint32_t((127 - kBias) + (23 - 3) + 1) << 23;
-  if (bits < kSmallestNormal)
-    return __float_as_uint(__uint_as_float(bits) + __uint_as_float(kDenormMagic)) - kDenormMagic;
+  const uint32_t subnormal = __float_as_uint(__uint_as_float(bits) + __uint_as_float(kDenormMagic)) - kDenormMagic;
   const uint32_t mantissa_odd = (bits >> 20) & 1u;  // ties to even
-  bits += (uint32_t(kBias - 127) << 23) + 0x7FFFFu + mantissa_odd;
-  return bits >> 20;
+  const uint32_t normal = (bits + (uint32_t(kBias - 127) << 23) + 0x7FFFFu + mantissa_odd) >> 20;
+  return bits < kSmallestNormal ? subnormal : normal;
 }
 
-__device__ __forceinline__ uint8_t encode_e4m3(float x, bool fnuz) {
-  if (x != x) return fnuz ? 0x80 : 0x7F;
-  const uint32_t bits = __float_as_uint(x);
-  const uint32_t sign = bits & 0x80000000u;
-  const uint32_t code = fnuz ? encode_e4m3_magnitude<8>(bits ^ sign) : encode_e4m3_magnitude<7>(bits ^ sign);
-  if (fnuz && code == 0) return 0;  // fnuz has no negative zero (0x80 is its NaN)
-  return uint8_t(code | (sign >> 24));
-}
-
-__device__ __forceinline__ uint8_t encode(float x, QuantFormat f) {
-  if (f == QuantFormat::int8) {
+template <QuantFormat F>
+__device__ __forceinline__ uint8_t encode_as(float x) {
+  if constexpr (F == QuantFormat::int8) {
     // NaN has no int8 code: 0, and the row's scale (NaN, from absmax_nan) carries it into the GEMM's output.
-    return x != x ? 0 : uint8_t(int8_t(rintf(fminf(fmaxf(x, -127.f), 127.f))));
+    const uint8_t code = uint8_t(int8_t(rintf(fminf(fmaxf(x, -127.f), 127.f))));
+    return x != x ? uint8_t(0) : code;
+  } else {
+    constexpr bool kFnuz = F == QuantFormat::e4m3fnuz;
+    const uint32_t bits = __float_as_uint(x);
+    const uint32_t sign = bits & 0x80000000u;
+    const uint32_t code = encode_e4m3_magnitude<kFnuz ? 8 : 7>(bits ^ sign);
+    // fnuz has no negative zero (0x80 is its NaN)
+    const uint8_t signed_code = kFnuz && code == 0 ? uint8_t(0) : uint8_t(code | (sign >> 24));
+    return x != x ? uint8_t(kFnuz ? 0x80 : 0x7F) : signed_code;
   }
-  return encode_e4m3(x, f == QuantFormat::e4m3fnuz);
 }
 
 // From the row's max |x|: writes max(amax, kMinAmax) / fmax to *scale where `write`, and returns the multiplier into
@@ -78,14 +78,24 @@ __device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, 
   return scale_from_amax(wave_absmax(lane_amax), format, scale, lane_id() == 0);
 }
 
-// One vector of the row in the format, `inv` from row_scale.
-template <class T, int VEC>
-__device__ __forceinline__ Vec<uint8_t, VEC> encode_vec(const Vec<T, VEC>& v, float inv, QuantFormat format) {
-  const float fmax = format_max(format);
+template <QuantFormat F, class T, int VEC>
+__device__ __forceinline__ Vec<uint8_t, VEC> encode_vec_as(const Vec<T, VEC>& v, float inv) {
+  constexpr float kFmax = F == QuantFormat::e4m3fn ? 448.f : F == QuantFormat::e4m3fnuz ? 240.f : 127.f;
   Vec<uint8_t, VEC> out;
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) out.v[e] = encode(clamp_nan(to_float(v.v[e]) * inv, fmax), format);
+  for (int e = 0; e < VEC; ++e) out.v[e] = encode_as<F>(clamp_nan(to_float(v.v[e]) * inv, kFmax));
   return out;
+}
+
+// One vector of the row in the format, `inv` from row_scale. The format is the same for the whole launch: one
+// uniform branch a vector, and each element's code is specialised to its format.
+template <class T, int VEC>
+__device__ __forceinline__ Vec<uint8_t, VEC> encode_vec(const Vec<T, VEC>& v, float inv, QuantFormat format) {
+  switch (format) {
+    case QuantFormat::int8: return encode_vec_as<QuantFormat::int8>(v, inv);
+    case QuantFormat::e4m3fnuz: return encode_vec_as<QuantFormat::e4m3fnuz>(v, inv);
+    default: return encode_vec_as<QuantFormat::e4m3fn>(v, inv);
+  }
 }
 
 }  // namespace rsd
