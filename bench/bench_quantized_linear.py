@@ -44,23 +44,24 @@ def fresh(layer, x):
 SHAPES = [(8192, 640, 640), (8192, 640, 5120), (8192, 2560, 640), (2048, 1280, 1280), (2048, 1280, 10240),
           (2048, 5120, 1280), (8192, 320, 320), (8192, 1280, 320), (154, 2048, 640)]
 
-print("| M | K | N | fp16 linear | quantize | fp8 GEMM row-wise | fp8 GEMM tensor-wise | fp8 layer | fp8 vs fp16 "
-      "| tensor-wise GEMM vs fp16 | int8 layer |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-for m, k, n in SHAPES:
-    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(n, device="cuda", dtype=torch.float16)
-    linear = device_us(lambda: F.linear(x, w, b))
-    layer = RocmQuantizedLinear(w, b, "e4m3fn").cuda()
-    q, scale = quantize_rows_kernel(x, "e4m3fn")
-    quantize = device_us(lambda: quantize_rows_kernel(x, "e4m3fn"))
-    rowwise = device_us(lambda: layer.matmul(q, scale, torch.float16))
-    one = torch.ones((), device="cuda")
-    tensorwise = device_us(lambda: torch._scaled_mm(q, layer.weight_q.t(), scale_a=one, scale_b=one, bias=b,
-                                                    out_dtype=torch.float16))
-    whole = device_us(lambda: fresh(layer, x))
-    int8 = RocmQuantizedLinear(w, b, "int8").cuda()
-    whole_int8 = device_us(lambda: fresh(int8, x))
-    print(f"| {m} | {k} | {n} | {linear:.1f} | {quantize:.1f} | {rowwise:.1f} | {tensorwise:.1f} | {whole:.1f} "
-          f"| {linear / whole:.2f} | {linear / tensorwise:.2f} | {whole_int8:.1f} |", flush=True)
+if __name__ == "__main__":
+    print("| M | K | N | fp16 linear | quantize | fp8 GEMM row-wise | fp8 GEMM tensor-wise | fp8 layer | fp8 vs fp16 "
+          "| tensor-wise GEMM vs fp16 | int8 layer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for m, k, n in SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, device="cuda", dtype=torch.float16)
+        linear = device_us(lambda: F.linear(x, w, b))
+        layer = RocmQuantizedLinear(w, b, "e4m3fn").cuda()
+        q, scale = quantize_rows_kernel(x, "e4m3fn")
+        quantize = device_us(lambda: quantize_rows_kernel(x, "e4m3fn"))
+        rowwise = device_us(lambda: layer.matmul(q, scale, torch.float16))
+        one = torch.ones((), device="cuda")
+        tensorwise = device_us(lambda: torch._scaled_mm(q, layer.weight_q.t(), scale_a=one, scale_b=one, bias=b,
+                                                        out_dtype=torch.float16))
+        whole = device_us(lambda: fresh(layer, x))
+        int8 = RocmQuantizedLinear(w, b, "int8").cuda()
+        whole_int8 = device_us(lambda: fresh(int8, x))
+        print(f"| {m} | {k} | {n} | {linear:.1f} | {quantize:.1f} | {rowwise:.1f} | {tensorwise:.1f} | {whole:.1f} "
+              f"| {linear / whole:.2f} | {linear / tensorwise:.2f} | {whole_int8:.1f} |", flush=True)
