@@ -121,6 +121,7 @@ def geglu_row_block_threads(d: int, vec: int, wave: int) -> int:
     threads = ceil_div(ceil_div(d // vec, GEGLU_ROW_VECTORS), wave) * wave
     return threads if threads <= GEGLU_ROW_MAX_THREADS else 0
 
+
 def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0) -> str:
     if rows <= 0 or d <= 0:
         return "empty tensor"

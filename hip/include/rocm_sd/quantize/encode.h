@@ -11,7 +11,7 @@ namespace rsd {
 // Rows whose largest magnitude is below this quantize with it instead (an all-zero row gets a finite scale).
 constexpr float kMinAmax = 1e-12f;
 
-__host__ __device__ __forceinline__ float format_max(QuantFormat f) {
+__host__ __device__ constexpr float format_max(QuantFormat f) {
   return f == QuantFormat::e4m3fn ? 448.f : f == QuantFormat::e4m3fnuz ? 240.f : 127.f;
 }
 
@@ -80,7 +80,7 @@ __device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, 
 
 template <QuantFormat F, class T, int VEC>
 __device__ __forceinline__ Vec<uint8_t, VEC> encode_vec_as(const Vec<T, VEC>& v, float inv) {
-  constexpr float kFmax = F == QuantFormat::e4m3fn ? 448.f : F == QuantFormat::e4m3fnuz ? 240.f : 127.f;
+  constexpr float kFmax = format_max(F);
   Vec<uint8_t, VEC> out;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out.v[e] = encode_as<F>(clamp_nan(to_float(v.v[e]) * inv, kFmax));
