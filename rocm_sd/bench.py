@@ -15,7 +15,7 @@ Modes (MODES: optimize()'s options, which change images or skip work), only when
 after the other engines, with a rocm_sd row added before them if none was asked for:
   rocm_sd-fp8              rocm_sd.optimize(pipe, precision="fp8")
   rocm_sd-int8             rocm_sd.optimize(pipe, precision="int8")
-  rocm_sd-deepcache        rocm_sd.optimize(pipe, cache="deepcache", cache_interval=3)
+  rocm_sd-deepcache        rocm_sd.optimize(pipe, cache="deepcache", cache_interval=3, cache_branch=0)
   rocm_sd-adaptive         rocm_sd.optimize(pipe, cache="adaptive") (cache_threshold 0.15)
 Their rows add PSNR against the rocm_sd (fp16) image (psnr_vs_fp16_db) and the table a speed-up against the rocm_sd
 row. A mode that optimize() could not apply here (report() or the log says why: no FP8 on this GPU, a CPU) is a
@@ -54,7 +54,7 @@ ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+co
 MODES = {
     "rocm_sd-fp8": {"precision": "fp8"},
     "rocm_sd-int8": {"precision": "int8"},
-    "rocm_sd-deepcache": {"cache": "deepcache", "cache_interval": 3},
+    "rocm_sd-deepcache": {"cache": "deepcache", "cache_interval": 3, "cache_branch": 0},
     "rocm_sd-adaptive": {"cache": "adaptive"},
 }
 PROMPT = "a watercolor painting of a lighthouse at dawn"

@@ -124,7 +124,7 @@ def _quality(args) -> int:
     from . import quality
 
     quality.run(model=args.model, precision=args.precision, cache=args.cache, cache_interval=args.cache_interval,
-                cache_threshold=args.cache_threshold, prompts=args.prompts, steps=args.steps, size=args.size,
+                cache_threshold=args.cache_threshold, cache_branch=args.cache_branch, prompts=args.prompts, steps=args.steps, size=args.size,
                 seed=args.seed, device=args.device, out_dir=args.out)
     return 0
 
@@ -147,6 +147,9 @@ def _add_quality(sub) -> None:
     parser.add_argument("--cache-threshold", type=cli_args.non_negative_float,
                         help="with --cache adaptive: the summed relative input change that triggers a full UNet call "
                              "(default 0.15)")
+    parser.add_argument("--cache-branch", type=cli_args.non_negative_int,
+                        help="with --cache: how much of the outermost block the partial UNet calls run, as DeepCache's "
+                             "cache_branch_id (default 0: its last up layer only; docs/step_cache.md)")
     parser.add_argument("--prompts", type=cli_args.positive_int, default=4,
                         help=f"how many images (prompts from a fixed list of {len(PROMPTS)}, in turn)")
     parser.add_argument("--steps", type=cli_args.positive_int, default=20)

@@ -38,6 +38,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .modules.fusing import accelerate_hooked
+from .streams import warmup_stream
 
 log = logging.getLogger("rocm_sd")
 
@@ -296,7 +297,7 @@ class GraphedCall:
     # -- capture ----------------------------------------------------------------------------------
     def _capture(self, args, kwargs, leaves: list, spec):
         device = next(leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda")
-        side = torch.cuda.Stream(device)
+        side = warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         def fresh_arguments():
             # New lists and dicts around the same tensors for every warm-up call: a callee may consume its

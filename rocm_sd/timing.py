@@ -11,10 +11,12 @@ import statistics
 
 import torch
 
+from .streams import warmup_stream
+
 
 def graph_device_ms(fn, inputs: list[tuple], replays: int = 10, trials: int = 5) -> float:
     """Median device milliseconds of one fn(*args) call, args cycling through `inputs`."""
-    stream = torch.cuda.Stream()
+    stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for args in inputs:  # warm-up outside the graph: lazy init, allocator pools

@@ -225,6 +225,8 @@ ARGUMENT_ERRORS = [  # (arguments after `quality`, exit status, what the last li
     (["--cache", "adaptive", "--cache-threshold", "-0.5"], 2,
      "argument --cache-threshold: -0.5 is not a non-negative number"),
     (["--cache", "adaptive", "--cache-threshold", "nan"], 2, "argument --cache-threshold: nan is not a finite number"),
+    (["--precision", "fp8", "--cache-branch", "1"], 2, "argument --cache-branch: applies with --cache only"),
+    (["--cache", "deepcache", "--cache-branch", "-1"], 2, "argument --cache-branch: -1 is not a non-negative integer"),
     (["--precision", "fp8", "--prompts", "0"], 2, "argument --prompts: 0 is not a positive integer"),
     (["--precision", "fp8", "--steps", "-1"], 2, "argument --steps: -1 is not a positive integer"),
     (["--precision", "fp8", "--size", "36"], 2, "argument --size: 36 is not a positive multiple of 8"),
@@ -258,10 +260,13 @@ def test_a_bad_quality_argument_is_one_line_and_builds_nothing(argv, status, mes
     (["--cache", "deepcache", "--cache-interval", "5", "--precision", "fp8"],
      {"precision": "fp8", "cache": "deepcache", "cache_interval": 5}),
     (["--cache", "adaptive", "--cache-threshold", "0"], {"cache": "adaptive", "cache_threshold": 0.0}),
+    (["--cache", "deepcache", "--cache-branch", "1"], {"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}),
+    (["--cache", "adaptive", "--cache-branch", "0"], {"cache": "adaptive", "cache_threshold": 0.15}),
 ])
 def test_valid_quality_arguments_reach_the_model(argv, options, tmp_path, no_model):
     args = cli.build_parser().parse_args(["quality", *argv])
-    assert quality.mode_options(args.precision, args.cache, args.cache_interval, args.cache_threshold) == options
+    assert quality.mode_options(args.precision, args.cache, args.cache_interval, args.cache_threshold,
+                                args.cache_branch) == options
     with pytest.raises(ModelBuilt):
         cli.main(["quality", *argv, "--out", str(tmp_path)])
 
@@ -270,6 +275,7 @@ def test_mode_file_names():
     assert quality.mode_slug({"precision": "fp8"}) == "fp8"
     assert quality.mode_slug({"precision": "int8", "cache": "adaptive", "cache_threshold": 0.15}) == "int8-adaptive0.15"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3}) == "deepcache3"
+    assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}) == "deepcache3-branch1"
 
 
 # ---- the bench's mode engines --------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """optimize(cache='deepcache' / 'adaptive'): step caching of the UNet (rocm_sd/modules/step_cache.py), on tiny
 random-weight UNets and pipelines built from configs, fp32 on the CPU; one GPU test with graph capture."""
 import copy
+import gc
 
 import pytest
 import torch
@@ -46,31 +47,38 @@ class Calls(list):
 
 
 ARCHS = [("tiny", 2), ("tiny-xl", 2), ("tiny", 1), ("tiny-xl", 1)]
+BRANCHES = [(arch, layers, branch) for arch, layers in ARCHS for branch in range(layers + 1)]
 
 
 # ---- the partial call ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,layers", ARCHS)
-def test_partial_call_equals_full_call_when_its_feature_comes_from_the_same_inputs(arch, layers):
-    # The partial path recomputes conv_in, the embeddings, down_blocks[0]'s first layer, up_blocks[-1] from the
-    # mirror layer and the output layers; fed the hidden state the full call kept for the same sample and timestep,
-    # it must compute the full call's output bit for bit, without running the inner blocks.
+@pytest.mark.parametrize("arch,layers,branch", BRANCHES)
+def test_partial_call_equals_full_call_when_its_feature_comes_from_the_same_inputs(arch, layers, branch):
+    # The partial path recomputes conv_in, the embeddings, the branch's layers of down_blocks[0], up_blocks[-1] from
+    # the mirror layer and the output layers; fed the hidden state the full call kept for the same sample and
+    # timestep, it must compute the full call's output bit for bit, without running anything else.
     unet = tiny_unet(arch, layers)
-    cache = UNetStepCache(unet, "deepcache")
+    cache = UNetStepCache(unet, "deepcache", branch=branch)
     kwargs = unet_inputs(unet)
+    first, last = unet.down_blocks[0], unet.up_blocks[-1]
+    mirror = len(last.resnets) - 1 - branch
     with torch.no_grad():
         reference = unet(**kwargs).sample
         full, feature = cache.full_call(**kwargs)
-        inner = [Calls(unet.mid_block), Calls(unet.down_blocks[1]), Calls(unet.up_blocks[0])]
+        skipped = [unet.mid_block, unet.down_blocks[1], unet.up_blocks[0], *first.resnets[branch:],
+                   *last.resnets[:mirror]]
+        ran = [*first.resnets[:branch], *last.resnets[mirror:]]
+        skipped_calls, ran_calls = [Calls(m) for m in skipped], [Calls(m) for m in ran]
         partial = cache.partial_call(feature, **kwargs)
         other = cache.partial_call(torch.randn_like(feature), **kwargs)
-    assert [len(c) for c in inner] == [0, 0, 0]
-    for c in inner:
+    assert [len(c) for c in skipped_calls] == [0] * len(skipped)
+    assert [len(c) for c in ran_calls] == [2] * len(ran)
+    for c in skipped_calls + ran_calls:
         c.handle.remove()
     assert torch.equal(full.sample, reference)
-    # the hidden state entering up_blocks[-1]'s mirror layer: layer 1 (after layer 0) with two layers per block,
-    # layer 0 (up_blocks[-2]'s upsampled output) with one
-    before = unet.up_blocks[-1].resnets[0] if layers == 2 else unet.up_blocks[-2].resnets[-1]
+    # the hidden state entering up_blocks[-1]'s mirror layer: the previous layer's output, or up_blocks[-2]'s
+    # upsampled output for the first
+    before = last.resnets[mirror - 1] if mirror else unet.up_blocks[-2].resnets[-1]
     assert feature.shape == (2, before.out_channels, 16, 16)
     assert torch.equal(partial.sample, reference)
     assert not torch.allclose(other.sample, reference)  # the feature is used
@@ -94,7 +102,8 @@ def test_partial_call_with_every_rocm_sd_patch_equals_the_patched_full_call(arch
     assert torch.equal(partial.sample, full.sample)
 
 
-def test_controlnet_residuals_are_added_to_the_partial_calls_skips():
+@pytest.mark.parametrize("branch", [0, 1])
+def test_controlnet_residuals_are_added_to_the_partial_calls_skips(branch):
     from diffusers import ControlNetModel
 
     unet = tiny_unet("tiny", 2)
@@ -103,7 +112,7 @@ def test_controlnet_residuals_are_added_to_the_partial_calls_skips():
     with torch.no_grad():
         down, mid = controlnet(**kwargs, controlnet_cond=torch.rand(2, 3, 32, 32), return_dict=False)
         down = tuple(d + 0.5 * torch.randn_like(d) for d in down)  # make the skips' residuals count
-        cache = UNetStepCache(unet, "deepcache")
+        cache = UNetStepCache(unet, "deepcache", branch=branch)
         controlled = dict(kwargs, down_block_additional_residuals=down, mid_block_additional_residual=mid)
         full, feature = cache.full_call(**controlled)
         partial = cache.partial_call(feature, **controlled)
@@ -112,12 +121,12 @@ def test_controlnet_residuals_are_added_to_the_partial_calls_skips():
     assert not torch.allclose(without.sample, full.sample)
 
 
-@pytest.mark.parametrize("arch,layers", [("tiny", 2), ("tiny", 1)])
-def test_freeu_is_applied_in_the_partial_call_and_leaves_the_cache_as_it_was(arch, layers):
+@pytest.mark.parametrize("arch,layers,branch", [("tiny", 2, 0), ("tiny", 2, 1), ("tiny", 1, 0)])
+def test_freeu_is_applied_in_the_partial_call_and_leaves_the_cache_as_it_was(arch, layers, branch):
     # FreeU scales the hidden state in place in the two coarsest up blocks: with two up blocks, up_blocks[-1] is one.
     unet = tiny_unet(arch, layers)
     unet.enable_freeu(s1=0.9, s2=0.2, b1=1.2, b2=1.4)
-    cache = UNetStepCache(unet, "deepcache")
+    cache = UNetStepCache(unet, "deepcache", branch=branch)
     kwargs = unet_inputs(unet)
     with torch.no_grad():
         full, feature = cache.full_call(**kwargs)
@@ -206,7 +215,7 @@ def test_the_controller_counts_full_and_partial_calls_and_why():
         unet(**dict(kwargs, timestep=torch.tensor(700.0)), down_intrablock_additional_residuals=[])
         report = rocm_sd.report(unet)["UNet2DConditionModel"]
     rocm_sd.revert(unet)
-    assert report["step cache: deepcache (interval 3)"] == 1
+    assert report["step cache: deepcache (interval 3, branch 0)"] == 1
     assert report["step cache: full calls"] == 2 + 2 + 1 + 1 + 1
     assert report["step cache: partial calls"] == 4 + 1
     assert report["step cache: full call instead of partial: no cached feature in this call's slot yet"] == 1
@@ -291,7 +300,19 @@ def test_a_unet_the_partial_call_cannot_serve_is_left_uncached():
     report = rocm_sd.report(unet)["UNet2DConditionModel"]
     rocm_sd.revert(unet)
     assert [key for key in report if key.startswith("step cache")] == [
-        "step cache not applied: fewer than two down blocks, or as many up blocks as down blocks"]
+        "step cache not applied: fewer than two down blocks, or not as many up blocks as down blocks"]
+
+
+def test_a_branch_deeper_than_the_outermost_block_is_refused_with_the_reason():
+    unet = tiny_unet("tiny", 2)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(unet, cache="deepcache", cache_branch=3)
+    report = rocm_sd.report(unet)["UNet2DConditionModel"]
+    rocm_sd.revert(unet)
+    assert [key for key in report if key.startswith("step cache")] == [
+        "step cache not applied: branch 3 is deeper than down_blocks[0]'s 2 layers"]
+    with pytest.raises(ValueError, match="cache_branch=-1 is below its minimum 0"):
+        rocm_sd.optimize(unet, cache="deepcache", cache_branch=-1)
 
 
 # ---- graphs ----------------------------------------------------------------------------------------------------
@@ -315,6 +336,28 @@ def test_graphed_full_and_partial_calls_replay_and_equal_the_eager_step_cache():
     for e, g in zip(eager, graphed):
         assert torch.isfinite(g).all()
         assert torch.equal(e, g)
+
+
+@pytest.mark.gpu
+def test_revert_frees_the_graphs_and_the_cached_features_at_once():
+    # The controller and its graphed calls reference each other: their memory must not wait for the cycle collector.
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    for _ in range(2):  # what a process pays once (the BLAS workspaces of the warm-up and capture streams)
+        rocm_sd.optimize(pipe, cache="deepcache", text_encoder=False)
+        run_pipe(pipe, steps=4)
+        rocm_sd.revert(pipe)
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    gc.disable()
+    try:
+        rocm_sd.optimize(pipe, cache="deepcache", text_encoder=False)
+        run_pipe(pipe, steps=4)
+        held = torch.cuda.memory_allocated() - before
+        rocm_sd.revert(pipe)
+        left = torch.cuda.memory_allocated() - before
+    finally:
+        gc.enable()
+    assert held > 0 and left == 0, f"{held} bytes held while cached, {left} still held after revert()"
 
 
 def test_timesteps_that_view_one_tensor_are_read_from_one_host_copy():
@@ -392,10 +435,15 @@ def fresh(c):
     return {**c, "control": {k: list(v) for k, v in c["control"].items()}} if "control" in c else c
 
 
-@pytest.mark.parametrize("kind,num_res_blocks", [("sd", 2), ("sdxl", 2), ("sd", 1)])
+COMFY_BRANCHES = [(kind, blocks, branch) for kind, blocks in [("sd", 2), ("sdxl", 2), ("sd", 1)]
+                  for branch in range(blocks + 1)]
+
+
+@pytest.mark.parametrize("kind,num_res_blocks,branch", COMFY_BRANCHES)
 @pytest.mark.parametrize("extra", ["none", "control", "patches"])
 def test_comfy_partial_call_equals_full_call_when_its_feature_comes_from_the_same_inputs(comfy, kind,
-                                                                                         num_res_blocks, extra):
+                                                                                         num_res_blocks, branch,
+                                                                                         extra):
     from rocm_sd.modules.step_cache import ComfyStepCache
 
     def freeu_like(h, hsp, transformer_options):  # ComfyUI's FreeU scales h in place
@@ -415,20 +463,23 @@ def test_comfy_partial_call_equals_full_call_when_its_feature_comes_from_the_sam
     patches = {"output_block_patch": [freeu_like, bookkeeping], "input_block_patch": [input_patch]} \
         if extra == "patches" else None
     x, t, c = comfy_inputs(patcher, control=extra == "control", patches=patches)
-    model, cache = patcher.model, ComfyStepCache("deepcache")
+    model, cache = patcher.model, ComfyStepCache("deepcache", branch=branch)
+    ran = branch + 1  # output blocks a partial call runs
+    diffusion_model = model.diffusion_model
     with torch.no_grad():
         reference = model.apply_model(x, t, **fresh(c))
         full, feature = cache.full_call(model, x, t, fresh(c))
         kept = feature.clone()
-        del seen[:-2]  # the two outermost output blocks' in the full call
-        inner = [Calls(layer) for layer in model.diffusion_model.middle_block] + \
-            [Calls(layer) for block in model.diffusion_model.input_blocks[2:] for layer in block]
+        del seen[:-ran]  # the outermost output blocks' in the full call
+        inner = [Calls(layer) for layer in diffusion_model.middle_block] + \
+            [Calls(layer) for block in diffusion_model.input_blocks[branch + 1:] for layer in block] + \
+            [Calls(layer) for block in diffusion_model.output_blocks[:-ran] for layer in block]
         partial = cache.partial_call(model, feature, x, t, fresh(c))
         other = cache.partial_call(model, torch.randn_like(feature), x, t, fresh(c))
     assert sum(len(calls) for calls in inner) == 0
-    assert "forward" not in model.diffusion_model.__dict__
+    assert "forward" not in diffusion_model.__dict__
     if extra == "patches":
-        assert seen[2:4] == seen[0:2] and seen[4:6] == seen[0:2], seen
+        assert seen[ran:2 * ran] == seen[:ran] and seen[2 * ran:3 * ran] == seen[:ran], seen
     assert torch.equal(full, reference) and torch.equal(partial, reference) and torch.equal(feature, kept)
     assert not torch.allclose(other, reference)
 
@@ -485,6 +536,17 @@ def test_comfy_node_caches_steps(comfy, nodes, cuda_graph, split):
         assert stats["partial: eager: no GPU tensor among the inputs"] == 2 * 4 * calls
     assert patcher.model_options == {"transformer_options": {}}
     assert "forward" not in patcher.model.diffusion_model.__dict__
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_comfy_branch_deeper_than_the_outermost_level_is_refused_with_the_reason(comfy, cuda_graph):
+    from rocm_sd.patch.comfy import patch_model_patcher
+
+    patcher = comfy_patcher(comfy, "sd", num_res_blocks=2).clone()
+    not_installed = patch_model_patcher(patcher, cuda_graph=cuda_graph, cache="deepcache", cache_branch=3)
+    assert not_installed == ["step cache not applied: branch 3 is deeper than the outermost level (it would cross a "
+                             "Downsample)"]
+    assert ("model_function_wrapper" in patcher.model_options) == cuda_graph  # the graphs, without a step cache
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True])

@@ -65,6 +65,10 @@ class RocmSDOptimizeModel:
                                        "tooltip": "deepcache: one full evaluation per this many steps"}),
             "cache_threshold": ("FLOAT", {"default": 0.15, "min": 0.0, "max": 10.0, "step": 0.01, "tooltip": (
                 "adaptive: the summed relative change of the model's input that triggers a full evaluation")}),
+            "cache_branch": ("INT", {"default": 0, "min": 0, "max": 8, "tooltip": (
+                "deepcache / adaptive: how much of the outermost level the other evaluations run (DeepCache's "
+                "cache_branch_id): 0 only the last output block (fastest), 1 also the first input block and its "
+                "mirror, 2 the whole outermost level (SD1.x/2.x/SDXL); higher is slower and closer to full")}),
             "precision": (["fp16", "fp8", "int8"], {"default": "fp16", "tooltip": (
                 "8-bit linear layers (changes images): 'fp8' (MI300 / MI350, RDNA4, NVIDIA Ada and newer) or 'int8' "
                 "runs the attention projections, feed-forward and 1x1 convolutions as 8-bit GEMMs, weights "
@@ -80,7 +84,7 @@ class RocmSDOptimizeModel:
                    "model evaluation as a captured GPU graph (AMD GPUs).")
 
     def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True,
-                 cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16"):
+                 cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16", cache_branch=0):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
@@ -88,7 +92,8 @@ class RocmSDOptimizeModel:
         cache = None if cache == "off" else cache
         not_installed = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph,
                                             channels_last=channels_last, cache=cache, cache_interval=cache_interval,
-                                            cache_threshold=cache_threshold, precision=precision)
+                                            cache_threshold=cache_threshold, precision=precision,
+                                            cache_branch=cache_branch)
         for why in not_installed:
             _say_once(why)
         _report_kernels()

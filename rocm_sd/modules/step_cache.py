@@ -1,13 +1,17 @@
 """Step caching of a UNet (DeepCache, arXiv 2312.00858; an adaptive variant after TeaCache, arXiv 2411.19108).
 
-Adjacent denoising steps change a UNet's deep features little. A full call runs the whole UNet and keeps the up
-path's hidden state at the mirror of down_blocks[0]'s first layer: the hidden state entering the layer of
-up_blocks[-1] whose skip is down_blocks[0]'s first layer (index len(up_blocks[-1].resnets) - 2: layer 1 in every
-SD1.x/2.x/SDXL UNet, which have two layers per block). A partial call runs only the outermost branch: conv_in and
-the time embedding (and all other conditioning) as the model's own forward computes them, down_blocks[0]'s first
-layer (resnet, and attention where the block has it), then up_blocks[-1] from that layer on, with the cached hidden
-state and fresh skips (down_blocks[0]'s first layer and conv_in), then conv_norm_out / conv_act / conv_out. It
-calls the model's own modules, so whatever else rocm_sd patched in them runs too.
+Adjacent denoising steps change a UNet's deep features little. A full call runs the whole UNet and keeps one hidden
+state of the up path; a partial call runs only the outermost branch around it and reuses the kept one. Which branch
+is the `branch` (DeepCache's cache_branch_id, within the outermost block): b layers of down_blocks[0] run fresh,
+and up_blocks[-1] from its mirror layer on, the layer len(up_blocks[-1].resnets) - 1 - b, whose skips those b
+layers and conv_in give. Branch 0 (DeepCache's default, and that of its published 2.3x / 2.6x): no down layer,
+only up_blocks[-1]'s last layer, whose skip is conv_in's output. Branch 1: down_blocks[0]'s first layer and the
+last two up layers. Branch 2 in SD1.x/2.x/SDXL UNets (two layers per block): the whole outermost block both ways,
+the cached state being up_blocks[-1]'s input. A partial call: conv_in and the time embedding (and all other
+conditioning) as the model's own forward computes them, the branch's down layers (resnet, and attention where the
+block has it), up_blocks[-1] from the mirror layer on with the cached hidden state and the fresh skips, then
+conv_norm_out / conv_act / conv_out. It calls the model's own modules, so whatever else rocm_sd patched in them runs
+too.
 
 Which calls are full (Schedule): calls are grouped by timestep. A call whose timestep equals the current step's
 joins that step; the k-th call of a step (classifier-free guidance run as separate cond / uncond calls) uses cache
@@ -156,18 +160,27 @@ class HostTimesteps:
 
 # ---- diffusers' UNet2DConditionModel --------------------------------------------------------------------------
 
-def unet_problem(model: nn.Module) -> str | None:
-    """Why a UNet2DConditionModel's structure does not allow the partial call, or None when it does."""
+def check_branch(branch) -> int:
+    """`branch` (the module doc) as an int, or a ValueError naming it."""
+    if isinstance(branch, bool) or not isinstance(branch, int) or branch < 0:
+        raise ValueError(f"step cache branch {branch!r} is not an integer >= 0")
+    return branch
+
+
+def unet_problem(model: nn.Module, branch: int = 0) -> str | None:
+    """Why a UNet2DConditionModel's structure does not allow the partial call of `branch`, or None when it does."""
     names = {"DownBlock2D", "CrossAttnDownBlock2D", "UpBlock2D", "CrossAttnUpBlock2D"}
     down, up = getattr(model, "down_blocks", None), getattr(model, "up_blocks", None)
     if not down or not up or len(down) < 2 or len(up) != len(down):
-        return "fewer than two down blocks, or as many up blocks as down blocks"
+        return "fewer than two down blocks, or not as many up blocks as down blocks"
     first, last = down[0], up[-1]
     for block in (first, last):
         if type(block).__name__ not in names or type(block).__module__ != "diffusers.models.unets.unet_2d_blocks":
             return f"outermost block {type(block).__name__} (not one of diffusers' {', '.join(sorted(names))})"
-    if len(last.resnets) < 2 or len(first.resnets) < 1 or last.upsamplers is not None:
-        return "up_blocks[-1] has fewer than two layers or an upsampler"
+    if len(last.resnets) != len(first.resnets) + 1 or last.upsamplers is not None:
+        return "up_blocks[-1] has an upsampler, or not one layer more than down_blocks[0]"
+    if branch > len(first.resnets):
+        return f"branch {branch} is deeper than down_blocks[0]'s {len(first.resnets)} layers"
     if hasattr(last, "attentions") and not hasattr(first, "attentions"):
         return "up_blocks[-1] has attention but down_blocks[0] has not (its conditioning is not at hand)"
     if type(getattr(model, "conv_in", None)) is not nn.Conv2d:
@@ -198,8 +211,10 @@ class StepCache:
 
     GRAPHED_CALLS = ("full", "partial")
 
-    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15, counts: Counter | None = None):
+    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15, counts: Counter | None = None,
+                 branch: int = 0):
         self.schedule = Schedule(mode, interval, threshold)
+        self.branch = check_branch(branch)
         self.counts = counts if counts is not None else Counter()
         self.full = self.full_call
         self.partial = self.partial_call
@@ -245,8 +260,8 @@ class UNetStepCache(StepCache):
     down_blocks[0], with a temporary pre-hook that runs the outermost branch on the block's arguments."""
 
     def __init__(self, model: nn.Module, mode: str, interval: int = 3, threshold: float = 0.15,
-                 counts: Counter | None = None):
-        super().__init__(mode, interval, threshold, counts)
+                 counts: Counter | None = None, branch: int = 0):
+        super().__init__(mode, interval, threshold, counts, branch)
         self.model = model
         self.inner = model.__dict__.get("forward")   # an instance forward in place (accelerate's), else the class's
         self.timesteps = HostTimesteps()
@@ -254,9 +269,8 @@ class UNetStepCache(StepCache):
 
     @property
     def mirror(self) -> int:
-        """The layer of up_blocks[-1] that takes down_blocks[0]'s first layer as its skip: the partial call starts
-        there, and the full call keeps the hidden state entering it."""
-        return len(self.model.up_blocks[-1].resnets) - 2
+        """The layer of up_blocks[-1] the partial call starts at (the module doc), whose input the full call keeps."""
+        return len(self.model.up_blocks[-1].resnets) - 1 - self.branch
 
     # -- the call -----------------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -307,8 +321,8 @@ class UNetStepCache(StepCache):
         return output, kept[0]
 
     def partial_call(self, feature: torch.Tensor, **kwargs):
-        """conv_in, the embeddings, down_blocks[0]'s first layer, up_blocks[-1] from the mirror layer on with
-        `feature`, and the output layers; ControlNet residuals added to the two skips it uses."""
+        """conv_in, the embeddings, the branch's layers of down_blocks[0], up_blocks[-1] from the mirror layer on
+        with `feature`, and the output layers; ControlNet residuals added to the skips it uses."""
         residuals = kwargs.pop("down_block_additional_residuals", None)
         kwargs.pop("mid_block_additional_residual", None)
 
@@ -345,8 +359,10 @@ class UNetStepCache(StepCache):
                 h = block.attentions[index](h, **conditioning, return_dict=False)[0]
             return h
 
-        skips = [hidden, layer(first, 0, hidden)]  # conv_in's output, down_blocks[0]'s first layer's
-        if residuals is not None:  # ControlNet: added to every skip, as the forward does; these two are used here
+        skips = [hidden]  # conv_in's output, then the branch's down layers' outputs
+        for index in range(self.branch):
+            skips.append(layer(first, index, skips[-1]))
+        if residuals is not None:  # ControlNet: added to every skip, as the forward does; the first ones are used here
             skips = [skip + residual for skip, residual in zip(skips, residuals)]
         freeu = _freeu(last)
         h = feature.clone() if freeu else feature  # apply_freeu writes into it: the cache must stay as it is
@@ -364,17 +380,23 @@ class UNetStepCache(StepCache):
 
 # ---- ComfyUI's UNetModel (comfy/ldm/modules/diffusionmodules/openaimodel.py) ----------------------------------
 
-def comfy_unet_problem(diffusion_model: nn.Module) -> str | None:
-    """Why a ComfyUI diffusion model's structure does not allow the partial call, or None when it does."""
+def comfy_unet_problem(diffusion_model: nn.Module, branch: int = 0) -> str | None:
+    """Why a ComfyUI diffusion model's structure does not allow the partial call of `branch`, or None when it does."""
     inputs, outputs = getattr(diffusion_model, "input_blocks", None), getattr(diffusion_model, "output_blocks", None)
     if inputs is None or outputs is None or not hasattr(diffusion_model, "out"):
         return f"{type(diffusion_model).__name__} is not a UNet of input, middle and output blocks"
-    if len(inputs) < 3 or len(outputs) != len(inputs):
-        return "fewer than three input blocks, or as many output blocks as input blocks"
+    if len(inputs) < branch + 3 or len(outputs) != len(inputs):
+        return f"fewer than {branch + 3} input blocks, or not as many output blocks as input blocks"
     if getattr(diffusion_model, "predict_codebook_ids", False):
         return "the UNet predicts codebook ids"
-    if not all(len(block) for block in (inputs[1], inputs[2], outputs[-3])):
+    if not all(len(block) for block in (*inputs[1:branch + 2], *outputs[-branch - 2:])):
         return "an empty block"
+    # the branch stays in the outermost level: no downsampling before its last input block, no upsampling in its
+    # output blocks
+    resampling = [type(layer).__name__ for block in (*inputs[1:branch + 1], *outputs[-branch - 1:]) for layer in block
+                  if type(layer).__name__ in ("Downsample", "Upsample")]
+    if resampling:
+        return f"branch {branch} is deeper than the outermost level (it would cross a {resampling[0]})"
     return None
 
 
@@ -382,21 +404,22 @@ class ComfyStepCache(StepCache):
     """ComfyUI's model_function_wrapper(apply_model, {"input", "timestep", "c", "cond_or_uncond"}) for a UNetModel
     (SD1.x/2.x/SDXL): decides per evaluation (StepCache.run), then evaluates the model in full or partially.
 
-    input_blocks[0] is conv_in and input_blocks[1] the first layer; its mirror is output_blocks[-2]. A full call
-    evaluates the model (apply_model) and keeps the hidden state entering output_blocks[-2] (the output of
-    output_blocks[-3]'s last layer, read with a temporary hook). A partial call evaluates the model (apply_model, so
-    the sampler's input and output scaling run as usual) with the diffusion model's forward replaced, for the
-    call, by one that runs the model's own forward until it reaches input_blocks[2] (time and label embeddings,
-    input blocks 0 and 1 with their control and patches, as the host computes them), stops it there, and then runs
-    output_blocks[-2] and [-1] on the cached hidden state and the two fresh skips as the host's forward does (output
-    control, output_block_patch patches), then `out`.
+    input_blocks[0] is conv_in, input_blocks[1:] the layers; with branch b the partial call runs input_blocks[1:b + 1]
+    and output_blocks[-b - 1:] (the module doc). A full call evaluates the model (apply_model) and keeps the hidden
+    state entering output_blocks[-b - 1] (the output of output_blocks[-b - 2]'s last layer, read with a temporary
+    hook). A partial call evaluates the model (apply_model, so the sampler's input and output scaling run as usual)
+    with the diffusion model's forward replaced, for the call, by one that runs the model's own forward until it
+    reaches input_blocks[b + 1] (time and label embeddings, input blocks 0 to b with their control and patches, as the
+    host computes them), stops it there, and then runs output_blocks[-b - 1:] on the cached hidden state and the
+    fresh skips as the host's forward does (output control, output_block_patch patches), then `out`.
 
     The timestep is the sampler's sigma, a GPU tensor made per call: reading it costs one host sync per call. Calls
     run in full where a partial one would skip work others asked for: transformer patches after the skip
     (input_block_patch_after_skip) and diffusion-model wrappers (which run around the whole UNet)."""
 
-    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15, counts: Counter | None = None):
-        super().__init__(mode, interval, threshold, counts)
+    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15, counts: Counter | None = None,
+                 branch: int = 0):
+        super().__init__(mode, interval, threshold, counts, branch)
         self.timesteps = HostTimesteps()
 
     def __deepcopy__(self, memo):
@@ -413,7 +436,7 @@ class ComfyStepCache(StepCache):
         model = getattr(apply_model, "__self__", None)
         x, t, c = args["input"], args["timestep"], args["c"]
         problem = "apply_model is not a bound method of a model" if model is None else \
-            comfy_unet_problem(model.diffusion_model)
+            comfy_unet_problem(model.diffusion_model, self.branch)
         if problem is not None:
             self.counts[f"step cache not applied: {problem}"] += 1
             return apply_model(x, t, **c)
@@ -432,10 +455,10 @@ class ComfyStepCache(StepCache):
         return None
 
     def full_call(self, model, x, t, c):
-        """The whole evaluation: (its output, the hidden state entering output_blocks[-2])."""
+        """The whole evaluation: (its output, the hidden state entering output_blocks[-branch - 1])."""
         kept = []
-        last = model.diffusion_model.output_blocks[-3][-1]
-        # an output_block_patch (FreeU) may scale the hidden state in place at output_blocks[-2]: keep a copy
+        last = model.diffusion_model.output_blocks[-self.branch - 2][-1]
+        # an output_block_patch (FreeU) may scale the hidden state in place at output_blocks[-branch - 1]: keep a copy
         patched = ((c.get("transformer_options") or {}).get("patches") or {}).get("output_block_patch")
         copy = torch.clone if patched else (lambda tensor: tensor)
         handle = last.register_forward_hook(lambda module, args, output: kept.append(copy(output)))
@@ -444,14 +467,14 @@ class ComfyStepCache(StepCache):
         finally:
             handle.remove()
         if len(kept) != 1:
-            raise RuntimeError(f"step cache: the UNet ran output_blocks[-3] {len(kept)} times")
+            raise RuntimeError(f"step cache: the UNet ran output_blocks[{-self.branch - 2}] {len(kept)} times")
         return output, kept[0]
 
     def partial_call(self, model, feature, x, t, c):
         """The evaluation with the diffusion model's forward running only its outermost branch on `feature`."""
         diffusion_model = model.diffusion_model
         inner = diffusion_model.__dict__.get("forward")
-        outer = functools.partial(_comfy_outer_branch, diffusion_model, inner, feature)
+        outer = functools.partial(_comfy_outer_branch, diffusion_model, inner, self.branch, feature)
         diffusion_model.forward = outer
         try:
             return model.apply_model(x, t, **c)
@@ -462,21 +485,21 @@ class ComfyStepCache(StepCache):
                 diffusion_model.forward = inner
 
 
-def _comfy_outer_branch(diffusion_model, inner, feature, x, timesteps=None, context=None, y=None, control=None,
+def _comfy_outer_branch(diffusion_model, inner, branch, feature, x, timesteps=None, context=None, y=None, control=None,
                         transformer_options={}, **kwargs):
     """ComfyStepCache's partial forward of a UNetModel: the model's own forward (`inner`, else its class's) up to
-    input_blocks[2], then output_blocks[-2:] on `feature` and `out`."""
+    input_blocks[branch + 1], then output_blocks[-branch - 1:] on `feature` and `out`."""
     blocks = diffusion_model.input_blocks
-    seen = {}
+    seen = {"skips": []}
 
-    def first(module, args):    # input_blocks[1]'s first layer: (conv_in's output, the time embedding)
-        seen["skips"], seen["emb"] = [args[0]], args[1] if len(args) > 1 else None
-
-    def stop(module, args):     # input_blocks[2]'s first layer: input_blocks[1]'s output
+    def skip(module, args):     # input_blocks[i]'s first layer: input_blocks[i - 1]'s output (conv_in's for i = 1)
         seen["skips"].append(args[0])
-        raise _PartialDone(None)
+        if len(seen["skips"]) == 1:  # and the time embedding
+            seen["emb"] = args[1] if len(args) > 1 else None
+        if len(seen["skips"]) == branch + 1:
+            raise _PartialDone(None)
 
-    handles = [blocks[1][0].register_forward_pre_hook(first), blocks[2][0].register_forward_pre_hook(stop)]
+    handles = [blocks[i][0].register_forward_pre_hook(skip) for i in range(1, branch + 2)]
     forward = inner or functools.partial(type(diffusion_model).forward, diffusion_model)
     try:
         forward(x, timesteps, context=context, y=y, control=control, transformer_options=transformer_options, **kwargs)
@@ -492,12 +515,12 @@ def _comfy_outer_branch(diffusion_model, inner, feature, x, timesteps=None, cont
     h = feature.clone() if patches else feature  # the patches may write into it: the cache must stay as it is
     outputs = diffusion_model.output_blocks
     count = len(outputs)
-    # The transformer layers the full forward would have run before output_blocks[-2] (its bookkeeping).
+    # The transformer layers the full forward would have run before output_blocks[-branch - 1] (its bookkeeping).
     transformer_options["transformer_index"] = sum(
         hasattr(layer, "transformer_blocks")
-        for block in [*blocks, diffusion_model.middle_block, *outputs[:-2]] for layer in block)
+        for block in [*blocks, diffusion_model.middle_block, *outputs[:count - branch - 1]] for layer in block)
     controls = (control or {}).get("output") or []
-    for index in (count - 2, count - 1):
+    for index in range(count - branch - 1, count):
         transformer_options["block"] = ("output", index)
         hsp = skips.pop()
         at = len(controls) - 1 - index  # the full forward pops one per output block, from the end

@@ -11,7 +11,7 @@ from ..checkpoints import architecture_for
 from ..modules.attention import heads_first, heads_last, spatial_attention
 from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
 from .comfy_graph import install_graphs, install_step_cache
-from ..modules.step_cache import ComfyStepCache
+from ..modules.step_cache import ComfyStepCache, comfy_unet_problem
 from . import ldm_swaps
 from . import precision as precision_patch
 
@@ -109,11 +109,12 @@ def _transformer_block_keys(diffusion_model) -> list[tuple[str, int, int]]:
 def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True, layer_norm: bool = True,
                         override_supported: bool | None = None, cuda_graph: bool = False,
                         channels_last: bool = False, cache: str | None = None, cache_interval: int = 3,
-                        cache_threshold: float = 0.15, precision: str = "fp16") -> list[str]:
+                        cache_threshold: float = 0.15, precision: str = "fp16", cache_branch: int = 0) -> list[str]:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
     patches and attention patches, with channels_last the convolutions on channels_last weights (NHWC
     activations), with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py), with cache
-    ('deepcache' / 'adaptive', as optimize()'s options; docs/step_cache.md) step caching of the UNet, and with
+    ('deepcache' / 'adaptive', cache_interval, cache_threshold, cache_branch: as optimize()'s options;
+    docs/step_cache.md) step caching of the UNet, and with
     precision 'fp8' / 'int8' (as optimize()'s; docs/precision.md) its linear layers as 8-bit GEMMs.
     override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
@@ -131,7 +132,11 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     _patch_attention(patcher, diffusion_model, attention, override_supported)
-    step_cache = ComfyStepCache(cache, cache_interval, cache_threshold) if cache else None
+    step_cache = ComfyStepCache(cache, cache_interval, cache_threshold, branch=cache_branch) if cache else None
+    problem = comfy_unet_problem(diffusion_model, cache_branch) if cache else None
+    if problem:
+        not_installed.append(f"step cache not applied: {problem}")
+        step_cache = cache = None
     if cuda_graph:
         why = install_graphs(patcher, own_replace_patch=attention_replace, step_cache=step_cache)
     else:

@@ -161,6 +161,12 @@ OPTIONS = (
     Option("cache_threshold", 0.15,
            "With cache='adaptive': the summed relative change of the UNet's input that triggers a full call.",
            number=float, minimum=0.0),
+    Option("cache_branch", 0,
+           "With a step cache: how much of the outermost block a partial call runs (DeepCache's cache_branch_id). 0: "
+           "only the last layer of the last up block (DeepCache's default, the fastest); 1: also the first layer of "
+           "the first down block and the up layer mirroring it; 2: the whole outermost block, both ways (SD1.x/2.x/"
+           "SDXL have two layers per block). Higher: slower partial calls, closer to the full ones.",
+           number=int, minimum=0),
 )
 OPTION_NAMES = tuple(option.name for option in OPTIONS)
 
@@ -276,6 +282,8 @@ def revert(target):
         record = getattr(model, RECORD_ATTR, None)
         if record is not None:
             record.revert()
+            for call in record.graphed.values():  # their memory now: step-cache controllers and their graphed calls
+                call.clear()                      # reference each other, and cycles wait for the cycle collector
             delattr(model, RECORD_ATTR)
     return target
 

@@ -20,13 +20,16 @@ def cache_steps(model: nn.Module, record: PatchRecord, options: dict) -> None:
     mode = options["cache"]
     if mode is None:
         return
-    problem = unet_problem(model)
+    problem = unet_problem(model, options["cache_branch"])
     if problem is not None:
         record.skip_option("cache", f"step cache not applied: {problem}")
         log.warning("rocm_sd.optimize: cache=%r not applied to %s: %s", mode, type(model).__name__, problem)
         return
-    controller = UNetStepCache(model, mode, options["cache_interval"], options["cache_threshold"], record.counts)
+    controller = UNetStepCache(model, mode, options["cache_interval"], options["cache_threshold"], record.counts,
+                               options["cache_branch"])
     record.set_attr(model, "forward", controller)
+    record.on_revert(controller.schedule.reset)  # the cached features go with revert(), not with a later gc
     setting = f"interval {options['cache_interval']}" if mode == "deepcache" else \
         f"threshold {options['cache_threshold']}"
+    setting += f", branch {options['cache_branch']}"
     record.counts[f"step cache: {mode} ({setting})"] += 1
