@@ -132,6 +132,25 @@ def test_graphs_dropped_leave_nothing_allocated():
 
 
 @pytest.mark.gpu
+def test_the_cycle_collector_is_off_while_capturing_and_as_it_was_after():
+    # torch 2.11 no longer collects before a capture: a model and its graphed call (a cycle) left to the collector
+    # had their CUDA graph destroyed inside a later capture when the collector ran there, which invalidates it.
+    seen = []
+
+    class Watched(Tiny):
+        def forward(self, x):
+            if torch.cuda.is_current_stream_capturing():
+                seen.append(gc.isenabled())
+            return super().forward(x)
+
+    m = Watched().cuda()
+    call = graphed(m)
+    with torch.no_grad():
+        m(torch.randn(8, 16, device="cuda"))
+    assert call.stats["graph captures"] == 1 and seen == [False] and gc.isenabled()
+
+
+@pytest.mark.gpu
 def test_evicted_graphs_free_their_place_and_the_rest_still_replay_right():
     m = Tiny().cuda()
     call = graphed(m)
