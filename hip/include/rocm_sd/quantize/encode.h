@@ -1,6 +1,10 @@
 // Device-side 8-bit encodings of hip/quantize/ and of the kernels that quantize their output in place of writing it
 // (rocm_sd/quantize/api.h has the formats). Software conversions: the same code on every compiler and target
-// (HIP 5.x has no fp8 header, CUDA's and ROCm's differ) and exact against torch's (tests: every fp16 value).
+// (HIP 5.x has no fp8 header, CUDA's and ROCm's differ) and exact against torch's (tests: every fp16 value). One
+// exception, e4m3fn on NVIDIA sm_89+: the hardware's cvt.rn.satfinite.e4m3x2.f32, two elements an instruction, which
+// rounds and saturates as the software path does (the same GPU tests hold it to torch's codes); the software encode
+// made the fused LayerNorm / GEGLU kernels instruction-bound. AMD's v_cvt_pk_fp8_f32 is not used: no AMD GPU here
+// can check its codes against torch's.
 #pragma once
 
 #include "rocm_sd/common.h"
@@ -78,10 +82,28 @@ __device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, 
   return scale_from_amax(wave_absmax(lane_amax), format, scale, lane_id() == 0);
 }
 
+#if defined(RSD_PLATFORM_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define RSD_HARDWARE_E4M3FN 1
+#endif
+
 template <QuantFormat F, class T, int VEC>
 __device__ __forceinline__ Vec<uint8_t, VEC> encode_vec_as(const Vec<T, VEC>& v, float inv) {
-  constexpr float kFmax = format_max(F);
   Vec<uint8_t, VEC> out;
+#if defined(RSD_HARDWARE_E4M3FN)
+  if constexpr (F == QuantFormat::e4m3fn && VEC % 2 == 0) {
+    // satfinite: beyond +-448 (infinities included) the largest finite code, as clamp_nan; NaN stays NaN (0x7F)
+#pragma unroll
+    for (int e = 0; e < VEC; e += 2) {
+      uint16_t pair;  // the first operand goes to the upper byte
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+          : "=h"(pair) : "f"(to_float(v.v[e + 1]) * inv), "f"(to_float(v.v[e]) * inv));
+      out.v[e] = uint8_t(pair & 0xFFu);
+      out.v[e + 1] = uint8_t(pair >> 8);
+    }
+    return out;
+  }
+#endif
+  constexpr float kFmax = format_max(F);
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out.v[e] = encode_as<F>(clamp_nan(to_float(v.v[e]) * inv, kFmax));
   return out;
