@@ -27,6 +27,11 @@ def test_node_contract(nodes):
         for name, spec in required.items():
             if name != socket.lower():
                 assert spec[0] == "BOOLEAN" and spec[1]["default"] is True
+    # ComfyUI restores a saved workflow's widget values by position: inputs keep their places, new ones go last
+    assert list(nodes.RocmSDOptimizeModel.INPUT_TYPES()["required"]) == [
+        "model", "attention", "group_norm", "layer_norm", "channels_last", "cuda_graph"]
+    assert list(nodes.RocmSDOptimizeModel.INPUT_TYPES()["optional"]) == [
+        "cache", "cache_interval", "cache_threshold", "precision", "cache_branch"]
 
 
 def test_clone_not_mutate_and_same_output(comfy, nodes):

@@ -283,6 +283,11 @@ def test_a_copy_of_a_cached_model_is_cached_on_its_own():
         twin = copy.deepcopy(unet)
         assert twin.forward.model is twin and twin.forward.schedule.slots == []   # no cached features copied
         assert twin.forward.full.fn.__self__ is twin.forward
+        from rocm_sd.patch.core import RECORD_ATTR
+
+        owners = [getattr(fn, "__self__", None) for fn, _, _ in getattr(twin, RECORD_ATTR).undo]
+        schedules = [o for o in owners if isinstance(o, Schedule)]  # undo entries reach no other schedule either
+        assert twin.forward in owners and not schedules
         assert torch.equal(twin(**kwargs).sample, reference)
         rocm_sd.revert(twin)
         assert isinstance(unet.forward, UNetStepCache) and "forward" not in twin.__dict__

@@ -65,16 +65,17 @@ class RocmSDOptimizeModel:
                                        "tooltip": "deepcache: one full evaluation per this many steps"}),
             "cache_threshold": ("FLOAT", {"default": 0.15, "min": 0.0, "max": 10.0, "step": 0.01, "tooltip": (
                 "adaptive: the summed relative change of the model's input that triggers a full evaluation")}),
-            "cache_branch": ("INT", {"default": 0, "min": 0, "max": 8, "tooltip": (
-                "deepcache / adaptive: how much of the outermost level the other evaluations run (DeepCache's "
-                "cache_branch_id): 0 only the last output block (fastest), 1 also the first input block and its "
-                "mirror, 2 the whole outermost level (SD1.x/2.x/SDXL); higher is slower and closer to full")}),
             "precision": (["fp16", "fp8", "int8"], {"default": "fp16", "tooltip": (
                 "8-bit linear layers (changes images): 'fp8' (MI300 / MI350, RDNA4, NVIDIA Ada and newer) or 'int8' "
                 "runs the attention projections, feed-forward and 1x1 convolutions as 8-bit GEMMs, weights "
                 "quantized per output channel from the model's current weights (LoRA included), activations per "
                 "token. The 8-bit weights are held beside ComfyUI's own: about half the linear layers' fp16 size "
                 "more VRAM, which ComfyUI's memory estimate does not see. 'fp16' keeps the model's dtype")}),
+            # new inputs go last: ComfyUI restores a saved workflow's widget values by position
+            "cache_branch": ("INT", {"default": 0, "min": 0, "max": 8, "tooltip": (
+                "deepcache / adaptive: how much of the outermost level the other evaluations run (DeepCache's "
+                "cache_branch_id): 0 only the last output block (fastest), 1 also the first input block and its "
+                "mirror, 2 the whole outermost level (SD1.x/2.x/SDXL); higher is slower and closer to full")}),
         }}
 
     RETURN_TYPES = ("MODEL",)

@@ -225,6 +225,10 @@ class StepCache:
         state["schedule"] = Schedule(self.schedule.mode, self.schedule.interval, self.schedule.threshold)
         return state
 
+    def forget(self) -> None:
+        """Drops the cached features and the schedule's state (revert: at once, not at a later cycle collection)."""
+        self.schedule.reset()
+
     def run(self, timestep: float, key, sample: torch.Tensor, no_partial, full, partial):
         """One call: `no_partial()` says why this call cannot be partial (or None), `full()` runs it in full and
         returns (output, feature), `partial(feature)` runs it partially."""
@@ -385,16 +389,16 @@ def comfy_unet_problem(diffusion_model: nn.Module, branch: int = 0) -> str | Non
     inputs, outputs = getattr(diffusion_model, "input_blocks", None), getattr(diffusion_model, "output_blocks", None)
     if inputs is None or outputs is None or not hasattr(diffusion_model, "out"):
         return f"{type(diffusion_model).__name__} is not a UNet of input, middle and output blocks"
-    if len(inputs) < branch + 3 or len(outputs) != len(inputs):
-        return f"fewer than {branch + 3} input blocks, or not as many output blocks as input blocks"
+    if len(inputs) < branch + 2 or len(outputs) != len(inputs):
+        return f"fewer than {branch + 2} input blocks, or not as many output blocks as input blocks"
     if getattr(diffusion_model, "predict_codebook_ids", False):
         return "the UNet predicts codebook ids"
     if not all(len(block) for block in (*inputs[1:branch + 2], *outputs[-branch - 2:])):
         return "an empty block"
     # the branch stays in the outermost level: no downsampling before its last input block, no upsampling in its
-    # output blocks
+    # output blocks (a Downsample / Upsample layer, or a ResBlock that resamples: resblock_updown)
     resampling = [type(layer).__name__ for block in (*inputs[1:branch + 1], *outputs[-branch - 1:]) for layer in block
-                  if type(layer).__name__ in ("Downsample", "Upsample")]
+                  if type(layer).__name__ in ("Downsample", "Upsample") or getattr(layer, "updown", False)]
     if resampling:
         return f"branch {branch} is deeper than the outermost level (it would cross a {resampling[0]})"
     return None
@@ -506,7 +510,7 @@ def _comfy_outer_branch(diffusion_model, inner, branch, feature, x, timesteps=No
     except _PartialDone:
         pass
     else:
-        raise RuntimeError("step cache: the UNet's forward returned without reaching input_blocks[2]")
+        raise RuntimeError(f"step cache: the UNet's forward returned without reaching input_blocks[{branch + 1}]")
     finally:
         for handle in handles:
             handle.remove()

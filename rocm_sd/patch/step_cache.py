@@ -28,7 +28,7 @@ def cache_steps(model: nn.Module, record: PatchRecord, options: dict) -> None:
     controller = UNetStepCache(model, mode, options["cache_interval"], options["cache_threshold"], record.counts,
                                options["cache_branch"])
     record.set_attr(model, "forward", controller)
-    record.on_revert(controller.schedule.reset)  # the cached features go with revert(), not with a later gc
+    record.on_revert(controller.forget)  # the cached features go with revert(), not with a later gc
     setting = f"interval {options['cache_interval']}" if mode == "deepcache" else \
         f"threshold {options['cache_threshold']}"
     setting += f", branch {options['cache_branch']}"
