@@ -29,12 +29,14 @@ def warmup_stream(device: torch.device | int | None = None) -> torch.cuda.Stream
 
 
 @contextmanager
-def no_cycle_collection():
-    """Python's cycle collector off inside, as it was after (the garbage waits for its next run)."""
+def graph_capture(graph: torch.cuda.CUDAGraph, pool=None):
+    """torch.cuda.graph(graph, pool=pool) with Python's cycle collector off inside, as it was after (the garbage waits
+    for its next run)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        yield
+        with torch.cuda.graph(graph, pool=pool):
+            yield
     finally:
         if enabled:
             gc.enable()

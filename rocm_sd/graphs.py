@@ -38,7 +38,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .modules.fusing import accelerate_hooked
-from .capture import no_cycle_collection, warmup_stream
+from .capture import graph_capture, warmup_stream
 
 log = logging.getLogger("rocm_sd")
 
@@ -320,7 +320,7 @@ class GraphedCall:
         static_args, static_kwargs = pytree.tree_unflatten(static_leaves, spec)
         graph = torch.cuda.CUDAGraph()
         try:
-            with no_cycle_collection(), torch.cuda.graph(graph, pool=self.pool_owner.handle(device)):
+            with graph_capture(graph, pool=self.pool_owner.handle(device)):
                 output = self.fn(*static_args, **static_kwargs)
         except Exception:
             _repair_after_failed_capture(device)
@@ -403,7 +403,7 @@ def _repair_after_failed_capture(device: torch.device) -> None:
     except Exception:  # noqa: BLE001 - the failed capture's error may surface here once
         pass
     try:
-        with no_cycle_collection(), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        with graph_capture(torch.cuda.CUDAGraph()):
             torch.empty(1, device=device)
     except Exception as error:  # noqa: BLE001
         log.warning("rocm_sd: could not reset the CUDA generator after a failed capture: %s", error)

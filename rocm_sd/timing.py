@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from .capture import no_cycle_collection, warmup_stream
+from .capture import graph_capture, warmup_stream
 
 
 def graph_device_ms(fn, inputs: list[tuple], replays: int = 10, trials: int = 5) -> float:
@@ -23,7 +23,7 @@ def graph_device_ms(fn, inputs: list[tuple], replays: int = 10, trials: int = 5)
             fn(*args)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with no_cycle_collection(), torch.cuda.graph(graph):
+    with graph_capture(graph):
         outputs = [fn(*args) for args in inputs]
     graph.replay()
     torch.cuda.synchronize()

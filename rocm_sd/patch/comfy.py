@@ -132,11 +132,11 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     _patch_attention(patcher, diffusion_model, attention, override_supported)
-    step_cache = ComfyStepCache(cache, cache_interval, cache_threshold, branch=cache_branch) if cache else None
     problem = comfy_unet_problem(diffusion_model, cache_branch) if cache else None
     if problem:
         not_installed.append(f"step cache not applied: {problem}")
-        step_cache = cache = None
+        cache = None
+    step_cache = ComfyStepCache(cache, cache_interval, cache_threshold, branch=cache_branch) if cache else None
     if cuda_graph:
         why = install_graphs(patcher, own_replace_patch=attention_replace, step_cache=step_cache)
     else:

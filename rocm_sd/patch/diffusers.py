@@ -172,6 +172,9 @@ def install_graphs(model: nn.Module, record: PatchRecord) -> None:
         for obj, name, key in targets:
             call = GraphedCall(getattr(obj, name), model, f"{type(model).__name__}.{key}", ignored, pool)
             record.set_attr(obj, name, call)
+            # their memory at revert: a step-cache controller and its graphed calls reference each other, and
+            # cycles wait for the cycle collector
+            record.on_revert(call.clear)
             record.graphed[key] = call
             record.counts[f"graphed: {key}"] += 1
 

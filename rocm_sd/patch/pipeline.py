@@ -282,8 +282,6 @@ def revert(target):
         record = getattr(model, RECORD_ATTR, None)
         if record is not None:
             record.revert()
-            for call in record.graphed.values():  # their memory now: step-cache controllers and their graphed calls
-                call.clear()                      # reference each other, and cycles wait for the cycle collector
             delattr(model, RECORD_ATTR)
     return target
 
