@@ -2,7 +2,7 @@
 PSNR against the first mode's image, NaN check, what was replaced, and device time per kernel category over two
 steps (torch profiler; "gemm" also holds attention kernels whose names say cutlass / gemm).
 
-    python bench/bench_modes.py sd15 50 out.json fp16,fp8,int8,deepcache3,deepcache3b1,adaptive0.15
+    python bench/bench_modes.py sd15 50 out.json fp16,fp8,fp8all,int8,deepcache3,deepcache3b1,adaptive0.15
 """
 import json, statistics, sys, time
 import numpy as np
@@ -14,7 +14,9 @@ from rocm_sd.bench import psnr
 model, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 MODES = sys.argv[4].split(",") if len(sys.argv) > 4 else ["fp16", "fp8", "int8"]
 def keywords(mode):
-    """'deepcache3', 'deepcache3b1' (cache_branch 1), 'adaptive0.15', 'adaptive0.15b1', 'fp8'."""
+    """'deepcache3', 'deepcache3b1' (cache_branch 1), 'adaptive0.15', 'adaptive0.15b1', 'fp8', 'fp8all'
+    (precision_layers="all")."""
+    if mode.endswith("all"): return {"precision": mode[:-3], "precision_layers": "all"}
     mode, _, branch = mode.partition("b")
     branch = {"cache_branch": int(branch)} if branch else {}
     if mode.startswith("deepcache"): return {"cache": "deepcache", "cache_interval": int(mode[9:] or 3), **branch}

@@ -145,6 +145,83 @@ def test_norms_and_geglu_quantize_for_the_layers_after_them(monkeypatch, fmt):
     assert all("quantized_output" not in vars(m) for m in producers)
 
 
+class _Database:
+    """The tuning database as the dispatcher asks it (dispatch.use_tuning's interface), answering `answer(key)` for the
+    linear_8bit problems and keeping every key asked."""
+
+    def __init__(self, answer):
+        self.answer, self.asked = answer, []
+
+    def tuned_choice(self, device, key_fn):
+        key = key_fn()
+        self.asked.append(key)
+        return self.answer(key)
+
+    def chose_anywhere(self, device, op, backend, variants_only=False):
+        return False
+
+
+def _shape(key: str) -> dict[str, str]:
+    return dict(part.split("=") for part in key.rpartition("|")[2].split(","))
+
+
+def test_layers_go_back_to_fp16_where_the_database_measured_it_faster(monkeypatch):
+    """precision_layers="measured" (the default): at its first call each 8-bit layer asks the database about its shape
+    (rows, features, how many layers share its quantized input); where the answer is torch it runs its original layer
+    from then on, the norm in front stops writing quantized output, and the report counts it. Later calls ask
+    nothing, run the same, and revert() restores the model exactly."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    database = _Database(lambda key: dispatch.TORCH if _shape(key)["shared"] == "3" else None)
+    monkeypatch.setattr(dispatch, "_tuning", database)
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    before = {k: v.clone() for k, v in pipe.unet.state_dict().items()}
+    reference = run_pipe(pipe)
+    originals = {name: m for name, m in pipe.unet.named_modules()
+                 if name.endswith(("attn1.to_q", "attn1.to_k", "attn1.to_v"))}
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8", channels_last=False)
+        first = run_pipe(pipe)
+        layers = {name: m for name, m in pipe.unet.named_modules() if isinstance(m, RocmQuantizedLinear)}
+        kept = {name for name, m in layers.items() if m.fp16_layer is not None}
+        assert kept == set(originals) and len(kept) >= 3
+        assert all(layers[name].fp16_layer is originals[name] and layers[name].weight_q is None for name in kept)
+        norms = {name: m for name, m in pipe.unet.named_modules()
+                 if "transformer_blocks" in name and name.endswith(("norm1", "norm2"))}
+        assert norms and all((m.quantized_output is None) == name.endswith("norm1") for name, m in norms.items())
+        asked = len(database.asked)
+        assert asked == len(layers)  # each layer once, at its first call
+        blocks = len(kept) // 3
+        assert {_shape(key)["shared"] for key in database.asked} == {"1", "3", str(2 * blocks)}  # 2: the text's K, V
+        report = rocm_sd.report(pipe)["unet"]
+        assert report["linear kept in float32 (measured faster than e4m3fn)"] == 3 * blocks
+        assert report["linear -> e4m3fn GEMM"] + report["conv1x1 -> e4m3fn GEMM"] == len(layers) - 3 * blocks
+        second = run_pipe(pipe)
+        assert len(database.asked) == asked
+    assert torch.equal(first, second) and not torch.equal(first, reference)
+    rocm_sd.revert(pipe)
+    after = pipe.unet.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert torch.equal(run_pipe(pipe), reference)
+
+
+@pytest.mark.parametrize("answer, layers_option", [("e4m3fn", "measured"), (None, "measured"), ("torch", "all")])
+def test_layers_stay_8bit_unless_measured_slower(monkeypatch, answer, layers_option):
+    """The database choosing the 8-bit GEMM, knowing nothing of the shape, or precision_layers="all" (never asked):
+    every layer stays 8-bit."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    database = _Database(lambda key: answer)
+    monkeypatch.setattr(dispatch, "_tuning", database)
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8", channels_last=False, precision_layers=layers_option)
+        run_pipe(pipe)
+    layers = [m for m in pipe.unet.modules() if isinstance(m, RocmQuantizedLinear)]
+    assert layers and all(m.fp16_layer is None and m.weight_q is not None for m in layers)
+    assert (len(database.asked) == len(layers)) == (layers_option == "measured")
+    assert all(key.startswith("linear_8bit|float32|e4m3fn|M=") for key in database.asked)
+    rocm_sd.revert(pipe)
+
+
 # ------------------------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
@@ -154,7 +231,7 @@ def test_precision_on_the_gpu_runs_the_kernel_and_the_8bit_gemm(precision_name):
     reference = run_pipe(pipe).float()
     with config.override(strict=True):
         dispatch.reset_stats()
-        rocm_sd.optimize(pipe, precision=precision_name)
+        rocm_sd.optimize(pipe, precision=precision_name, precision_layers="all")
         report = rocm_sd.report(pipe)["unet"]
         assert any("GEMM" in key for key in report), report
         quantized = run_pipe(pipe).float()
@@ -162,6 +239,33 @@ def test_precision_on_the_gpu_runs_the_kernel_and_the_8bit_gemm(precision_name):
         assert "torch" not in dispatch.stats()["quantize_rows"]
     assert torch.isfinite(quantized).all()
     error = (quantized - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.25, error
+    rocm_sd.revert(pipe)
+    assert torch.equal(run_pipe(pipe).float(), reference)
+
+
+@pytest.mark.gpu
+def test_measured_choice_settles_before_the_graph_is_captured(monkeypatch):
+    """The layers decide in the graphed UNet's warm-up calls: the captured graph runs the fp16 originals where the
+    database said torch (their 8-bit weights freed), every later call replays it, and nothing falls back."""
+    database = _Database(lambda key: dispatch.TORCH if _shape(key)["shared"] == "3" else None)
+    monkeypatch.setattr(dispatch, "_tuning", database)
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    reference = run_pipe(pipe).float()
+    with config.override(strict=True):
+        rocm_sd.optimize(pipe, precision="fp8")
+        first = run_pipe(pipe).float()
+        second = run_pipe(pipe).float()
+        report = rocm_sd.report(pipe)["unet"]
+    layers = [m for m in pipe.unet.modules() if isinstance(m, RocmQuantizedLinear)]
+    kept = [m for m in layers if m.fp16_layer is not None]
+    assert kept and len(kept) < len(layers) and all(m.weight_q is None for m in kept)
+    assert all(m.fp16_layer.weight.is_cuda for m in kept)
+    assert len(database.asked) == len(layers)
+    assert report["forward: graph captures"] >= 1 and report["forward: graph replays"] > report["forward: graph captures"]
+    assert not any(key.startswith("forward: eager") for key in report), report
+    assert torch.isfinite(first).all() and torch.allclose(first, second, rtol=1e-3, atol=1e-3)
+    error = (first - reference).abs().max() / reference.abs().max()
     assert 0 < error < 0.25, error
     rocm_sd.revert(pipe)
     assert torch.equal(run_pipe(pipe).float(), reference)

@@ -82,6 +82,11 @@ def test_bad_requests_are_clear_errors(capsys):
         assert "measures on a GPU" in capsys.readouterr().err
 
 
+def test_linear_8bit_problems_need_an_8bit_precision(capsys):
+    assert tune_main(["--model", "tiny", "--dry-run", "--ops", "linear_8bit"]) == 2
+    assert "linear_8bit needs --precision fp8 or int8" in capsys.readouterr().err
+
+
 def test_dispatch_ignores_the_database_on_a_cpu():
     assert active.tuned_choice(torch.device("cpu"), lambda: pytest.fail("no lookup on a CPU")) is None
 
@@ -231,3 +236,45 @@ def test_ranks_with_the_same_gpu_split_the_problems(tmp_path):
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "share0").read_text() == "[0, 2, 4, 6]" and (tmp_path / "share1").read_text() == "[1, 3, 5]"
+
+
+@pytest.mark.gpu
+def test_tune_precision_times_each_8bit_layer_and_optimize_follows(tmp_path, capsys):
+    """--precision fp8 --ops linear_8bit: one problem per 8-bit layer shape, each the faster of the fp16 GEMM and
+    the 8-bit GEMM with its share of quantize_rows; optimize(precision="fp8") then keeps exactly the layers whose
+    problem chose torch in fp16."""
+    from rocm_sd.modules.quantized_linear import RocmQuantizedLinear
+    from rocm_sd.patch.precision import number_format
+
+    fmt, why = number_format(torch.device("cuda"), "fp8")
+    if why:
+        pytest.skip(why)
+    assert tune_main(["--model", "tiny", "--dtype", "float16", "--height", "64", "--width", "64", "--precision", "fp8",
+                      "--ops", "linear_8bit", "--db", str(tmp_path)]) == 0
+    assert "| linear_8bit | float16 | " + fmt + " |" in capsys.readouterr().out
+    db = TuningDB(device_key(), validators(), location=tmp_path)
+    assert db.results and all(key.startswith(f"linear_8bit|float16|{fmt}|M=") for key in db.results)
+    for key, result in db.results.items():
+        parts = result["parts_ms"]
+        assert result["choice"] in ("torch", fmt) and result["torch_ms"] > 0 and parts["gemm"] > 0
+        eight_bit = parts["gemm"] + parts["quantize_rows"] / parts["sharers"]
+        assert result["ms"] == pytest.approx(min(result["torch_ms"], eight_bit), abs=1e-5)
+    pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
+    keys = {}
+    with config.override(tune_db=str(tmp_path), tune_defaults=False, strict=True):
+        try:
+            active.reload()
+            rocm_sd.optimize(pipe, precision="fp8")
+            layers = [m for m in pipe.unet.modules() if isinstance(m, RocmQuantizedLinear)]
+            hooks = [m.register_forward_pre_hook(lambda m, args: keys.setdefault(m, m.problem_key(args[0])))
+                     for m in layers]
+            from .test_optimize import run_pipe
+
+            run_pipe(pipe)
+            for hook in hooks:
+                hook.remove()
+        finally:
+            active.reload()
+    assert keys.keys() == set(layers)
+    assert all((m.fp16_layer is not None) == (db.lookup(keys[m])["choice"] == "torch") for m in layers)
+    rocm_sd.revert(pipe)

@@ -14,6 +14,10 @@ An input is quantized once, however many layers take it: its (q, scale) travel w
 so attention's to_q / to_k / to_v share one quantization of the norm's output, and the cross-attention keys and
 values of every block one of the text embedding. The norms and the GEGLU in front of these layers write it
 themselves (ops/quantized_outputs.py; patch/precision.py says which), so most layers quantize nothing.
+
+Where an 8-bit GEMM does not pay (small layers: its GEMM is no faster, and quantizing its input costs more), the layer
+can go back to its fp16 original at its first call: optimize() hands it the original (`offer_fp16`), and the first
+call looks up the tuning database's `linear_8bit` problem for the call's shape (tune/linear_8bit.py measures it).
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import dispatch
 from ..ops.quantize import FORMATS, dequantize_rows, quantize_rows, quantize_rows_ref
+from ..ops.spec import dtype_name, problem_key
 
 
 # Layers whose input is one row per image, which stay as they are (an 8-bit GEMM of two rows saves nothing): the time
@@ -31,6 +37,7 @@ from ..ops.quantize import FORMATS, dequantize_rows, quantize_rows, quantize_row
 FEW_ROWS = ("time_embedding", "add_embedding", "class_embedding", "encoder_hid_proj", "time_emb_proj",
             "time_embed", "label_emb", "emb_layers")
 
+OP = "linear_8bit"  # the tuning problem: one layer's 8-bit GEMM (and its share of quantizing its input) against fp16
 _REMEMBERED = "_rocm_sd_quantized_rows"
 _call = [0]  # which model call a remembered quantization belongs to (new_model_call)
 
@@ -76,8 +83,19 @@ def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.T
     return (q, scale) if kept_format == format and scope == _scope(x) and version == _version(x) else None
 
 
+def linear_8bit_key(dtype: torch.dtype, format: str, rows: int, in_features: int, out_features: int,
+                    sharers: int) -> str:
+    """The tuning problem of an 8-bit layer: 'linear_8bit|float16|e4m3fn|M=2048,K=1280,N=10240,shared=1'. `sharers`:
+    how many layers take the same quantized input (each is charged its share of quantizing it)."""
+    return problem_key(OP, str(dtype).removeprefix("torch."), format, M=rows, K=in_features, N=out_features,
+                       shared=sharers)
+
+
 class RocmQuantizedLinear(nn.Module):
-    """Holds the 8-bit weight (`weight_q`, `weight_scale` buffers) and the original bias (the `bias` parameter)."""
+    """Holds the 8-bit weight (`weight_q`, `weight_scale` buffers) and the original bias (the `bias` parameter); once
+    its first call has found fp16 the faster (offer_fp16), the original layer (`fp16_layer`) instead."""
+
+    input_sharers = 1  # layers taking the same quantized input (patch/precision.py): the tuning problem's `shared`
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, format: str, conv: bool = False):
         super().__init__()
@@ -90,6 +108,7 @@ class RocmQuantizedLinear(nn.Module):
         self.register_buffer("weight_q", q)
         self.register_buffer("weight_scale", scale)  # (1, N): the GEMM's column scales
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.fp16_layer: nn.Module | None = None  # the original layer, once measured faster (offer_fp16)
 
     @classmethod
     def from_module(cls, module: nn.Module, format: str) -> "RocmQuantizedLinear":
@@ -105,11 +124,33 @@ class RocmQuantizedLinear(nn.Module):
         if not self.conv and x.shape[-1] != self.in_features:
             raise ValueError(f"RocmQuantizedLinear: input of shape {tuple(x.shape)} does not end in "
                              f"{self.in_features} features")
+        if "_fp16_offer" in self.__dict__ and not _scope(x)[1]:  # never inside a capture: warm-up calls decide
+            self._choose(x, *self.__dict__.pop("_fp16_offer"))
+        if self.fp16_layer is not None:
+            return self.fp16_layer(x)
         return forward_8bit(x, self.conv, self.in_features, self.weight_q, self.weight_scale, self.bias, self.format)
 
-    def matmul(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(q * scale) @ (weight_q * weight_scale).T + bias in `dtype`, from already quantized rows."""
-        return linear_8bit(q, scale, self.weight_q, self.weight_scale, self.bias, self.format, dtype)
+    def offer_fp16(self, original: nn.Module, producers: list[nn.Module], counts) -> None:
+        """Lets the first call go back to `original` (the fp16 layer, waiting in CPU memory) if the tuning database
+        measured fp16 faster for the call's shape; the `producers` writing this layer's input quantized then stop
+        (their `quantized_output`), and `counts` (the optimize report's) says so. Plain attributes, not submodules:
+        the original is no part of this layer until chosen, and copies of the model copy them along."""
+        self.__dict__["_fp16_offer"] = (original, producers, counts)
+
+    def problem_key(self, x: torch.Tensor) -> str:
+        return linear_8bit_key(x.dtype, self.format, x.numel() // self.in_features, self.in_features,
+                               self.out_features, self.input_sharers)
+
+    def _choose(self, x: torch.Tensor, original: nn.Module, producers: list[nn.Module], counts) -> None:
+        if x.numel() == 0 or dispatch.tuned_choice(x.device, lambda: self.problem_key(x)) != dispatch.TORCH:
+            return
+        self.fp16_layer = original.to(x.device)
+        self.weight_q = self.weight_scale = None  # the 8-bit weight is freed
+        for producer in producers:
+            producer.quantized_output = None
+        kind = "conv1x1" if self.conv else "linear"
+        counts[f"{kind} -> {self.format} GEMM"] -= 1
+        counts[f"{kind} kept in {dtype_name(x)} (measured faster than {self.format})"] += 1
 
 
 def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.Tensor, weight_scale: torch.Tensor,

@@ -150,6 +150,12 @@ OPTIONS = (
            "GEMMs, the same scaling. Where the device or build cannot, the layers stay in the model's dtype and the "
            "log says why once. Changes images: check with `python -m rocm_sd quality` (docs/quality.md).",
            values=("fp16", "fp8", "int8"), patch=precision.quantize_linears),
+    Option("precision_layers", "measured",
+           "With precision 'fp8' / 'int8': 'measured': a layer goes back to the model's dtype at its first call where "
+           "the tuning database measured its fp16 GEMM faster than the 8-bit GEMM plus its share of quantizing the "
+           "input (shipped for NVIDIA Hopper; `python -m rocm_sd.tune --precision fp8` measures your GPU; untuned "
+           "layers stay 8-bit). 'all': every layer 8-bit (the least memory).",
+           values=("measured", "all")),
     Option("cache", None,
            "Step caching: None (off); 'deepcache': every `cache_interval`-th UNet call runs in full and the calls "
            "between reuse its deep features, running only the outermost blocks; 'adaptive': a full call whenever the "

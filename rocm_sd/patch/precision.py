@@ -3,7 +3,9 @@ proj_out, 1x1 convolutions) as 8-bit GEMMs (modules/quantized_linear.py).
 
 The layers whose rows are few (the time and class embeddings, the resnets' time projections: one row per image)
 stay as they are: an 8-bit GEMM of two rows saves nothing. The replaced layers' fp16 weights wait in CPU memory until
-revert(), which puts them back: GPU memory holds the 8-bit weights only.
+revert(), which puts them back: GPU memory holds the 8-bit weights only. With precision_layers="measured" (the
+default) a layer goes back to fp16 at its first call where the tuning database measured that faster for its shape
+(modules/quantized_linear.RocmQuantizedLinear.offer_fp16).
 """
 from __future__ import annotations
 
@@ -83,21 +85,27 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         return
     targets = [(name, module) for name, module in model.named_modules() if _eligible(name, module, MULTIPLE[precision])]
     parents = dict(model.named_modules())
+    originals = {}
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         quantized = RocmQuantizedLinear.from_module(module, fmt).to(device)
         record.replace_child(parents[parent_name], child, quantized)
         record.on_revert(module.to, device)  # the fp16 weights come back to the GPU with the module
         module.to("cpu")
+        originals[quantized] = module
         record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1
     if targets:
         record.add_hook(model.register_forward_pre_hook(new_model_call))
-        quantize_in_producers(model, record, fmt)
+        producers = quantize_in_producers(model, record, fmt)
+        if options["precision_layers"] == "measured":
+            for layer, original in originals.items():
+                layer.offer_fp16(original, producers.get(layer, []), record.counts)
 
 
 def _consumers(block: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:
     """(producer, the layers that take its output) in a diffusers BasicTransformerBlock: norm1 feeds self-attention's
-    projections, norm2 cross-attention's query, norm3 the feed-forward's GEGLU, whose output feeds ff.net[2]."""
+    projections, norm2 cross-attention's query, norm3 the feed-forward's GEGLU, whose output feeds ff.net[2]. (The
+    text embedding, cross-attention's keys and values in every block, has no producer here: _text_consumers.)"""
     attn1, attn2, ff = block.attn1, getattr(block, "attn2", None), block.ff
     if getattr(attn1, "fused_projections", False):
         self_attention = [attn1.to_qkv] if not block.only_cross_attention else [attn1.to_q]
@@ -110,15 +118,31 @@ def _consumers(block: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:
     return pairs
 
 
-def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> None:
+def _text_consumers(blocks: list[nn.Module]) -> list[nn.Module]:
+    """Cross-attention's key and value projections in every block: all take the text embedding."""
+    attentions = [getattr(block, "attn2", None) for block in blocks]
+    return [getattr(attn, name, None) for attn in attentions if getattr(attn, "is_cross_attention", False)
+            for name in ("to_k", "to_v")]
+
+
+def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> dict[nn.Module, list[nn.Module]]:
     """Where every layer taking a rocm_sd LayerNorm's or GEGLU's output is an 8-bit GEMM of `fmt`, that kernel writes
-    the quantized output too (ops/quantized_outputs.py) and the GEMMs quantize nothing."""
-    for block in model.modules():
-        if not all(hasattr(block, name) for name in ("norm1", "attn1", "norm3", "ff", "only_cross_attention")):
-            continue
-        for producer, consumers in _consumers(block):
-            if (isinstance(producer, (RocmLayerNorm, RocmGEGLU)) and consumers
-                    and all(isinstance(c, RocmQuantizedLinear) and c.format == fmt for c in consumers)):
-                producer.quantized_output = fmt
-                record.on_revert(delattr, producer, "quantized_output")
-                record.counts[f"{type(producer).__name__} writes {fmt}"] += 1
+    the quantized output too (ops/quantized_outputs.py) and the GEMMs quantize nothing. Each 8-bit layer learns how
+    many take its input (`input_sharers`, so the tuning problem charges it its share of quantizing it); returns each
+    layer's producers that write its input quantized."""
+    blocks = [block for block in model.modules()
+              if all(hasattr(block, name) for name in ("norm1", "attn1", "norm3", "ff", "only_cross_attention"))]
+    groups = [pair for block in blocks for pair in _consumers(block)] + [(None, _text_consumers(blocks))]
+    producers_of: dict[nn.Module, list[nn.Module]] = {}
+    for producer, consumers in groups:
+        quantized = [c for c in consumers if isinstance(c, RocmQuantizedLinear) and c.format == fmt]
+        for layer in quantized:
+            layer.input_sharers = len(quantized)
+        if (isinstance(producer, (RocmLayerNorm, RocmGEGLU)) and consumers
+                and len(quantized) == len(consumers)):
+            producer.quantized_output = fmt
+            record.on_revert(delattr, producer, "quantized_output")
+            record.counts[f"{type(producer).__name__} writes {fmt}"] += 1
+            for layer in quantized:
+                producers_of.setdefault(layer, []).append(producer)
+    return producers_of

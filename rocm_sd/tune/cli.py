@@ -3,6 +3,7 @@
     python -m rocm_sd.tune --model sd15 --height 512 --width 512 --batch 1
     python -m rocm_sd.tune --model /path/to/model --ops group_norm,geglu --budget-s 300 --resume
     python -m rocm_sd.tune --model ComfyUI/models/checkpoints/sd_xl_base_1.0.safetensors   # its shapes
+    python -m rocm_sd.tune --model sdxl --precision fp8 --ops linear_8bit  # which layers fp8 speeds up
     torchrun --nproc-per-node 8 -m rocm_sd.tune --model sdxl      # ranks with the same GPU share the work
 
 1. Harvest: the optimized pipeline runs once (2 steps) under a recording dispatch mode: every distinct
@@ -14,6 +15,10 @@
    best is written to the database with its runners-up (saved every few seconds, and on Ctrl-C):
    killed halfway, --resume goes on.
 3. A table: op, problem, the choice, its speed-up over PyTorch.
+
+With --precision fp8 | int8 the pipeline runs with optimize(precision=...) and every layer made 8-bit is also a
+`linear_8bit` problem: its 8-bit GEMM with its share of quantizing the input against the fp16 GEMM
+(tune/linear_8bit.py); optimize(precision=...) keeps fp16 where that measured faster.
 """
 from __future__ import annotations
 
@@ -28,11 +33,12 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoints, cli_args, models, patch, platform
-from . import active, problems
+from . import active, linear_8bit, problems
 from .db import TuningDB, default_location
 from .device_key import device_key, validators
 from .harvest import harvest
 from ..parallel.mesh import shutdown
+from ..patch.pipeline import skipped_options
 from .measure import measure
 from .vendor import vendor_tuning
 
@@ -52,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=cli_args.positive_int, default=1,
                         help="images per call (the UNet sees twice as many with CFG)")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
-    parser.add_argument("--ops", type=cli_args.subset_of(problems.OPS, "ops"),
-                        help=f"comma-separated subset of {', '.join(problems.OPS)}")
+    parser.add_argument("--precision", default="fp16", choices=("fp16", "fp8", "int8"),
+                        help="run the model with optimize(precision=...) and also time each 8-bit layer against fp16 "
+                             "(the linear_8bit problems)")
+    parser.add_argument("--ops", type=cli_args.subset_of(tuple(problems.OPS) + (linear_8bit.OP,), "ops"),
+                        help=f"comma-separated subset of {', '.join(problems.OPS)}, {linear_8bit.OP} (with "
+                             "--precision)")
     parser.add_argument("--budget-s", type=cli_args.positive_float,
                         help="start no new problem after this many seconds")
     parser.add_argument("--resume", action="store_true", help="skip problems the database already holds")
@@ -98,17 +108,27 @@ def tune(args) -> int:
     if on_gpu:
         torch.cuda.set_device(device)
     dtype = getattr(torch, args.dtype) if on_gpu else torch.float32
-    wanted = set(args.ops or problems.OPS)
+    wanted = set(args.ops or (*problems.OPS, linear_8bit.OP))
+    if args.ops and linear_8bit.OP in wanted and args.precision == "fp16":
+        raise cli_args.UsageError(f"argument --ops: {linear_8bit.OP} needs --precision fp8 or int8")
 
     key = device_key(device if on_gpu else None)
     db = TuningDB(key, validators(device if on_gpu else None),
                   location=default_location() if args.db is None else Path(args.db))
     start = time.monotonic()
     # attention=True: the attention calls go through rocm_sd::attention, so the tuner sees and measures them
-    pipe = patch.optimize(models.load_pipeline(args.model, device, dtype), attention=True)
+    # precision_layers="all": every 8-bit layer runs 8-bit and is recorded as such, whatever the database says now
+    pipe = patch.optimize(models.load_pipeline(args.model, device, dtype), attention=True, precision=args.precision,
+                          precision_layers="all")
+    skipped = skipped_options(pipe, {"precision": args.precision})
+    if skipped and measuring:
+        raise cli_args.UsageError(f"argument --precision: {'; '.join(skipped)}")
+    for why in skipped:
+        print(f"--precision {args.precision}: {why}; no {linear_8bit.OP} problems listed")
     conditioning = models.conditioning(pipe, ["a photograph of a lighthouse at dawn"] * args.batch)
     folder = db.path.parent
-    with vendor_tuning(folder, key.file_stem) if measuring else nullcontext([]) as notes:
+    with vendor_tuning(folder, key.file_stem) if measuring else nullcontext([]) as notes, \
+            linear_8bit.recording(pipe.unet) as layer_calls:
         calls = harvest(lambda: pipe(**conditioning, height=args.height, width=args.width,
                                      num_inference_steps=HARVEST_STEPS, output_type="np"))
     del pipe
@@ -121,15 +141,21 @@ def tune(args) -> int:
             k = problems.key_of(call)
             first, total = by_key.get(k, (call, 0))
             by_key[k] = (first, total + count // HARVEST_STEPS or 1)
-    print(f"{len(by_key)} problems from {sum(calls.values())} op calls ({args.model}, {HARVEST_STEPS} steps); "
-          f"database {db.path}")
+    if linear_8bit.OP in wanted:
+        for layer_call, count in layer_calls.items():
+            first, total = by_key.get(layer_call.key, (layer_call, 0))
+            by_key[layer_call.key] = (first, total + count // HARVEST_STEPS or 1)
+    print(f"{len(by_key)} problems from {sum(calls.values()) + sum(layer_calls.values())} op calls ({args.model}, "
+          f"{HARVEST_STEPS} steps); database {db.path}")
     for note in db.notes + (notes or []):
         print(f"  {note}")
     if not measuring:
         for k, (call, count) in by_key.items():
             line = f"  {k}  x{count}"
             if args.dry_run:
-                line += "  candidates: " + ", ".join(problems.OPS[call.op].candidates(*call.args))
+                names = (call.candidates if isinstance(call, linear_8bit.Linear8bitCall)
+                         else problems.OPS[call.op].candidates(*call.args))
+                line += "  candidates: " + ", ".join(names)
             print(line)
         return 0
 
@@ -144,6 +170,10 @@ def tune(args) -> int:
             if args.budget_s is not None and time.monotonic() - start > args.budget_s:
                 stopped = len(todo) - i
                 break
+            if isinstance(call, linear_8bit.Linear8bitCall):
+                db.record(k, linear_8bit.measure(call, device, l2_bytes, count))
+                done.append(k)
+                continue
             outcome = measure(call, device, l2_bytes)
             if outcome.choice is None:
                 print(f"  {k}: no candidate passed: {outcome.rejected}", file=sys.stderr)
