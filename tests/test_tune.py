@@ -266,8 +266,10 @@ def test_tune_precision_times_each_8bit_layer_and_optimize_follows(tmp_path, cap
             active.reload()
             rocm_sd.optimize(pipe, precision="fp8")
             layers = [m for m in pipe.unet.modules() if isinstance(m, RocmQuantizedLinear)]
-            hooks = [m.register_forward_pre_hook(lambda m, args: keys.setdefault(m, m.problem_key(args[0])))
-                     for m in layers]
+            def record(layer, args):
+                keys.setdefault(layer, layer.problem_key(args[0]))
+
+            hooks = [m.register_forward_pre_hook(record) for m in layers]
             from .test_optimize import run_pipe
 
             run_pipe(pipe)
