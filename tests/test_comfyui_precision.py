@@ -150,6 +150,52 @@ def test_norms_write_the_quantized_output_their_consumers_take(comfy, nodes, int
     assert torch.equal(fused, alone)
 
 
+def test_layers_go_back_to_comfyuis_forward_where_measured_faster(comfy, nodes, int8_here, monkeypatch):
+    """precision_layers="measured" (the node's default): at its first call each 8-bit copy asks the tuning database
+    about its shape; where the answer is torch it runs ComfyUI's own forward from then on (8-bit weight freed) and
+    the norm in front stops writing quantized output. With "all" nobody asks."""
+    from tests.test_precision import _Database, _shape
+
+    database = _Database(lambda key: dispatch.TORCH if _shape(key)["shared"] == "3" else None)
+    monkeypatch.setattr(dispatch, "_tuning", database)
+    patcher = standin_model(comfy)
+    x, ctx = model_inputs()
+    reference = run_model(patcher, x, ctx)
+    optimized = _optimized(nodes, patcher)
+    layers = {k: m for k, m in optimized.object_patches.items() if hasattr(m, "rocm_sd_refresh")}
+    self_attention = {k for k in layers if k.endswith(("attn1.to_q", "attn1.to_k", "attn1.to_v"))}
+    optimized.patch_model()
+    try:
+        with config.override(log_fallbacks=False):
+            first = run_model(optimized, x, ctx)
+            asked = len(database.asked)
+            second = run_model(optimized, x, ctx)
+    finally:
+        optimized.unpatch_model()
+    kept = {k for k, m in layers.items() if m.__dict__.get("rocm_sd_fp16")}
+    assert kept == self_attention and kept
+    assert all(layers[k].rocm_sd_weight_q is None for k in kept)
+    assert asked == len(layers) == len(database.asked)
+    blocks = len(kept) // 3
+    assert {_shape(key)["shared"] for key in database.asked} >= {"1", "3", str(2 * blocks)}
+    norms = {k: m for k, m in optimized.object_patches.items() if k.endswith(("norm1", "norm2"))
+             and "transformer_blocks" in k}
+    assert norms and all((m.rocm_sd_quantized_output is None) == k.endswith("norm1") for k, m in norms.items())
+    assert torch.equal(first, second) and torch.isfinite(first).all()
+    error = (first - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.1, error
+    database.asked.clear()
+    every = _optimized(nodes, patcher, precision_layers="all")
+    every.patch_model()
+    try:
+        with config.override(log_fallbacks=False):
+            run_model(every, x, ctx)
+    finally:
+        every.unpatch_model()
+    assert database.asked == []
+    assert not any(m.__dict__.get("rocm_sd_fp16") for m in every.object_patches.values())
+
+
 def test_layers_comfyui_patches_per_call_take_its_own_forward(comfy, nodes, int8_here):
     """Low-VRAM LoRA: ComfyUI applies the patch in the forward (weight_function); the copy steps aside."""
     patcher = standin_model(comfy)
@@ -211,7 +257,8 @@ def test_fp8_on_the_gpu_runs_the_8bit_gemms(comfy, nodes):
     reference = run_model(patcher, x, ctx)
     fmt, _ = precision.number_format(torch.device("cuda"), "fp8")
     choice = "fp8" if fmt else "int8"
-    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, precision=choice, cuda_graph=False)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, precision=choice, cuda_graph=False,
+                                                        precision_layers="all")
     assert any(hasattr(m, "rocm_sd_refresh") for m in optimized.object_patches.values())
     got, stats = run_patched_with_stats(optimized, x, ctx)
     blocks = sum(type(m).__name__ == "BasicTransformerBlock" for m in patcher.model.modules())
@@ -219,3 +266,34 @@ def test_fp8_on_the_gpu_runs_the_8bit_gemms(comfy, nodes):
     assert set(stats["quantize_rows"]) == {"rocm_sd"}
     assert torch.isfinite(got).all()
     assert (got.float() - reference.float()).abs().max().item() < 0.2 * reference.float().abs().max().item()
+
+
+@pytest.mark.gpu
+def test_measured_choice_on_the_gpu_settles_before_the_graph(comfy, nodes, monkeypatch):
+    """The node with graphs and precision_layers="measured": the copies decide in the warm-up calls, the captured
+    graph replays ComfyUI's own forward where the database said torch, and replays match the eager evaluation."""
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    from tests.test_comfyui_graph import eager_call, sampler_call
+    from tests.test_precision import _Database, _shape
+
+    fmt, _ = precision.number_format(torch.device("cuda"), "fp8")
+    database = _Database(lambda key: dispatch.TORCH if _shape(key)["shared"] == "3" else None)
+    monkeypatch.setattr(dispatch, "_tuning", database)
+    patcher = standin_model(comfy, "cuda", torch.float16, channels=32, context_dim=32)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, precision="fp8" if fmt else "int8")
+    layers = {k: m for k, m in optimized.object_patches.items() if hasattr(m, "rocm_sd_refresh")}
+    optimized.patch_model()
+    try:
+        with config.override(strict=True):
+            for seed in range(3):
+                x, ctx = model_inputs("cuda", torch.float16, seed)
+                ctx = torch.nn.functional.pad(ctx, (0, 8))
+                torch.testing.assert_close(sampler_call(optimized, x, ctx), eager_call(optimized, x, ctx))
+    finally:
+        optimized.unpatch_model()
+    kept = {k for k, m in layers.items() if m.__dict__.get("rocm_sd_fp16")}
+    assert kept == {k for k in layers if k.endswith(("attn1.to_q", "attn1.to_k", "attn1.to_v"))} and kept
+    assert all(layers[k].rocm_sd_weight_q is None for k in kept)
+    stats = graph_stats(optimized)
+    assert stats["graph captures"] == 1 and stats["graph replays"] == 3, stats

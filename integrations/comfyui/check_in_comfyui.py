@@ -253,7 +253,7 @@ def check_precision(torch, comfy, nodes, device, dtype):
     fmt, why = precision.number_format(device, "fp8")
     choice = "fp8" if fmt else "int8"
     patcher = small_model(torch, comfy, device, dtype)
-    (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher, precision=choice)
+    (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher, precision=choice, precision_layers="all")
     quantized = sum(hasattr(m, "rocm_sd_refresh") for m in optimized.object_patches.values())
     if device.type == "cpu":
         print(f"precision: on the CPU the node installs {quantized} 8-bit layers (expected 0: {why})")

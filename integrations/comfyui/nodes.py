@@ -76,6 +76,10 @@ class RocmSDOptimizeModel:
                 "deepcache / adaptive: how much of the outermost level the other evaluations run (DeepCache's "
                 "cache_branch_id): 0 only the last output block (fastest), 1 also the first input block and its "
                 "mirror, 2 the whole outermost level (SD1.x/2.x/SDXL); higher is slower and closer to full")}),
+            "precision_layers": (["measured", "all"], {"default": "measured", "tooltip": (
+                "fp8 / int8: 'measured' keeps a layer in fp16 where the tuning database measured its fp16 GEMM "
+                "faster (shipped for NVIDIA Hopper; `python -m rocm_sd.tune --model sdxl --precision fp8 --ops "
+                "linear_8bit` measures your GPU; unmeasured layers stay 8-bit); 'all': every layer 8-bit")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
@@ -85,7 +89,8 @@ class RocmSDOptimizeModel:
                    "model evaluation as a captured GPU graph (AMD GPUs).")
 
     def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True,
-                 cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16", cache_branch=0):
+                 cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16", cache_branch=0,
+                 precision_layers="measured"):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
@@ -94,7 +99,7 @@ class RocmSDOptimizeModel:
         not_installed = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph,
                                             channels_last=channels_last, cache=cache, cache_interval=cache_interval,
                                             cache_threshold=cache_threshold, precision=precision,
-                                            cache_branch=cache_branch)
+                                            cache_branch=cache_branch, precision_layers=precision_layers)
         for why in not_installed:
             _say_once(why)
         _report_kernels()

@@ -230,8 +230,29 @@ class QuantizedHostCopy:
 
     def rocm_sd_refresh(self) -> None:
         """graphs.GraphedCall's hook, before it compares signatures."""
-        if not self.rocm_sd_host_path(self) and quantizable_weight(self.weight):  # else the host's forward runs
+        if (not self.rocm_sd_host_path(self) and quantizable_weight(self.weight)  # else the host's forward runs
+                and not self.__dict__.get("rocm_sd_fp16")):
             self._rocm_sd_quantize_if_stale()
+
+    def rocm_sd_offer_fp16(self, sharers: int, producers: list[nn.Module]) -> None:
+        """RocmQuantizedLinear.offer_fp16 for a host's layer: at the first call it takes, if the tuning database
+        measured fp16 faster for the call's shape, the layer runs the host's own forward from then on (its 8-bit
+        weight freed) and the `producers` writing its input quantized stop (`rocm_sd_quantized_output`)."""
+        self.__dict__["_rocm_sd_fp16_offer"] = (sharers, producers)
+
+    def _rocm_sd_choose(self, x: torch.Tensor, sharers: int, producers: list[nn.Module]) -> None:
+        in_features = self.in_channels if self.rocm_sd_conv else self.in_features
+        out_features = self.out_channels if self.rocm_sd_conv else self.out_features
+        key = linear_8bit_key(x.dtype, self.rocm_sd_format, x.numel() // in_features, in_features, out_features,
+                              sharers)
+        if x.numel() == 0 or dispatch.tuned_choice(x.device, lambda: key) != dispatch.TORCH:
+            return
+        self.__dict__["rocm_sd_fp16"] = True
+        self.__dict__.pop("_rocm_sd_source", None)
+        for name in ("rocm_sd_weight_q", "rocm_sd_weight_scale"):
+            self.register_buffer(name, None, persistent=False)  # freed; a registration: graphs walk the model again
+        for producer in producers:
+            producer.rocm_sd_quantized_output = None
 
     def _rocm_sd_quantize_if_stale(self) -> None:
         weight = self.weight
@@ -255,6 +276,10 @@ class QuantizedHostCopy:
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or kwargs or not self._rocm_sd_takes(x):  # arguments of a host's own forward: its own path
             return super().forward(x, *args, **kwargs)
+        if "_rocm_sd_fp16_offer" in self.__dict__ and not _scope(x)[1]:  # never inside a capture
+            self._rocm_sd_choose(x, *self.__dict__.pop("_rocm_sd_fp16_offer"))
+        if self.__dict__.get("rocm_sd_fp16"):
+            return super().forward(x)
         self._rocm_sd_quantize_if_stale()
         in_features = self.in_channels if self.rocm_sd_conv else self.in_features
         return forward_8bit(x, self.rocm_sd_conv, in_features, self.rocm_sd_weight_q, self.rocm_sd_weight_scale,

@@ -109,13 +109,15 @@ def _transformer_block_keys(diffusion_model) -> list[tuple[str, int, int]]:
 def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True, layer_norm: bool = True,
                         override_supported: bool | None = None, cuda_graph: bool = False,
                         channels_last: bool = False, cache: str | None = None, cache_interval: int = 3,
-                        cache_threshold: float = 0.15, precision: str = "fp16", cache_branch: int = 0) -> list[str]:
+                        cache_threshold: float = 0.15, precision: str = "fp16", cache_branch: int = 0,
+                        precision_layers: str = "measured") -> list[str]:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
     patches and attention patches, with channels_last the convolutions on channels_last weights (NHWC
     activations), with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py), with cache
     ('deepcache' / 'adaptive', cache_interval, cache_threshold, cache_branch: as optimize()'s options;
     docs/step_cache.md) step caching of the UNet, and with
-    precision 'fp8' / 'int8' (as optimize()'s; docs/precision.md) its linear layers as 8-bit GEMMs.
+    precision 'fp8' / 'int8' (as optimize()'s, with precision_layers; docs/precision.md) its linear layers as 8-bit
+    GEMMs.
     override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
@@ -128,7 +130,8 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
         if why:
             not_installed.append(f"precision={precision} not applied: {why}")
         else:
-            swaps.update(quantized_swaps(diffusion_model, fmt, precision_patch.MULTIPLE[precision], swaps))
+            swaps.update(quantized_swaps(diffusion_model, fmt, precision_patch.MULTIPLE[precision], swaps,
+                                         measured=precision_layers == "measured"))
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     _patch_attention(patcher, diffusion_model, attention, override_supported)
@@ -147,15 +150,29 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     return not_installed
 
 
-def quantized_swaps(diffusion_model, format: str, multiple: int, norms: dict[str, object]) -> dict[str, object]:
+def quantized_swaps(diffusion_model, format: str, multiple: int, norms: dict[str, object],
+                    measured: bool = True) -> dict[str, object]:
     """ldm_swaps.quantized_linear_swaps for a ComfyUI UNet. The transformer blocks' LayerNorm copies among `norms`
     (norm_swaps' output: none when layer_norm is off) whose every consumer is quantized write their output quantized
     too. A layer whose weights ComfyUI streams or patches per call (low-VRAM mode) runs ComfyUI's own forward; one
-    whose weights ComfyUI stores in fp8 itself (weight_dtype fp8_e4m3fn) is quantized from them."""
+    whose weights ComfyUI stores in fp8 itself (weight_dtype fp8_e4m3fn) is quantized from them. With `measured`
+    (precision_layers="measured") each layer goes back to ComfyUI's own forward at its first call where the tuning
+    database measured fp16 faster (QuantizedHostCopy.rocm_sd_offer_fp16)."""
     swaps = ldm_swaps.quantized_linear_swaps(diffusion_model, format, multiple, host_path=_host_patches_per_call)
+    writers = {}
     for path in ldm_swaps.quantized_norm_outputs(diffusion_model, swaps):
         if hasattr(norms.get(path), "rocm_sd_quantized_output"):
             norms[path].rocm_sd_quantized_output = format
+            writers[path] = norms[path]
+    if measured:
+        sharers, producers = dict.fromkeys(swaps, 1), {path: [] for path in swaps}
+        for norm, paths in ldm_swaps.quantized_input_groups(diffusion_model, swaps):
+            for path in paths:
+                sharers[path] = len(paths)
+                if norm in writers:
+                    producers[path].append(writers[norm])
+        for path, layer in swaps.items():
+            layer.rocm_sd_offer_fp16(sharers[path], producers[path])
     return swaps
 
 

@@ -124,6 +124,24 @@ def _norm_consumers(block) -> dict[str, list]:
     return consumers
 
 
+def quantized_input_groups(root, quantized: dict[str, object]) -> list[tuple[str | None, list[str]]]:
+    """(a transformer block's norm path, the paths among `quantized` that take its output) per norm, and (None, the
+    cross-attention keys and values among `quantized`: every block's take the text embedding)."""
+    by_module = {id(module): path for path, module in root.named_modules()}
+    groups, text = [], []
+    for name, block in root.named_modules():
+        if not all(hasattr(block, a) for a in ("norm1", "attn1", "norm3", "ff")):
+            continue
+        prefix = f"{name}." if name else ""
+        for norm, consumers in _norm_consumers(block).items():
+            groups.append((prefix + norm, [by_module[id(c)] for c in consumers
+                                           if c is not None and by_module.get(id(c)) in quantized]))
+        attn2 = getattr(block, "attn2", None)
+        text += [by_module[id(c)] for c in (getattr(attn2, "to_k", None), getattr(attn2, "to_v", None))
+                 if c is not None and by_module.get(id(c)) in quantized]
+    return groups + [(None, text)]
+
+
 def quantized_norm_outputs(root, quantized: dict[str, object]) -> list[str]:
     """The dotted paths of the transformer blocks' LayerNorms whose every consumer is among the `quantized` swaps
     (quantized_linear_swaps of the same root): those norms may write their output quantized for them."""
