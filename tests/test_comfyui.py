@@ -320,6 +320,7 @@ def test_tune_node_contract_and_architecture(comfy, nodes):
     assert required["model"] == ("MODEL",) and cls.RETURN_TYPES == ("MODEL",) and cls.CATEGORY == "rocm_sd"
     assert {name: spec[0] for name, spec in required.items() if name != "model"} == {
         "width": "INT", "height": "INT", "batch_size": "INT", "budget_minutes": "INT", "resume": "BOOLEAN"}
+    assert list(cls.INPUT_TYPES()["optional"]) == ["precision"]
     patcher = standin_model(comfy)
     for unet_config, arch in (({"context_dim": 768, "adm_in_channels": None}, "sd15"),
                               ({"context_dim": 1024}, "sd21"),
@@ -342,9 +343,11 @@ def test_tune_node_runs_the_tuner_for_the_model_and_passes_it_through(comfy, nod
     assert out is patcher
     assert runs == [["--model", "sdxl", "--width", "832", "--height", "1216", "--batch", "2", "--resume",
                      "--budget-s", "300"]]
+    nodes.RocmSDTune().tune(patcher, width=1024, height=1024, budget_minutes=0, resume=False, precision="fp8")
+    assert runs[-1] == ["--model", "sdxl", "--width", "1024", "--height", "1024", "--batch", "1", "--precision", "fp8"]
 
     del patcher.model.model_config  # not a Stable Diffusion model rocm_sd knows: nothing tuned, passed through
-    assert nodes.RocmSDTune().tune(patcher)[0] is patcher and len(runs) == 1
+    assert nodes.RocmSDTune().tune(patcher)[0] is patcher and len(runs) == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the real tuner would tune")

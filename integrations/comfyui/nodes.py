@@ -165,6 +165,10 @@ class RocmSDTune:
             "budget_minutes": ("INT", {"default": 10, "min": 0, "max": 600,
                                        "tooltip": "start no new problem after this long (0: no limit)"}),
             "resume": ("BOOLEAN", {"default": True, "tooltip": "skip what the database already holds"}),
+        }, "optional": {
+            "precision": (["fp16", "fp8", "int8"], {"default": "fp16", "tooltip": (
+                "fp8 / int8: tune the model as the Optimize node's precision runs it, and time each 8-bit layer "
+                "against fp16 (what its precision_layers 'measured' follows)")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
@@ -172,7 +176,7 @@ class RocmSDTune:
     CATEGORY = CATEGORY
     DESCRIPTION = "Tunes rocm_sd's kernels for this model's shapes on this GPU, once (minutes); later runs use it."
 
-    def tune(self, model, width=1024, height=1024, batch_size=1, budget_minutes=10, resume=True):
+    def tune(self, model, width=1024, height=1024, batch_size=1, budget_minutes=10, resume=True, precision="fp16"):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; nothing tuned")
             return (model,)
@@ -183,6 +187,7 @@ class RocmSDTune:
             return (model,)
         argv = ["--model", arch, "--width", str(width), "--height", str(height), "--batch", str(batch_size)]
         argv += (["--resume"] if resume else []) + (["--budget-s", str(60 * budget_minutes)] if budget_minutes else [])
+        argv += ["--precision", precision] if precision != "fp16" else []
         _free_the_gpu()
         from rocm_sd.tune import cli as tune_cli
 
