@@ -194,6 +194,7 @@ def test_layers_go_back_to_fp16_where_the_database_measured_it_faster(monkeypatc
         assert asked == len(layers)  # each layer once, at its first call
         blocks = len(kept) // 3
         assert {_shape(key)["shared"] for key in database.asked} == {"1", "3", str(2 * blocks)}  # 2: the text's K, V
+        assert {_shape(key)["input"] for key in database.asked} == {"rows", "norm", "geglu"}
         report = rocm_sd.report(pipe)["unet"]
         assert report["linear kept in float32 (measured faster than e4m3fn)"] == 3 * blocks
         assert report["linear -> e4m3fn GEMM"] + report["conv1x1 -> e4m3fn GEMM"] == len(layers) - 3 * blocks

@@ -83,12 +83,18 @@ def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.T
     return (q, scale) if kept_format == format and scope == _scope(x) and version == _version(x) else None
 
 
+# Who quantizes an 8-bit layer's input: quantize_rows, or the kernel writing it (a LayerNorm / SkipLayerNorm, the GEGLU:
+# ops/quantized_outputs.py), which costs that kernel less than a quantize_rows pass.
+INPUT_QUANTIZERS = ("rows", "norm", "geglu")
+
+
 def linear_8bit_key(dtype: torch.dtype, format: str, rows: int, in_features: int, out_features: int,
-                    sharers: int) -> str:
-    """The tuning problem of an 8-bit layer: 'linear_8bit|float16|e4m3fn|M=2048,K=1280,N=10240,shared=1'. `sharers`:
-    how many layers take the same quantized input (each is charged its share of quantizing it)."""
+                    sharers: int, quantizer: str) -> str:
+    """The tuning problem of an 8-bit layer: 'linear_8bit|float16|e4m3fn|M=2048,K=1280,N=10240,shared=1,input=norm'.
+    `sharers`: how many layers take the same quantized input (each is charged its share of quantizing it);
+    `quantizer`: who quantizes it (INPUT_QUANTIZERS)."""
     return problem_key(OP, str(dtype).removeprefix("torch."), format, M=rows, K=in_features, N=out_features,
-                       shared=sharers)
+                       shared=sharers, input=quantizer)
 
 
 class RocmQuantizedLinear(nn.Module):
@@ -96,6 +102,7 @@ class RocmQuantizedLinear(nn.Module):
     its first call has found fp16 the faster (offer_fp16), the original layer (`fp16_layer`) instead."""
 
     input_sharers = 1  # layers taking the same quantized input (patch/precision.py): the tuning problem's `shared`
+    input_quantizer = "rows"  # who quantizes that input (INPUT_QUANTIZERS; patch/precision.py): its `input`
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, format: str, conv: bool = False):
         super().__init__()
@@ -139,7 +146,7 @@ class RocmQuantizedLinear(nn.Module):
 
     def problem_key(self, x: torch.Tensor) -> str:
         return linear_8bit_key(x.dtype, self.format, x.numel() // self.in_features, self.in_features,
-                               self.out_features, self.input_sharers)
+                               self.out_features, self.input_sharers, self.input_quantizer)
 
     def _choose(self, x: torch.Tensor, original: nn.Module, producers: list[nn.Module], counts) -> None:
         if x.numel() == 0 or dispatch.tuned_choice(x.device, lambda: self.problem_key(x)) != dispatch.TORCH:
@@ -244,7 +251,7 @@ class QuantizedHostCopy:
         in_features = self.in_channels if self.rocm_sd_conv else self.in_features
         out_features = self.out_channels if self.rocm_sd_conv else self.out_features
         key = linear_8bit_key(x.dtype, self.rocm_sd_format, x.numel() // in_features, in_features, out_features,
-                              sharers)
+                              sharers, "norm" if producers else "rows")
         if x.numel() == 0 or dispatch.tuned_choice(x.device, lambda: key) != dispatch.TORCH:
             return
         self.__dict__["rocm_sd_fp16"] = True

@@ -128,8 +128,8 @@ def _text_consumers(blocks: list[nn.Module]) -> list[nn.Module]:
 def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> dict[nn.Module, list[nn.Module]]:
     """Where every layer taking a rocm_sd LayerNorm's or GEGLU's output is an 8-bit GEMM of `fmt`, that kernel writes
     the quantized output too (ops/quantized_outputs.py) and the GEMMs quantize nothing. Each 8-bit layer learns how
-    many take its input (`input_sharers`, so the tuning problem charges it its share of quantizing it); returns each
-    layer's producers that write its input quantized."""
+    many take its input and who quantizes it (`input_sharers`, `input_quantizer`: its tuning problem charges it its
+    share of that cost); returns each layer's producers that write its input quantized."""
     blocks = [block for block in model.modules()
               if all(hasattr(block, name) for name in ("norm1", "attn1", "norm3", "ff", "only_cross_attention"))]
     groups = [pair for block in blocks for pair in _consumers(block)] + [(None, _text_consumers(blocks))]
@@ -145,4 +145,5 @@ def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> di
             record.counts[f"{type(producer).__name__} writes {fmt}"] += 1
             for layer in quantized:
                 producers_of.setdefault(layer, []).append(producer)
+                layer.input_quantizer = "geglu" if isinstance(producer, RocmGEGLU) else "norm"
     return producers_of

@@ -2,14 +2,16 @@
 
 optimize(precision="fp8" | "int8") turns every linear layer 8-bit; with precision_layers="measured" each goes back to
 fp16 at its first call where the database says `torch` for its problem (modules/quantized_linear.linear_8bit_key:
-rows, in and out features, and how many layers share its quantized input). The tuner's `--precision` pass records
-those problems from the model's real calls and times, each on inputs cycling through more memory than the L2 cache:
+rows, in and out features, how many layers share its quantized input, and who quantizes it). The tuner's
+`--precision` pass records those problems from the model's real calls and times, each on inputs cycling through
+more memory than the L2 cache:
 
     torch           the fp16 (bf16, fp32) GEMM with bias: F.linear
-    <format>        the 8-bit GEMM from quantized rows, plus quantize_rows of its input divided by the sharers
-
-The quantization a norm or GEGLU fuses into its own kernel (ops/quantized_outputs.py) costs that kernel less than a
-quantize_rows pass of its output; charging the whole pass keeps the choice on the side of fp16 where the two are close.
+    <format>        the 8-bit GEMM from quantized rows, plus the layer's share (1 / sharers) of quantizing its input:
+                    input=rows   a quantize_rows pass
+                    input=norm   what writing it costs a LayerNorm: layer_norm_quantize_rows minus layer_norm (a
+                                 SkipLayerNorm's is within a microsecond of it at these shapes)
+                    input=geglu  geglu_quantize_rows minus geglu, on the GEGLU's (rows, 2 x features) input
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..timing import graph_device_ms
 from .measure import MAX_COPIES
 
 OP = "linear_8bit"
-quantize_rows = REGISTRY["quantize_rows"]
+EPS = 1e-5
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,12 @@ class Linear8bitCall:
     in_features: int
     out_features: int
     sharers: int
+    quantizer: str
 
     @property
     def key(self) -> str:
-        return linear_8bit_key(self.dtype, self.format, self.rows, self.in_features, self.out_features, self.sharers)
+        return linear_8bit_key(self.dtype, self.format, self.rows, self.in_features, self.out_features, self.sharers,
+                               self.quantizer)
 
     @property
     def candidates(self) -> tuple[str, str]:
@@ -55,7 +59,7 @@ def recording(model: torch.nn.Module):
     def record(layer: RocmQuantizedLinear, args: tuple) -> None:
         x = args[0]
         call = Linear8bitCall(x.dtype, layer.format, x.numel() // layer.in_features, layer.in_features,
-                              layer.out_features, layer.input_sharers)
+                              layer.out_features, layer.input_sharers, layer.input_quantizer)
         calls[call] = calls.get(call, 0) + 1
 
     handles = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, RocmQuantizedLinear)]
@@ -64,6 +68,25 @@ def recording(model: torch.nn.Module):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _quantizing_ms(call: Linear8bitCall, device: torch.device, copies: int, gen: torch.Generator) -> float:
+    """Device ms that quantizing the layer's (rows, in_features) input costs whoever does it (the module doc)."""
+    m, k, fmt = call.rows, call.in_features, call.format
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, generator=gen).to(call.dtype)
+
+    if call.quantizer == "geglu":
+        inputs = [(randn(m, 2 * k),) for _ in range(copies)]
+        fused = graph_device_ms(lambda h: REGISTRY["geglu_quantize_rows"].call(h, fmt), inputs)
+        return max(0.0, fused - graph_device_ms(lambda h: REGISTRY["geglu"].call(h), inputs))
+    inputs = [(randn(m, k),) for _ in range(copies)]
+    if call.quantizer == "norm":
+        weight, bias = randn(k), randn(k)
+        fused = graph_device_ms(lambda x: REGISTRY["layer_norm_quantize_rows"].call(x, weight, bias, EPS, fmt), inputs)
+        return max(0.0, fused - graph_device_ms(lambda x: REGISTRY["layer_norm"].call(x, weight, bias, EPS), inputs))
+    return graph_device_ms(lambda x: REGISTRY["quantize_rows"].call(x, fmt), inputs)
 
 
 def measure(call: Linear8bitCall, device: torch.device, l2_bytes: int, calls_per_run: int, seed: int = 0) -> dict:
@@ -75,17 +98,16 @@ def measure(call: Linear8bitCall, device: torch.device, l2_bytes: int, calls_per
     weight_q, weight_scale = quantize_weight(weight, call.format)
     copies = max(1, min(MAX_COPIES, -(-2 * l2_bytes // max(m * k * 2, 1))))
     xs = [(torch.randn(m, k, device=device, generator=gen).to(call.dtype),) for _ in range(copies)]
-    rows = [quantize_rows.call(x, call.format) for (x,) in xs]
+    rows = [REGISTRY["quantize_rows"].call(x, call.format) for (x,) in xs]
 
     torch_ms = graph_device_ms(lambda x: F.linear(x, weight, bias), xs)
     gemm_ms = graph_device_ms(lambda q, s: linear_8bit(q, s, weight_q, weight_scale, bias, call.format, call.dtype),
                               rows)
-    quantize_ms = graph_device_ms(lambda x: quantize_rows.call(x, call.format), xs)
-    eight_bit_ms = gemm_ms + quantize_ms / call.sharers
-    times = {TORCH: torch_ms, call.format: eight_bit_ms}
+    input_ms = _quantizing_ms(call, device, copies, gen)
+    times = {TORCH: torch_ms, call.format: gemm_ms + input_ms / call.sharers}
     ranked = sorted(times.items(), key=lambda kv: kv[1])
     return {"choice": ranked[0][0], "ms": round(ranked[0][1], 5), "torch_ms": round(torch_ms, 5),
             "speedup_vs_torch": round(torch_ms / ranked[0][1], 3),
             "runners_up": [[name, round(ms, 5)] for name, ms in ranked[1:]], "rejected": {},
             "calls_per_run": calls_per_run,
-            "parts_ms": {"gemm": round(gemm_ms, 5), "quantize_rows": round(quantize_ms, 5), "sharers": call.sharers}}
+            "parts_ms": {"gemm": round(gemm_ms, 5), "input": round(input_ms, 5), "sharers": call.sharers}}
