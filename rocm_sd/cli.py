@@ -124,7 +124,8 @@ def _quality(args) -> int:
     from . import quality
 
     quality.run(model=args.model, precision=args.precision, cache=args.cache, cache_interval=args.cache_interval,
-                cache_threshold=args.cache_threshold, cache_branch=args.cache_branch, prompts=args.prompts, steps=args.steps, size=args.size,
+                cache_threshold=args.cache_threshold, cache_branch=args.cache_branch,
+                precision_layers=args.precision_layers, prompts=args.prompts, steps=args.steps, size=args.size,
                 seed=args.seed, device=args.device, out_dir=args.out)
     return 0
 
@@ -141,6 +142,9 @@ def _add_quality(sub) -> None:
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
                              "diffusers model folder (default: sd15 on a GPU, tiny on a CPU)")
     parser.add_argument("--precision", choices=modes["precision"], help="the mode's number format")
+    parser.add_argument("--precision-layers", choices=("measured", "all"),
+                        help="with --precision: 'measured' (default) keeps layers in fp16 where the tuning database "
+                             "measured them faster; 'all' makes every layer 8-bit (docs/precision.md)")
     parser.add_argument("--cache", choices=modes["cache"], help="the mode's step caching")
     parser.add_argument("--cache-interval", type=cli_args.positive_int,
                         help="with --cache deepcache: one full UNet call per this many steps (default 3)")

@@ -226,6 +226,9 @@ ARGUMENT_ERRORS = [  # (arguments after `quality`, exit status, what the last li
      "argument --cache-threshold: -0.5 is not a non-negative number"),
     (["--cache", "adaptive", "--cache-threshold", "nan"], 2, "argument --cache-threshold: nan is not a finite number"),
     (["--precision", "fp8", "--cache-branch", "1"], 2, "argument --cache-branch: applies with --cache only"),
+    (["--cache", "deepcache", "--precision-layers", "all"], 2,
+     "argument --precision-layers: applies with --precision only"),
+    (["--precision", "fp8", "--precision-layers", "some"], 2, "argument --precision-layers: invalid choice: 'some'"),
     (["--cache", "deepcache", "--cache-branch", "-1"], 2, "argument --cache-branch: -1 is not a non-negative integer"),
     (["--precision", "fp8", "--prompts", "0"], 2, "argument --prompts: 0 is not a positive integer"),
     (["--precision", "fp8", "--steps", "-1"], 2, "argument --steps: -1 is not a positive integer"),
@@ -256,6 +259,8 @@ def test_a_bad_quality_argument_is_one_line_and_builds_nothing(argv, status, mes
 
 @pytest.mark.parametrize("argv, options", [
     (["--precision", "int8"], {"precision": "int8"}),
+    (["--precision", "fp8", "--precision-layers", "measured"], {"precision": "fp8"}),
+    (["--precision", "fp8", "--precision-layers", "all"], {"precision": "fp8", "precision_layers": "all"}),
     (["--cache", "deepcache"], {"cache": "deepcache", "cache_interval": 3}),
     (["--cache", "deepcache", "--cache-interval", "5", "--precision", "fp8"],
      {"precision": "fp8", "cache": "deepcache", "cache_interval": 5}),
@@ -266,13 +271,14 @@ def test_a_bad_quality_argument_is_one_line_and_builds_nothing(argv, status, mes
 def test_valid_quality_arguments_reach_the_model(argv, options, tmp_path, no_model):
     args = cli.build_parser().parse_args(["quality", *argv])
     assert quality.mode_options(args.precision, args.cache, args.cache_interval, args.cache_threshold,
-                                args.cache_branch) == options
+                                args.cache_branch, args.precision_layers) == options
     with pytest.raises(ModelBuilt):
         cli.main(["quality", *argv, "--out", str(tmp_path)])
 
 
 def test_mode_file_names():
     assert quality.mode_slug({"precision": "fp8"}) == "fp8"
+    assert quality.mode_slug({"precision": "fp8", "precision_layers": "all"}) == "fp8all"
     assert quality.mode_slug({"precision": "int8", "cache": "adaptive", "cache_threshold": 0.15}) == "int8-adaptive0.15"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3}) == "deepcache3"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}) == "deepcache3-branch1"
