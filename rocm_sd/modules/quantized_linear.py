@@ -209,8 +209,13 @@ def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, we
         if format == "int8":
             if q.shape[0] > 16:  # torch._int_mm's smallest M
                 acc = torch._int_mm(q, weight_q.t())
-                out = acc.float().mul_(scale.unsqueeze(1)).mul_(weight_scale)
-                return (out if bias is None else out.add_(bias)).to(dtype)
+                # Two passes over the int32 product (not five): the row scale makes it fp32, then one pass applies
+                # the column scale and the bias in fp32 and writes `dtype`.
+                rows_scaled = torch.mul(acc, scale.unsqueeze(1))
+                out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+                if bias is None:
+                    return torch.mul(rows_scaled, weight_scale, out=out)
+                return torch.addcmul(bias, rows_scaled, weight_scale, out=out)
         else:
             return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1), scale_b=weight_scale, bias=bias,
                                     out_dtype=dtype)
