@@ -1,5 +1,7 @@
 """optimize(precision=...): the 8-bit linear layers (modules/quantized_linear.py) and their patch (patch/precision.py)."""
 import logging
+import re
+from collections import Counter
 
 import pytest
 import torch
@@ -164,7 +166,8 @@ class _Database:
 
 
 def _shape(key: str) -> dict[str, str]:
-    return dict(part.split("=") for part in key.rpartition("|")[2].split(","))
+    """'linear_8bit|float16|e4m3fn|K=64,N=32,shared=1,input=rows|M=128' -> {'K': '64', ..., 'M': '128'}."""
+    return dict(part.split("=") for part in re.split(r"[,|]", key.split("|", 3)[3]))
 
 
 def test_layers_go_back_to_fp16_where_the_database_measured_it_faster(monkeypatch):
@@ -207,6 +210,48 @@ def test_layers_go_back_to_fp16_where_the_database_measured_it_faster(monkeypatc
     assert torch.equal(run_pipe(pipe), reference)
 
 
+def test_the_tuner_records_every_problem_the_layers_ask(monkeypatch):
+    """The tuner's recording (an all-8-bit run) holds every key the measured layers later look up, also when the
+    pipeline runs in inference mode (the text embedding is then quantized by each layer alone: shared=1)."""
+    from rocm_sd.tune import linear_8bit
+
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8", precision_layers="all", channels_last=False)
+        with linear_8bit.recording(pipe.unet) as calls:
+            run_pipe(pipe)
+        recorded = {call.key for call in calls}
+        rocm_sd.revert(pipe)
+        text_sharers = {}
+        for mode in (torch.no_grad, torch.inference_mode):
+            database = _Database(lambda key: None)
+            monkeypatch.setattr(dispatch, "_tuning", database)
+            rocm_sd.optimize(pipe, precision="fp8", channels_last=False)
+            with mode():
+                run_pipe(pipe)
+            assert database.asked and set(database.asked) <= recorded, set(database.asked) - recorded
+            rocm_sd.revert(pipe)
+            text_rows = 2 * models.prompt_kwargs(pipe, "a")["prompt_embeds"].shape[1]  # the text embedding, with CFG
+            text = [_shape(key) for key in database.asked if _shape(key)["M"] == str(text_rows)]
+            text_sharers[mode] = {s["shared"] for s in text}
+    blocks = sum(type(m).__name__ == "BasicTransformerBlock" for m in pipe.unet.modules())
+    assert text_sharers == {torch.no_grad: {str(2 * blocks)}, torch.inference_mode: {"1"}}
+
+
+def test_an_empty_first_call_leaves_the_choice_to_the_next(monkeypatch):
+    database = _Database(lambda key: dispatch.TORCH)
+    monkeypatch.setattr(dispatch, "_tuning", database)
+    original = nn.Linear(16, 32)
+    layer = RocmQuantizedLinear.from_module(original, "e4m3fn")
+    layer.offer_fp16(original, [], Counter())
+    with config.override(log_fallbacks=False):
+        assert layer(torch.randn(0, 16)).shape == (0, 32) and database.asked == []
+        x = torch.randn(4, 16)
+        assert torch.equal(layer(x), original(x)) and layer.fp16_layer is original
+    assert database.asked == ["linear_8bit|float32|e4m3fn|K=16,N=32,shared=1,input=rows|M=4"]
+
+
 @pytest.mark.parametrize("answer, layers_option", [("e4m3fn", "measured"), (None, "measured"), ("torch", "all")])
 def test_layers_stay_8bit_unless_measured_slower(monkeypatch, answer, layers_option):
     """The database choosing the 8-bit GEMM, knowing nothing of the shape, or precision_layers="all" (never asked):
@@ -221,7 +266,7 @@ def test_layers_stay_8bit_unless_measured_slower(monkeypatch, answer, layers_opt
     layers = [m for m in pipe.unet.modules() if isinstance(m, RocmQuantizedLinear)]
     assert layers and all(m.fp16_layer is None and m.weight_q is not None for m in layers)
     assert (len(database.asked) == len(layers)) == (layers_option == "measured")
-    assert all(key.startswith("linear_8bit|float32|e4m3fn|M=") for key in database.asked)
+    assert all(key.startswith("linear_8bit|float32|e4m3fn|K=") for key in database.asked)
     rocm_sd.revert(pipe)
 
 

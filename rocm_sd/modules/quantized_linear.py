@@ -90,11 +90,20 @@ INPUT_QUANTIZERS = ("rows", "norm", "geglu")
 
 def linear_8bit_key(dtype: torch.dtype, format: str, rows: int, in_features: int, out_features: int,
                     sharers: int, quantizer: str) -> str:
-    """The tuning problem of an 8-bit layer: 'linear_8bit|float16|e4m3fn|M=2048,K=1280,N=10240,shared=1,input=norm'.
+    """The tuning problem of an 8-bit layer: 'linear_8bit|float16|e4m3fn|K=1280,N=10240,shared=1,input=norm|M=2048'.
     `sharers`: how many layers take the same quantized input (each is charged its share of quantizing it);
-    `quantizer`: who quantizes it (INPUT_QUANTIZERS)."""
-    return problem_key(OP, str(dtype).removeprefix("torch."), format, M=rows, K=in_features, N=out_features,
-                       shared=sharers, input=quantizer)
+    `quantizer`: who quantizes it (INPUT_QUANTIZERS). Only the rows are the last part, which the database's nearest
+    lookup compares (tune/db.py): another resolution takes the same layer's nearest tuned rows, and a layer shape that
+    was never tuned finds nothing and stays 8-bit."""
+    layer = problem_key(OP, str(dtype).removeprefix("torch."), format, K=in_features, N=out_features,
+                        shared=sharers, input=quantizer)
+    return f"{layer}|M={rows}"
+
+
+def input_sharing(x: torch.Tensor, sharers: int, quantizer: str) -> tuple[int, str]:
+    """(sharers, quantizer) of x's quantization as it will really happen: an input the layers quantize themselves is
+    shared only when remember_rows can keep it, which an inference tensor (no version counter) it cannot."""
+    return (1 if quantizer == "rows" and _version(x) is None else sharers), quantizer
 
 
 class RocmQuantizedLinear(nn.Module):
@@ -123,7 +132,8 @@ class RocmQuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         kind = "conv1x1" if self.conv else "linear"
-        return f"{kind}, in={self.in_features}, out={self.out_features}, format={self.format}"
+        kept = ", kept in the model's dtype (measured faster)" if self.fp16_layer is not None else ""
+        return f"{kind}, in={self.in_features}, out={self.out_features}, format={self.format}{kept}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.conv and x.dim() != 4:
@@ -131,7 +141,7 @@ class RocmQuantizedLinear(nn.Module):
         if not self.conv and x.shape[-1] != self.in_features:
             raise ValueError(f"RocmQuantizedLinear: input of shape {tuple(x.shape)} does not end in "
                              f"{self.in_features} features")
-        if "_fp16_offer" in self.__dict__ and not _scope(x)[1]:  # never inside a capture: warm-up calls decide
+        if "_fp16_offer" in self.__dict__ and x.numel() and not _scope(x)[1]:  # never in a capture: warm-ups decide
             self._choose(x, *self.__dict__.pop("_fp16_offer"))
         if self.fp16_layer is not None:
             return self.fp16_layer(x)
@@ -146,10 +156,10 @@ class RocmQuantizedLinear(nn.Module):
 
     def problem_key(self, x: torch.Tensor) -> str:
         return linear_8bit_key(x.dtype, self.format, x.numel() // self.in_features, self.in_features,
-                               self.out_features, self.input_sharers, self.input_quantizer)
+                               self.out_features, *input_sharing(x, self.input_sharers, self.input_quantizer))
 
     def _choose(self, x: torch.Tensor, original: nn.Module, producers: list[nn.Module], counts) -> None:
-        if x.numel() == 0 or dispatch.tuned_choice(x.device, lambda: self.problem_key(x)) != dispatch.TORCH:
+        if dispatch.tuned_choice(x.device, lambda: self.problem_key(x)) != dispatch.TORCH:
             return
         self.fp16_layer = original.to(x.device)
         self.weight_q = self.weight_scale = None  # the 8-bit weight is freed
@@ -256,8 +266,8 @@ class QuantizedHostCopy:
         in_features = self.in_channels if self.rocm_sd_conv else self.in_features
         out_features = self.out_channels if self.rocm_sd_conv else self.out_features
         key = linear_8bit_key(x.dtype, self.rocm_sd_format, x.numel() // in_features, in_features, out_features,
-                              sharers, "norm" if producers else "rows")
-        if x.numel() == 0 or dispatch.tuned_choice(x.device, lambda: key) != dispatch.TORCH:
+                              *input_sharing(x, sharers, "norm" if producers else "rows"))
+        if dispatch.tuned_choice(x.device, lambda: key) != dispatch.TORCH:
             return
         self.__dict__["rocm_sd_fp16"] = True
         self.__dict__.pop("_rocm_sd_source", None)
@@ -288,7 +298,7 @@ class QuantizedHostCopy:
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or kwargs or not self._rocm_sd_takes(x):  # arguments of a host's own forward: its own path
             return super().forward(x, *args, **kwargs)
-        if "_rocm_sd_fp16_offer" in self.__dict__ and not _scope(x)[1]:  # never inside a capture
+        if "_rocm_sd_fp16_offer" in self.__dict__ and x.numel() and not _scope(x)[1]:  # never inside a capture
             self._rocm_sd_choose(x, *self.__dict__.pop("_rocm_sd_fp16_offer"))
         if self.__dict__.get("rocm_sd_fp16"):
             return super().forward(x)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import TORCH
-from ..modules.quantized_linear import RocmQuantizedLinear, linear_8bit, linear_8bit_key, quantize_weight
+from ..modules.quantized_linear import (RocmQuantizedLinear, input_sharing, linear_8bit, linear_8bit_key,
+                                        quantize_weight)
 from ..ops import REGISTRY
 from ..timing import graph_device_ms
 from .measure import MAX_COPIES
@@ -58,9 +59,13 @@ def recording(model: torch.nn.Module):
 
     def record(layer: RocmQuantizedLinear, args: tuple) -> None:
         x = args[0]
-        call = Linear8bitCall(x.dtype, layer.format, x.numel() // layer.in_features, layer.in_features,
-                              layer.out_features, layer.input_sharers, layer.input_quantizer)
-        calls[call] = calls.get(call, 0) + 1
+        sharers, quantizer = input_sharing(x, layer.input_sharers, layer.input_quantizer)
+        # and as the layer would be with nobody to share or fuse its quantization: ComfyUI's layers (its GEGLU is its
+        # own; its tensors are inference tensors), and diffusers' when a neighbour went back to fp16
+        for variant in {(sharers, quantizer), (1, "rows")}:
+            call = Linear8bitCall(x.dtype, layer.format, x.numel() // layer.in_features, layer.in_features,
+                                  layer.out_features, *variant)
+            calls[call] = calls.get(call, 0) + 1
 
     handles = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, RocmQuantizedLinear)]
     try:
