@@ -211,15 +211,16 @@ def test_layers_go_back_to_fp16_where_the_database_measured_it_faster(monkeypatc
 
 
 def test_the_tuner_records_every_problem_the_layers_ask(monkeypatch):
-    """The tuner's recording (an all-8-bit run) holds every key the measured layers later look up, also when the
-    pipeline runs in inference mode (the text embedding is then quantized by each layer alone: shared=1)."""
+    """The tuner's recording (an all-8-bit run in inference mode, as its harvest) holds every key the measured layers
+    later look up, with the pipeline run outside inference mode (one quantization of the text embedding for every
+    cross-attention key and value) or inside it (each of those layers quantizes it alone: shared=1)."""
     from rocm_sd.tune import linear_8bit
 
     monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
     pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
     with config.override(log_fallbacks=False):
         rocm_sd.optimize(pipe, precision="fp8", precision_layers="all", channels_last=False)
-        with linear_8bit.recording(pipe.unet) as calls:
+        with linear_8bit.recording(pipe.unet) as calls, torch.inference_mode():  # as the tuner's harvest runs
             run_pipe(pipe)
         recorded = {call.key for call in calls}
         rocm_sd.revert(pipe)

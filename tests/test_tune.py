@@ -253,7 +253,7 @@ def test_tune_precision_times_each_8bit_layer_and_optimize_follows(tmp_path, cap
                       "--ops", "linear_8bit", "--db", str(tmp_path)]) == 0
     assert "| linear_8bit | float16 | " + fmt + " |" in capsys.readouterr().out
     db = TuningDB(device_key(), validators(), location=tmp_path)
-    assert db.results and all(key.startswith(f"linear_8bit|float16|{fmt}|M=") for key in db.results)
+    assert db.results and all(key.startswith(f"linear_8bit|float16|{fmt}|K=") for key in db.results)
     for key, result in db.results.items():
         parts = result["parts_ms"]
         assert result["choice"] in ("torch", fmt) and result["torch_ms"] > 0 and parts["gemm"] > 0

@@ -165,13 +165,14 @@ def tune(args) -> int:
     todo = _rank_share(todo, device)
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
     done, stopped = [], 0
+    layer_parts: dict = {}  # linear_8bit: each layer shape timed once, whatever its sharers
     with db.batched():  # saved every few seconds and at the end, Ctrl-C included
         for i, (k, call, count) in enumerate(tqdm(todo, unit="problem", disable=None)):
             if args.budget_s is not None and time.monotonic() - start > args.budget_s:
                 stopped = len(todo) - i
                 break
             if isinstance(call, linear_8bit.Linear8bitCall):
-                db.record(k, linear_8bit.measure(call, device, l2_bytes, count))
+                db.record(k, linear_8bit.measure(call, device, l2_bytes, count, layer_parts))
                 done.append(k)
                 continue
             outcome = measure(call, device, l2_bytes)

@@ -59,10 +59,11 @@ def recording(model: torch.nn.Module):
 
     def record(layer: RocmQuantizedLinear, args: tuple) -> None:
         x = args[0]
-        sharers, quantizer = input_sharing(x, layer.input_sharers, layer.input_quantizer)
-        # and as the layer would be with nobody to share or fuse its quantization: ComfyUI's layers (its GEGLU is its
-        # own; its tensors are inference tensors), and diffusers' when a neighbour went back to fp16
-        for variant in {(sharers, quantizer), (1, "rows")}:
+        # The layer as it runs outside inference mode (the tuner's harvest is inside it), as it runs here, and as it
+        # would with nobody to share or fuse its quantization: ComfyUI's layers (its GEGLU is its own), and diffusers'
+        # when a neighbour went back to fp16.
+        declared = (layer.input_sharers, layer.input_quantizer)
+        for variant in {declared, input_sharing(x, *declared), (1, "rows")}:
             call = Linear8bitCall(x.dtype, layer.format, x.numel() // layer.in_features, layer.in_features,
                                   layer.out_features, *variant)
             calls[call] = calls.get(call, 0) + 1
@@ -94,8 +95,9 @@ def _quantizing_ms(call: Linear8bitCall, device: torch.device, copies: int, gen:
     return graph_device_ms(lambda x: REGISTRY["quantize_rows"].call(x, fmt), inputs)
 
 
-def measure(call: Linear8bitCall, device: torch.device, l2_bytes: int, calls_per_run: int, seed: int = 0) -> dict:
-    """The database result of one problem: the faster candidate, both times, and the 8-bit one's parts."""
+def measure_parts(call: Linear8bitCall, device: torch.device, l2_bytes: int, seed: int = 0) -> dict[str, float]:
+    """Device ms of the fp16 GEMM (`torch`), the 8-bit GEMM (`gemm`) and quantizing its input (`input`): what a
+    problem's result is made of, the same whatever its sharers."""
     gen = torch.Generator(device).manual_seed(seed)
     m, k, n = call.rows, call.in_features, call.out_features
     weight = torch.randn(n, k, device=device, generator=gen).to(call.dtype) / k ** 0.5
@@ -104,15 +106,32 @@ def measure(call: Linear8bitCall, device: torch.device, l2_bytes: int, calls_per
     copies = max(1, min(MAX_COPIES, -(-2 * l2_bytes // max(m * k * 2, 1))))
     xs = [(torch.randn(m, k, device=device, generator=gen).to(call.dtype),) for _ in range(copies)]
     rows = [REGISTRY["quantize_rows"].call(x, call.format) for (x,) in xs]
+    return {TORCH: graph_device_ms(lambda x: F.linear(x, weight, bias), xs),
+            "gemm": graph_device_ms(lambda q, s: linear_8bit(q, s, weight_q, weight_scale, bias, call.format,
+                                                             call.dtype), rows),
+            "input": _quantizing_ms(call, device, copies, gen)}
 
-    torch_ms = graph_device_ms(lambda x: F.linear(x, weight, bias), xs)
-    gemm_ms = graph_device_ms(lambda q, s: linear_8bit(q, s, weight_q, weight_scale, bias, call.format, call.dtype),
-                              rows)
-    input_ms = _quantizing_ms(call, device, copies, gen)
-    times = {TORCH: torch_ms, call.format: gemm_ms + input_ms / call.sharers}
+
+def result(call: Linear8bitCall, parts: dict[str, float], calls_per_run: int) -> dict:
+    """The database result of one problem from its parts: the faster candidate, both times, and the 8-bit one's
+    parts."""
+    torch_ms = parts[TORCH]
+    times = {TORCH: torch_ms, call.format: parts["gemm"] + parts["input"] / call.sharers}
     ranked = sorted(times.items(), key=lambda kv: kv[1])
     return {"choice": ranked[0][0], "ms": round(ranked[0][1], 5), "torch_ms": round(torch_ms, 5),
             "speedup_vs_torch": round(torch_ms / ranked[0][1], 3),
             "runners_up": [[name, round(ms, 5)] for name, ms in ranked[1:]], "rejected": {},
             "calls_per_run": calls_per_run,
-            "parts_ms": {"gemm": round(gemm_ms, 5), "input": round(input_ms, 5), "sharers": call.sharers}}
+            "parts_ms": {"gemm": round(parts["gemm"], 5), "input": round(parts["input"], 5),
+                         "sharers": call.sharers}}
+
+
+def measure(call: Linear8bitCall, device: torch.device, l2_bytes: int, calls_per_run: int,
+            measured: dict | None = None) -> dict:
+    """The database result of one problem. `measured` (one dict per tuning run) keeps each layer shape's parts, so
+    that its variants with other sharers are not timed again."""
+    measured = {} if measured is None else measured
+    shape = (call.dtype, call.format, call.rows, call.in_features, call.out_features, call.quantizer)
+    if shape not in measured:
+        measured[shape] = measure_parts(call, device, l2_bytes)
+    return result(call, measured[shape], calls_per_run)
