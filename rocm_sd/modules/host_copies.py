@@ -70,7 +70,7 @@ def _subclass(base: type, kind: str) -> type:
                 fmt = self.rocm_sd_quantized_output
                 if fmt is None:
                     return layer_norm.call(x, self.weight, self.bias, self.eps)
-                # Every consumer of this output is an 8-bit GEMM of `fmt` (ldm_swaps.quantized_norm_outputs): the
+                # Every consumer of this output is an 8-bit GEMM of `fmt` (ldm_swaps.quantized_input_groups): the
                 # kernel writes the output's per-row quantization too, which they take instead of quantizing it.
                 y, q, scale = layer_norm_quantize_rows.call(x, self.weight, self.bias, self.eps, fmt)
                 remember_rows(y, fmt, q, scale, trusted=True)

@@ -106,6 +106,18 @@ def input_sharing(x: torch.Tensor, sharers: int, quantizer: str) -> tuple[int, s
     return (1 if quantizer == "rows" and _version(x) is None else sharers), quantizer
 
 
+def linear_8bit_problem(x: torch.Tensor, format: str, in_features: int, out_features: int, sharers: int,
+                        quantizer: str) -> str:
+    """The tuning problem of an 8-bit layer of these features taking x, its quantization as it will really happen."""
+    return linear_8bit_key(x.dtype, format, x.numel() // in_features, in_features, out_features,
+                           *input_sharing(x, sharers, quantizer))
+
+
+def fp16_measured_faster(x: torch.Tensor, problem: str) -> bool:
+    """Whether the tuning database chose the fp16 GEMM for `problem` (linear_8bit_problem) on x's device."""
+    return dispatch.tuned_choice(x.device, lambda: problem) == dispatch.TORCH
+
+
 class RocmQuantizedLinear(nn.Module):
     """Holds the 8-bit weight (`weight_q`, `weight_scale` buffers) and the original bias (the `bias` parameter); once
     its first call has found fp16 the faster (offer_fp16), the original layer (`fp16_layer`) instead."""
@@ -155,11 +167,11 @@ class RocmQuantizedLinear(nn.Module):
         self.__dict__["_fp16_offer"] = (original, producers, counts)
 
     def problem_key(self, x: torch.Tensor) -> str:
-        return linear_8bit_key(x.dtype, self.format, x.numel() // self.in_features, self.in_features,
-                               self.out_features, *input_sharing(x, self.input_sharers, self.input_quantizer))
+        return linear_8bit_problem(x, self.format, self.in_features, self.out_features, self.input_sharers,
+                                   self.input_quantizer)
 
     def _choose(self, x: torch.Tensor, original: nn.Module, producers: list[nn.Module], counts) -> None:
-        if dispatch.tuned_choice(x.device, lambda: self.problem_key(x)) != dispatch.TORCH:
+        if not fp16_measured_faster(x, self.problem_key(x)):
             return
         self.fp16_layer = original.to(x.device)
         self.weight_q = self.weight_scale = None  # the 8-bit weight is freed
@@ -262,12 +274,15 @@ class QuantizedHostCopy:
         weight freed) and the `producers` writing its input quantized stop (`rocm_sd_quantized_output`)."""
         self.__dict__["_rocm_sd_fp16_offer"] = (sharers, producers)
 
+    @property
+    def _rocm_sd_features(self) -> tuple[int, int]:
+        """(in, out) features of the GEMM: a Linear's, or a 1x1 convolution's channels."""
+        return (self.in_channels, self.out_channels) if self.rocm_sd_conv else (self.in_features, self.out_features)
+
     def _rocm_sd_choose(self, x: torch.Tensor, sharers: int, producers: list[nn.Module]) -> None:
-        in_features = self.in_channels if self.rocm_sd_conv else self.in_features
-        out_features = self.out_channels if self.rocm_sd_conv else self.out_features
-        key = linear_8bit_key(x.dtype, self.rocm_sd_format, x.numel() // in_features, in_features, out_features,
-                              *input_sharing(x, sharers, "norm" if producers else "rows"))
-        if dispatch.tuned_choice(x.device, lambda: key) != dispatch.TORCH:
+        problem = linear_8bit_problem(x, self.rocm_sd_format, *self._rocm_sd_features, sharers,
+                                      "norm" if producers else "rows")
+        if not fp16_measured_faster(x, problem):
             return
         self.__dict__["rocm_sd_fp16"] = True
         self.__dict__.pop("_rocm_sd_source", None)
@@ -303,6 +318,5 @@ class QuantizedHostCopy:
         if self.__dict__.get("rocm_sd_fp16"):
             return super().forward(x)
         self._rocm_sd_quantize_if_stale()
-        in_features = self.in_channels if self.rocm_sd_conv else self.in_features
-        return forward_8bit(x, self.rocm_sd_conv, in_features, self.rocm_sd_weight_q, self.rocm_sd_weight_scale,
-                            self.bias, self.rocm_sd_format)
+        return forward_8bit(x, self.rocm_sd_conv, self._rocm_sd_features[0], self.rocm_sd_weight_q,
+                            self.rocm_sd_weight_scale, self.bias, self.rocm_sd_format)

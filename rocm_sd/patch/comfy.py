@@ -159,18 +159,15 @@ def quantized_swaps(diffusion_model, format: str, multiple: int, norms: dict[str
     (precision_layers="measured") each layer goes back to ComfyUI's own forward at its first call where the tuning
     database measured fp16 faster (QuantizedHostCopy.rocm_sd_offer_fp16)."""
     swaps = ldm_swaps.quantized_linear_swaps(diffusion_model, format, multiple, host_path=_host_patches_per_call)
-    writers = {}
-    for path in ldm_swaps.quantized_norm_outputs(diffusion_model, swaps):
-        if hasattr(norms.get(path), "rocm_sd_quantized_output"):
-            norms[path].rocm_sd_quantized_output = format
-            writers[path] = norms[path]
+    sharers, producers = dict.fromkeys(swaps, 1), {path: [] for path in swaps}
+    for norm, paths, all_quantized in ldm_swaps.quantized_input_groups(diffusion_model, swaps):
+        writes = all_quantized and hasattr(norms.get(norm), "rocm_sd_quantized_output")
+        if writes:
+            norms[norm].rocm_sd_quantized_output = format
+        for path in paths:
+            sharers[path] = len(paths)
+            producers[path] += [norms[norm]] if writes else []
     if measured:
-        sharers, producers = dict.fromkeys(swaps, 1), {path: [] for path in swaps}
-        for norm, paths in ldm_swaps.quantized_input_groups(diffusion_model, swaps):
-            for path in paths:
-                sharers[path] = len(paths)
-                if norm in writers:
-                    producers[path].append(writers[norm])
         for path, layer in swaps.items():
             layer.rocm_sd_offer_fp16(sharers[path], producers[path])
     return swaps

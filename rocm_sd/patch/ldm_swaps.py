@@ -124,35 +124,23 @@ def _norm_consumers(block) -> dict[str, list]:
     return consumers
 
 
-def quantized_input_groups(root, quantized: dict[str, object]) -> list[tuple[str | None, list[str]]]:
-    """(a transformer block's norm path, the paths among `quantized` that take its output) per norm, and (None, the
-    cross-attention keys and values among `quantized`: every block's take the text embedding)."""
+def quantized_input_groups(root, quantized: dict[str, object]) -> list[tuple[str | None, list[str], bool]]:
+    """Who takes which input among the `quantized` swaps (quantized_linear_swaps of the same root): per transformer
+    block norm, (its dotted path, the quantized paths that take its output, whether every consumer is quantized: then
+    the norm may write its output quantized for them); and (None, every block's quantized cross-attention keys and
+    values, which all take the text embedding, False). Video blocks (norm_in and ff_in first) are left out."""
     by_module = {id(module): path for path, module in root.named_modules()}
     groups, text = [], []
     for name, block in root.named_modules():
-        if not all(hasattr(block, a) for a in ("norm1", "attn1", "norm3", "ff")):
+        if (not all(hasattr(block, a) for a in ("norm1", "attn1", "norm3", "ff"))
+                or isinstance(getattr(block, "ff_in", None), nn.Module)):
             continue
         prefix = f"{name}." if name else ""
         for norm, consumers in _norm_consumers(block).items():
-            groups.append((prefix + norm, [by_module[id(c)] for c in consumers
-                                           if c is not None and by_module.get(id(c)) in quantized]))
+            paths = [by_module.get(id(c)) for c in consumers]
+            taking = [p for p in paths if p in quantized]
+            groups.append((prefix + norm, taking, bool(paths) and len(taking) == len(paths)))
         attn2 = getattr(block, "attn2", None)
         text += [by_module[id(c)] for c in (getattr(attn2, "to_k", None), getattr(attn2, "to_v", None))
                  if c is not None and by_module.get(id(c)) in quantized]
-    return groups + [(None, text)]
-
-
-def quantized_norm_outputs(root, quantized: dict[str, object]) -> list[str]:
-    """The dotted paths of the transformer blocks' LayerNorms whose every consumer is among the `quantized` swaps
-    (quantized_linear_swaps of the same root): those norms may write their output quantized for them."""
-    by_module = {id(module): path for path, module in root.named_modules()}
-    paths = []
-    for name, block in root.named_modules():
-        if (not all(hasattr(block, a) for a in ("norm1", "attn1", "norm3", "ff"))
-                or isinstance(getattr(block, "ff_in", None), nn.Module)):  # video blocks: norm_in and ff_in first
-            continue
-        prefix = f"{name}." if name else ""
-        for norm, consumers in _norm_consumers(block).items():
-            if consumers and all(c is not None and by_module.get(id(c)) in quantized for c in consumers):
-                paths.append(prefix + norm)
-    return paths
+    return groups + [(None, text, False)]

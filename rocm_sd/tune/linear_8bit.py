@@ -126,11 +126,9 @@ def result(call: Linear8bitCall, parts: dict[str, float], calls_per_run: int) ->
                          "sharers": call.sharers}}
 
 
-def measure(call: Linear8bitCall, device: torch.device, l2_bytes: int, calls_per_run: int,
-            measured: dict | None = None) -> dict:
+def measure(call: Linear8bitCall, device: torch.device, l2_bytes: int, calls_per_run: int, measured: dict) -> dict:
     """The database result of one problem. `measured` (one dict per tuning run) keeps each layer shape's parts, so
     that its variants with other sharers are not timed again."""
-    measured = {} if measured is None else measured
     shape = (call.dtype, call.format, call.rows, call.in_features, call.out_features, call.quantizer)
     if shape not in measured:
         measured[shape] = measure_parts(call, device, l2_bytes)
