@@ -193,7 +193,8 @@ def short_name(demangled: str) -> str:
 
 def kernel_family(name: str) -> str:
     base = re.sub(r"<.*", "", name)
-    return {"attention_kernel": "attention", "wide_attention_kernel": "attention_wide"}.get(base, base)
+    return {"attention_kernel": "attention", "wide_attention_kernel": "attention_wide",
+            "attention_fp8_kernel": "attention_fp8"}.get(base, base)
 
 
 def read_kernels(objects: list[tuple[str, pathlib.Path]], workdir: pathlib.Path) -> dict[str, list[dict]]:

@@ -2,13 +2,18 @@
 PSNR against the first mode's image, NaN check, what was replaced, and device time per kernel category over two
 steps (torch profiler; "gemm" also holds attention kernels whose names say cutlass / gemm).
 
-    python bench/bench_modes.py sd15 50 out.json fp16,fp8,fp8all,int8,deepcache3,deepcache3b1,adaptive0.15
+    python bench/bench_modes.py sd15 50 out.json fp16,fp8,fp8all,int8,deepcache3,deepcache3b1,adaptive0.15,attnfp8
+
+'attnfp8' is attention_precision="fp8" as shipped (the FP8 attention where the tuning database measured it faster);
+'attnfp8forced' runs the FP8 attention kernel at every shape (ROCM_SD_BACKEND's attention_fp8:rocm_sd), to see what
+it would cost and change where it was not chosen.
 """
+import contextlib
 import json, statistics, sys, time
 import numpy as np
 import torch
 import rocm_sd
-from rocm_sd import models
+from rocm_sd import dispatch, models
 from rocm_sd.bench import psnr
 
 model, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -16,6 +21,7 @@ MODES = sys.argv[4].split(",") if len(sys.argv) > 4 else ["fp16", "fp8", "int8"]
 def keywords(mode):
     """'deepcache3', 'deepcache3b1' (cache_branch 1), 'adaptive0.15', 'adaptive0.15b1', 'fp8', 'fp8all'
     (precision_layers="all")."""
+    if mode.startswith("attnfp8"): return {"attention_precision": "fp8"}
     if mode.endswith("all"): return {"precision": mode[:-3], "precision_layers": "all"}
     mode, _, branch = mode.partition("b")
     branch = {"cache_branch": int(branch)} if branch else {}
@@ -47,7 +53,10 @@ def category(name):
 rows = []
 ref_img = None
 for precision in MODES:
+  forced = dispatch.force_backend("attention_fp8", "rocm_sd") if precision.endswith("forced") else contextlib.nullcontext()
+  with forced:
     rocm_sd.optimize(pipe, **keywords(precision))
+    dispatch.reset_stats()
     first = time.perf_counter(); img = generate(); first = time.perf_counter() - first
     report = rocm_sd.report(pipe)["unet"]  # after the first call: precision_layers="measured" decides there
     times = []
@@ -69,7 +78,8 @@ for precision in MODES:
             kernels.append((e.self_device_time_total / 1e3, e.count, e.key[:90]))
     row = {"precision": precision, "median_s": statistics.median(times), "first_s": first, "peak_mb": peak,
            "psnr_vs_fp16": psnr(img, ref_img), "nan": bool(np.isnan(img).any()),
-           "replaced": {k: v for k, v in report.items() if "GEMM" in k or "kept in" in k or "not applied" in k or "step cache" in k or "partial" in k},
+           "replaced": {k: v for k, v in report.items() if "GEMM" in k or "kept in" in k or "not applied" in k or "step cache" in k or "partial" in k or "attention ->" in k},
+           "attention_fp8_calls": dispatch.stats().get("attention_fp8", {}),
            "profile_ms_2_steps": {k: round(v, 2) for k, v in sorted(cats.items())},
            "top_kernels_ms_calls": [(round(ms, 2), calls, name) for ms, calls, name in sorted(kernels, reverse=True)[:12]]}
     rows.append(row); print(json.dumps(row), flush=True)

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "rocm_sd/attention/api.h"
+#include "rocm_sd/attention_fp8/api.h"
 #include "rocm_sd/bias_residual/api.h"
 #include "rocm_sd/ck/api.h"
 #include "rocm_sd/geglu/api.h"
@@ -134,6 +135,52 @@ void def_attention_query(py::module_& m, const char* name, std::string (*query)(
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"), py::arg("strides"),
       py::arg("scale"), py::arg("device"), py::arg("instance") = "", doc);
+}
+
+// attention_fp8: attention's q, k, v, out, sizes and strides, then the FP8 format and the workspace.
+rsd::AttentionFp8Args attention_fp8_args(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype,
+                                         const std::vector<int64_t>& sizes,
+                                         const std::vector<std::vector<int64_t>>& strides, double scale, int format,
+                                         uintptr_t workspace, uintptr_t stream, int device) {
+  const rsd::AttentionArgs base = attention_args(q, k, v, out, dtype, sizes, strides, scale, stream, device, "");
+  rsd::AttentionFp8Args a;
+  a.q = base.q;
+  a.k = base.k;
+  a.v = base.v;
+  a.out = base.out;
+  a.dtype = base.dtype;
+  a.batch = base.batch;
+  a.heads = base.heads;
+  a.q_len = base.q_len;
+  a.kv_len = base.kv_len;
+  a.head_dim = base.head_dim;
+  for (int i = 0; i < 3; ++i) {
+    a.q_stride[i] = base.q_stride[i];
+    a.k_stride[i] = base.k_stride[i];
+    a.v_stride[i] = base.v_stride[i];
+    a.out_stride[i] = base.out_stride[i];
+  }
+  a.scale = base.scale;
+  a.format = static_cast<rsd::QuantFormat>(format);
+  a.workspace = as_mut_ptr(workspace);
+  a.stream = base.stream;
+  a.device = device;
+  return a;
+}
+
+// attention_fp8_check / _describe / _workspace_bytes: the forward's arguments without the stream.
+template <class Result>
+void def_attention_fp8_query(py::module_& m, const char* name, Result (*query)(const rsd::AttentionFp8Args&),
+                             const char* doc) {
+  m.def(
+      name,
+      [query](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype, const std::vector<int64_t>& sizes,
+              const std::vector<std::vector<int64_t>>& strides, double scale, int format, uintptr_t workspace,
+              int device) {
+        return query(attention_fp8_args(q, k, v, out, dtype, sizes, strides, scale, format, workspace, 0, device));
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"), py::arg("strides"),
+      py::arg("scale"), py::arg("format"), py::arg("workspace"), py::arg("device"), doc);
 }
 
 }  // namespace
@@ -348,6 +395,25 @@ PYBIND11_MODULE(_C, m) {
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"), py::arg("strides"),
       py::arg("scale"), py::arg("stream"), py::arg("device"), py::arg("instance") = "",
       "out = softmax(q k^T * scale) v over [batch, seq, heads, head_dim] views.");
+
+  // ---- attention_fp8 (rocm_sd/attention_fp8/api.h) ----
+  def_attention_fp8_query(m, "attention_fp8_check", &rsd::attention_fp8_check,
+                          "Empty string if the FP8 kernels take these arguments, else why not.");
+  def_attention_fp8_query(m, "attention_fp8_describe", &rsd::attention_fp8_describe,
+                          "The instance, format and grid these arguments get, or 'error: <why>'.");
+  def_attention_fp8_query(m, "attention_fp8_workspace_bytes", &rsd::attention_fp8_workspace_bytes,
+                          "Bytes of workspace attention_fp8_forward needs (Q, K, V quantized, and their scales).");
+  m.def(
+      "attention_fp8_forward",
+      [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, int dtype, const std::vector<int64_t>& sizes,
+         const std::vector<std::vector<int64_t>>& strides, double scale, int format, uintptr_t workspace,
+         uintptr_t stream, int device) {
+        raise_if(rsd::attention_fp8_forward(
+            attention_fp8_args(q, k, v, out, dtype, sizes, strides, scale, format, workspace, stream, device)));
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dtype"), py::arg("sizes"), py::arg("strides"),
+      py::arg("scale"), py::arg("format"), py::arg("workspace"), py::arg("stream"), py::arg("device"),
+      "out = softmax(q k^T * scale) v with Q, K, V and the probabilities in FP8 (fp32 softmax and accumulation).");
 
   // ---- Composable Kernel instances (rocm_sd/ck/api.h) ----
   m.def(

@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.amd_emulation,
               pytest.mark.skipif(build.compiler() is None and not os.environ.get("ROCM_SD_REQUIRE_BUILD_TOOLS"),
                                  reason="the AMD emulation needs clang++")]
 
-ARCHS = list(build.ARCHS)
+# The kernels' architectures (build.ARCHS also has gfx950, emulated for the FP8 kernels' OCP MFMA only: these tests
+# would run the same CDNA code paths as gfx942's again).
+ARCHS = ["gfx942", "gfx1100", "gfx1201"]
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
@@ -55,10 +57,81 @@ def test_layout_tables_are_the_matrix_instruction_calculators(matrix_layout_test
         ours.setdefault(key, {}).setdefault(matrix, {})[int(row), int(col)] = places
     assert set(ours) == {key for key in calculator if not key.startswith("_")}
     for key, matrices in ours.items():
+        assert set(matrices) == {"A", "B", "D"}, key
         for matrix, entries in matrices.items():
             theirs = {(r, c): place for r, row in enumerate(calculator[key][matrix]) for c, place in enumerate(row)}
+            assert set(entries) == set(theirs), f"{key} {matrix}: not the calculator's shape"  # 16 x K, K x 16, 16 x 16
             wrong = {rc: (ours_at, theirs[rc]) for rc, ours_at in entries.items() if ours_at != theirs[rc]}
-            assert len(entries) == 256 and not wrong, f"{key} {matrix}: (ours, calculator's) {dict(list(wrong.items())[:4])}"
+            assert not wrong, f"{key} {matrix}: (ours, calculator's) {dict(list(wrong.items())[:4])}"
+
+
+FP8 = {"e4m3fnuz": torch.float8_e4m3fnuz, "e4m3fn": torch.float8_e4m3fn}
+
+
+def test_fp8_codes_are_torchs(matrix_layout_test):
+    """Every FP8 code's value as the emulated fp8 MFMA / WMMA read it (rsd_emu/amdgcn_matrix.h fp8_to_double), in
+    both formats, against torch's float8_e4m3fnuz / float8_e4m3fn: NaN codes as NaN, every other value exactly."""
+    printed = subprocess.run([str(matrix_layout_test), "--fp8-decode"], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    ours = {}
+    for line in printed:
+        name, code, value = line.split("|")
+        ours[name, int(code)] = math.nan if value == "nan" else float.fromhex(value)
+    assert len(ours) == 512
+    for name, dtype in FP8.items():
+        torchs = torch.arange(256, dtype=torch.uint8).view(dtype).float().tolist()
+        for code, want in enumerate(torchs):
+            got = ours[name, code]
+            assert (math.isnan(got) and math.isnan(want)) or got == want, f"{name} {code:#04x}: {got} (torch {want})"
+
+
+# v_cvt_pk_fp8_f32 where the emulation converts (rsd_emu/amdgcn_matrix.h fp8_from_float: round to nearest even,
+# nothing beyond [-max, max]) and torch rounds the same way. For each format: exact values, ties (to the even code),
+# the max and what rounds to it, subnormals and their ties, zero and what rounds to it (torch also keeps e4m3fn's -0),
+# and values between the codes.
+CVT_VALUES = {
+    "e4m3fnuz": [0.0, 1.0, -1.0, 1.0625, 1.1875, 1.0625 + 2**-20, 240.0, -240.0, 247.9, 232.0, 2**-7, 2**-10,
+                 3 * 2**-11, 2**-11, 2**-11 + 2**-30, 5 * 2**-11, 2**-8 * 1.0625, 1e-30, -1e-30, 2**-140, 0.3,
+                 -17.3, 100.0],
+    "e4m3fn": [0.0, -0.0, 1.0, -1.0, 1.0625, 1.1875, 448.0, -448.0, 464.0, 440.0, 2**-6, 2**-9, 3 * 2**-10,
+               2**-10, 5 * 2**-10, 2**-10 - 2**-30, 2**-7 * 1.0625, 1e-30, -1e-30, 2**-140, 0.3, -17.3, 100.0],
+}
+
+
+def test_cvt_pk_fp8_f32_rounds_as_torch(matrix_layout_test):
+    """The emulated v_cvt_pk_fp8_f32 against torch's float32 -> float8 conversion (round to nearest even): src0's
+    code in the low byte and src1's in the high byte of the half word_sel picks, the other half of `old` kept."""
+    cases = []
+    for name, values in CVT_VALUES.items():
+        codes = torch.tensor(values, dtype=torch.float32).to(FP8[name]).view(torch.uint8).tolist()
+        for i, (value, code) in enumerate(zip(values, codes)):
+            partner = len(values) - 1 - i  # src1: another value of the list
+            old = 0x9AB4C3D2 ^ (i * 0x01010101)
+            for word_sel in (0, 1):
+                pair = code | (codes[partner] << 8)
+                want = (old & 0x0000FFFF) | (pair << 16) if word_sel else (old & 0xFFFF0000) | pair
+                cases.append((f"{name} {old} {word_sel} {float(value).hex()} {float(values[partner]).hex()}", want))
+    run = subprocess.run([str(matrix_layout_test), "--cvt-pk"], input="\n".join(c for c, _ in cases) + "\n",
+                         capture_output=True, text=True, check=True)
+    got = run.stdout.splitlines()
+    assert len(got) == len(cases), run.stdout + run.stderr
+    wrong = [(case, out, f"{want}") for (case, want), out in zip(cases, got) if out != f"{want}"]
+    assert not wrong, wrong[:4]
+
+
+# Where no document found says what the instruction does (rsd_emu/amdgcn_matrix.h fp8_from_float): beyond max (torch:
+# e4m3fn saturates, e4m3fnuz gives NaN), infinities, and which NaN code e4m3fn gets. The emulation refuses them.
+CVT_UNDOCUMENTED = ["e4m3fnuz 0x1.fp+7", "e4m3fnuz 1e10", "e4m3fnuz inf", "e4m3fn 0x1.d1p+8", "e4m3fn -480",
+                    "e4m3fn -inf", "e4m3fn nan"]
+
+
+def test_cvt_pk_fp8_f32_refuses_what_is_not_documented(matrix_layout_test):
+    lines = [f"{case.split()[0]} 0 0 {case.split()[1]} 0" for case in CVT_UNDOCUMENTED]
+    lines += [f"{case.split()[0]} 0 1 0 {case.split()[1]}" for case in CVT_UNDOCUMENTED]  # as src1, word 1
+    run = subprocess.run([str(matrix_layout_test), "--cvt-pk"], input="\n".join(lines) + "\n", capture_output=True,
+                         text=True, check=True)
+    got = run.stdout.splitlines()
+    assert len(got) == len(lines) and all(out.startswith("refused: ") for out in got), list(zip(lines, got))
 
 
 def test_launch_rewrite_finds_every_kernel_expression():
@@ -171,3 +244,49 @@ def test_attention_refuses_the_spilling_wide_instance_on_rdna(emulated_attention
         assert error == "", error
         ok, err, allowed = within_tolerance(out, truth, same)
         assert ok, f"{arch}: max err {err:.3g} > allowed {allowed:.3g}"
+
+
+# ---- FP8 attention (hip/attention_fp8/): the MFMA fp8 layouts of gfx942 (e4m3fnuz) and gfx950 (OCP e4m3fn), the
+# gfx12 WMMA fp8 layout, and v_cvt_pk_fp8_f32, lane by lane. gfx1100 has no FP8 and must refuse.
+FP8_ARCHS = {"gfx942": "e4m3fnuz", "gfx950": "e4m3fn", "gfx1201": "e4m3fn", "gfx1100": None}
+# (batch, q_len, kv_len, heads, head_dim): partial query and key tiles, SD1.5's padded 40, SDXL's 64, 160, and a
+# long self-attention that takes two query tiles a wave.
+FP8_ATTENTION_SHAPES = [(1, 130, 97, 2, 40), (2, 33, 77, 1, 64), (1, 20, 20, 1, 160), (1, 2048, 64, 1, 64)]
+
+
+@pytest.fixture(scope="module", params=list(FP8_ARCHS))
+def emulated_attention_fp8(request):
+    library = ctypes.CDLL(str(build.build(request.param, ["attention_fp8"])))
+    library.rsd_emu_attention_fp8.restype = ctypes.c_char_p
+    library.rsd_emu_attention_fp8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 5 + [
+        ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_int]
+    return request.param, library
+
+
+@pytest.mark.parametrize("shape", FP8_ATTENTION_SHAPES, ids=str)
+def test_attention_fp8(emulated_attention_fp8, shape):
+    """As accurate as the FP8 definition (ops/attention_fp8.attention_fp8_ref) against exact attention: what the GPU
+    test holds the NVIDIA kernel to (tests/ops/test_attention_fp8.py)."""
+    from rocm_sd.ops.attention import attention_ref
+    from rocm_sd.ops.attention_fp8 import attention_fp8_ref
+    from rocm_sd.ops.quantize import FORMATS
+
+    arch, library = emulated_attention_fp8
+    batch, q_len, kv_len, heads, dim = shape
+    q, k, v = make_qkv(batch, q_len, kv_len, heads, dim, torch.float16, "cpu")
+    out = torch.full_like(q, float("nan"))
+    strides = (ctypes.c_int64 * 12)(*[s for t in (q, k, v, out) for s in t.stride()[:3]])
+    fmt = FP8_ARCHS[arch] or "e4m3fn"
+    error = library.rsd_emu_attention_fp8(_ptr(q), _ptr(k), _ptr(v), _ptr(out), DTYPES[torch.float16], batch, heads,
+                                          q_len, kv_len, dim, strides, dim ** -0.5, FORMATS[fmt][0])
+    if FP8_ARCHS[arch] is None:
+        assert b"no FP8 matrix instructions on gfx1100" in error, error
+        return
+    assert error == b"", error.decode()
+    exact = attention_ref(q.double(), k.double(), v.double(), dim ** -0.5)
+    definition = attention_fp8_ref(q.double(), k.double(), v.double(), dim ** -0.5, fmt)
+    rms = lambda x: x.double().pow(2).mean().sqrt().item()  # noqa: E731
+    rounding = 2 ** -8 * exact.abs().max().item()
+    assert not torch.isnan(out).any()
+    assert rms(out - exact) <= 1.25 * rms(definition - exact) + rounding / 4, (arch, rms(out - exact), rms(definition - exact))
+    assert (out - exact).abs().max() <= 1.5 * (definition - exact).abs().max() + rounding

@@ -27,6 +27,9 @@ GAPS = json.loads((pathlib.Path(__file__).with_name("amd_known_gaps.json")).read
 TARGETS = ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201"]
 LDS_LIMIT = {"gfx950": 160 * 1024}  # bytes per workgroup; 64 KiB everywhere else
 MATRIX = {"gfx90a": "v_mfma", "gfx942": "v_mfma", "gfx950": "v_mfma"}  # gfx11 / gfx12: v_wmma
+# The targets with FP8 matrix instructions: elsewhere the FP8 attention kernel is a stub that attention_fp8_check
+# never launches (hip/attention_fp8/attention_fp8.hip).
+FP8_MATRIX = ("gfx942", "gfx950", "gfx1200", "gfx1201")
 
 pytestmark = [pytest.mark.build, pytest.mark.slow]  # CMake builds of _C: the default run skips them
 
@@ -195,11 +198,17 @@ def test_no_scratch_or_spills_beyond_the_known_gaps(table):
 
 
 def test_attention_uses_the_matrix_units(table):
-    """CDNA: v_mfma; RDNA3/4: v_wmma; an arch without it is listed (with the reason docs/amd.md gives)."""
+    """CDNA: v_mfma; RDNA3/4: v_wmma; an arch without it is listed (with the reason docs/amd.md gives). The FP8
+    attention: the same on the FP8 targets, and no code elsewhere."""
     missing = {}
     for arch, kernels in table["targets"].items():
         want = MATRIX.get(arch, "v_wmma")
-        missing[arch] = [k["name"] for k in kernels if k["family"].startswith("attention") and k["matrix"] != want]
+        fp8 = [k for k in kernels if k["family"] == "attention_fp8"]
+        assert fp8, f"{arch}: no FP8 attention kernel in the code object"
+        if arch not in FP8_MATRIX:
+            assert all(k["matrix"] == "none" for k in fp8), f"{arch} has no FP8 matrix instructions, yet its stub has some"
+        missing[arch] = [k["name"] for k in kernels if k["family"].startswith("attention") and k["matrix"] != want
+                         and (k["family"] != "attention_fp8" or arch in FP8_MATRIX)]
     _gap_check("attention_without_matrix", missing)
     amd = (ROOT / "docs" / "amd.md").read_text()
     section = amd[amd.index("## Supported AMD GPUs"):]

@@ -109,6 +109,11 @@ def case_attention(rng):
     return torch.ops.rocm_sd.attention, (q, k, v, 0.125)
 
 
+def case_attention_fp8(rng):
+    op, (q, k, v, scale) = case_attention(rng)
+    return torch.ops.rocm_sd.attention_fp8, (q, k, v, scale, rng.choice(["e4m3fn", "e4m3fnuz", "int8"]))
+
+
 def case_conv_bias_residual(rng):
     n, c, k, r = rng.randint(1, 2), rng.randint(1, 4), rng.randint(1, 4), rng.choice([1, 3])
     pad = r // 2 if rng.random() < 0.9 else 0
@@ -151,7 +156,7 @@ def case_geglu_quantize_rows(rng):
 
 
 CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case_bias_residual, case_parity_shuffle,
-         case_attention, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
+         case_attention, case_attention_fp8, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
          case_add_layer_norm_quantize_rows, case_geglu_quantize_rows]
 
 

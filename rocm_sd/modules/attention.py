@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.attention import scaled_dot_product_attention
+from ..ops.attention_fp8 import scaled_dot_product_attention_fp8
 
 
 def heads_first(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -38,6 +39,7 @@ def spatial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 class RocmAttnProcessor:
     def __init__(self, fallback):
         self.fallback = fallback  # the processor this one replaced: gets the calls it does not take
+        self.fp8_format = None    # set by optimize(attention_precision="fp8"): unmasked calls go to attention_fp8
 
     def _projections(self, attn, hidden_states, encoder_hidden_states):
         if getattr(attn, "fused_projections", False):
@@ -78,7 +80,11 @@ class RocmAttnProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        hidden_states = heads_last(scaled_dot_product_attention(query, key, value, attention_mask)).to(query.dtype)
+        if self.fp8_format is not None and attention_mask is None:
+            attended = scaled_dot_product_attention_fp8(query, key, value, self.fp8_format)
+        else:
+            attended = scaled_dot_product_attention(query, key, value, attention_mask)
+        hidden_states = heads_last(attended).to(query.dtype)
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
         if input_ndim == 4:
             hidden_states = hidden_states.transpose(-1, -2).reshape(batch, channel, height, width)

@@ -165,6 +165,7 @@ class OpSpec:
     kernel: Callable | None = None      # the HIP kernel itself, no dispatch (tests, tuner, sanitizer)
     ck_instances: Callable | None = None  # (device=None) -> the Composable Kernel instances in this build
     error_factor: float = ERROR_FACTOR  # tolerance: times PyTorch's own error against the float64 truth
+    error_floor: float = 0.0            # and at least this part of the truth's largest magnitude (ops that approximate)
     op: Any = field(default=None, repr=False)
     plans: PlanCache = field(default_factory=PlanCache, repr=False)
     _defaults: tuple = field(default=(), repr=False)
@@ -210,8 +211,13 @@ class OpSpec:
         return self.run(*args)
 
     def within_tolerance(self, out, truth, torch_out) -> tuple[bool, float, float]:
-        """(ok, error, allowed): `out` against the float64 truth, allowed error_factor x PyTorch's own error."""
-        return within_tolerance(out, truth, torch_out, self.error_factor)
+        """(ok, error, allowed): `out` against the float64 truth, allowed error_factor x PyTorch's own error, or
+        error_floor x the truth's largest magnitude where that is more (a NaN where the truth has none never is)."""
+        ok, err, allowed = within_tolerance(out, truth, torch_out, self.error_factor)
+        if self.error_floor and err == err:
+            allowed = max(allowed, self.error_floor * truth.double().nan_to_num().abs().max().item())
+            ok = err <= allowed
+        return ok, err, allowed
 
     # ---- definition --------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..graphs import GraphPool
 from ..modules.fusing import accelerate_hooked
-from . import diffusers, precision, step_cache
+from . import attention_fp8, diffusers, precision, step_cache
 from .core import RECORD_ATTR, PatchRecord
 
 log = logging.getLogger("rocm_sd")
@@ -156,6 +156,13 @@ OPTIONS = (
            "input (shipped for NVIDIA Hopper; `python -m rocm_sd.tune --precision fp8` measures your GPU; untuned "
            "layers stay 8-bit). 'all': every layer 8-bit (the least memory).",
            values=("measured", "all")),
+    Option("attention_precision", "fp16",
+           "Number format of the UNet's attention products (needs `attention`). 'fp8': Q and K quantized per token, V "
+           "per channel, the probabilities as FP8, softmax and sums in fp32 (rocm_sd::attention_fp8), at each shape "
+           "where the tuning database measured it faster than the fp16 attention (`python -m rocm_sd.tune --ops "
+           "attention_fp8`), fp16 elsewhere and on GPUs without FP8. Changes images: check with `python -m rocm_sd "
+           "quality`.",
+           values=("fp16", "fp8"), patch=attention_fp8.attention_in_fp8),
     Option("cache", None,
            "Step caching: None (off); 'deepcache': every `cache_interval`-th UNet call runs in full and the calls "
            "between reuse its deep features, running only the outermost blocks; 'adaptive': a full call whenever the "

@@ -18,7 +18,9 @@
 
 With --precision fp8 | int8 the pipeline runs with optimize(precision=...) and every layer made 8-bit is also a
 `linear_8bit` problem: its 8-bit GEMM with its share of quantizing the input against the fp16 GEMM
-(tune/linear_8bit.py); optimize(precision=...) keeps fp16 where that measured faster.
+(tune/linear_8bit.py); optimize(precision=...) keeps fp16 where that measured faster. With --attention-precision fp8
+every attention shape is also an `attention_fp8` problem (the FP8 attention kernel against the fp16 attention), which
+optimize(attention_precision="fp8") follows.
 """
 from __future__ import annotations
 
@@ -61,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", default="fp16", choices=("fp16", "fp8", "int8"),
                         help="run the model with optimize(precision=...) and also time each 8-bit layer against fp16 "
                              "(the linear_8bit problems)")
+    parser.add_argument("--attention-precision", default="fp16", choices=("fp16", "fp8"),
+                        help="run the model with optimize(attention_precision=...): with fp8 each attention shape is "
+                             "also an attention_fp8 problem, the FP8 kernel timed against the fp16 attention")
     parser.add_argument("--ops", type=cli_args.subset_of(tuple(problems.OPS) + (linear_8bit.OP,), "ops"),
                         help=f"comma-separated subset of {', '.join(problems.OPS)}, {linear_8bit.OP} (with "
                              "--precision)")
@@ -119,8 +124,10 @@ def tune(args) -> int:
     # attention=True: the attention calls go through rocm_sd::attention, so the tuner sees and measures them
     # precision_layers="all": every 8-bit layer runs 8-bit and is recorded as such, whatever the database says now
     pipe = patch.optimize(models.load_pipeline(args.model, device, dtype), attention=True, precision=args.precision,
-                          precision_layers="all")
+                          precision_layers="all", attention_precision=args.attention_precision)
     skipped = skipped_options(pipe, {"precision": args.precision})
+    for why in skipped_options(pipe, {"attention_precision": args.attention_precision}):
+        print(f"--attention-precision {args.attention_precision}: {why}; no attention_fp8 problems listed")
     if skipped and measuring:
         raise cli_args.UsageError(f"argument --precision: {'; '.join(skipped)}")
     for why in skipped:

@@ -23,10 +23,14 @@ HIP = ROOT / "hip"
 INCLUDE = HERE / "include"
 
 # Emulated architectures: the macros clang defines for the target, and the wave size compat.h derives from them.
+# gfx950 is there for the FP8 kernels (its MFMA reads OCP e4m3fn bytes where gfx942's read e4m3fnuz); for the 16-bit
+# kernels it would only repeat gfx942's code paths, so their tests list the other three (tests/test_amd_emulation.py
+# ARCHS) rather than iterate over this table.
 ARCHS = {
-    "gfx942": {"defines": ["__GFX9__", "__gfx942__"], "wave": 64},  # CDNA3: wave64, MFMA
+    "gfx942": {"defines": ["__GFX9__", "__gfx942__"], "wave": 64},  # CDNA3: wave64, MFMA, FP8 e4m3fnuz
+    "gfx950": {"defines": ["__GFX9__", "__gfx950__"], "wave": 64},  # CDNA4: wave64, MFMA, FP8 OCP e4m3fn
     "gfx1100": {"defines": ["__GFX11__", "__gfx1100__"], "wave": 32},  # RDNA3: wave32, WMMA (replicated operands)
-    "gfx1201": {"defines": ["__GFX12__", "__gfx1201__"], "wave": 32},  # RDNA4: wave32, WMMA (gfx12 layout)
+    "gfx1201": {"defines": ["__GFX12__", "__gfx1201__"], "wave": 32},  # RDNA4: wave32, WMMA (gfx12 layout), FP8 e4m3fn
 }
 
 CHEVRON = re.compile(r"<<<(.*?)>>>\s*\(", re.S)

@@ -2,12 +2,15 @@
 Matrix Instruction Calculator (github.com/ROCm/amd_matrix_instruction_calculator) prints them. The calculator
 is not needed by the tests (the JSON is committed); run this only to refresh or extend the tables:
 
-    python tests/amd_emulation/calculator_tables.py PATH/TO/amd_matrix_instruction_calculator
+    python tests/amd_emulation/calculator_tables.py PATH/TO/amd_matrix_instruction_calculator [COMMIT] \
+        > tests/amd_emulation/matrix_layouts.json
+
+(COMMIT: the calculator's commit, for a copy that is not a git checkout; otherwise it is read from the checkout.)
 
 Each table maps every element of A (M x K), B (K x N) and D (M x N) to the places that hold it, "v<VGPR>{<lane>}"
-plus ".[15:0]" / ".[31:16]" for 16-bit halves; an element held by several lanes (RDNA3's replicated inputs)
-lists them all. matrix_layout_test.cpp's own tables are compared with these entry by entry
-(tests/test_amd_emulation.py).
+plus ".[15:0]" / ".[31:16]" for 16-bit halves or ".[7:0]" .. ".[31:24]" for the bytes of 8-bit (FP8) inputs; an
+element held by several lanes (RDNA3's replicated inputs) lists them all. matrix_layout_test.cpp's own tables are
+compared with these entry by entry (tests/test_amd_emulation.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import sys
 from pathlib import Path
 
 # (calculator architecture, instruction, wave size) for each instruction the kernels use
-# (hip/include/rocm_sd/attention/wave_mma.h).
+# (hip/include/rocm_sd/attention/wave_mma.h, hip/include/rocm_sd/attention_fp8/wave_mma_fp8.h). The calculator has no
+# CDNA4 (gfx950) tables: gfx950's fp8 MFMA is emulated in CDNA3's layout (rsd_emu/amdgcn_matrix.h).
 INSTRUCTIONS = [
     ("cdna3", "v_mfma_f32_16x16x16_f16", 64),
     ("cdna3", "v_mfma_f32_16x16x16_bf16", 64),
@@ -28,6 +32,8 @@ INSTRUCTIONS = [
     ("rdna3", "v_wmma_f32_16x16x16_bf16", 32),
     ("rdna4", "v_wmma_f32_16x16x16_f16", 32),
     ("rdna4", "v_wmma_f32_16x16x16_bf16", 32),
+    ("cdna3", "v_mfma_f32_16x16x32_fp8_fp8", 64),
+    ("rdna4", "v_wmma_f32_16x16x16_fp8_fp8", 32),
 ]
 
 
@@ -39,15 +45,24 @@ def table(calculator: Path, arch: str, instruction: str, wave: int, matrix: str)
     return [row[1:] for row in rows[1:] if row]
 
 
+def dumps(source: str, tables: dict[str, dict[str, list[list[str]]]]) -> str:
+    """The JSON as committed: one line per matrix row, so that a table reads as the calculator prints it."""
+    def matrix(name: str, rows: list[list[str]]) -> str:
+        return f'  "{name}": [\n' + ",\n".join("   " + json.dumps(r, separators=(",", ":")) for r in rows) + "\n  ]"
+
+    entries = [' "_source": ' + json.dumps(source)] + [
+        f" {json.dumps(key)}: {{\n" + ",\n".join(matrix(m, rows) for m, rows in matrices.items()) + "\n }"
+        for key, matrices in tables.items()]
+    return "{\n" + ",\n".join(entries) + "\n}\n"
+
+
 def main() -> None:
     calculator = Path(sys.argv[1])
-    commit = subprocess.run(["git", "-C", str(calculator), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = sys.argv[2] if len(sys.argv) > 2 else subprocess.run(
+        ["git", "-C", str(calculator), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     tables = {f"{arch} {ins}": {m: table(calculator, arch, ins, wave, m) for m in "ABD"}
               for arch, ins, wave in INSTRUCTIONS}
-    json.dump({"_source": f"AMD Matrix Instruction Calculator {commit or '(unknown commit)'}", **tables},
-              sys.stdout, indent=0)
-    print()
+    sys.stdout.write(dumps(f"AMD Matrix Instruction Calculator {commit or '(unknown commit)'}", tables))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,13 @@ template <class T>
 T atomicAdd(T* p, T v) {
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
+// HIP's atomicMax (unsigned): relaxed, device scope; returns the old value.
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  unsigned old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
 #define __builtin_amdgcn_s_sleep(n) ::rsd_emu::yield()
 // A scheduling hint for the compiler (what may move across it); nothing to execute.
 #define __builtin_amdgcn_sched_barrier(mask) ((void)(mask))

@@ -8,6 +8,11 @@
 //                              itself (__shfl_xor), as HIP does; a source lane that does not exist fails.
 //   __builtin_amdgcn_mfma_*    rsd_emu/amdgcn_matrix.h, for a wave of 64
 //   __builtin_amdgcn_wmma_*    rsd_emu/amdgcn_matrix.h, for a wave of 32 (gfx11's and gfx12's builtins)
+//   __builtin_amdgcn_cvt_pk_fp8_f32   rsd_emu/amdgcn_matrix.h, per lane (no other lane involved)
+//
+// The FP8 builtins exist only where the real compiler has them (the fp8 MFMA and the conversion: gfx940/941/942
+// and gfx950; the fp8 WMMA and the conversion: gfx12), so code that calls one elsewhere fails to compile here as
+// it would for the GPU; their bytes are e4m3fnuz on gfx94x and OCP e4m3fn on gfx950 and gfx12 (kFp8 below).
 #pragma once
 
 #include <cstdint>
@@ -67,9 +72,9 @@ typedef short short16 __attribute__((ext_vector_type(16)));
 typedef float float4 __attribute__((ext_vector_type(4)));
 typedef float float8 __attribute__((ext_vector_type(8)));
 
-template <int N, int ACC>
+template <int N, int ACC, class Code = uint16_t>
 struct MatrixOperands {
-  uint16_t a[N], b[N];
+  Code a[N], b[N];
   float c[ACC];
 };
 template <int ACC>
@@ -85,18 +90,27 @@ void bits_of(uint16_t (&bits)[N], const V& v) {
   }
 }
 
+// An 8-bit operand (the fp8 builtins' `long` or int2): its bytes in memory order, which is the registers' (byte b of
+// VGPR v is bits [8b + 7 : 8b] of the lane's 32-bit register, little-endian, as on the GPU).
+template <int N, class V>
+void bits_of(uint8_t (&bytes)[N], const V& v) {
+  static_assert(sizeof(V) == N, "an fp8 operand is N bytes");
+  std::memcpy(bytes, &v, N);
+}
+
 // One matrix instruction for the wave: gathers every lane's A, B and C, runs `instruction(a, b, c, d)` on the
-// lane-major arrays (rsd_emu/amdgcn_matrix.h), and hands each lane its D.
-template <int LANES, int N, int ACC, class Result, class In, class Acc, class Instruction>
+// lane-major arrays (rsd_emu/amdgcn_matrix.h), and hands each lane its D. Code: the input element's bits (16-bit
+// halves or fp8 bytes).
+template <int LANES, int N, int ACC, class Result, class Code = uint16_t, class In, class Acc, class Instruction>
 Result matrix_instruction(const char* name, const In& a, const In& b, const Acc& c, Instruction instruction) {
-  MatrixOperands<N, ACC> in;
+  MatrixOperands<N, ACC, Code> in;
   bits_of(in.a, a);
   bits_of(in.b, b);
   for (int k = 0; k < ACC; ++k) in.c[k] = c[k];
-  const Accumulator<ACC> d = wave_collective<MatrixOperands<N, ACC>, Accumulator<ACC>>(
-      name, in, [=](const MatrixOperands<N, ACC>* ins, Accumulator<ACC>* outs, int lanes) {
+  const Accumulator<ACC> d = wave_collective<MatrixOperands<N, ACC, Code>, Accumulator<ACC>>(
+      name, in, [=](const MatrixOperands<N, ACC, Code>* ins, Accumulator<ACC>* outs, int lanes) {
         if (lanes != LANES) fail(std::string(name) + " needs a full wave of " + std::to_string(LANES) + " lanes");
-        uint16_t av[LANES][N], bv[LANES][N];
+        Code av[LANES][N], bv[LANES][N];
         float cv[LANES][ACC], dv[LANES][ACC];
         for (int l = 0; l < LANES; ++l) {
           std::memcpy(av[l], ins[l].a, sizeof(av[l]));
@@ -137,6 +151,40 @@ float8 wmma_16x16x16_w32_gfx12(const char* name, amdgcn::Elem elem, const In& a,
   });
 }
 
+// The FP8 format of the emulated architecture (build.py defines the target macros as clang does).
+#if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+#define RSD_EMU_FP8 1
+constexpr amdgcn::Fp8 kFp8 = amdgcn::Fp8::e4m3fnuz;
+#elif defined(__gfx950__) || defined(__GFX12__)
+#define RSD_EMU_FP8 1
+constexpr amdgcn::Fp8 kFp8 = amdgcn::Fp8::e4m3fn;
+#endif
+
+#if defined(RSD_EMU_FP8)
+template <class In, class Acc>
+float4 mfma_16x16x32_fp8(const char* name, const In& a, const In& b, const Acc& c, int cbsz, int abid, int blgp) {
+  return matrix_instruction<64, 8, 4, float4, uint8_t>(name, a, b, c, [=](auto av, auto bv, auto cv, auto dv) {
+    amdgcn::mfma_f32_16x16x32_fp8(kFp8, av, bv, cv, dv, cbsz, abid, blgp);
+  });
+}
+
+template <class In, class Acc>
+float8 wmma_16x16x16_fp8_w32_gfx12(const char* name, const In& a, const In& b, const Acc& c) {
+  return matrix_instruction<32, 8, 8, float8, uint8_t>(name, a, b, c, [=](auto av, auto bv, auto cv, auto dv) {
+    amdgcn::wmma_f32_16x16x16_fp8_w32_gfx12(kFp8, av, bv, cv, dv);
+  });
+}
+
+// Per lane: no other lane takes part, so the lane converts on its own; an undocumented case fails the launch.
+inline int cvt_pk_fp8_f32(float src0, float src1, int old, bool word_sel) {
+  try {
+    return int(amdgcn::cvt_pk_fp8_f32(kFp8, src0, src1, uint32_t(old), word_sel));
+  } catch (const std::logic_error& e) {
+    fail(std::string(e.what()) + " (lane " + std::to_string(lane_in_wave()) + ")");
+  }
+}
+#endif
+
 }  // namespace rsd_emu
 
 #define __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, c, cbsz, abid, blgp) \
@@ -151,3 +199,15 @@ float8 wmma_16x16x16_w32_gfx12(const char* name, amdgcn::Elem elem, const In& a,
   ::rsd_emu::wmma_16x16x16_w32_gfx12("v_wmma_f32_16x16x16_f16 (gfx12)", ::rsd_emu::amdgcn::Elem::f16, a, b, c)
 #define __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(a, b, c) \
   ::rsd_emu::wmma_16x16x16_w32_gfx12("v_wmma_f32_16x16x16_bf16 (gfx12)", ::rsd_emu::amdgcn::Elem::bf16, a, b, c)
+#if defined(RSD_EMU_FP8)
+#if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)
+#define __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(a, b, c, cbsz, abid, blgp) \
+  ::rsd_emu::mfma_16x16x32_fp8("v_mfma_f32_16x16x32_fp8_fp8", a, b, c, cbsz, abid, blgp)
+#endif
+#if defined(__GFX12__)
+#define __builtin_amdgcn_wmma_f32_16x16x16_fp8_fp8_w32_gfx12(a, b, c) \
+  ::rsd_emu::wmma_16x16x16_fp8_w32_gfx12("v_wmma_f32_16x16x16_fp8_fp8 (gfx12)", a, b, c)
+#endif
+#define __builtin_amdgcn_cvt_pk_fp8_f32(src0, src1, old, word_sel) \
+  ::rsd_emu::cvt_pk_fp8_f32(src0, src1, old, word_sel)
+#endif
