@@ -142,30 +142,8 @@ rsd::AttentionFp8Args attention_fp8_args(uintptr_t q, uintptr_t k, uintptr_t v, 
                                          const std::vector<int64_t>& sizes,
                                          const std::vector<std::vector<int64_t>>& strides, double scale, int format,
                                          uintptr_t workspace, uintptr_t stream, int device) {
-  const rsd::AttentionArgs base = attention_args(q, k, v, out, dtype, sizes, strides, scale, stream, device, "");
-  rsd::AttentionFp8Args a;
-  a.q = base.q;
-  a.k = base.k;
-  a.v = base.v;
-  a.out = base.out;
-  a.dtype = base.dtype;
-  a.batch = base.batch;
-  a.heads = base.heads;
-  a.q_len = base.q_len;
-  a.kv_len = base.kv_len;
-  a.head_dim = base.head_dim;
-  for (int i = 0; i < 3; ++i) {
-    a.q_stride[i] = base.q_stride[i];
-    a.k_stride[i] = base.k_stride[i];
-    a.v_stride[i] = base.v_stride[i];
-    a.out_stride[i] = base.out_stride[i];
-  }
-  a.scale = base.scale;
-  a.format = static_cast<rsd::QuantFormat>(format);
-  a.workspace = as_mut_ptr(workspace);
-  a.stream = base.stream;
-  a.device = device;
-  return a;
+  return {attention_args(q, k, v, out, dtype, sizes, strides, scale, stream, device, ""),
+          static_cast<rsd::QuantFormat>(format), as_mut_ptr(workspace)};
 }
 
 // attention_fp8_check / _describe / _workspace_bytes: the forward's arguments without the stream.

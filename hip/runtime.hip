@@ -1,4 +1,5 @@
 // Build and device facts for `python -m rocm_sd info` and for _ext.py's load checks.
+#include <mutex>
 #include <string>
 
 #include "rocm_sd/compat.h"
@@ -89,6 +90,17 @@ std::string device_info(int device, DeviceInfo* out) {
   out->driver_version = 0;
   if (hipDriverGetVersion(&out->driver_version) != hipSuccess) (void)hipGetLastError();
   return std::string();
+}
+
+std::string device_arch(int device) {
+  static std::mutex mutex;
+  static std::string cached[64];
+  if (device < 0 || device >= 64) return std::string();
+  std::lock_guard<std::mutex> lock(mutex);
+  DeviceInfo info;
+  if (cached[device].empty() && device_info(device, &info).empty())
+    cached[device] = info.arch.substr(0, info.arch.find(':'));
+  return cached[device];
 }
 
 std::string check_kernel_image(int device) {

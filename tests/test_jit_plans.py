@@ -173,7 +173,7 @@ def test_elementwise_checks_match_their_launchers(tmp_path):
 ATTENTION_STUBS = """
 namespace rsd {
 const char* g_arch = "sm_90";
-std::string device_info(int, DeviceInfo* out) { out->arch = g_arch; return std::string(); }
+std::string device_arch(int) { return g_arch; }
 }  // namespace rsd
 """
 
@@ -199,7 +199,7 @@ def test_attention_plan_matches_its_launcher(tmp_path):
         cases.append(("sm_90", dtype, [1, 2, 300, 300, min(inst.padded_dim, 136)], 0x1000, 512, 0.125, inst.name))
     cases.append(("sm_90", 1, [1, 2, 300, 300, 64], 0x1000, 512, 0.125, "no_such_instance"))
     for arch, dtype, sizes, ptr, stride, scale, name in cases:
-        device = 0 if arch == "sm_90" else 1  # the C++ caches each device's matrix-unit policy
+        device = 0 if arch == "sm_90" else 1  # the runtime caches each device's arch (rocm_sd/runtime.h)
         strides = [[8 * 4096 * 1024, stride, 64]] * 4
         scale_text = "__builtin_nanf(\"\")" if scale != scale else repr(scale) + "f"
         body.append(

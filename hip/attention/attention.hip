@@ -21,16 +21,15 @@
 #include "rocm_sd/attention/wave_mma.h"
 #if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "rocm_sd/attention/args_check.h"
 #include "rocm_sd/device.h"
-#include "rocm_sd/runtime.h"  // device_info
+#include "rocm_sd/runtime.h"  // device_arch
 #endif
 
 namespace rsd {
@@ -238,13 +237,6 @@ int padded_dim(int64_t head_dim) {
   return 0;
 }
 
-// The device's architecture name without feature suffixes ("gfx942", "sm_90"), or "" if the runtime cannot say.
-std::string arch_of(int device) {
-  DeviceInfo info;
-  if (!device_info(device, &info).empty()) return std::string();
-  return info.arch.substr(0, info.arch.find(':'));
-}
-
 // Which matrix-unit policy (wave_mma.h) an architecture has.
 enum class MatrixUnits : int { unknown = 0, none, nv, cdna, rdna3, rdna4 };
 
@@ -262,16 +254,7 @@ MatrixUnits matrix_units_of(const std::string& arch) {
   return MatrixUnits::none;
 }
 
-// Asked on every check, so cached per device (hipGetDeviceProperties is slow); a racing first call just computes
-// the same value twice.
-MatrixUnits matrix_units(int device) {
-  static std::array<std::atomic<int>, 64> cache{};
-  const bool cacheable = device >= 0 && device < 64;
-  if (cacheable && cache[device].load() != 0) return static_cast<MatrixUnits>(cache[device].load());
-  const MatrixUnits units = matrix_units_of(arch_of(device));
-  if (cacheable && units != MatrixUnits::unknown) cache[device].store(static_cast<int>(units));
-  return units;
-}
+MatrixUnits matrix_units(int device) { return matrix_units_of(device_arch(device)); }
 
 // Instances that spill registers to scratch on RDNA (gfx11 / gfx12, wave32, 256 VGPRs) with clang 21, read from
 // the code objects (bench/results/amd-resources-hipcc7.0.2-clang21.1.8.md): the wide family's two query tiles
@@ -310,15 +293,13 @@ const Instance* find_instance(const AttentionArgs& a, MatrixUnits units, std::st
     if (inst.dtype != a.dtype) *why = "instance " + a.instance + " is for another dtype";
     else if (inst.padded_dim < a.head_dim) *why = "instance " + a.instance + " holds a smaller head dim";
     else if (spills_on(units, inst))
-      *why = "instance " + a.instance + " spills registers to scratch on " + arch_of(a.device) +
+      *why = "instance " + a.instance + " spills registers to scratch on " + device_arch(a.device) +
              " (bench/results/amd-resources-*.md)";
     return why->empty() ? &inst : nullptr;
   }
   *why = "no attention instance named " + a.instance;
   return nullptr;
 }
-
-bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
 
 #endif  // !RSD_RTC
 }  // namespace
@@ -339,24 +320,13 @@ std::vector<std::string> attention_refused_instances(const std::string& arch) {
 }
 
 std::string attention_check(const AttentionArgs& a) {
-  if (a.dtype == DType::f32) return "float32 (the matrix-unit kernel takes float16 and bfloat16)";
-  if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0 || a.kv_len <= 0 || a.head_dim <= 0) return "empty tensor";
-  if (a.head_dim % 8 != 0) return "head dim " + std::to_string(a.head_dim) + " is not a multiple of 8";
-  if (a.head_dim > kMaxHeadDim)
-    return "head dim " + std::to_string(a.head_dim) + " > " + std::to_string(kMaxHeadDim) +
-           " (the wide family holds at most 512)";
-  if (a.batch > 65535 || a.heads > 65535) return "batch or heads > 65535 (grid limit)";
-  if (a.q_len >= (int64_t(1) << 30) || a.kv_len >= (int64_t(1) << 30)) return "sequence of 2^30 or more";
-  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return "scale is not a positive finite number";
-  for (const void* ptr : {a.q, a.k, a.v, static_cast<const void*>(a.out)})
-    if (!aligned(ptr, 16)) return "a data pointer is not 16-byte aligned";
-  if (!stride_ok(a.q_stride) || !stride_ok(a.k_stride) || !stride_ok(a.v_stride) || !stride_ok(a.out_stride))
-    return "batch, sequence or head strides not multiples of 8 elements (16-byte rows)";
+  const std::string bad = attention_args_check(a, kMaxHeadDim, "the wide family holds at most 512");
+  if (!bad.empty()) return bad;
   const MatrixUnits units = matrix_units(a.device);
   switch (units) {
     case MatrixUnits::unknown: return "the runtime could not describe device " + std::to_string(a.device);
     case MatrixUnits::none:
-      return "no matrix-unit attention policy for " + arch_of(a.device) +
+      return "no matrix-unit attention policy for " + device_arch(a.device) +
              " (mma sm_80+, MFMA gfx90a/gfx94x/gfx950, WMMA gfx11/gfx12)";
     default: break;
   }

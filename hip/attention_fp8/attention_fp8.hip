@@ -14,10 +14,10 @@
 #include "rocm_sd/attention_fp8/wave_mma_fp8.h"
 #include "rocm_sd/quantize/encode.h"
 #if !RSD_RTC
-#include <cmath>
 #include <cstdlib>
 #include <string>
 
+#include "rocm_sd/attention/args_check.h"
 #include "rocm_sd/attention_fp8/api.h"
 #include "rocm_sd/device.h"
 #include "rocm_sd/launch.h"
@@ -37,8 +37,6 @@ struct Fp8Layout {
   int64_t dp, q_pad, kv_pad;
   int64_t q8, k8, vt8, q_scale, k_scale, v_amax, v_scale, bytes;
 };
-
-__host__ __device__ inline int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
 
 struct Fp8Params {
   const uint8_t* q8;  // [bh][q_pad][DP]
@@ -321,7 +319,7 @@ Fp8Layout layout_of(const AttentionFp8Args& a) {
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
     const int64_t start = at;
-    at = align256(at + bytes);
+    at = int64_t(round_up(size_t(at + bytes), 256));
     return start;
   };
   l.q8 = take(bh * l.q_pad * l.dp);
@@ -373,16 +371,15 @@ void launch_attention(const Fp8Params& p, int64_t batch, int64_t heads, int wave
 
 // One instance a padded head dim: 4 waves, 64 keys a tile; two query tiles a wave up to head dim 64 for long
 // sequences (K / V reads amortised, as the 16-bit kernel's heuristic), else one.
+int query_tiles_a_wave(int dp, int64_t q_len) { return dp <= 64 && q_len >= 2048 ? 2 : 1; }
+
 template <class T>
-std::string launch_for(const Fp8Params& p, int64_t batch, int64_t heads, int dp, int wave_size, hipStream_t stream,
-                       bool describe_only, std::string* name) {
-  const bool two_rows = dp <= 64 && p.q_len >= 2048;
-  *name = "d" + std::to_string(dp) + "_w4_r" + std::string(two_rows ? "2" : "1") + "_n64";
-  if (describe_only) return std::string();
-#define RSD_FP8_CASE(DP)                                                                              \
-  case DP:                                                                                            \
-    if (two_rows && DP <= 64) launch_attention<T, DP, 4, (DP <= 64 ? 2 : 1), 64>(p, batch, heads, wave_size, stream); \
-    else launch_attention<T, DP, 4, 1, 64>(p, batch, heads, wave_size, stream);                       \
+std::string launch_for(const Fp8Params& p, int64_t batch, int64_t heads, int dp, int wave_size, hipStream_t stream) {
+  const bool two_rows = query_tiles_a_wave(dp, p.q_len) == 2;
+#define RSD_FP8_CASE(DP)                                                                                    \
+  case DP:                                                                                                  \
+    if (two_rows) launch_attention<T, DP, 4, (DP <= 64 ? 2 : 1), 64>(p, batch, heads, wave_size, stream); \
+    else launch_attention<T, DP, 4, 1, 64>(p, batch, heads, wave_size, stream);                             \
     break;
   switch (dp) {
     RSD_FP8_CASE(32)
@@ -396,13 +393,6 @@ std::string launch_for(const Fp8Params& p, int64_t batch, int64_t heads, int dp,
   return std::string();
 }
 
-std::string arch_of(int device) {
-  DeviceInfo info;
-  if (!device_info(device, &info).empty()) return std::string();
-  return info.arch.substr(0, info.arch.find(':'));
-}
-
-bool stride_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
 #endif  // !RSD_RTC
 
 }  // namespace
@@ -414,20 +404,11 @@ int64_t attention_fp8_workspace_bytes(const AttentionFp8Args& a) {
 }
 
 std::string attention_fp8_check(const AttentionFp8Args& a) {
-  if (a.dtype == DType::f32) return "float32 (the FP8 attention takes float16 and bfloat16)";
-  if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0 || a.kv_len <= 0 || a.head_dim <= 0) return "empty tensor";
-  if (a.head_dim % 8 != 0) return "head dim " + std::to_string(a.head_dim) + " is not a multiple of 8";
-  if (a.head_dim > kMaxHeadDim)
-    return "head dim " + std::to_string(a.head_dim) + " > " + std::to_string(kMaxHeadDim);
-  if (a.batch > 65535 || a.heads > 65535) return "batch or heads > 65535 (grid limit)";
-  if (a.q_len >= (int64_t(1) << 30) || a.kv_len >= (int64_t(1) << 30)) return "sequence of 2^30 or more";
-  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return "scale is not a positive finite number";
-  for (const void* ptr : {a.q, a.k, a.v, static_cast<const void*>(a.out)})
-    if (!aligned(ptr, 16)) return "a data pointer is not 16-byte aligned";
+  const std::string why = attention_args_check(a, kMaxHeadDim, "the FP8 kernel's largest");
+  if (!why.empty()) return why;
+  if (!a.instance.empty()) return "the FP8 attention has no instance " + a.instance + " to choose (one a head dim)";
   if (!aligned(a.workspace, 256)) return "the workspace is not 256-byte aligned";
-  if (!stride_ok(a.q_stride) || !stride_ok(a.k_stride) || !stride_ok(a.v_stride) || !stride_ok(a.out_stride))
-    return "batch, sequence or head strides not multiples of 8 elements (16-byte rows)";
-  const std::string arch = arch_of(a.device);
+  const std::string arch = device_arch(a.device);
   if (arch.empty()) return "the runtime could not describe device " + std::to_string(a.device);
   QuantFormat format = QuantFormat::int8;
   if (fp8_format_of(arch, &format).empty())
@@ -483,20 +464,17 @@ std::string forward_as(const AttentionFp8Args& a, const Fp8Layout& l, int wave_s
                                                           a.v_stride[2], int(a.heads), int(a.kv_len), int(l.kv_pad), hd,
                                                           dp, v_amax, ws + l.vt8,
                                                           reinterpret_cast<float*>(ws + l.v_scale), a.format);
-  std::string name;
-  return launch_for<T>(params_of(a, l), a.batch, a.heads, dp, wave_size, stream, false, &name);
+  return launch_for<T>(params_of(a, l), a.batch, a.heads, dp, wave_size, stream);
 }
 }  // namespace
 
 std::string attention_fp8_describe(const AttentionFp8Args& a) {
   const std::string why = attention_fp8_check(a);
   if (!why.empty()) return "error: " + why;
-  const Fp8Layout l = layout_of(a);
-  std::string name;
-  launch_for<__half>(params_of(a, l), a.batch, a.heads, int(l.dp), 0, nullptr, true, &name);
-  return std::string(a.dtype == DType::f16 ? "f16_" : "bf16_") + name + " " + format_name(a.format) +
-         " grid=" + std::to_string(ceil_div(a.q_len, name.find("_r2_") != std::string::npos ? 128 : 64)) + "x" +
-         std::to_string(a.heads) + "x" + std::to_string(a.batch);
+  const int dp = padded_dim(a.head_dim), rows = query_tiles_a_wave(dp, a.q_len);
+  return std::string(a.dtype == DType::f16 ? "f16" : "bf16") + "_d" + std::to_string(dp) + "_w4_r" +
+         std::to_string(rows) + "_n64 " + format_name(a.format) + " grid=" + std::to_string(ceil_div(a.q_len, 64 * rows)) +
+         "x" + std::to_string(a.heads) + "x" + std::to_string(a.batch);
 }
 
 std::string attention_fp8_forward(const AttentionFp8Args& a) {

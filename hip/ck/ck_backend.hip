@@ -4,14 +4,13 @@
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "rocm_sd/ck/api.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/device.h"
-#include "rocm_sd/runtime.h"  // device_info
+#include "rocm_sd/runtime.h"  // device_arch
 
 #if defined(ROCM_SD_WITH_CK)
 #include "ck_registry.h"
@@ -37,17 +36,6 @@ bool built_for(const char* targets, const std::string& arch) {
   return false;
 }
 
-// The GPU's gcnArchName, asked once per device (the runtime's property query is slow); "" if it cannot say.
-std::string arch_of(int device) {
-  static std::mutex mutex;
-  static std::string cached[64];
-  if (device < 0 || device >= 64) return std::string();
-  std::lock_guard<std::mutex> lock(mutex);
-  DeviceInfo info;
-  if (cached[device].empty() && device_info(device, &info).empty()) cached[device] = info.arch;
-  return cached[device];
-}
-
 template <typename Table>
 std::vector<std::string> names_of(const Table& table, const std::string& arch) {
   std::vector<std::string> out;
@@ -62,7 +50,7 @@ template <typename Table, typename Args>
 std::string run_named(const Table& table, const std::string& name, int device, const Args& args) {
   for (const auto& entry : table) {
     if (name != entry.name) continue;
-    const std::string arch = arch_of(device);
+    const std::string arch = device_arch(device);
     if (arch.empty()) return "cannot read the architecture of GPU " + std::to_string(device);
     if (!built_for(entry.targets, arch))
       return name + " is built for " + entry.targets + " only, not for this GPU (" + arch + ")";

@@ -31,9 +31,11 @@ from .. import _ext, dispatch
 from ._checks import fail
 from ._common import DTYPE_CODES, stream_handle
 from .attention import check_args as attention_check_args
-from .attention import attention_ref, default_scale, input_reasons as attention_input_reasons
+from .attention import attention_ref, default_scale, scaled_dot_product_attention
+from .attention import input_reasons as attention_input_reasons
 from .quantize import FORMATS, check_format, quantize_rows_ref
-from .spec import OpSpec, Plan, as_meta, dtype_name, kernel_reasons, problem_key, tensor_key
+from .spec import (OpSpec, Plan, PlanCache, as_meta, dispatcher_needed, dtype_name, kernel_reasons, problem_key,
+                   tensor_key)
 
 OP = "attention_fp8"
 MAX_HEAD_DIM = 160  # kMaxHeadDim in hip/attention_fp8/attention_fp8.hip
@@ -92,10 +94,10 @@ def _kernel_args(q, k, v, out_ptr: int, out_strides: list[int], scale, format, w
 
 
 def _query(name: str, q, k, v, scale, format):
-    """attention_fp8_check / _describe / _workspace_bytes for the contiguous output and 256-aligned workspace the op
-    allocates (q's own pointer stands in for both: only alignment is checked)."""
+    """attention_fp8_check / _describe / _workspace_bytes for the contiguous output and the workspace the op
+    allocates (only their alignment is checked: q's pointer stands in for the output, 0 for the workspace)."""
     out_strides = [q.shape[1] * q.shape[2] * q.shape[3], q.shape[2] * q.shape[3], q.shape[3]]
-    args = _kernel_args(q, k, v, q.data_ptr(), out_strides, scale, format, q.data_ptr() // 256 * 256)
+    args = _kernel_args(q, k, v, q.data_ptr(), out_strides, scale, format, 0)
     return getattr(_ext._C, f"attention_fp8_{name}")(*args, q.device.index)
 
 
@@ -109,10 +111,14 @@ def describe(q, k, v, scale, format) -> str:
     return _query("describe", q, k, v, scale, format)
 
 
-def attention_fp8_kernel(q, k, v, scale, format, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The HIP kernels themselves, no dispatch (tests call them with a poisoned `out`)."""
+def attention_fp8_kernel(q, k, v, scale, format, out: torch.Tensor | None = None,
+                         workspace_bytes: int | None = None) -> torch.Tensor:
+    """The HIP kernels themselves, no dispatch (tests call them with a poisoned `out`); the op passes the workspace
+    size its plan asked once per shape."""
     y = _output(q, v) if out is None else out
-    workspace = torch.empty(_query("workspace_bytes", q, k, v, scale, format), dtype=torch.uint8, device=q.device)
+    if workspace_bytes is None:
+        workspace_bytes = _query("workspace_bytes", q, k, v, scale, format)
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
     _ext._C.attention_fp8_forward(*_kernel_args(q, k, v, y.data_ptr(), _strides(y), scale, format,
                                                 workspace.data_ptr()), stream_handle(q.device), q.device.index)
     return y
@@ -125,8 +131,11 @@ def fp16_attention(q, k, v, scale, format) -> torch.Tensor:
 
 
 def _plan(q, k, v, scale, format) -> Plan:
-    """Reasons against the kernel and the choice: the measured one, else the fp16 attention (module docstring)."""
-    return Plan(supports(q, k, v, scale, format), SPEC.tuned_choice(q, k, v, scale, format) or dispatch.TORCH)
+    """Reasons against the kernel, the choice (the measured one, else the fp16 attention: module docstring) and as
+    detail the kernel's workspace bytes."""
+    reasons = supports(q, k, v, scale, format)
+    return Plan(reasons, SPEC.tuned_choice(q, k, v, scale, format) or dispatch.TORCH,
+                0 if reasons else _query("workspace_bytes", q, k, v, scale, format))
 
 
 def _fake(q, k, v, scale, format):
@@ -152,8 +161,10 @@ def _samples(device, dtype) -> list[tuple]:
     return [separate + (0.125, "e4m3fn"), packed + (0.125, "e4m3fn")]
 
 
-SPEC = OpSpec(OP, reference=fp16_attention, error_floor=FP8_ERROR, check_args=check_args, fake=_fake, supports=supports, plan=_plan,
-              launch=lambda plan, *args: attention_fp8_kernel(*args), torch_path=fp16_attention,
+SPEC = OpSpec(OP, reference=fp16_attention, error_floor=FP8_ERROR, check_args=check_args, fake=_fake, supports=supports,
+              plan=_plan,
+              launch=lambda plan, *args: attention_fp8_kernel(*args, workspace_bytes=plan.detail),
+              torch_path=fp16_attention,
               plan_key=lambda q, k, v, scale, format: (tensor_key(q), tensor_key(k), tensor_key(v), scale, format),
               key=_key, candidates=_candidates, samples=_samples, kernel=attention_fp8_kernel)
 
@@ -163,9 +174,27 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """softmax(scale q k^T) v per batch and head with Q, K, V and the probabilities in FP8 `format`."""
 
 
+_kernel_chosen = PlanCache()  # device -> whether its tuning database chose the FP8 kernel anywhere
+
+
+def kernel_may_run(device: torch.device) -> bool:
+    """Whether any attention_fp8 call on `device` could run the FP8 kernel: it is forced by name, or the tuning
+    database chose it for some problem (its nearest-shape lookup may then pick it for other shapes too)."""
+    forced = dispatch.forced_backend(OP)
+    if forced is not None:
+        return forced == dispatch.KERNEL
+    return device.type == "cuda" and _kernel_chosen.get_or_compute(
+        device, lambda: dispatch.chose_anywhere(device, OP, dispatch.KERNEL))
+
+
 def scaled_dot_product_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, format: str,
                                      scale: float | None = None) -> torch.Tensor:
     """The host apps' layout ([B, H, L, D] views, as F.scaled_dot_product_attention takes them, no mask) through the
-    op on [B, L, H, D] views of the same memory."""
+    op on [B, L, H, D] views of the same memory; straight to the fp16 attention's host entry, counted as the op's
+    torch path, where the op could only choose that (nothing tuned or forced the kernel, nothing watches the op):
+    the op's plan and its output copy cost every attention call otherwise."""
     scale = scale if scale is not None else default_scale(q)
+    if not (dispatcher_needed() or kernel_may_run(q.device)):
+        dispatch.count(OP, dispatch.TORCH)
+        return scaled_dot_product_attention(q, k, v, None, scale)
     return attention_fp8.call(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, format).transpose(1, 2)

@@ -24,6 +24,10 @@ struct DeviceInfo {
 // Returns an empty string on success, else the runtime's error.
 std::string device_info(int device, DeviceInfo* out);
 
+// The device's processor name without feature suffixes ("gfx942", "sm_90"), asked of the runtime once per device
+// (its property query is slow, and the kernels' checks ask on every call); "" if the runtime cannot say.
+std::string device_arch(int device);
+
 // Whether this build holds machine code the device can run; empty string if yes, else why not.
 std::string check_kernel_image(int device);
 

@@ -304,20 +304,30 @@ struct Wave32Wmma16 {
 // S^T = K Q^T: A = K rows (key i, dims 4q..), B = Q rows (query i, dims 4q..) -> lane holds
 // S[query i][keys 4q..4q+3], which is B of O^T = V^T P^T (k = key, n = query) as it stands; A = V^T
 // (lane: V[keys 4q..4q+3][dim i]); the result O^T lane holds O[query i][dims 4q..4q+3].
-struct CdnaMfma16 {
-  static constexpr int kSlots = 1;  // every lane owns query i
-  static constexpr bool kQFromShared = false;
-  struct QFrag { uint16_t h[4]; };
+// What the CDNA policies share (this one, and the FP8 one of rocm_sd/attention_fp8/wave_mma_fp8.h): every lane owns
+// query i, and a 16x16 fp32 accumulator of the transposed products holds, in lane (q, i), keys or dims 4q..4q+3 of
+// query i.
+struct Wave64Mfma16 {
+  static constexpr int kSlots = 1;
   struct Acc { float v[4]; };
-  struct PFrag { uint16_t h[4]; };
-  struct KFrag { uint16_t h[4]; };  // A of S^T = K Q^T: key i, dims 4q..4q+3
-  struct VFrag { uint16_t h[4]; };  // A of O^T = V^T P^T: dim i, keys 4q..4q+3
 
   __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
   __device__ static constexpr int s_slot(int) { return 0; }
   __device__ static constexpr int o_slot(int) { return 0; }
   __device__ static int s_key(int i) { return 4 * (rsd::lane_id() / 16) + i; }
   __device__ static int o_dim(int i) { return 4 * (rsd::lane_id() / 16) + i; }
+
+  // Lanes i, i + 16, i + 32, i + 48 hold the same query.
+  __device__ static float row_max(float x) { return xor_max<16, 32>(x); }
+  __device__ static float row_sum(float x) { return xor_sum<16, 32>(x); }
+};
+
+struct CdnaMfma16 : Wave64Mfma16 {
+  static constexpr bool kQFromShared = false;
+  struct QFrag { uint16_t h[4]; };
+  struct PFrag { uint16_t h[4]; };
+  struct KFrag { uint16_t h[4]; };  // A of S^T = K Q^T: key i, dims 4q..4q+3
+  struct VFrag { uint16_t h[4]; };  // A of O^T = V^T P^T: dim i, keys 4q..4q+3
 
   template <class T>
   __device__ static QFrag load_q(const T* q, int ld, int d0) {
@@ -359,10 +369,6 @@ struct CdnaMfma16 {
 
   template <class T>
   __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma<T>(o.v, v.h, p.h); }
-
-  // Lanes i, i + 16, i + 32, i + 48 hold the same query.
-  __device__ static float row_max(float x) { return xor_max<16, 32>(x); }
-  __device__ static float row_sum(float x) { return xor_sum<16, 32>(x); }
 };
 using WaveMma = CdnaMfma16;
 

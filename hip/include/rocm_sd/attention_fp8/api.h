@@ -13,23 +13,16 @@
 #include <string>
 
 #include "rocm_sd/api.h"
+#include "rocm_sd/attention/api.h"
 #include "rocm_sd/quantize/api.h"
 
 namespace rsd {
 
-struct AttentionFp8Args {
-  const void* q;  // [batch, q_len, heads, head_dim] with the strides below (head dim contiguous)
-  const void* k;  // [batch, kv_len, heads, head_dim]
-  const void* v;  // [batch, kv_len, heads, head_dim]
-  void* out;      // [batch, q_len, heads, head_dim]
-  DType dtype;    // of all four: f16 or bf16
-  int64_t batch, heads, q_len, kv_len, head_dim;
-  int64_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];  // batch, sequence, head; in elements
-  float scale;         // > 0
+// rocm_sd::attention's arguments (rocm_sd/attention/api.h: layouts, strides, scale, stream, device; `instance` must
+// be empty: one instance a padded head dim, attention_fp8_describe names it), and the FP8 ones.
+struct AttentionFp8Args : AttentionArgs {
   QuantFormat format;  // the device's FP8: e4m3fnuz on gfx940-942, e4m3fn elsewhere (attention_fp8_check says)
   void* workspace;     // attention_fp8_workspace_bytes(args) bytes, 256-byte aligned
-  void* stream;
-  int device;
 };
 
 int64_t attention_fp8_workspace_bytes(const AttentionFp8Args& a);

@@ -148,6 +148,11 @@ typedef int int2_vec __attribute__((ext_vector_type(2)));
 __device__ __forceinline__ int2_vec as_int2(uint64_t v) { return __builtin_bit_cast(int2_vec, v); }
 __device__ __forceinline__ uint64_t load_u64(const uint8_t* p) { return *reinterpret_cast<const uint64_t*>(p); }
 __device__ __forceinline__ uint64_t join(uint32_t lo, uint32_t hi) { return uint64_t(lo) | (uint64_t(hi) << 32); }
+// The 8-byte operand of lane l = 16 g + i in both AMD fp8 layouts (row i holds reduction indices 8 g..8 g+7): bytes
+// col0 + 8 g.. of row row0 + i, rows `ld` bytes apart.
+__device__ __forceinline__ uint64_t lane_bytes8(const uint8_t* base, int ld, int row0, int col0) {
+  return load_u64(base + (row0 + rsd::lane_id() % 16) * ld + col0 + 8 * (rsd::lane_id() / 16));
+}
 }  // namespace amd
 #endif
 
@@ -157,8 +162,7 @@ __device__ __forceinline__ uint64_t join(uint32_t lo, uint32_t hi) { return uint
 // As the 16-bit policy, the transposed products: S^T = K Q^T leaves lane (q, i) S[query i][keys 4q..4q+3] of a
 // 16-key tile. O^T = V^T P^T over 32 keys (two tiles n0, n1): reduction index 8q + j is key 4q + j of n0 (j < 4)
 // or of n1 (j >= 4), the lane's own probabilities; V^T's A operand reads the same keys of dim i.
-struct CdnaMfmaFp8 {
-  static constexpr int kSlots = 1;
+struct CdnaMfmaFp8 : Wave64Mfma16 {
   static constexpr int kQkK = 32, kPvK = 32;
 #if defined(__gfx950__)
   static constexpr float kP8Max = 448.f;  // OCP e4m3fn
@@ -167,26 +171,17 @@ struct CdnaMfmaFp8 {
 #endif
   struct QFrag { uint64_t b; };
   struct KFrag { uint64_t b; };
-  struct Acc { float v[4]; };
   struct PFrag { uint64_t b; };
   struct VFrag { uint64_t b; };
-
-  __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
-  __device__ static constexpr int s_slot(int) { return 0; }
-  __device__ static constexpr int o_slot(int) { return 0; }
-  __device__ static int s_key(int e) { return 4 * (rsd::lane_id() / 16) + e; }
-  __device__ static int o_dim(int e) { return 4 * (rsd::lane_id() / 16) + e; }
 
   __device__ static void mma(float (&c)[4], uint64_t a, uint64_t b) {
     const amd::float_vec<4> acc = amd::accumulator(c);
     amd::store(c, __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a), static_cast<long>(b), acc, 0, 0, 0));
   }
 
-  __device__ static QFrag load_q(const uint8_t* q, int ld, int d0) {
-    return QFrag{amd::load_u64(q + (rsd::lane_id() % 16) * ld + d0 + 8 * (rsd::lane_id() / 16))};
-  }
+  __device__ static QFrag load_q(const uint8_t* q, int ld, int d0) { return QFrag{amd::lane_bytes8(q, ld, 0, d0)}; }
   __device__ static KFrag load_k(const uint8_t* k, int ld, int key0, int d0) {
-    return KFrag{amd::load_u64(k + (key0 + rsd::lane_id() % 16) * ld + d0 + 8 * (rsd::lane_id() / 16))};
+    return KFrag{amd::lane_bytes8(k, ld, key0, d0)};
   }
   __device__ static void scores(Acc& s, const QFrag& q, const KFrag& k) { mma(s.v, k.b, q.b); }
 
@@ -202,9 +197,6 @@ struct CdnaMfmaFp8 {
     return VFrag{amd::join(load_u32(row), load_u32(row + 16))};
   }
   __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma(o.v, v.b, p.b); }
-
-  __device__ static float row_max(float x) { return xor_max<16, 32>(x); }
-  __device__ static float row_sum(float x) { return xor_sum<16, 32>(x); }
 };
 using WaveMmaFp8 = CdnaMfmaFp8;
 
@@ -231,11 +223,9 @@ struct Rdna4WmmaFp8 : Wave32Wmma16<Rdna4WmmaFp8> {
     amd::store(c, __builtin_amdgcn_wmma_f32_16x16x16_fp8_fp8_w32_gfx12(amd::as_int2(a), amd::as_int2(b), acc));
   }
 
-  __device__ static QFrag load_q(const uint8_t* q, int ld, int d0) {
-    return QFrag{amd::load_u64(q + (rsd::lane_id() % 16) * ld + d0 + 8 * (rsd::lane_id() / 16))};
-  }
+  __device__ static QFrag load_q(const uint8_t* q, int ld, int d0) { return QFrag{amd::lane_bytes8(q, ld, 0, d0)}; }
   __device__ static KFrag load_k(const uint8_t* k, int ld, int key0, int d0) {
-    return KFrag{amd::load_u64(k + (key0 + rsd::lane_id() % 16) * ld + d0 + 8 * (rsd::lane_id() / 16))};
+    return KFrag{amd::lane_bytes8(k, ld, key0, d0)};
   }
   __device__ static void scores(Acc& s, const QFrag& q, const KFrag& k) { mma(s.v, k.b, q.b); }
 
@@ -249,7 +239,7 @@ struct Rdna4WmmaFp8 : Wave32Wmma16<Rdna4WmmaFp8> {
   }
 
   __device__ static VFrag load_v(const uint8_t* vt, int ld, int key0, int d0) {
-    return VFrag{amd::load_u64(vt + (d0 + rsd::lane_id() % 16) * ld + key0 + 8 * (rsd::lane_id() / 16))};
+    return VFrag{amd::lane_bytes8(vt, ld, d0, key0)};
   }
   __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { mma(o.v, v.b, p.b); }
 };
