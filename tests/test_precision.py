@@ -318,3 +318,25 @@ def test_measured_choice_settles_before_the_graph_is_captured(monkeypatch):
     assert 0 < error < 0.25, error
     rocm_sd.revert(pipe)
     assert torch.equal(run_pipe(pipe).float(), reference)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision_name", ["fp8", "int8"])
+@pytest.mark.parametrize("k", [320, 1280, 5120])
+def test_the_8bit_gemm_on_the_gpu_is_the_product_of_the_quantized_operands(precision_name, k):
+    """The GPU's GEMM (fp8 with fast accumulation on NVIDIA) against the float64 product of the same quantized operands:
+    what it adds must stay well below what quantizing the operands costs (a few percent for e4m3)."""
+    fmt, why_not = precision.number_format(torch.device("cuda"), precision_name)
+    assert fmt is not None and why_not is None, why_not
+    torch.manual_seed(0)
+    linear = nn.Linear(k, 640).cuda().half()
+    x = torch.randn(2048, k, device="cuda", dtype=torch.float16)
+    layer = RocmQuantizedLinear.from_module(linear, fmt).cuda()
+    with config.override(strict=True):
+        new_model_call()
+        out = layer(x)
+    reference = _reference(layer, x)
+    error = ((out.double() - reference).norm() / reference.norm()).item()
+    largest = ((out.double() - reference).abs().max() / reference.abs().max()).item()
+    print(f"{precision_name} K={k}: normwise {error:.2e}, largest {largest:.2e}")
+    assert error < 2e-3 and largest < 5e-3, (error, largest)

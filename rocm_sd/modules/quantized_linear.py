@@ -4,7 +4,7 @@ The weight is quantized once, per output channel; the input per row (per token /
 rocm_sd::quantize_rows; the GEMM multiplies the 8-bit operands with fp32 accumulation and applies both scales and
 the bias in its epilogue, writing the input's dtype:
 
-    fp8  (e4m3fn / e4m3fnuz): torch._scaled_mm with row-wise scales (cuBLASLt / hipBLASLt)
+    fp8  (e4m3fn / e4m3fnuz): torch._scaled_mm with row-wise scales (cuBLASLt / hipBLASLt), fast accumulation
     int8:                     torch._int_mm (int32 accumulators), then scales and bias
 
 Off a GPU (and wherever those GEMMs cannot run) the same product is computed from the dequantized operands in fp32:
@@ -36,6 +36,13 @@ from ..ops.spec import dtype_name, problem_key
 # and class embeddings and the resnets' time projections, by their names in diffusers and in the ldm lineage.
 FEW_ROWS = ("time_embedding", "add_embedding", "class_embedding", "encoder_hid_proj", "time_emb_proj",
             "time_embed", "label_emb", "emb_layers")
+
+# NVIDIA's FP8 tensor cores (sm_89+) accumulate with fewer mantissa bits than fp32; by default cuBLASLt promotes the
+# partial sums to fp32 every few k-steps, which costs throughput. Inference engines (TensorRT, torchao, fbgemm) skip
+# the promotion, and so does rocm_sd: its error is far below the FP8 rounding of the operands (the tests bound the
+# whole layer against float64). MFMA and WMMA accumulate FP8 products in fp32 at full rate, so ROCm builds keep
+# torch's default.
+FAST_ACCUMULATION = torch.version.hip is None
 
 OP = "linear_8bit"  # the tuning problem: one layer's 8-bit GEMM (and its share of quantizing its input) against fp16
 _REMEMBERED = "_rocm_sd_quantized_rows"
@@ -240,7 +247,7 @@ def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, we
                 return torch.addcmul(bias, rows_scaled, weight_scale, out=out)
         else:
             return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1), scale_b=weight_scale, bias=bias,
-                                    out_dtype=dtype)
+                                    out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION)
     out = F.linear(dequantize_rows(q, scale), dequantize_rows(weight_q, weight_scale.squeeze(0)),
                    None if bias is None else bias.float())
     return out.to(dtype)
