@@ -125,7 +125,8 @@ def _quality(args) -> int:
 
     quality.run(model=args.model, precision=args.precision, cache=args.cache, cache_interval=args.cache_interval,
                 cache_threshold=args.cache_threshold, cache_branch=args.cache_branch,
-                precision_layers=args.precision_layers, prompts=args.prompts, steps=args.steps, size=args.size,
+                precision_layers=args.precision_layers, attention_precision=args.attention_precision,
+                prompts=args.prompts, steps=args.steps, size=args.size,
                 seed=args.seed, device=args.device, out_dir=args.out)
     return 0
 
@@ -136,7 +137,7 @@ def _add_quality(sub) -> None:
 
     modes = {option.name: [v for v in option.values if v != option.default] for option in OPTIONS if option.values}
     parser = cli_args.command(sub.add_parser(
-        "quality", help="images of an optimize() mode (fp8, int8, step caching) against the fp16 reference: PSNR, "
+        "quality", help="images of an optimize() mode (fp8, int8, FP8 attention, step caching) against the fp16 reference: PSNR, "
                         "SSIM, time (docs/quality.md)"), _quality)
     parser.add_argument("--model", default=None, type=cli_args.pipeline_model,
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
@@ -145,6 +146,9 @@ def _add_quality(sub) -> None:
     parser.add_argument("--precision-layers", choices=("measured", "all"),
                         help="with --precision: 'measured' (default) keeps layers in fp16 where the tuning database "
                              "measured them faster; 'all' makes every layer 8-bit (docs/precision.md)")
+    parser.add_argument("--attention-precision", choices=modes["attention_precision"],
+                        help="the number format of the UNet's attention products (FP8 where the tuning database "
+                             "measured it faster; docs/precision.md)")
     parser.add_argument("--cache", choices=modes["cache"], help="the mode's step caching")
     parser.add_argument("--cache-interval", type=cli_args.positive_int,
                         help="with --cache deepcache: one full UNet call per this many steps (default 3)")

@@ -1,5 +1,5 @@
-"""`python -m rocm_sd quality`: how far a mode of optimize() (precision='fp8' / 'int8', cache='deepcache' /
-'adaptive') moves the images from the reference, rocm_sd.optimize(pipe) with its defaults (fp16).
+"""`python -m rocm_sd quality`: how far a mode of optimize() (precision='fp8' / 'int8', attention_precision='fp8',
+cache='deepcache' / 'adaptive') moves the images from the reference, rocm_sd.optimize(pipe) with its defaults (fp16).
 
 One pipeline, built once. N prompts (PROMPTS, in turn), image i from seed `seed + i`: first every image with the
 reference, then, after revert, every image with the mode. Per image: PSNR and SSIM against the reference image,
@@ -79,7 +79,7 @@ def ssim(a, b, data_range: float = 1.0) -> float:
 
 def mode_options(precision: str | None = None, cache: str | None = None, cache_interval: int | None = None,
                  cache_threshold: float | None = None, cache_branch: int | None = None,
-                 precision_layers: str | None = None) -> dict:
+                 precision_layers: str | None = None, attention_precision: str | None = None) -> dict:
     """optimize()'s options for a mode, only those that differ from the reference; cli_args.UsageError for none or
     for a cache setting without its cache mode."""
     if cache_interval is not None and cache != "deepcache":
@@ -91,12 +91,13 @@ def mode_options(precision: str | None = None, cache: str | None = None, cache_i
     if precision_layers is not None and precision is None:
         raise cli_args.UsageError("argument --precision-layers: applies with --precision only")
     defaults = {option.name: option.default for option in pipeline.OPTIONS}
-    options = {"precision": precision, "precision_layers": precision_layers, "cache": cache,
-               "cache_interval": cache_interval, "cache_threshold": cache_threshold, "cache_branch": cache_branch}
+    options = {"precision": precision, "precision_layers": precision_layers, "attention_precision": attention_precision,
+               "cache": cache, "cache_interval": cache_interval, "cache_threshold": cache_threshold,
+               "cache_branch": cache_branch}
     options = {k: v for k, v in options.items() if v is not None and v != defaults[k]}
-    if not ({"precision", "cache"} & options.keys()):
-        raise cli_args.UsageError("nothing to compare with the reference (fp16, no cache): give --precision and/or "
-                                  "--cache")
+    if not ({"precision", "attention_precision", "cache"} & options.keys()):
+        raise cli_args.UsageError("nothing to compare with the reference (fp16, no cache): give --precision, "
+                                  "--attention-precision and/or --cache")
     if options.get("cache") == "deepcache":
         options.setdefault("cache_interval", defaults["cache_interval"])
     if options.get("cache") == "adaptive":
@@ -105,9 +106,11 @@ def mode_options(precision: str | None = None, cache: str | None = None, cache_i
 
 
 def mode_slug(options: dict) -> str:
-    """'fp8', 'fp8all' (precision_layers "all"), 'deepcache3', 'int8-adaptive0.15', 'deepcache3-branch1': a file name
-    part."""
+    """'fp8', 'fp8all' (precision_layers "all"), 'attentionfp8', 'deepcache3', 'int8-adaptive0.15',
+    'deepcache3-branch1': a file name part."""
     parts = [options["precision"] + options.get("precision_layers", "")] if "precision" in options else []
+    if "attention_precision" in options:
+        parts.append(f"attention{options['attention_precision']}")
     if options.get("cache") == "deepcache":
         parts.append(f"deepcache{options['cache_interval']}")
     elif options.get("cache") == "adaptive":
@@ -235,11 +238,12 @@ def grid(reference: list[np.ndarray], mode: list[np.ndarray], labels: list[str],
 
 def run(model: str | None = None, precision: str | None = None, cache: str | None = None,
         cache_interval: int | None = None, cache_threshold: float | None = None, cache_branch: int | None = None,
-        precision_layers: str | None = None, prompts: int = 4,
+        precision_layers: str | None = None, attention_precision: str | None = None, prompts: int = 4,
         steps: int = 20, size: int | None = None, seed: int = 0, device: str | torch.device | None = None,
         out_dir: str = "rocm_sd_quality") -> dict:
     """The command; returns what it writes to the JSON file."""
-    options = mode_options(precision, cache, cache_interval, cache_threshold, cache_branch, precision_layers)
+    options = mode_options(precision, cache, cache_interval, cache_threshold, cache_branch, precision_layers,
+                           attention_precision)
     device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     model = model or ("sd15" if device.type == "cuda" else "tiny")

@@ -213,7 +213,7 @@ def no_model(monkeypatch):
 
 ARGUMENT_ERRORS = [  # (arguments after `quality`, exit status, what the last line of stderr says)
     ([], 2, "python -m rocm_sd quality: error: nothing to compare with the reference (fp16, no cache): give "
-            "--precision and/or --cache"),
+            "--precision, --attention-precision and/or --cache"),
     (["--precision", "fp4"], 2, "argument --precision: invalid choice: 'fp4' (choose from "),
     (["--precision", "fp16"], 2, "argument --precision: invalid choice: 'fp16'"),
     (["--cache", "always"], 2, "argument --cache: invalid choice: 'always' (choose from "),
@@ -229,6 +229,8 @@ ARGUMENT_ERRORS = [  # (arguments after `quality`, exit status, what the last li
     (["--cache", "deepcache", "--precision-layers", "all"], 2,
      "argument --precision-layers: applies with --precision only"),
     (["--precision", "fp8", "--precision-layers", "some"], 2, "argument --precision-layers: invalid choice: 'some'"),
+    (["--attention-precision", "fp16"], 2, "argument --attention-precision: invalid choice: 'fp16'"),
+    (["--attention-precision", "int8"], 2, "argument --attention-precision: invalid choice: 'int8'"),
     (["--cache", "deepcache", "--cache-branch", "-1"], 2, "argument --cache-branch: -1 is not a non-negative integer"),
     (["--precision", "fp8", "--prompts", "0"], 2, "argument --prompts: 0 is not a positive integer"),
     (["--precision", "fp8", "--steps", "-1"], 2, "argument --steps: -1 is not a positive integer"),
@@ -267,11 +269,13 @@ def test_a_bad_quality_argument_is_one_line_and_builds_nothing(argv, status, mes
     (["--cache", "adaptive", "--cache-threshold", "0"], {"cache": "adaptive", "cache_threshold": 0.0}),
     (["--cache", "deepcache", "--cache-branch", "1"], {"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}),
     (["--cache", "adaptive", "--cache-branch", "0"], {"cache": "adaptive", "cache_threshold": 0.15}),
+    (["--attention-precision", "fp8"], {"attention_precision": "fp8"}),
+    (["--attention-precision", "fp8", "--precision", "fp8"], {"precision": "fp8", "attention_precision": "fp8"}),
 ])
 def test_valid_quality_arguments_reach_the_model(argv, options, tmp_path, no_model):
     args = cli.build_parser().parse_args(["quality", *argv])
     assert quality.mode_options(args.precision, args.cache, args.cache_interval, args.cache_threshold,
-                                args.cache_branch, args.precision_layers) == options
+                                args.cache_branch, args.precision_layers, args.attention_precision) == options
     with pytest.raises(ModelBuilt):
         cli.main(["quality", *argv, "--out", str(tmp_path)])
 
@@ -282,6 +286,7 @@ def test_mode_file_names():
     assert quality.mode_slug({"precision": "int8", "cache": "adaptive", "cache_threshold": 0.15}) == "int8-adaptive0.15"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3}) == "deepcache3"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}) == "deepcache3-branch1"
+    assert quality.mode_slug({"precision": "fp8", "attention_precision": "fp8"}) == "fp8-attentionfp8"
 
 
 # ---- the bench's mode engines --------------------------------------------------------------------------------------
@@ -333,3 +338,11 @@ def test_the_default_engines_have_no_modes():
 
 def test_ssim_is_printed_with_the_digits_that_tell_it_from_one():
     assert [quality._ssim_text(v) for v in (1.0, 0.91, 0.999996, math.nan)] == ["1", "0.9100", "0.9999960", "nan"]
+
+
+def test_bench_fp8_attention_on_a_cpu_is_a_row_that_says_why(tmp_path):
+    result, run, rows = _bench(tmp_path, "rocm_sd-attnfp8")
+    attention = rows["rocm_sd-attnfp8"]
+    assert attention["options"] == {"attention_precision": "fp8"} and "median_s" not in attention
+    assert attention["skipped"].startswith("attention_precision=fp8 not applied on cpu: "), attention["skipped"]
+    assert "needs a GPU" in attention["skipped"]

@@ -39,8 +39,8 @@ def _say_once(message: str) -> None:
 
 class RocmSDOptimizeModel:
     """MODEL -> MODEL: rocm_sd's norm kernels and attention on a clone, and its evaluations replayed as
-    captured graphs; optionally step caching (docs/step_cache.md) and 8-bit linear layers (docs/precision.md); the
-    input model is not changed."""
+    captured graphs; optionally step caching (docs/step_cache.md), 8-bit linear layers and FP8 attention
+    (docs/precision.md); the input model is not changed."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -80,6 +80,11 @@ class RocmSDOptimizeModel:
                 "fp8 / int8: 'measured' keeps a layer in fp16 where the tuning database measured its fp16 GEMM "
                 "faster (shipped for NVIDIA Hopper; `python -m rocm_sd.tune --model sdxl --precision fp8 --ops "
                 "linear_8bit` measures your GPU; unmeasured layers stay 8-bit); 'all': every layer 8-bit")}),
+            "attention_precision": (["fp16", "fp8"], {"default": "fp16", "tooltip": (
+                "'fp8' (changes images; MI300 / MI350, RDNA4, NVIDIA Ada and newer): attention with Q, K, V and the "
+                "probabilities in FP8 and an fp32 softmax, at the shapes where `python -m rocm_sd.tune "
+                "--attention-precision fp8 --ops attention_fp8` measured it faster on this GPU; fp16 elsewhere. "
+                "Needs the attention option")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
@@ -90,7 +95,7 @@ class RocmSDOptimizeModel:
 
     def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True,
                  cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16", cache_branch=0,
-                 precision_layers="measured"):
+                 precision_layers="measured", attention_precision="fp16"):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
@@ -99,7 +104,8 @@ class RocmSDOptimizeModel:
         not_installed = patch_model_patcher(patched, attention, group_norm, layer_norm, cuda_graph=cuda_graph,
                                             channels_last=channels_last, cache=cache, cache_interval=cache_interval,
                                             cache_threshold=cache_threshold, precision=precision,
-                                            cache_branch=cache_branch, precision_layers=precision_layers)
+                                            cache_branch=cache_branch, precision_layers=precision_layers,
+                                            attention_precision=attention_precision)
         for why in not_installed:
             _say_once(why)
         _report_kernels()

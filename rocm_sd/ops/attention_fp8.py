@@ -187,6 +187,13 @@ def kernel_may_run(device: torch.device) -> bool:
         device, lambda: dispatch.chose_anywhere(device, OP, dispatch.KERNEL))
 
 
+def fp8_call_uses_op(q: torch.Tensor) -> bool:
+    """Whether an unmasked host call could go anywhere but the fp16 attention through this op: the FP8 kernel may
+    run on q's device, or something watches the op. A host with its own attention function (ComfyUI) keeps it
+    otherwise."""
+    return dispatcher_needed() or kernel_may_run(q.device)
+
+
 def scaled_dot_product_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, format: str,
                                      scale: float | None = None) -> torch.Tensor:
     """The host apps' layout ([B, H, L, D] views, as F.scaled_dot_product_attention takes them, no mask) through the
@@ -194,7 +201,7 @@ def scaled_dot_product_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.
     torch path, where the op could only choose that (nothing tuned or forced the kernel, nothing watches the op):
     the op's plan and its output copy cost every attention call otherwise."""
     scale = scale if scale is not None else default_scale(q)
-    if not (dispatcher_needed() or kernel_may_run(q.device)):
+    if not fp8_call_uses_op(q):
         dispatch.count(OP, dispatch.TORCH)
         return scaled_dot_product_attention(q, k, v, None, scale)
     return attention_fp8.call(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, format).transpose(1, 2)

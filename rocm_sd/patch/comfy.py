@@ -7,11 +7,15 @@ per-model `optimized_attention_override` or as attn1/attn2 replace patches.
 """
 from __future__ import annotations
 
+import functools
+
 from ..checkpoints import architecture_for
 from ..modules.attention import heads_first, heads_last, spatial_attention
 from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
+from ..ops.attention_fp8 import fp8_call_uses_op, scaled_dot_product_attention_fp8
 from .comfy_graph import install_graphs, install_step_cache
 from ..modules.step_cache import ComfyStepCache, comfy_unet_problem
+from . import attention_fp8 as attention_fp8_patch
 from . import ldm_swaps
 from . import precision as precision_patch
 
@@ -50,33 +54,46 @@ def model_architecture(patcher) -> str:
 
 # ---- attention ---------------------------------------------------------------------------------------------
 
-def comfy_attention(q, k, v, heads, skip_reshape=False, skip_output_reshape=False):
+def comfy_attention(q, k, v, heads, skip_reshape=False, skip_output_reshape=False, fp8_format=None):
     """ComfyUI's attention contract, unmasked (masked calls stay ComfyUI's own): (B, L, heads*D) unless
-    skip_reshape (then (B, H, L, D)); output (B, L, heads*D) unless skip_output_reshape."""
+    skip_reshape (then (B, H, L, D)); output (B, L, heads*D) unless skip_output_reshape. With fp8_format, through
+    rocm_sd::attention_fp8 (the FP8 kernel where the tuning database measured it faster)."""
     if not skip_reshape:
         q, k, v = (heads_first(t, heads) for t in (q, k, v))
-    out = scaled_dot_product_attention(q, k, v)
+    out = (scaled_dot_product_attention(q, k, v) if fp8_format is None
+           else scaled_dot_product_attention_fp8(q, k, v, fp8_format))
     return out if skip_output_reshape else heads_last(out)
 
 
 def attention_override(original, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
-                       skip_output_reshape=False, **kwargs):
+                       skip_output_reshape=False, fp8_format=None, **kwargs):
     """transformer_options["optimized_attention_override"]: rocm_sd's attention op where ops/attention.py's
     host_call_uses_op says so (a tuned choice may apply: its kernel, a CK instance or one SDPA backend), else
     ComfyUI's own function, which also runs masked calls and arguments this one does not know (a newer ComfyUI's
     GQA...). Where rocm_sd would run PyTorch's SDPA anyway, ComfyUI's own function is the better SDPA call: ComfyUI
     picks SDPA's backend order (cuDNN first on NVIDIA, faster at SD's shapes: bench/results/comfyui-h200.md) and
-    costs no extra host time."""
+    costs no extra host time. With fp8_format (the node's attention_precision fp8), unmasked calls go to
+    rocm_sd::attention_fp8 where ops/attention_fp8.py's fp8_call_uses_op says so, and as above elsewhere."""
     unknown = set(kwargs) - {"transformer_options", "_inside_attn_wrapper"}
+    if not unknown and fp8_format is not None and mask is None and fp8_call_uses_op(q):
+        return comfy_attention(q, k, v, heads, skip_reshape, skip_output_reshape, fp8_format)
     if unknown or not host_call_uses_op(q, q.shape[-1] if skip_reshape else q.shape[-1] // heads, mask):
         return original(q, k, v, heads, mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
                         skip_output_reshape=skip_output_reshape, **kwargs)
     return comfy_attention(q, k, v, heads, skip_reshape, skip_output_reshape)
 
 
-def attention_replace(q, k, v, extra_options):
+def attention_replace(q, k, v, extra_options, fp8_format=None):
     """An attn1/attn2 replace patch (ComfyUI without the override): q, k, v are (B, L, heads*D), no mask."""
-    return comfy_attention(q, k, v, extra_options["n_heads"])
+    return comfy_attention(q, k, v, extra_options["n_heads"], fp8_format=fp8_format)
+
+
+def attention_patches(fp8_format: str | None = None) -> tuple:
+    """(the override, the replace patch) ComfyUI calls: fp16, or with FP8 attention in `fp8_format`."""
+    if fp8_format is None:
+        return attention_override, attention_replace
+    return (functools.partial(attention_override, fp8_format=fp8_format),
+            functools.partial(attention_replace, fp8_format=fp8_format))
 
 
 # The VAE AttnBlock's per-instance attention function: q, k, v (B, C, H, W), one head of C channels.
@@ -110,14 +127,14 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
                         override_supported: bool | None = None, cuda_graph: bool = False,
                         channels_last: bool = False, cache: str | None = None, cache_interval: int = 3,
                         cache_threshold: float = 0.15, precision: str = "fp16", cache_branch: int = 0,
-                        precision_layers: str = "measured") -> list[str]:
+                        precision_layers: str = "measured", attention_precision: str = "fp16") -> list[str]:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
     patches and attention patches, with channels_last the convolutions on channels_last weights (NHWC
     activations), with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py), with cache
     ('deepcache' / 'adaptive', cache_interval, cache_threshold, cache_branch: as optimize()'s options;
     docs/step_cache.md) step caching of the UNet, and with
     precision 'fp8' / 'int8' (as optimize()'s, with precision_layers; docs/precision.md) its linear layers as 8-bit
-    GEMMs.
+    GEMMs, with attention_precision 'fp8' its attention through rocm_sd::attention_fp8 (as optimize()'s).
     override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
@@ -134,14 +151,20 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
                                          measured=precision_layers == "measured"))
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
-    _patch_attention(patcher, diffusion_model, attention, override_supported)
+    fp8_format = None
+    if attention_precision == "fp8":
+        fp8_format, why = fp8_attention_format(patcher.load_device, attention)
+        if why:
+            not_installed.append(f"attention_precision=fp8 not applied: {why}")
+    override, replace = attention_patches(fp8_format)
+    _patch_attention(patcher, diffusion_model, attention, override_supported, override, replace)
     problem = comfy_unet_problem(diffusion_model, cache_branch) if cache else None
     if problem:
         not_installed.append(f"step cache not applied: {problem}")
         cache = None
     step_cache = ComfyStepCache(cache, cache_interval, cache_threshold, branch=cache_branch) if cache else None
     if cuda_graph:
-        why = install_graphs(patcher, own_replace_patch=attention_replace, step_cache=step_cache)
+        why = install_graphs(patcher, own_replace_patch=replace, step_cache=step_cache)
     else:
         why = install_step_cache(patcher, step_cache) if step_cache is not None else None
     if why:
@@ -179,14 +202,24 @@ def _host_patches_per_call(module) -> bool:
     return bool(getattr(module, "weight_function", None) or getattr(module, "bias_function", None))
 
 
-def _patch_attention(patcher, diffusion_model, attention: bool, override_supported: bool | None) -> None:
+def fp8_attention_format(device, attention: bool) -> tuple[str | None, str | None]:
+    """(the FP8 format of `device`, None), or (None, why FP8 attention cannot run: no FP8 matrix units, or the
+    node's attention option is off)."""
+    fmt, why = attention_fp8_patch.fp8_of(device)
+    if fmt is not None and not attention:
+        return None, "the attention option is off"
+    return fmt, why
+
+
+def _patch_attention(patcher, diffusion_model, attention: bool, override_supported: bool | None, override,
+                     replace) -> None:
     if not attention:
         return
     if override_supported is None:
         override_supported = _override_supported()
     if override_supported:
-        patcher.model_options["transformer_options"]["optimized_attention_override"] = attention_override
+        patcher.model_options["transformer_options"]["optimized_attention_override"] = override
     else:  # an older ComfyUI, or Forge: replace the attention of every transformer block
         for block_name, number, index in _transformer_block_keys(diffusion_model):
-            patcher.set_model_attn1_replace(attention_replace, block_name, number, index)
-            patcher.set_model_attn2_replace(attention_replace, block_name, number, index)
+            patcher.set_model_attn1_replace(replace, block_name, number, index)
+            patcher.set_model_attn2_replace(replace, block_name, number, index)
