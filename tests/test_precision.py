@@ -147,6 +147,50 @@ def test_norms_and_geglu_quantize_for_the_layers_after_them(monkeypatch, fmt):
     assert all("quantized_output" not in vars(m) for m in producers)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3fn", "int8"])
+def test_the_feed_forward_hands_the_geglu_rows_to_the_8bit_layer_without_y(monkeypatch, fmt):
+    """Once the feed-forward's output layer runs 8-bit for good, its GEGLU writes only the quantized rows
+    (geglu_quantized) and the layer multiplies them: the operands of the unfused path, so the same images; a layer
+    gone back to fp16 takes the usual path; revert() restores diffusers' forward."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: (fmt, None))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    feed_forwards = [m for m in pipe.unet.modules() if type(m).__name__ == "FeedForward"]
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8" if fmt != "int8" else "int8", channels_last=False,
+                         precision_layers="all")
+        assert rocm_sd.report(pipe)["unet"][f"feed-forward: GEGLU writes only {fmt} rows"] == len(feed_forwards) > 0
+        dispatch.reset_stats()
+        handed_over = run_pipe(pipe)
+        stats = dispatch.stats()
+        assert stats["geglu_quantized"]["torch"] > 0 and "geglu_quantize_rows" not in stats
+        for ff in feed_forwards:
+            ff.net[0].quantized_output = None  # as when the output layer went back to fp16: diffusers' forward
+        dispatch.reset_stats()
+        usual = run_pipe(pipe)
+        assert "geglu_quantized" not in dispatch.stats()
+    assert torch.equal(handed_over, usual)
+    rocm_sd.revert(pipe)
+    assert all("forward" not in vars(ff) for ff in feed_forwards)
+
+
+def test_the_feed_forward_waits_for_the_measured_choice(monkeypatch):
+    """With precision_layers="measured" the output layer decides at its first call, so that call takes the usual path
+    (its GEGLU writes y too, which the fp16 layer would read); later calls hand the rows over."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8", channels_last=False, cuda_graph=False)
+        out_layers = [m.net[2] for m in pipe.unet.modules() if type(m).__name__ == "FeedForward"]
+        assert out_layers and not any(layer.runs_8bit for layer in out_layers)
+        dispatch.reset_stats()
+        run_pipe(pipe, steps=2)  # two UNet calls
+        assert all(layer.runs_8bit for layer in out_layers)  # nothing measured: 8-bit for good
+        stats = dispatch.stats()
+        assert stats["geglu_quantize_rows"]["torch"] == len(out_layers)  # the first call
+        assert stats["geglu_quantized"]["torch"] == len(out_layers)  # the second
+    rocm_sd.revert(pipe)
+
+
 class _Database:
     """The tuning database as the dispatcher asks it (dispatch.use_tuning's interface), answering `answer(key)` for the
     linear_8bit problems (keeping every key asked) and nothing for the ops' problems."""

@@ -16,6 +16,10 @@
 // up to 8 vectors a thread needed 115 registers on sm_90 and 163 VGPRs on gfx942, and ran no faster than the wave per
 // row. Rows longer than kRowMaxThreads * kRowVectors vectors (beyond SD's: over 16384 fp16 features) take one wave
 // per row, which reads its own writes of y back.
+//
+// Without y (y == nullptr, q given): only the quantized row is written, for an output projection that takes nothing
+// else (rocm_sd::geglu_quantized): 2 reads and 1 one-byte write per output element, less than the plain kernel. The
+// row block only: the wave-per-row kernel needs y to read back.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/quantize/encode.h"
@@ -90,7 +94,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
   const int64_t row = blockIdx.x;
   const int64_t vectors = d / VEC;
   const T* in = x + row * 2 * d;
-  T* yr = y + row * d;
+  T* yr = y != nullptr ? y + row * d : nullptr;
   Vec<T, VEC> a[kRowVectors], g[kRowVectors];
 #pragma unroll
   for (int i = 0; i < kRowVectors; ++i) {  // every load first: the thread's loads in flight together
@@ -110,7 +114,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
         a[i].v[k] = from_float<T>(to_float(a[i].v[k]) * gelu_erf(to_float(g[i].v[k])));  // y, kept in a
         amax = absmax_nan(amax, to_float(a[i].v[k]));  // of y as stored: quantize_rows(y)
       }
-      store_vec(yr + j * VEC, a[i], false);
+      if (y != nullptr) store_vec(yr + j * VEC, a[i], false);
     }
   }
   amax = wave_absmax(amax);
@@ -176,8 +180,18 @@ int geglu_row_block_threads(int64_t d, int vec, int wave) {
   return threads <= kRowMaxThreads ? int(threads) : 0;
 }
 
+namespace {
+// The vector width of the quantized branch: the widest that d and the pointers' alignment allow.
+int quantized_vec(const GegluArgs& a) {
+  int vec = widest_vec(a.dtype, a.d, {a.x, a.y});  // D a multiple of vec keeps both halves aligned
+  while (vec > 1 && !aligned(a.q, vec)) vec /= 2;  // q's vectors are vec bytes
+  return vec;
+}
+}  // namespace
+
 std::string geglu_check(const GegluArgs& a) {
   if (a.rows <= 0 || a.d <= 0) return "empty tensor";
+  if (a.y == nullptr && a.q == nullptr) return "no output: y, or q and scale, are needed";
   if (!aligned(a.x, elem_bytes(a.dtype)) || !aligned(a.y, elem_bytes(a.dtype))) return "misaligned data pointer";
   if (a.rows * a.d >= (int64_t(1) << 31)) return "2^31 or more output elements";
   if ((a.q == nullptr) != (a.scale == nullptr)) return "q and scale come together";
@@ -186,6 +200,8 @@ std::string geglu_check(const GegluArgs& a) {
       return "unknown format code " + std::to_string(int(a.format));
     if (elem_bytes(a.dtype) != 2) return "quantized output needs fp16 or bf16 activations";
     if (!aligned(a.scale, 4)) return "misaligned scale pointer";
+    if (a.y == nullptr && !geglu_row_block_threads(a.d, quantized_vec(a), device_attribute(a.device, Attr::wave_size, 32)))
+      return "rows of " + std::to_string(a.d) + " features are quantized by a wave that reads y back: y is needed";
   }
   return std::string();
 }
@@ -195,15 +211,15 @@ std::string geglu_forward(const GegluArgs& a) {
   if (!why.empty()) return why;
   DeviceGuard guard(a.device);
   if (!guard.error().empty()) return guard.error();
-  int vec = widest_vec(a.dtype, a.d, {a.x, a.y});  // D a multiple of vec keeps both halves aligned
   hipStream_t stream = static_cast<hipStream_t>(a.stream);
   if (a.q) {
-    while (vec > 1 && !aligned(a.q, vec)) vec /= 2;  // q's vectors are vec bytes
+    const int vec = quantized_vec(a);
     if (a.dtype == DType::f16)
       launch_quantized<__half>(a, vec, stream);
     else
       launch_quantized<bf16>(a, vec, stream);
   } else {
+    const int vec = widest_vec(a.dtype, a.d, {a.x, a.y});  // D a multiple of vec keeps both halves aligned
     const int64_t vectors = a.rows * a.d / vec;
     const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
     const FastDiv per_row(uint32_t(a.d / vec));

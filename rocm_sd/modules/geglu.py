@@ -7,9 +7,9 @@ from torch import nn
 from ..ops.geglu import geglu
 from ..ops.linear_geglu import hosts_ck as linear_geglu_hosts_ck
 from ..ops.linear_geglu import linear_geglu
-from ..ops.quantized_outputs import geglu_quantize_rows
+from ..ops.quantized_outputs import geglu_quantize_rows, geglu_quantized
 from .fusing import called_plainly
-from .quantized_linear import remember_rows
+from .quantized_linear import RocmQuantizedLinear, linear_8bit, remember_rows
 
 
 class RocmGEGLU(nn.Module):
@@ -43,3 +43,32 @@ class RocmGEGLU(nn.Module):
 def _plain_linear(proj: nn.Module) -> bool:
     """An nn.Linear with a bias, called plainly (hooks.py): its forward is F.linear."""
     return type(proj) is nn.Linear and proj.bias is not None and called_plainly(proj)
+
+
+def feeds_8bit_directly(ff: nn.Module) -> bool:
+    """A diffusers FeedForward whose GEGLU writes its output quantized for the 8-bit output layer after it, with only
+    a Dropout between them: feed_forward_8bit can hand the quantized rows over without y."""
+    net = getattr(ff, "net", None)
+    return (net is not None and len(net) >= 3 and isinstance(net[0], RocmGEGLU) and net[0].quantized_output is not None
+            and type(net[1]) is nn.Dropout and isinstance(net[2], RocmQuantizedLinear) and not net[2].conv
+            and net[2].format == net[0].quantized_output)
+
+
+def feed_forward_8bit(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """diffusers' FeedForward (GEGLU, Dropout, Linear, ...) where the output layer runs its 8-bit GEMM for good: the
+    GEGLU writes only its output's 8-bit rows (rocm_sd::geglu_quantized, no y) and the output layer multiplies them.
+    Until the layer's measured choice is made, or where it went back to fp16, after the GEGLU stopped writing 8-bit
+    rows, with a dropout that drops, with hooks on the layers or extra arguments: diffusers' forward."""
+    geglu, dropout, out_layer = self.net[0], self.net[1], self.net[2]
+    fmt = geglu.quantized_output
+    if (args or kwargs or fmt is None or not out_layer.runs_8bit or (dropout.training and dropout.p > 0)
+            or not all(called_plainly(m) for m in (geglu, dropout, out_layer))):
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    q, scale = geglu_quantized.call(geglu.proj(hidden_states), fmt)
+    features = out_layer.in_features
+    out = linear_8bit(q.reshape(-1, features), scale.reshape(-1), out_layer.weight_q, out_layer.weight_scale,
+                      out_layer.bias, fmt, hidden_states.dtype)
+    out = out.view(*hidden_states.shape[:-1], out_layer.out_features)
+    for module in self.net[3:]:
+        out = module(out)
+    return out

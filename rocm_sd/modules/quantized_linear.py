@@ -166,6 +166,12 @@ class RocmQuantizedLinear(nn.Module):
             return self.fp16_layer(x)
         return forward_8bit(x, self.conv, self.in_features, self.weight_q, self.weight_scale, self.bias, self.format)
 
+    @property
+    def runs_8bit(self) -> bool:
+        """Whether every call from now on runs the 8-bit GEMM: no fp16 offer left to decide at a first call, and not
+        gone back to fp16."""
+        return "_fp16_offer" not in self.__dict__ and self.fp16_layer is None
+
     def offer_fp16(self, original: nn.Module, producers: list[nn.Module], counts) -> None:
         """Lets the first call go back to `original` (the fp16 layer, waiting in CPU memory) if the tuning database
         measured fp16 faster for the call's shape; the `producers` writing this layer's input quantized then stop

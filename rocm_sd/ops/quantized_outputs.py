@@ -5,9 +5,11 @@ second pass over memory.
     rocm_sd::layer_norm_quantize_rows(x, w, b, eps, format)               -> (y, q, scale)        hip/layer_norm/
     rocm_sd::add_layer_norm_quantize_rows(x, residual, w, b, eps, format) -> (sum, y, q, scale)   hip/layer_norm/
     rocm_sd::geglu_quantize_rows(x, format)                               -> (y, q, scale)        hip/geglu/
+    rocm_sd::geglu_quantized(x, format)                                   -> (q, scale)           hip/geglu/
 
 y (and sum) are what rocm_sd::layer_norm / add_layer_norm / geglu return; (q, scale) is exactly
-quantize_rows(y, format) of that y, bit for bit. The kernels take fp16 / bf16 activations (LayerNorm: C a multiple of
+quantize_rows(y, format) of that y, bit for bit. geglu_quantized writes no y: it is for an output projection
+that takes nothing else (modules/geglu.py), and moves fewer bytes than the plain GEGLU. The kernels take fp16 / bf16 activations (LayerNorm: C a multiple of
 8); everything else takes the PyTorch path, which computes the same definition.
 """
 from __future__ import annotations
@@ -243,3 +245,65 @@ GEGLU_SPEC = OpSpec(GEGLU_OP, reference=geglu_quantize_rows_ref, check_args=_geg
 @GEGLU_SPEC.define
 def geglu_quantize_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, q, scale): y = x[..., :D] * gelu(x[..., D:]), and y quantized per row into `format`."""
+
+
+# ---- geglu_quantized ---------------------------------------------------------------------------------------
+
+GEGLU_QUANTIZED_OP = "geglu_quantized"
+
+
+def geglu_quantized_ref(x, format):
+    return quantize_rows_ref(geglu_ref(x), format)
+
+
+def _half(x: torch.Tensor) -> torch.Tensor:
+    """A view shaped as the GEGLU's output (nothing allocated): what the quantized output is shaped like."""
+    return x[..., : x.shape[-1] // 2]
+
+
+def _without_y(x: torch.Tensor) -> tuple:
+    """The kernel's arguments with no y: only q and scale are written."""
+    x_ptr, _, *rest = _geglu_args(x, x)
+    return (x_ptr, 0, *rest)
+
+
+def _geglu_quantized_check(x, format):
+    check_geglu_args(x)
+    check_format(GEGLU_QUANTIZED_OP, format)
+
+
+def _geglu_quantized_supports(x, format) -> list[str]:
+    return kernel_reasons(x.device, geglu_input_reasons(x) + _sixteen_bit(x),
+                          lambda: _ext._C.geglu_check(*_without_y(x), x.device.index,
+                                                      **_quantized_args(None, None, format)))
+
+
+def geglu_quantized_kernel(x, format, out=None):
+    """The HIP kernel itself, no dispatch; `out`: (q, scale) to write into."""
+    q, scale = quantized_like(_half(x), format) if out is None else out
+    _ext._C.geglu_forward(*_without_y(x), stream_handle(x.device), x.device.index,
+                          **_quantized_args(q, scale, format))
+    return q, scale
+
+
+def _geglu_quantized_torch_path(x, format):
+    return quantize_rows_ref(geglu_ref(x).contiguous(), format)
+
+
+def _geglu_quantized_fake(x, format):
+    _geglu_quantized_check(x, format)
+    return quantized_like(_half(x), format)
+
+
+GEGLU_QUANTIZED_SPEC = OpSpec(
+    GEGLU_QUANTIZED_OP, reference=geglu_quantized_ref, check_args=_geglu_quantized_check, fake=_geglu_quantized_fake,
+    supports=_geglu_quantized_supports, launch=lambda plan, x, format: geglu_quantized_kernel(x, format),
+    torch_path=_geglu_quantized_torch_path, plan_key=lambda x, format: (tensor_key(x), format),
+    key=lambda x, format: _key(GEGLU_QUANTIZED_OP, x, format, x.shape[-1] // 2),
+    candidates=lambda x, format: {dispatch.TORCH: _geglu_quantized_torch_path, "rocm_sd": geglu_quantized_kernel},
+    samples=_geglu_samples, kernel=geglu_quantized_kernel)
+
+
+@GEGLU_QUANTIZED_SPEC.define
+def geglu_quantized(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): x[..., :D] * gelu(x[..., D:]) quantized per row into `format`, the product itself not kept."""

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import platform
-from ..modules.geglu import RocmGEGLU
+from ..modules.geglu import RocmGEGLU, feed_forward_8bit, feeds_8bit_directly
 from ..modules.layer_norm import RocmLayerNorm
 from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
 from ..modules.quantized_linear import FEW_ROWS, RocmQuantizedLinear, new_model_call
@@ -146,4 +146,7 @@ def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> di
             for layer in quantized:
                 producers_of.setdefault(layer, []).append(producer)
                 layer.input_quantizer = "geglu" if isinstance(producer, RocmGEGLU) else "norm"
+    for block in blocks:
+        if feeds_8bit_directly(block.ff):
+            record.replace_forward(block.ff, feed_forward_8bit, f"feed-forward: GEGLU writes only {fmt} rows")
     return producers_of

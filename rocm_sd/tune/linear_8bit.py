@@ -11,7 +11,9 @@ more memory than the L2 cache:
                     input=rows   a quantize_rows pass
                     input=norm   what writing it costs a LayerNorm: layer_norm_quantize_rows minus layer_norm (a
                                  SkipLayerNorm's is within a microsecond of it at these shapes)
-                    input=geglu  geglu_quantize_rows minus geglu, on the GEGLU's (rows, 2 x features) input
+                    input=geglu  geglu_quantized minus geglu, on the GEGLU's (rows, 2 x features) input: below
+                                 zero, since a GEGLU that writes only the 8-bit rows (modules/geglu.py
+                                 feed_forward_8bit) moves fewer bytes than one writing fp16
 """
 from __future__ import annotations
 
@@ -85,8 +87,8 @@ def _quantizing_ms(call: Linear8bitCall, device: torch.device, copies: int, gen:
 
     if call.quantizer == "geglu":
         inputs = [(randn(m, 2 * k),) for _ in range(copies)]
-        fused = graph_device_ms(lambda h: REGISTRY["geglu_quantize_rows"].call(h, fmt), inputs)
-        return max(0.0, fused - graph_device_ms(lambda h: REGISTRY["geglu"].call(h), inputs))
+        fused = graph_device_ms(lambda h: REGISTRY["geglu_quantized"].call(h, fmt), inputs)
+        return fused - graph_device_ms(lambda h: REGISTRY["geglu"].call(h), inputs)
     inputs = [(randn(m, k),) for _ in range(copies)]
     if call.quantizer == "norm":
         weight, bias = randn(k), randn(k)

@@ -83,3 +83,8 @@ def test_geglu_quantize_rows(emulated, shape, dtype, fmt):
     run(lib.rsd_emu_geglu_quantize_rows, pointer(x), pointer(y), DTYPES[dtype], rows, d, pointer(q), pointer(scale),
         FORMATS[fmt][0])
     _check(arch, y, q, scale, y_plain, fmt)
+    # Without y (rocm_sd::geglu_quantized): the same rows from the row block, which every shape here takes.
+    q_alone, scale_alone = _poisoned((rows, d), fmt)
+    run(lib.rsd_emu_geglu_quantize_rows, pointer(x), None, DTYPES[dtype], rows, d, pointer(q_alone),
+        pointer(scale_alone), FORMATS[fmt][0])
+    assert torch.equal(scale_alone.nan_to_num(-1.0), scale.nan_to_num(-1.0)) and same_codes(q_alone, q), arch

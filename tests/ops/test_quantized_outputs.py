@@ -9,7 +9,8 @@ from rocm_sd.ops.layer_norm import add_layer_norm_kernel, layer_norm_kernel
 from rocm_sd.ops.quantize import FORMATS, quantize_rows_ref
 from rocm_sd.ops.quantized_outputs import (add_layer_norm_quantize_rows, add_layer_norm_quantize_rows_kernel,
                                            add_layer_norm_quantize_rows_ref, geglu_quantize_rows,
-                                           geglu_quantize_rows_kernel, geglu_quantize_rows_ref,
+                                           geglu_quantize_rows_kernel, geglu_quantize_rows_ref, geglu_quantized,
+                                           geglu_quantized_kernel, geglu_quantized_ref,
                                            layer_norm_quantize_rows, layer_norm_quantize_rows_kernel,
                                            layer_norm_quantize_rows_ref)
 from tests.ops.test_layer_norm import make
@@ -28,7 +29,8 @@ def test_cpu_calls_take_the_definition(fmt):
         outputs = [(layer_norm_quantize_rows(x, w, b, 1e-5, fmt), layer_norm_quantize_rows_ref(x, w, b, 1e-5, fmt)),
                    (add_layer_norm_quantize_rows(x, r, w, b, 1e-5, fmt),
                     add_layer_norm_quantize_rows_ref(x, r, w, b, 1e-5, fmt)),
-                   (geglu_quantize_rows(g, fmt), geglu_quantize_rows_ref(g, fmt))]
+                   (geglu_quantize_rows(g, fmt), geglu_quantize_rows_ref(g, fmt)),
+                   (geglu_quantized(g, fmt), geglu_quantized_ref(g, fmt))]
     for got, want in outputs:
         assert len(got) == len(want)
         for a, e in zip(got, want):
@@ -92,6 +94,28 @@ def test_geglu_kernel_quantizes_its_own_output(shape, dtype, fmt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", GEGLU_SD + [(3, 5, 14), (1, 1, 2)], ids=str)
+def test_geglu_quantized_writes_the_same_rows_without_y(shape, dtype, fmt):
+    x = (torch.randn(shape, device="cuda") * 2).to(dtype)
+    q, scale = geglu_quantized_kernel(x, fmt, out=_poisoned(shape[:-1] + (shape[-1] // 2,), fmt))
+    _assert_quantization_of(geglu_kernel(x), q, scale, fmt)
+
+
+@pytest.mark.gpu
+def test_geglu_quantized_needs_y_for_rows_longer_than_a_block():
+    from rocm_sd.ops.quantized_outputs import GEGLU_QUANTIZED_SPEC
+
+    x = torch.randn(2, 2 * 20000, device="cuda", dtype=torch.float16)  # 2500 8-wide vectors: over 1024 threads x 2
+    assert any("y is needed" in r for r in GEGLU_QUANTIZED_SPEC.supports(x, "e4m3fn"))
+    with config.override(log_fallbacks=False):
+        q, scale = geglu_quantized(x, "e4m3fn")  # the definition instead
+    want_q, want_scale = geglu_quantized_ref(x, "e4m3fn")
+    assert same_codes(q, want_q) and torch.equal(scale, want_scale)
+
+
+@pytest.mark.gpu
 def test_ops_run_the_kernels_where_they_can_and_name_why_not():
     x, w, b = make((2, 64, 320), torch.float16, "cuda")
     with config.override(strict=True):
@@ -99,8 +123,10 @@ def test_ops_run_the_kernels_where_they_can_and_name_why_not():
         layer_norm_quantize_rows(x, w, b, 1e-5, "int8")
         add_layer_norm_quantize_rows(x, x, w, b, 1e-5, "e4m3fn")
         geglu_quantize_rows(torch.randn(2, 64, 640, device="cuda", dtype=torch.float16), "e4m3fnuz")
+        geglu_quantized(torch.randn(2, 64, 640, device="cuda", dtype=torch.float16), "int8")
         stats = dispatch.stats()
-        for op in ("layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows"):
+        for op in ("layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows",
+                   "geglu_quantized"):
             assert stats[op] == {"rocm_sd": 1}, stats
     from rocm_sd.ops.quantized_outputs import LN_SPEC
     assert any("fp16 or bf16" in r for r in LN_SPEC.supports(x.float(), w.float(), b.float(), 1e-5, "int8"))
