@@ -9,7 +9,7 @@ from ..ops.linear_geglu import hosts_ck as linear_geglu_hosts_ck
 from ..ops.linear_geglu import linear_geglu
 from ..ops.quantized_outputs import geglu_quantize_rows, geglu_quantized
 from .fusing import called_plainly
-from .quantized_linear import RocmQuantizedLinear, linear_8bit, remember_rows
+from .quantized_linear import RocmQuantizedLinear, remember_rows
 
 
 class RocmGEGLU(nn.Module):
@@ -64,11 +64,7 @@ def feed_forward_8bit(self, hidden_states: torch.Tensor, *args, **kwargs) -> tor
     if (args or kwargs or fmt is None or not out_layer.runs_8bit or (dropout.training and dropout.p > 0)
             or not all(called_plainly(m) for m in (geglu, dropout, out_layer))):
         return type(self).forward(self, hidden_states, *args, **kwargs)
-    q, scale = geglu_quantized.call(geglu.proj(hidden_states), fmt)
-    features = out_layer.in_features
-    out = linear_8bit(q.reshape(-1, features), scale.reshape(-1), out_layer.weight_q, out_layer.weight_scale,
-                      out_layer.bias, fmt, hidden_states.dtype)
-    out = out.view(*hidden_states.shape[:-1], out_layer.out_features)
+    out = out_layer.multiply_rows(*geglu_quantized.call(geglu.proj(hidden_states), fmt), hidden_states.dtype)
     for module in self.net[3:]:
         out = module(out)
     return out

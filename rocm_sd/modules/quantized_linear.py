@@ -172,6 +172,13 @@ class RocmQuantizedLinear(nn.Module):
         gone back to fp16."""
         return "_fp16_offer" not in self.__dict__ and self.fp16_layer is None
 
+    def multiply_rows(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The layer's output (in `dtype`) for input rows its producer already quantized in its format: q (...,
+        in_features), scale (...)."""
+        out = linear_8bit(q.reshape(-1, self.in_features), scale.reshape(-1), self.weight_q, self.weight_scale,
+                          self.bias, self.format, dtype)
+        return out.view(*q.shape[:-1], self.out_features)
+
     def offer_fp16(self, original: nn.Module, producers: list[nn.Module], counts) -> None:
         """Lets the first call go back to `original` (the fp16 layer, waiting in CPU memory) if the tuning database
         measured fp16 faster for the call's shape; the `producers` writing this layer's input quantized then stop
