@@ -6,7 +6,10 @@ rocm_sd:
                                       8-bit for good)
 
     python bench/bench_geglu_quantize_rows.py [--op geglu_quantized] [--out-dir bench/results] [--dtype float16]
-                                              [--format e4m3fn]
+                                              [--format e4m3fn] [--bound 8]
+
+--bound: one scale for every row (precision_scales="tensor"), which takes the elementwise kernel instead of the row
+blocks.
 
 Bytes counted: one read of x (rows x 2D), one write of q (rows x D bytes) and, for geglu_quantize_rows, of y
 (rows x D); the scales are noise.
@@ -30,6 +33,7 @@ SPECS = {GEGLU_OP: GEGLU_SPEC, GEGLU_QUANTIZED_OP: GEGLU_QUANTIZED_SPEC}
 def add_arguments(parser) -> None:
     parser.add_argument("--op", default=GEGLU_OP, choices=list(SPECS))
     parser.add_argument("--format", default="e4m3fn", choices=list(FORMATS))
+    parser.add_argument("--bound", type=float, default=0.0)
 
 
 if __name__ == "__main__":
@@ -40,11 +44,11 @@ if __name__ == "__main__":
     def setup(shape, dtype):
         inputs = rotating_inputs(lambda: torch.randn(shape, device="cuda", dtype=dtype),
                                  torch.Size(shape).numel() * 2)
-        return (inputs, lambda x: spec.reference(x, args.format), lambda x: spec.kernel(x, args.format),
-                spec.supports(inputs[0], args.format))
+        return (inputs, lambda x: spec.reference(x, args.format, args.bound),
+                lambda x: spec.kernel(x, args.format, args.bound), spec.supports(inputs[0], args.format, args.bound))
 
     def bytes_moved(shape, dtype):
         elements = torch.Size(shape).numel()  # of x; y and q have half as many
         return elements * dtype.itemsize * (3 if writes_y else 2) // 2 + elements // 2
 
-    compare_with_torch(args.op, args, GEGLU_SD, setup, bytes_moved)
+    compare_with_torch(args.op + ("-bound" if args.bound else ""), args, GEGLU_SD, setup, bytes_moved)

@@ -62,10 +62,10 @@ rsd::GroupNormArgs group_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, ui
 }
 
 rsd::GegluArgs geglu_args(uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, uintptr_t stream,
-                          int device, uintptr_t q, uintptr_t scale, int format) {
+                          int device, uintptr_t q, uintptr_t scale, int format, double bound) {
   return {as_ptr(x), as_mut_ptr(y), static_cast<rsd::DType>(dtype), rows, d, as_mut_ptr(stream), device,
           q ? as_mut_ptr(q) : nullptr, static_cast<float*>(scale ? as_mut_ptr(scale) : nullptr),
-          static_cast<rsd::QuantFormat>(format)};
+          static_cast<rsd::QuantFormat>(format), static_cast<float>(bound)};
 }
 
 rsd::QuantizeRowsArgs quantize_rows_args(uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows,
@@ -89,11 +89,13 @@ rsd::ParityShuffleArgs parity_shuffle_args(uintptr_t parities, uintptr_t bias, u
 
 rsd::LayerNormArgs layer_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype,
                                    int param_dtype, int64_t rows, int64_t c, double eps, uintptr_t stream, int device,
-                                   uintptr_t residual, uintptr_t sum, uintptr_t q, uintptr_t scale, int format) {
+                                   uintptr_t residual, uintptr_t sum, uintptr_t q, uintptr_t scale, int format,
+                                   double bound) {
   return {as_ptr(x), as_mut_ptr(y), as_ptr_or_null(gamma), as_ptr_or_null(beta), static_cast<rsd::DType>(dtype),
           static_cast<rsd::DType>(param_dtype), rows, c, static_cast<float>(eps), as_mut_ptr(stream), device,
           as_ptr_or_null(residual), sum ? as_mut_ptr(sum) : nullptr, q ? as_mut_ptr(q) : nullptr,
-          static_cast<float*>(scale ? as_mut_ptr(scale) : nullptr), static_cast<rsd::QuantFormat>(format)};
+          static_cast<float*>(scale ? as_mut_ptr(scale) : nullptr), static_cast<rsd::QuantFormat>(format),
+          static_cast<float>(bound)};
 }
 
 // sizes: (batch, heads, q_len, kv_len, head_dim); strides: 4 x (batch, sequence, head) for q, k, v, out.
@@ -248,19 +250,22 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "geglu_check",
       [](uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, int device, uintptr_t q, uintptr_t scale,
-         int format) { return rsd::geglu_check(geglu_args(x, y, dtype, rows, d, 0, device, q, scale, format)); },
+         int format, double bound) {
+        return rsd::geglu_check(geglu_args(x, y, dtype, rows, d, 0, device, q, scale, format, bound));
+      },
       py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("device"), py::arg("q") = 0,
-      py::arg("scale") = 0, py::arg("format") = 0, "Empty string if the kernel takes these arguments, else why not.");
+      py::arg("scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0, "Empty string if the kernel takes these arguments, else why not.");
 
   m.def(
       "geglu_forward",
       [](uintptr_t x, uintptr_t y, int dtype, int64_t rows, int64_t d, uintptr_t stream, int device, uintptr_t q,
-         uintptr_t scale, int format) {
-        raise_if(rsd::geglu_forward(geglu_args(x, y, dtype, rows, d, stream, device, q, scale, format)));
+         uintptr_t scale, int format, double bound) {
+        raise_if(rsd::geglu_forward(geglu_args(x, y, dtype, rows, d, stream, device, q, scale, format, bound)));
       },
       py::arg("x"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("stream"),
-      py::arg("device"), py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0,
-      "y = x[:, :d] * gelu(x[:, d:]) (and y quantized per row into q, scale when they are given).");
+      py::arg("device"), py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0,
+      "y = x[:, :d] * gelu(x[:, d:]) (and y quantized per row into q, scale when they are given; with a bound, one "
+      "scale for every row).");
 
   // ---- quantize_rows (rocm_sd/quantize/api.h) ----
   m.def(
@@ -328,28 +333,29 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "layer_norm_check",
       [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int64_t rows, int64_t c,
-         double eps, int device, uintptr_t residual, uintptr_t sum, uintptr_t q, uintptr_t scale, int format) {
+         double eps, int device, uintptr_t residual, uintptr_t sum, uintptr_t q, uintptr_t scale, int format,
+         double bound) {
         return rsd::layer_norm_check(layer_norm_args(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, 0, device,
-                                                     residual, sum, q, scale, format));
+                                                     residual, sum, q, scale, format, bound));
       },
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
       py::arg("rows"), py::arg("c"), py::arg("eps"), py::arg("device"), py::arg("residual") = 0, py::arg("sum") = 0,
-      py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0,
+      py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0,
       "Empty string if the kernel takes these arguments, else why not.");
 
   m.def(
       "layer_norm_forward",
       [](uintptr_t x, uintptr_t y, uintptr_t gamma, uintptr_t beta, int dtype, int param_dtype, int64_t rows, int64_t c,
          double eps, uintptr_t stream, int device, uintptr_t residual, uintptr_t sum, uintptr_t q, uintptr_t scale,
-         int format) {
+         int format, double bound) {
         raise_if(rsd::layer_norm_forward(layer_norm_args(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, stream,
-                                                         device, residual, sum, q, scale, format)));
+                                                         device, residual, sum, q, scale, format, bound)));
       },
       py::arg("x"), py::arg("y"), py::arg("gamma"), py::arg("beta"), py::arg("dtype"), py::arg("param_dtype"),
       py::arg("rows"), py::arg("c"), py::arg("eps"), py::arg("stream"), py::arg("device"), py::arg("residual") = 0,
-      py::arg("sum") = 0, py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0,
+      py::arg("sum") = 0, py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0,
       "LayerNorm over the last dimension (of x + residual, written to sum, when residual is given; y quantized per "
-      "row into q, scale when they are given).");
+      "row into q, scale when they are given; with a bound, one scale for every row).");
 
   // ---- attention (rocm_sd/attention/api.h) ----
   m.def("attention_instances", &rsd::attention_instances,

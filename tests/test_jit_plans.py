@@ -86,26 +86,30 @@ def test_shared_helpers_match_launch_h(tmp_path):
 
 def test_layer_norm_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
-    quantized = ((0, 0, 0), (0x60000, 0x70000, 1), (0x60004, 0x70000, 2), (0x60000, 0, 0), (0x60000, 0x70000, 7))
-    for wave, dtype, pdtype, c, x, res, (q, scale, fmt) in itertools.product(
+    # (q, scale, format, bound): a bound is refused with int8 and when negative
+    quantized = ((0, 0, 0, 0.0), (0x60000, 0x70000, 1, 0.0), (0x60004, 0x70000, 2, 0.0), (0x60000, 0, 0, 0.0),
+                 (0x60000, 0x70000, 7, 0.0), (0x60000, 0x70000, 0, 2.5), (0x60000, 0x70000, 2, 2.5),
+                 (0x60000, 0x70000, 1, -1.0))
+    for wave, dtype, pdtype, c, x, res, (q, scale, fmt, bound) in itertools.product(
             WAVES, DTYPES, (0, 1, 2), (1, 3, 8, 77, 320, 768, 1280, 2048, 4096, 8192, 20000), POINTERS[:4],
             (0, 0x20000, 0x20002), quantized):
         total = res + 0x100000 if res else 0
         args = f"LayerNormArgs{{P({x}), M({x} + 0x40000), P(0), P(0), DType({dtype}), DType({pdtype}), 7, {c}, 1e-5f, " \
-               f"nullptr, 0, P({res}), M({total}), M({q}), (float*)M({scale}), QuantFormat({fmt})}}"
+               f"nullptr, 0, P({res}), M({total}), M({q}), (float*)M({scale}), QuantFormat({fmt}), {bound}f}}"
         # what the launcher decides: vector width, vectors a lane, and whether the quantizing instance runs
         body.append(f"{{ g_wave = {wave}; LayerNormArgs a = {args}; std::string why = layer_norm_check(a); "
                     f"out(why.empty() ? std::to_string(pick_vec(a)) + ' ' + std::to_string(vecs_per_lane(a, "
                     f"pick_vec(a))) + (a.q && pick_vec(a) == kQuantizeVec ? \" q\" : \"\") : why); }}")
-        why = plans.layer_norm_check(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total, q, scale, fmt)
+        why = plans.layer_norm_check(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total, q, scale, fmt,
+                                     bound)
         if why:
             expected.append(why)
         else:
             launch = plans.layer_norm_plan(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total, q, scale,
-                                           fmt)
+                                           fmt, bound)
             vec, vecs, _, quantize = launch.expression.rstrip(">").split(", ")[2:6]
             expected.append(f"{vec} {vecs}" + (" q" if quantize == "true" else ""))
-            assert launch.args[-1] == (q, scale, fmt)
+            assert launch.args[-1] == (q, scale, fmt, bound)
     cpp = run_driver(tmp_path, "layer_norm/layer_norm.hip", body)
     # the C++ prints vecs_per_lane itself (a power of two <= 16 once the check passed): the instance it launches
     compare(cpp, expected)
@@ -113,23 +117,30 @@ def test_layer_norm_plan_matches_its_launcher(tmp_path):
 
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
-    for dtype, d, x, q, scale, fmt, wave in itertools.product(DTYPES, (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200,
-                                                                       16384, 16392), POINTERS, POINTERS,
-                                                              (0x80000, 0x80002, 0), (0, 2, 9), (32, 64)):
+    cases = itertools.chain(
+        itertools.product(DTYPES, (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200, 16384, 16392), POINTERS, POINTERS,
+                          (0x80000, 0x80002, 0), (0, 2, 9), (0.0,), (32, 64)),
+        itertools.product(DTYPES, (3, 320, 16392), POINTERS[:2], POINTERS[:2], (0x80000, 0), (0, 2), (3.5, -2.0),
+                          (64,)))
+    for dtype, d, x, q, scale, fmt, bound, wave in cases:
         args = f"GegluArgs{{P({x}), M(0x50000), DType({dtype}), 5, {d}, nullptr, 0, M({q}), (float*)M({scale}), " \
-               f"QuantFormat({fmt})}}"
-        # geglu_forward's quantized branch narrows the vector width to q's alignment; 0 threads: a wave per row
+               f"QuantFormat({fmt}), {bound}f}}"
+        # geglu_forward's quantized branch narrows the vector width to q's alignment; 0 threads: a wave per row, and
+        # a bound takes the elementwise grid (-1)
         body.append(f"{{ GegluArgs a = {args}; std::string why = geglu_check(a); int vec = widest_vec(a.dtype, a.d, "
                     f"{{a.x, a.y}}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
-                    f"out(why.empty() ? std::to_string(vec) + \" \" + std::to_string(geglu_row_block_threads(a.d, vec, "
-                    f"{wave})) : why); }}")
-        why = plans.geglu_check(x, 0x50000, dtype, 5, d, q, scale, fmt)
+                    f"out(why.empty() ? std::to_string(vec) + \" \" + std::to_string(a.bound > 0.f ? -1 : "
+                    f"geglu_row_block_threads(a.d, vec, {wave})) : why); }}")
+        why = plans.geglu_check(x, 0x50000, dtype, 5, d, q, scale, fmt, bound)
         if why:
             expected.append(why)
             continue
-        launch = plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, wave, q, scale, fmt)
+        launch = plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, wave, q, scale, fmt, bound)
         kernel, vec = launch.expression.rstrip(">").split("<")[0], launch.expression.rstrip(">").rsplit(", ", 1)[1]
         block = launch.block if kernel == "rsd::geglu_row_block_quantized" else 0
+        if kernel == "rsd::geglu_bounded_quantized":
+            assert bound > 0 and launch.args[-1] == bound
+            block = -1
         assert block or (kernel == "rsd::geglu_rows_quantized" and launch.block == plans.THREADS)
         expected.append(f"{vec} {block}")
     compare(run_driver(tmp_path, "geglu/geglu.hip", body), expected)

@@ -123,7 +123,8 @@ def test_norms_and_geglu_quantize_for_the_layers_after_them(monkeypatch, fmt):
     monkeypatch.setattr(precision, "number_format", lambda device, p: (fmt, None))
     pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
     with config.override(log_fallbacks=False):
-        rocm_sd.optimize(pipe, precision="fp8" if fmt != "int8" else "int8", channels_last=False)
+        rocm_sd.optimize(pipe, precision="fp8" if fmt != "int8" else "int8", channels_last=False,
+                         precision_scales="row")
         producers = [m for m in pipe.unet.modules() if isinstance(m, (RocmLayerNorm, RocmGEGLU))]
         fused = [m for m in producers if m.quantized_output == fmt]
         blocks = sum(1 for m in pipe.unet.modules() if type(m).__name__ == "BasicTransformerBlock")
@@ -157,7 +158,7 @@ def test_the_feed_forward_hands_the_geglu_rows_to_the_8bit_layer_without_y(monke
     feed_forwards = [m for m in pipe.unet.modules() if type(m).__name__ == "FeedForward"]
     with config.override(log_fallbacks=False):
         rocm_sd.optimize(pipe, precision="fp8" if fmt != "int8" else "int8", channels_last=False,
-                         precision_layers="all")
+                         precision_layers="all", precision_scales="row")
         assert rocm_sd.report(pipe)["unet"][f"feed-forward: GEGLU writes only {fmt} rows"] == len(feed_forwards) > 0
         dispatch.reset_stats()
         handed_over = run_pipe(pipe)
@@ -241,7 +242,7 @@ def test_layers_go_back_to_fp16_where_the_database_measured_it_faster(monkeypatc
         assert asked == len(layers)  # each layer once, at its first call
         blocks = len(kept) // 3
         assert {_shape(key)["shared"] for key in database.asked} == {"1", "3", str(2 * blocks)}  # 2: the text's K, V
-        assert {_shape(key)["input"] for key in database.asked} == {"rows", "norm", "geglu"}
+        assert {_shape(key)["input"] for key in database.asked} == {"rows", "norm-tensor", "geglu-tensor"}
         report = rocm_sd.report(pipe)["unet"]
         assert report["linear kept in float32 (measured faster than e4m3fn)"] == 3 * blocks
         assert report["linear -> e4m3fn GEMM"] + report["conv1x1 -> e4m3fn GEMM"] == len(layers) - 3 * blocks

@@ -20,6 +20,9 @@
 // Without y (y == nullptr, q given): only the quantized row is written, for an output projection that takes nothing
 // else (rocm_sd::geglu_quantized): 2 reads and 1 one-byte write per output element, less than the plain kernel. The
 // row block only: the wave-per-row kernel needs y to read back.
+//
+// With a bound (rocm_sd/quantize/api.h: one scale for the tensor) no row needs its maximum before encoding, so the
+// quantized output is the plain kernel's elementwise grid with an encode: no row blocks, no reduction.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/quantize/encode.h"
@@ -56,6 +59,30 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(to_float(a.v[k]) * gelu_erf(to_float(g.v[k])));
     store_vec(y + row * d + col, out, false);
+  }
+}
+
+// The plain kernel writing q (and y where given) with the tensor's one scale; the first vector of a row writes the
+// row's scale.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    geglu_bounded_quantized(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ q,
+                            float* __restrict__ scale, int64_t vectors, FastDiv vectors_per_row, int64_t d,
+                            QuantFormat format, float bound) {
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  const float inv = scale_from_amax(bound, format, scale, false);  // the multiplier only: rows write their scale below
+  for (int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x; v < vectors; v += stride) {
+    const int64_t row = vectors_per_row.div(uint32_t(v));
+    const int64_t col = (v - row * vectors_per_row.divisor) * VEC;
+    const T* in = x + row * 2 * d + col;
+    const Vec<T, VEC> a = load_vec<T, VEC>(in);
+    const Vec<T, VEC> g = load_vec<T, VEC>(in + d);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(to_float(a.v[k]) * gelu_erf(to_float(g.v[k])));
+    if (y != nullptr) store_vec(y + row * d + col, out, false);
+    store_vec(q + row * d + col, encode_vec(out, inv, format), false);
+    if (col == 0) scale_from_amax(bound, format, scale + row, true);
   }
 }
 
@@ -137,6 +164,18 @@ void launch_quantized(const GegluArgs& a, int vec, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   uint8_t* q = static_cast<uint8_t*>(a.q);
+  if (a.bound > 0.f) {
+    const int64_t vectors = a.rows * a.d / vec;
+    const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
+    const FastDiv per_row(uint32_t(a.d / vec));
+    switch (vec) {
+      case 8: geglu_bounded_quantized<T, 8><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
+      case 4: geglu_bounded_quantized<T, 4><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
+      case 2: geglu_bounded_quantized<T, 2><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
+      default: geglu_bounded_quantized<T, 1><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
+    }
+    return;
+  }
   const int wave = device_attribute(a.device, Attr::wave_size, 32);
   if (const int threads = geglu_row_block_threads(a.d, vec, wave)) {
     const unsigned blocks = unsigned(a.rows);  // rows * d < 2^31
@@ -200,7 +239,8 @@ std::string geglu_check(const GegluArgs& a) {
       return "unknown format code " + std::to_string(int(a.format));
     if (elem_bytes(a.dtype) != 2) return "quantized output needs fp16 or bf16 activations";
     if (!aligned(a.scale, 4)) return "misaligned scale pointer";
-    if (a.y == nullptr && !geglu_row_block_threads(a.d, quantized_vec(a), device_attribute(a.device, Attr::wave_size, 32)))
+    if (!bound_ok(a.bound, a.format)) return bound_problem(a.bound);
+    if (a.y == nullptr && a.bound == 0.f && !geglu_row_block_threads(a.d, quantized_vec(a), device_attribute(a.device, Attr::wave_size, 32)))
       return "rows of " + std::to_string(a.d) + " features are quantized by a wave that reads y back: y is needed";
   }
   return std::string();

@@ -46,6 +46,7 @@ struct QuantizedOut {
   uint8_t* q;
   float* scale;
   QuantFormat format;
+  float bound;  // > 0: the tensor's one scale (rocm_sd/quantize/api.h)
 };
 
 template <class T, class P, int VEC, int VECS, bool kResidual, bool kQuantize>
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if constexpr (kQuantize) {
-    const float inv = row_scale(amax, quantized.format, quantized.scale + row);
+    const float inv = row_scale(amax, quantized.format, quantized.scale + row, quantized.bound);
     uint8_t* qr = quantized.q + row * c;
 #pragma unroll
     for (int k = 0; k < VECS; ++k) {
@@ -139,7 +140,7 @@ void launch_vecs(const LayerNormArgs& a, int vecs, hipStream_t stream) {
   const P* g = static_cast<const P*>(a.gamma);
   const P* b = static_cast<const P*>(a.beta);
   const int c = int(a.c);
-  const QuantizedOut qo{static_cast<uint8_t*>(a.q), a.scale, a.format};
+  const QuantizedOut qo{static_cast<uint8_t*>(a.q), a.scale, a.format, a.bound};
   switch (vecs) {
     case 1: layer_norm_rows<T, P, VEC, 1, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
     case 2: layer_norm_rows<T, P, VEC, 2, kResidual, kQuantize><<<blocks, kThreads, 0, stream>>>(x, r, sum, y, g, b, a.rows, c, a.eps, qo); break;
@@ -199,6 +200,7 @@ std::string layer_norm_check(const LayerNormArgs& a) {
   if (a.q) {
     if (a.format != QuantFormat::e4m3fn && a.format != QuantFormat::e4m3fnuz && a.format != QuantFormat::int8)
       return "unknown format code " + std::to_string(int(a.format));
+    if (!bound_ok(a.bound, a.format)) return bound_problem(a.bound);
     if (elem_bytes(a.dtype) != 2 || pick_vec(a) != kQuantizeVec || !aligned(a.q, kQuantizeVec) || !aligned(a.scale, 4))
       return "quantized output needs fp16/bf16 rows of a multiple of 8 channels, 16-byte aligned";
     if (vecs_per_lane(a, kQuantizeVec) > kMaxQuantizedVecsPerLane)

@@ -189,12 +189,13 @@ class JitBackend:
         self._run(device, plans.parity_shuffle_plan(parities, bias, out, dtype, n, h, w, c, self._facts(device)[0]),
                   stream)
 
-    def geglu_check(self, x, y, dtype, rows, d, device, q=0, scale=0, format=0):
-        return plans.geglu_check(x, y, dtype, rows, d, q, scale, format)
+    def geglu_check(self, x, y, dtype, rows, d, device, q=0, scale=0, format=0, bound=0.0):
+        return plans.geglu_check(x, y, dtype, rows, d, q, scale, format, bound)
 
-    def geglu_forward(self, x, y, dtype, rows, d, stream, device, q=0, scale=0, format=0):
-        self._raise_if(plans.geglu_check(x, y, dtype, rows, d, q, scale, format))
-        self._run(device, plans.geglu_plan(x, y, dtype, rows, d, *self._facts(device), q, scale, format), stream)
+    def geglu_forward(self, x, y, dtype, rows, d, stream, device, q=0, scale=0, format=0, bound=0.0):
+        self._raise_if(plans.geglu_check(x, y, dtype, rows, d, q, scale, format, bound))
+        self._run(device, plans.geglu_plan(x, y, dtype, rows, d, *self._facts(device), q, scale, format, bound),
+                  stream)
 
     def quantize_rows_check(self, x, q, scale, dtype, format, rows, k, device):
         return plans.quantize_rows_check(x, q, scale, dtype, format, rows, k)
@@ -205,14 +206,14 @@ class JitBackend:
                   stream)
 
     def layer_norm_check(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, device, residual=0, sum=0, q=0,
-                         scale=0, format=0):
+                         scale=0, format=0, bound=0.0):
         return plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, self._facts(device)[1],
-                                      residual, sum, q, scale, format)
+                                      residual, sum, q, scale, format, bound)
 
     def layer_norm_forward(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, stream, device, residual=0,
-                           sum=0, q=0, scale=0, format=0):
+                           sum=0, q=0, scale=0, format=0, bound=0.0):
         wave = self._facts(device)[1]
-        quantized = (residual, sum, q, scale, format)
+        quantized = (residual, sum, q, scale, format, bound)
         self._raise_if(plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, *quantized))
         self._run(device, plans.layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave,
                                                 *quantized), stream)

@@ -28,8 +28,9 @@ class FastDiv(ctypes.Structure):
 
 class QuantizedOut(ctypes.Structure):
     """rsd::QuantizedOut (hip/layer_norm/layer_norm.hip), passed by value: where LayerNorm writes its row quantized
-    (nullptrs when it does not) and the format code."""
-    _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("format", ctypes.c_int32)]
+    (nullptrs when it does not), the format code and the bound (0: a scale per row)."""
+    _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("format", ctypes.c_int32),
+                ("bound", ctypes.c_float)]
 
     @classmethod
     def of(cls, fields: tuple) -> "QuantizedOut":

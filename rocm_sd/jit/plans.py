@@ -10,6 +10,7 @@ bit-identical outputs from _C and the JIT backend where both exist (the vector w
 reduction, so a different plan shows). Each function names the C++ it mirrors."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .sources import TYPES, layer_norm_unit
@@ -19,6 +20,7 @@ F32 = 0
 NCHW, NHWC = 0, 1
 TWO_31 = 1 << 31
 FORMAT_CODES = (0, 1, 2)  # rsd::QuantFormat: e4m3fn, e4m3fnuz, int8
+INT8 = 2
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,14 @@ def geglu_row_block_threads(d: int, vec: int, wave: int) -> int:
     return threads if threads <= GEGLU_ROW_MAX_THREADS else 0
 
 
-def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0) -> str:
+def bound_problem(bound: float, format: int) -> str:
+    """rocm_sd/quantize/api.h's bound_ok / bound_problem: '' for 0 or a finite positive bound with an fp8 format."""
+    if bound == 0 or (math.isfinite(bound) and bound > 0 and format != INT8):
+        return ""
+    return f"bound {bound:f} is not 0 (a scale per row) or a finite positive value with an fp8 format"
+
+
+def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0, bound=0.0) -> str:
     if rows <= 0 or d <= 0:
         return "empty tensor"
     if not (aligned(x, elem_bytes(dtype)) and aligned(y, elem_bytes(dtype))):
@@ -138,14 +147,20 @@ def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0) -> str:
             return "quantized output needs fp16 or bf16 activations"
         if not aligned(scale, 4):
             return "misaligned scale pointer"
+        return bound_problem(bound, format)
     return ""
 
 
-def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0) -> Launch:
+def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0, bound=0.0) -> Launch:
     vec = widest_vec(dtype, d, (x, y))
     if q:  # geglu_forward's quantized branch: launch_quantized, a block a row where it fits, else a wave a row
         while vec > 1 and not aligned(q, vec):
             vec //= 2
+        if bound > 0:  # one scale for the tensor: the elementwise grid
+            vectors = rows * d // vec
+            return Launch("geglu", f"rsd::geglu_bounded_quantized<{TYPES[dtype]}, {vec}>",
+                          grid_stride_blocks(sms, vectors, THREADS), "ppppqdqif",
+                          (x, y, q, scale, vectors, d // vec, d, format, bound))
         threads = geglu_row_block_threads(d, vec, wave)
         if threads:
             return Launch("geglu", f"rsd::geglu_row_block_quantized<{TYPES[dtype]}, {vec}>", rows, "ppppqi",
@@ -199,7 +214,7 @@ def _vecs_per_lane(c: int, vec: int, wave: int) -> int:
 
 
 def layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0, q=0, scale=0,
-                     format=0) -> str:
+                     format=0, bound=0.0) -> str:
     if rows <= 0 or c <= 0:
         return "empty tensor"
     if param_dtype != dtype and param_dtype != F32:
@@ -212,6 +227,8 @@ def layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, 
     if q:
         if format not in FORMAT_CODES:
             return f"unknown format code {format}"
+        if bound_problem(bound, format):
+            return bound_problem(bound, format)
         if elem_bytes(dtype) != 2 or vec != QUANTIZE_VEC or not aligned(q, QUANTIZE_VEC) or not aligned(scale, 4):
             return "quantized output needs fp16/bf16 rows of a multiple of 8 channels, 16-byte aligned"
         if _vecs_per_lane(c, QUANTIZE_VEC, wave) > MAX_QUANTIZED_VECS_PER_LANE:
@@ -226,7 +243,7 @@ def layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, 
 
 
 def layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, residual=0, sum=0, q=0, scale=0,
-                    format=0) -> Launch:
+                    format=0, bound=0.0) -> Launch:
     vec = _layer_norm_vec(dtype, c, x, y, residual, sum)
     vecs = _vecs_per_lane(c, vec, wave)
     vecs = vecs if vecs in (1, 2, 4, 8) else 16  # the launcher's switch
@@ -237,4 +254,4 @@ def layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, r
     return Launch(layer_norm_unit(dtype, param_dtype == F32 and dtype != F32, vec, quantize),
                   f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {flags}>",
                   ceil_div(rows, THREADS // wave), "ppppppqifo",
-                  (x, residual, sum, y, gamma, beta, rows, c, eps, (q, scale, format)))
+                  (x, residual, sum, y, gamma, beta, rows, c, eps, (q, scale, format, bound)))

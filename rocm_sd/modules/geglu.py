@@ -9,14 +9,16 @@ from ..ops.linear_geglu import hosts_ck as linear_geglu_hosts_ck
 from ..ops.linear_geglu import linear_geglu
 from ..ops.quantized_outputs import geglu_quantize_rows, geglu_quantized
 from .fusing import called_plainly
-from .quantized_linear import RocmQuantizedLinear, remember_rows
+from .quantized_linear import RocmQuantizedLinear, one_scale, remember_rows
 
 
 class RocmGEGLU(nn.Module):
     """Holds the replaced GEGLU's `proj` (same parameters and state-dict keys: `proj.weight`,
-    `proj.bias`). `quantized_output`: as RocmLayerNorm's (the output projection multiplies in 8 bits)."""
+    `proj.bias`). `quantized_output`, `quantized_bound`: as RocmLayerNorm's (the output projection multiplies in 8
+    bits; patch/precision.py: geglu_bound)."""
 
     quantized_output: str | None = None
+    quantized_bound: float = 0.0
 
     def __init__(self, proj: nn.Linear):
         super().__init__()
@@ -31,8 +33,8 @@ class RocmGEGLU(nn.Module):
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         proj = self.proj
         if self.quantized_output is not None:
-            y, q, scale = geglu_quantize_rows.call(proj(hidden_states), self.quantized_output)
-            remember_rows(y, self.quantized_output, q, scale, trusted=True)
+            y, q, scale = geglu_quantize_rows.call(proj(hidden_states), self.quantized_output, self.quantized_bound)
+            remember_rows(y, self.quantized_output, q, one_scale(scale, self.quantized_bound), trusted=True)
             return y
         if linear_geglu_hosts_ck() and _plain_linear(proj):
             # Builds with CK instances: projection and epilogue as one op, so the tuner can pick a fused CK pair.
@@ -64,7 +66,8 @@ def feed_forward_8bit(self, hidden_states: torch.Tensor, *args, **kwargs) -> tor
     if (args or kwargs or fmt is None or not out_layer.runs_8bit or (dropout.training and dropout.p > 0)
             or not all(called_plainly(m) for m in (geglu, dropout, out_layer))):
         return type(self).forward(self, hidden_states, *args, **kwargs)
-    out = out_layer.multiply_rows(*geglu_quantized.call(geglu.proj(hidden_states), fmt), hidden_states.dtype)
+    q, scale = geglu_quantized.call(geglu.proj(hidden_states), fmt, geglu.quantized_bound)
+    out = out_layer.multiply_rows(q, one_scale(scale, geglu.quantized_bound), hidden_states.dtype)
     for module in self.net[3:]:
         out = module(out)
     return out

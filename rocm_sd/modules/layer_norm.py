@@ -6,16 +6,19 @@ from torch import nn
 
 from ..ops.layer_norm import layer_norm
 from ..ops.quantized_outputs import layer_norm_quantize_rows
-from .quantized_linear import remember_rows
+from .quantized_linear import one_scale, remember_rows
 
 
 class RocmLayerNorm(nn.LayerNorm):
     """Same parameters and state-dict keys as the nn.LayerNorm it replaces (shared, not copied).
 
     `quantized_output`: None, or the 8-bit format its every consumer multiplies in (patch/precision.py sets it): the
-    kernel then also writes its output quantized per row, which those layers take instead of quantizing it."""
+    kernel then also writes its output quantized per row, which those layers take instead of quantizing it.
+    `quantized_bound`: 0, or a value its output cannot exceed (patch/precision.py: layer_norm_bound): one scale for the
+    whole output, which per-tensor GEMMs take."""
 
     quantized_output: str | None = None
+    quantized_bound: float = 0.0
 
     @classmethod
     def from_layer_norm(cls, module: nn.LayerNorm) -> "RocmLayerNorm":
@@ -30,6 +33,7 @@ class RocmLayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized_output is None:
             return layer_norm.call(x, self.weight, self.bias, self.eps)
-        y, q, scale = layer_norm_quantize_rows.call(x, self.weight, self.bias, self.eps, self.quantized_output)
-        remember_rows(y, self.quantized_output, q, scale, trusted=True)
+        y, q, scale = layer_norm_quantize_rows.call(x, self.weight, self.bias, self.eps, self.quantized_output,
+                                                    self.quantized_bound)
+        remember_rows(y, self.quantized_output, q, one_scale(scale, self.quantized_bound), trusted=True)
         return y

@@ -7,6 +7,11 @@ the bias in its epilogue, writing the input's dtype:
     fp8  (e4m3fn / e4m3fnuz): torch._scaled_mm with row-wise scales (cuBLASLt / hipBLASLt), fast accumulation
     int8:                     torch._int_mm (int32 accumulators), then scales and bias
 
+Per tensor (fp8, `per_tensor_weight`): where the layer's input comes from a LayerNorm or GEGLU that bounds its output
+(patch/precision.py), the input has one scale (a 0-dim tensor) and the weight one too, and torch._scaled_mm runs its
+per-tensor GEMM, faster than the row-wise one at SD's narrow layers. A per-tensor operand meeting a row-wise one is
+expanded to rows.
+
 Off a GPU (and wherever those GEMMs cannot run) the same product is computed from the dequantized operands in fp32:
 the numbers a GPU gives up to accumulation order, which is how the CPU tests check the math.
 
@@ -81,6 +86,12 @@ def remember_rows(x: torch.Tensor, format: str, q: torch.Tensor, scale: torch.Te
         setattr(x, _REMEMBERED, (format, version, _scope(x), q, scale))
 
 
+def one_scale(scale: torch.Tensor, bound: float) -> torch.Tensor:
+    """A producer's row scales as the GEMM takes them: with a bound every row has the same scale, bound / fmax, and the
+    first row's (a 0-dim view) stands for the tensor; without one (or without rows) the rows' own."""
+    return scale.reshape(-1)[0] if bound > 0 and scale.numel() else scale
+
+
 def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(q, scale) of x in `format` as remember_rows kept it, if x has not changed since."""
     memory = getattr(x, _REMEMBERED, None)
@@ -91,8 +102,9 @@ def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.T
 
 
 # Who quantizes an 8-bit layer's input: quantize_rows, or the kernel writing it (a LayerNorm / SkipLayerNorm, the GEGLU:
-# ops/quantized_outputs.py), which costs that kernel less than a quantize_rows pass.
-INPUT_QUANTIZERS = ("rows", "norm", "geglu")
+# ops/quantized_outputs.py), which costs that kernel less than a quantize_rows pass; "-tensor": with one scale for
+# the input (a bound: patch/precision.py) and the weight, multiplied by the per-tensor GEMM.
+INPUT_QUANTIZERS = ("rows", "norm", "geglu", "norm-tensor", "geglu-tensor")
 
 
 def linear_8bit_key(dtype: torch.dtype, format: str, rows: int, in_features: int, out_features: int,
@@ -154,6 +166,13 @@ class RocmQuantizedLinear(nn.Module):
         kept = ", kept in the model's dtype (measured faster)" if self.fp16_layer is not None else ""
         return f"{kind}, in={self.in_features}, out={self.out_features}, format={self.format}{kept}"
 
+    def per_tensor_weight(self, weight: torch.Tensor) -> None:
+        """Quantizes `weight` (the original layer's) again with one scale for the whole tensor (fp8 only)."""
+        if self.format == "int8":
+            raise ValueError("RocmQuantizedLinear: int8 weights are quantized per output channel only")
+        q, scale = quantize_weight(weight.to(self.weight_q.device), self.format, per_tensor=True)
+        self.weight_q, self.weight_scale = q, scale
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.conv and x.dim() != 4:
             raise ValueError(f"RocmQuantizedLinear (1x1 convolution): input of shape {tuple(x.shape)} is not 4-D")
@@ -175,8 +194,8 @@ class RocmQuantizedLinear(nn.Module):
     def multiply_rows(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The layer's output (in `dtype`) for input rows its producer already quantized in its format: q (...,
         in_features), scale (...)."""
-        out = linear_8bit(q.reshape(-1, self.in_features), scale.reshape(-1), self.weight_q, self.weight_scale,
-                          self.bias, self.format, dtype)
+        out = linear_8bit(q.reshape(-1, self.in_features), scale if scale.dim() == 0 else scale.reshape(-1),
+                          self.weight_q, self.weight_scale, self.bias, self.format, dtype)
         return out.view(*q.shape[:-1], self.out_features)
 
     def offer_fp16(self, original: nn.Module, producers: list[nn.Module], counts) -> None:
@@ -222,11 +241,16 @@ def quantizable_weight(weight) -> bool:
     return type(weight) in (nn.Parameter, torch.Tensor) and weight.dtype.is_floating_point
 
 
-def quantize_weight(weight: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight(weight: torch.Tensor, format: str, per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A Linear's (N, K) weight, or a 1x1 convolution's (N, K, 1, 1), quantized per output channel: (q (N, K), the
-    GEMM's column scales (1, N)). Weights a host stores in fp8 itself are read in fp32."""
+    GEMM's column scales (1, N)); with `per_tensor`, with one scale: (q, (1, 1)). Weights a host stores in fp8 itself
+    are read in fp32."""
     rows = weight.detach().reshape(weight.shape[0], -1)
-    q, scale = quantize_rows_ref(rows.float() if rows.element_size() == 1 else rows, format)
+    rows = rows.float() if rows.element_size() == 1 else rows
+    if per_tensor:
+        q, scale = quantize_rows_ref(rows.reshape(1, -1), format)
+        return q.view(rows.shape), scale.view(1, 1)
+    q, scale = quantize_rows_ref(rows, format)
     return q, scale.unsqueeze(0)
 
 
@@ -238,29 +262,34 @@ def input_rows(x: torch.Tensor, rows: torch.Tensor, format: str) -> tuple[torch.
         quantized = quantize_rows.call(rows.contiguous(), format)
         remember_rows(x, format, *quantized)
     q, scale = quantized
-    return q.reshape(rows.shape), scale.reshape(rows.shape[0])
+    return q.reshape(rows.shape), scale if scale.dim() == 0 else scale.reshape(rows.shape[0])
 
 
 def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, weight_scale: torch.Tensor,
                 bias: torch.Tensor | None, format: str, dtype: torch.dtype) -> torch.Tensor:
     """(q * scale) @ (weight_q * weight_scale).T + bias in `dtype`: the 8-bit GEMM on a GPU, the same product of the
-    dequantized operands in fp32 elsewhere."""
+    dequantized operands in fp32 elsewhere. scale: (M,) per row or 0-dim per tensor; weight_scale: (1, N) per output
+    channel or (1, 1) per tensor. Both per tensor: the per-tensor GEMM; else the row-wise one."""
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)  # a host that stores its weights in another dtype casts per call too
-    if q.is_cuda and q.shape[0] > 0:
-        if format == "int8":
-            if q.shape[0] > 16:  # torch._int_mm's smallest M
-                acc = torch._int_mm(q, weight_q.t())
-                # Two passes over the int32 product (not five): the row scale makes it fp32, then one pass applies
-                # the column scale and the bias in fp32 and writes `dtype`.
-                rows_scaled = torch.mul(acc, scale.unsqueeze(1))
-                out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
-                if bias is None:
-                    return torch.mul(rows_scaled, weight_scale, out=out)
-                return torch.addcmul(bias, rows_scaled, weight_scale, out=out)
-        else:
-            return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1), scale_b=weight_scale, bias=bias,
+    if q.is_cuda and q.shape[0] > 0 and format != "int8":
+        if scale.dim() == 0 and weight_scale.numel() == 1:
+            return torch._scaled_mm(q, weight_q.t(), scale_a=scale, scale_b=weight_scale.reshape(()), bias=bias,
                                     out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION)
+        scale = scale.expand(q.shape[0]) if scale.dim() == 0 else scale
+        if weight_scale.numel() == 1:
+            weight_scale = weight_scale.expand(1, weight_q.shape[0]).contiguous()
+        return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1).contiguous(), scale_b=weight_scale,
+                                bias=bias, out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION)
+    if q.is_cuda and q.shape[0] > 16:  # int8: torch._int_mm's smallest M
+            acc = torch._int_mm(q, weight_q.t())
+            # Two passes over the int32 product (not five): the row scale makes it fp32, then one pass applies the
+            # column scale and the bias in fp32 and writes `dtype`.
+            rows_scaled = torch.mul(acc, scale.unsqueeze(1))
+            out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+            if bias is None:
+                return torch.mul(rows_scaled, weight_scale, out=out)
+            return torch.addcmul(bias, rows_scaled, weight_scale, out=out)
     out = F.linear(dequantize_rows(q, scale), dequantize_rows(weight_q, weight_scale.squeeze(0)),
                    None if bias is None else bias.float())
     return out.to(dtype)

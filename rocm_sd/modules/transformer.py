@@ -20,7 +20,7 @@ from ..ops.layer_norm import add_layer_norm
 from ..ops.quantized_outputs import add_layer_norm_quantize_rows
 from .fusing import called_plainly
 from .layer_norm import RocmLayerNorm
-from .quantized_linear import remember_rows
+from .quantized_linear import one_scale, remember_rows
 
 
 def fusable(block: nn.Module) -> bool:
@@ -37,8 +37,8 @@ def _add_norm(norm: RocmLayerNorm, x: torch.Tensor, residual: torch.Tensor) -> t
     if norm.quantized_output is None:
         return add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
     total, y, q, scale = add_layer_norm_quantize_rows.call(x, residual, norm.weight, norm.bias, norm.eps,
-                                                           norm.quantized_output)
-    remember_rows(y, norm.quantized_output, q, scale, trusted=True)
+                                                           norm.quantized_output, norm.quantized_bound)
+    remember_rows(y, norm.quantized_output, q, one_scale(scale, norm.quantized_bound), trusted=True)
     return total, y
 
 

@@ -10,6 +10,8 @@ row is NaN, never silently finite.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import _ext, dispatch
@@ -28,12 +30,17 @@ FORMATS = {
 MIN_AMAX = 1e-12
 
 
-def quantize_rows_ref(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The definition, in fp32 as the kernel computes it (bit-exact against it)."""
+def quantize_rows_ref(x: torch.Tensor, format: str, bound: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, in fp32 as the kernel computes it (bit-exact against it). With `bound` > 0 (the kernels that
+    quantize their own output: check_bound) every row is scaled as if its max |x| were `bound`: one scale for the
+    tensor, values beyond it saturate."""
     _, dtype, fmax = FORMATS[format]
     rows = x.float()
-    amax = (rows.abs().amax(-1, keepdim=True) if rows.shape[-1]  # NaN propagates
-            else rows.new_zeros(rows.shape[:-1] + (1,)))      # rows of length 0: nothing to scale
+    if bound > 0:
+        amax = rows.new_full(rows.shape[:-1] + (1,), bound)
+    else:
+        amax = (rows.abs().amax(-1, keepdim=True) if rows.shape[-1]  # NaN propagates
+                else rows.new_zeros(rows.shape[:-1] + (1,)))      # rows of length 0: nothing to scale
     clamped = torch.where(amax < MIN_AMAX, torch.full_like(amax, MIN_AMAX), amax)
     # Divisions of two full tensors: torch divides by a scalar (and a scalar by a tensor) through a reciprocal,
     # one rounding more than the kernel's (and IEEE's) division.
@@ -51,6 +58,17 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def check_format(op: str, format: str) -> None:
     if format not in FORMATS:
         fail(op, f"format {format!r} is not one of {', '.join(FORMATS)}")
+
+
+def check_bound(op: str, format: str, bound: float) -> None:
+    """A quantized output's bound: 0 (a scale per row), or finite and positive with an fp8 format (an int8 code cannot
+    carry a NaN, whose row then needs its own scale)."""
+    if bound == 0:
+        return
+    if not math.isfinite(bound) or bound < 0:
+        fail(op, f"bound {bound} is not 0 (a scale per row) or a finite positive value")
+    if format == "int8":
+        fail(op, "a bound (one scale per tensor) needs an fp8 format, not int8: an int8 code cannot carry a NaN")
 
 
 def check_args(x: torch.Tensor, format: str) -> None:

@@ -156,6 +156,12 @@ OPTIONS = (
            "input (shipped for NVIDIA Hopper; `python -m rocm_sd.tune --precision fp8` measures your GPU; untuned "
            "layers stay 8-bit). 'all': every layer 8-bit (the least memory).",
            values=("measured", "all")),
+    Option("precision_scales", "tensor",
+           "With precision 'fp8': 'tensor': the layers whose input a LayerNorm or the feed-forward's GEGLU writes "
+           "take one scale for that input, from a bound on its values derived from the weights (nothing to calibrate, "
+           "nothing saturates), and one for their weight: the per-tensor FP8 GEMM, faster than the row-wise one on "
+           "narrow layers. 'row': a scale per row and per output channel everywhere. int8 is always row-wise.",
+           values=("tensor", "row")),
     Option("attention_precision", "fp16",
            "Number format of the UNet's attention products (needs `attention`). 'fp8': Q and K quantized per token, V "
            "per channel, the probabilities as FP8, softmax and sums in fp32 (rocm_sd::attention_fp8), at each shape "

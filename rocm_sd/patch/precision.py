@@ -6,10 +6,18 @@ stay as they are: an 8-bit GEMM of two rows saves nothing. The replaced layers' 
 revert(), which puts them back: GPU memory holds the 8-bit weights only. With precision_layers="measured" (the
 default) a layer goes back to fp16 at its first call where the tuning database measured that faster for its shape
 (modules/quantized_linear.RocmQuantizedLinear.offer_fp16).
+
+With precision_scales="tensor" (the default; fp8 only) the layers whose input a LayerNorm or the feed-forward's GEGLU
+writes take one scale for that input and one for their weight: the per-tensor FP8 GEMM. The scale comes from a bound
+no value of the producer's output can exceed, derived from the weights (layer_norm_bound, geglu_bound), never from
+the data: nothing to calibrate, and nothing saturates. A bound above the values costs nothing: e4m3 keeps its three
+mantissa bits over 2^15 of range below its largest value, and the bounds here sit one to two orders of magnitude
+above typical activations.
 """
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from torch import nn
@@ -96,7 +104,8 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1
     if targets:
         record.add_hook(model.register_forward_pre_hook(new_model_call))
-        producers = quantize_in_producers(model, record, fmt)
+        per_tensor = options.get("precision_scales", "tensor") == "tensor" and fmt != "int8"
+        producers = quantize_in_producers(model, record, fmt, originals if per_tensor else None)
         if options["precision_layers"] == "measured":
             for layer, original in originals.items():
                 layer.offer_fp16(original, producers.get(layer, []), record.counts)
@@ -125,14 +134,88 @@ def _text_consumers(blocks: list[nn.Module]) -> list[nn.Module]:
             for name in ("to_k", "to_v")]
 
 
-def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> dict[nn.Module, list[nn.Module]]:
+# The operands' fp8 rounding (at most 2^-4 relative each) and fp16's of the outputs, with room to spare (module doc).
+BOUND_MARGIN = 1.25
+GELU_NEGATIVE_MAX = 0.17  # max |gelu(g)| over g < 0 (0.1700 at g = -0.75); gelu(g) <= g for g >= 0
+
+
+def _normalized_size(norm: nn.LayerNorm) -> int:
+    return math.prod(norm.normalized_shape)
+
+
+def layer_norm_bound(norm: nn.LayerNorm) -> float:
+    """A value no output of `norm` can exceed: the normalized row has mean 0 and sum of squares at most C, so no element
+    exceeds sqrt(C - 1) in magnitude; then |y| <= sqrt(C - 1) max|weight| + max|bias|."""
+    gain = norm.weight.detach().abs().max().item() if norm.weight is not None else 1.0
+    shift = norm.bias.detach().abs().max().item() if norm.bias is not None else 0.0
+    return BOUND_MARGIN * (math.sqrt(_normalized_size(norm) - 1) * gain + shift)
+
+
+def _layer_norm_row_norm(norm: nn.LayerNorm) -> float:
+    """A bound on the Euclidean norm of one output row of `norm`: sqrt(C) max|weight| + ||bias||."""
+    gain = norm.weight.detach().abs().max().item() if norm.weight is not None else 1.0
+    shift = norm.bias.detach().float().norm().item() if norm.bias is not None else 0.0
+    return math.sqrt(_normalized_size(norm)) * gain + shift
+
+
+def _linear_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) in fp32 of a Linear, or of an 8-bit layer (its dequantized weight: what it multiplies)."""
+    if isinstance(layer, RocmQuantizedLinear):
+        if layer.fp16_layer is not None:
+            return _linear_weight(layer.fp16_layer)
+        return layer.weight_q.float() * layer.weight_scale.reshape(-1, 1), layer.bias
+    if type(layer) is nn.Linear:
+        return layer.weight.detach().float(), layer.bias
+    return None
+
+
+def geglu_bound(geglu: RocmGEGLU, norm: nn.LayerNorm) -> float | None:
+    """A value no output of the GEGLU can exceed when its projection takes `norm`'s output (None when the projection's
+    weight cannot be read). Each half's output j is bounded by Cauchy-Schwarz: |w_j . x + b_j| <= ||w_j|| L + |b_j|,
+    L the bound on the input row's norm; |gelu(g)| <= max(|g|, 0.17); the bound is the largest product over j."""
+    weights = _linear_weight(geglu.proj)
+    if weights is None:
+        return None
+    weight, bias = weights
+    reach = weight.norm(dim=1) * _layer_norm_row_norm(norm) * BOUND_MARGIN
+    if bias is not None:
+        reach = reach + bias.detach().float().abs()
+    value, gate = reach.chunk(2)
+    return float((value * gate.clamp_min(GELU_NEGATIVE_MAX)).max().item()) * BOUND_MARGIN
+
+
+def _bounds(blocks: list[nn.Module]) -> dict[nn.Module, float]:
+    """The producers whose outputs have a bound (layer_norm_bound, geglu_bound) and the bound: the LayerNorms of the
+    blocks, and the GEGLU of each block that hands it norm3's output as it is (norm_type 'layer_norm')."""
+    bounds: dict[nn.Module, float] = {}
+    for block in blocks:
+        for name in ("norm1", "norm2", "norm3"):
+            norm = getattr(block, name, None)
+            if isinstance(norm, RocmLayerNorm):
+                bounds[norm] = layer_norm_bound(norm)
+        geglu, norm3 = block.ff.net[0] if hasattr(block.ff, "net") else None, block.norm3
+        if (isinstance(geglu, RocmGEGLU) and isinstance(norm3, RocmLayerNorm)
+                and getattr(block, "norm_type", None) == "layer_norm"):
+            bound = geglu_bound(geglu, norm3)
+            if bound is not None and math.isfinite(bound) and bound > 0:
+                bounds[geglu] = bound
+    return bounds
+
+
+def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str,
+                          originals: dict[nn.Module, nn.Module] | None = None) -> dict[nn.Module, list[nn.Module]]:
     """Where every layer taking a rocm_sd LayerNorm's or GEGLU's output is an 8-bit GEMM of `fmt`, that kernel writes
     the quantized output too (ops/quantized_outputs.py) and the GEMMs quantize nothing. Each 8-bit layer learns how
     many take its input and who quantizes it (`input_sharers`, `input_quantizer`: its tuning problem charges it its
-    share of that cost); returns each layer's producers that write its input quantized."""
+    share of that cost); returns each layer's producers that write its input quantized.
+
+    With `originals` (8-bit layer -> the layer it replaced: precision_scales 'tensor'), a producer with a bound
+    (_bounds) writes one scale for its output, and its consumers' weights are quantized per tensor again from the
+    originals: their GEMMs run per tensor."""
     blocks = [block for block in model.modules()
               if all(hasattr(block, name) for name in ("norm1", "attn1", "norm3", "ff", "only_cross_attention"))]
     groups = [pair for block in blocks for pair in _consumers(block)] + [(None, _text_consumers(blocks))]
+    bounds = _bounds(blocks) if originals is not None else {}
     producers_of: dict[nn.Module, list[nn.Module]] = {}
     for producer, consumers in groups:
         quantized = [c for c in consumers if isinstance(c, RocmQuantizedLinear) and c.format == fmt]
@@ -143,9 +226,17 @@ def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str) -> di
             producer.quantized_output = fmt
             record.on_revert(delattr, producer, "quantized_output")
             record.counts[f"{type(producer).__name__} writes {fmt}"] += 1
+            bound = bounds.get(producer, 0.0) if all(layer in (originals or {}) for layer in quantized) else 0.0
+            if bound:
+                producer.quantized_bound = bound
+                record.on_revert(delattr, producer, "quantized_bound")
+                record.counts[f"{type(producer).__name__} writes {fmt}, one scale per tensor"] += 1
             for layer in quantized:
                 producers_of.setdefault(layer, []).append(producer)
                 layer.input_quantizer = "geglu" if isinstance(producer, RocmGEGLU) else "norm"
+                if bound:
+                    layer.per_tensor_weight(originals[layer].weight)
+                    layer.input_quantizer += "-tensor"
     for block in blocks:
         if feeds_8bit_directly(block.ff):
             record.replace_forward(block.ff, feed_forward_8bit, f"feed-forward: GEGLU writes only {fmt} rows")

@@ -14,6 +14,8 @@ more memory than the L2 cache:
                     input=geglu  geglu_quantized minus geglu, on the GEGLU's (rows, 2 x features) input: below
                                  zero, since a GEGLU that writes only the 8-bit rows (modules/geglu.py
                                  feed_forward_8bit) moves fewer bytes than one writing fp16
+                    input=norm-tensor, geglu-tensor: the same with a bound (one scale for the input), and the GEMM
+                                 per tensor (precision_scales="tensor")
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from .measure import MAX_COPIES
 
 OP = "linear_8bit"
 EPS = 1e-5
+BOUND = 64.0  # any bound: the kernels' time does not depend on it
 
 
 @dataclass(frozen=True)
@@ -81,18 +84,21 @@ def recording(model: torch.nn.Module):
 def _quantizing_ms(call: Linear8bitCall, device: torch.device, copies: int, gen: torch.Generator) -> float:
     """Device ms that quantizing the layer's (rows, in_features) input costs whoever does it (the module doc)."""
     m, k, fmt = call.rows, call.in_features, call.format
+    producer, _, per_tensor = call.quantizer.partition("-")
+    bound = BOUND if per_tensor else 0.0
 
     def randn(*shape):
         return torch.randn(*shape, device=device, generator=gen).to(call.dtype)
 
-    if call.quantizer == "geglu":
+    if producer == "geglu":
         inputs = [(randn(m, 2 * k),) for _ in range(copies)]
-        fused = graph_device_ms(lambda h: REGISTRY["geglu_quantized"].call(h, fmt), inputs)
+        fused = graph_device_ms(lambda h: REGISTRY["geglu_quantized"].call(h, fmt, bound), inputs)
         return fused - graph_device_ms(lambda h: REGISTRY["geglu"].call(h), inputs)
     inputs = [(randn(m, k),) for _ in range(copies)]
-    if call.quantizer == "norm":
+    if producer == "norm":
         weight, bias = randn(k), randn(k)
-        fused = graph_device_ms(lambda x: REGISTRY["layer_norm_quantize_rows"].call(x, weight, bias, EPS, fmt), inputs)
+        fused = graph_device_ms(lambda x: REGISTRY["layer_norm_quantize_rows"].call(x, weight, bias, EPS, fmt, bound),
+                                inputs)
         return max(0.0, fused - graph_device_ms(lambda x: REGISTRY["layer_norm"].call(x, weight, bias, EPS), inputs))
     return graph_device_ms(lambda x: REGISTRY["quantize_rows"].call(x, fmt), inputs)
 
@@ -104,10 +110,13 @@ def measure_parts(call: Linear8bitCall, device: torch.device, l2_bytes: int, see
     m, k, n = call.rows, call.in_features, call.out_features
     weight = torch.randn(n, k, device=device, generator=gen).to(call.dtype) / k ** 0.5
     bias = torch.randn(n, device=device, generator=gen).to(call.dtype)
-    weight_q, weight_scale = quantize_weight(weight, call.format)
+    per_tensor = call.quantizer.endswith("-tensor")
+    weight_q, weight_scale = quantize_weight(weight, call.format, per_tensor=per_tensor)
     copies = max(1, min(MAX_COPIES, -(-2 * l2_bytes // max(m * k * 2, 1))))
     xs = [(torch.randn(m, k, device=device, generator=gen).to(call.dtype),) for _ in range(copies)]
     rows = [REGISTRY["quantize_rows"].call(x, call.format) for (x,) in xs]
+    if per_tensor:  # the GEMM's time does not depend on which scale it applies
+        rows = [(q, scale.reshape(-1)[0]) for q, scale in rows]
     return {TORCH: graph_device_ms(lambda x: F.linear(x, weight, bias), xs),
             "gemm": graph_device_ms(lambda q, s: linear_8bit(q, s, weight_q, weight_scale, bias, call.format,
                                                              call.dtype), rows),

@@ -11,13 +11,15 @@ const char* rsd_emu_geglu(const void* x, void* y, int dtype, int64_t rows, int64
   return rsd_emu::answer(rsd::geglu_forward(a));
 }
 
-// The same with y also quantized per row into q (rows, d) bytes and scale (rows,) float32.
+// The same with y also quantized per row into q (rows, d) bytes and scale (rows,) float32, with the bound (0: a scale
+// per row).
 const char* rsd_emu_geglu_quantize_rows(const void* x, void* y, int dtype, int64_t rows, int64_t d, void* q, void* scale,
-                                        int format) {
+                                        int format, float bound) {
   rsd::GegluArgs a{x, y, rsd::DType(dtype), rows, d, nullptr, 0};
   a.q = q;
   a.scale = static_cast<float*>(scale);
   a.format = rsd::QuantFormat(format);
+  a.bound = bound;
   return rsd_emu::answer(rsd::geglu_forward(a));
 }
 

@@ -13,15 +13,17 @@ const char* rsd_emu_layer_norm(const void* x, const void* residual, void* sum, v
   return rsd_emu::answer(rsd::layer_norm_forward(a));
 }
 
-// The same with y also quantized per row into q (rows, c) bytes and scale (rows,) float32.
+// The same with y also quantized per row into q (rows, c) bytes and scale (rows,) float32, with the bound (0: a scale
+// per row).
 const char* rsd_emu_layer_norm_quantize_rows(const void* x, const void* residual, void* sum, void* y, const void* gamma,
                                              const void* beta, int dtype, int param_dtype, int64_t rows, int64_t c,
-                                             float eps, void* q, void* scale, int format) {
+                                             float eps, void* q, void* scale, int format, float bound) {
   rsd::LayerNormArgs a{x,   y,       gamma, beta,     rsd::DType(dtype), rsd::DType(param_dtype), rows, c,
                        eps, nullptr, 0,     residual, sum};
   a.q = q;
   a.scale = static_cast<float*>(scale);
   a.format = rsd::QuantFormat(format);
+  a.bound = bound;
   return rsd_emu::answer(rsd::layer_norm_forward(a));
 }
 

@@ -1,5 +1,6 @@
 """The kernels that quantize their own output (ops/quantized_outputs.py): y is the plain kernel's y bit for bit, and
-(q, scale) is rocm_sd::quantize_rows of that y bit for bit, so an 8-bit GEMM gets the same operands fused or not."""
+(q, scale) is rocm_sd::quantize_rows of that y bit for bit, so an 8-bit GEMM gets the same operands fused or not; with
+a bound, quantize_rows_ref(y, format, bound): one scale for every row, values beyond the bound saturated."""
 import pytest
 import torch
 
@@ -37,6 +38,36 @@ def test_cpu_calls_take_the_definition(fmt):
             assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a.float(), e.float())
 
 
+def test_cpu_calls_with_a_bound_take_one_scale_for_every_row():
+    """With a bound every row's scale is bound / fmax; the codes are the float64 quotient rounded to the format, and
+    values beyond the bound saturate at the format's largest value."""
+    x, w, b = make((2, 6, 64), torch.float16, "cpu")
+    with config.override(log_fallbacks=False):
+        y, q, scale = layer_norm_quantize_rows(x, w, b, 1e-5, "e4m3fn", 1.5)
+    fmax = FORMATS["e4m3fn"][2]
+    assert torch.equal(scale, torch.full_like(scale, 1.5 / fmax))
+    quotient = y.double() * fmax / 1.5
+    assert quotient.abs().max() > fmax  # some values are beyond the bound
+    want = quotient.clamp(-fmax, fmax).float().to(torch.float8_e4m3fn)
+    assert torch.equal(q.float(), want.float())
+    assert q.float().abs().max() == fmax
+
+
+@pytest.mark.parametrize("bound, why", [(-1.0, "not 0 .* or a finite positive"), (float("nan"), "finite positive"),
+                                         (float("inf"), "finite positive")])
+def test_bad_bounds_are_named(bound, why):
+    x, w, b = make((2, 6, 64), torch.float16, "cpu")
+    with pytest.raises(RuntimeError, match=why):
+        layer_norm_quantize_rows(x, w, b, 1e-5, "e4m3fn", bound)
+    with pytest.raises(RuntimeError, match=why):
+        geglu_quantized(torch.randn(2, 8, dtype=torch.float16), "e4m3fnuz", bound)
+
+
+def test_int8_takes_no_bound():
+    with pytest.raises(RuntimeError, match="needs an fp8 format, not int8"):
+        geglu_quantize_rows(torch.randn(2, 8, dtype=torch.float16), "int8", 3.0)
+
+
 def test_wrong_format_and_odd_geglu_are_named():
     x, w, b = make((2, 6, 64), torch.float16, "cpu")
     with pytest.raises(RuntimeError, match="format 'fp4' is not one of"):
@@ -52,48 +83,55 @@ def _poisoned(shape, fmt):
             torch.full(shape[:-1], float("nan"), device="cuda"))
 
 
-def _assert_quantization_of(y, q, scale, fmt):
-    q_ref, scale_ref = quantize_rows_ref(y, fmt)
+# (format, bound): every format per row, the fp8 ones also with a bound below some of the values (they saturate)
+FORMAT_BOUNDS = [(fmt, 0.0) for fmt in FORMATS] + [(fmt, 2.5) for fmt in FORMATS if fmt != "int8"]
+
+
+def _assert_quantization_of(y, q, scale, fmt, bound=0.0):
+    q_ref, scale_ref = quantize_rows_ref(y, fmt, bound)
     assert torch.equal(scale.nan_to_num(-1.0), scale_ref.nan_to_num(-1.0)), "row scales differ"
     assert same_codes(q, q_ref), "codes differ"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt, bound", FORMAT_BOUNDS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", LAYER_NORM_SD + [(3, 7, 2048)], ids=str)
-def test_layer_norm_kernels_quantize_their_own_output(shape, dtype, fmt):
+def test_layer_norm_kernels_quantize_their_own_output(shape, dtype, fmt, bound):
     x, w, b = make(shape, dtype, "cuda")
-    x.view(-1, shape[-1])[1, 3] = float("nan")  # its row only: scale NaN there
+    x.view(-1, shape[-1])[1, 3] = float("nan")  # its row only: scale NaN there (its codes NaN with a bound)
     r = torch.randn_like(x)
-    y, q, scale = layer_norm_quantize_rows_kernel(x, w, b, 1e-5, fmt,
+    y, q, scale = layer_norm_quantize_rows_kernel(x, w, b, 1e-5, fmt, bound,
                                                   out=(torch.full_like(x, float("nan")), *_poisoned(shape, fmt)))
     assert torch.equal(y.nan_to_num(7.0), layer_norm_kernel(x, w, b, 1e-5).nan_to_num(7.0))
-    _assert_quantization_of(y, q, scale, fmt)
-    assert scale.view(-1)[1].isnan() and not scale.view(-1)[0].isnan()
+    _assert_quantization_of(y, q, scale, fmt, bound)
+    assert scale.view(-1)[1].isnan() == (bound == 0) and not scale.view(-1)[0].isnan()
     total, y, q, scale = add_layer_norm_quantize_rows_kernel(
-        x, r, w, b, 1e-5, fmt, out=(torch.full_like(x, float("nan")), torch.full_like(x, float("nan")),
-                                    *_poisoned(shape, fmt)))
+        x, r, w, b, 1e-5, fmt, bound, out=(torch.full_like(x, float("nan")), torch.full_like(x, float("nan")),
+                                           *_poisoned(shape, fmt)))
     total_plain, y_plain = add_layer_norm_kernel(x, r, w, b, 1e-5)
     assert torch.equal(total.nan_to_num(7.0), total_plain.nan_to_num(7.0))
     assert torch.equal(y.nan_to_num(7.0), y_plain.nan_to_num(7.0))
-    _assert_quantization_of(y, q, scale, fmt)
+    _assert_quantization_of(y, q, scale, fmt, bound)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt, bound", FORMAT_BOUNDS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", GEGLU_SD + [(3, 5, 14), (1, 1, 2)], ids=str)
-def test_geglu_kernels_quantize_their_own_output(shape, dtype, fmt):
-    """geglu_quantize_rows writes y and its rows; geglu_quantized the same rows without y."""
+@pytest.mark.parametrize("shape", GEGLU_SD + [(3, 5, 14), (1, 1, 2), (2, 2 * 20000)], ids=str)
+def test_geglu_kernels_quantize_their_own_output(shape, dtype, fmt, bound):
+    """geglu_quantize_rows writes y and its rows; geglu_quantized the same rows without y (with a bound at any row
+    length: the elementwise kernel; without, up to a row block's)."""
     x = (torch.randn(shape, device="cuda") * 2).to(dtype)
     d = shape[-1] // 2
     out = (torch.full(shape[:-1] + (d,), float("nan"), dtype=dtype, device="cuda"), *_poisoned(shape[:-1] + (d,), fmt))
-    y, q, scale = geglu_quantize_rows_kernel(x, fmt, out=out)
+    y, q, scale = geglu_quantize_rows_kernel(x, fmt, bound, out=out)
     assert torch.equal(y, geglu_kernel(x))
-    _assert_quantization_of(y, q, scale, fmt)
-    q, scale = geglu_quantized_kernel(x, fmt, out=_poisoned(shape[:-1] + (d,), fmt))
-    _assert_quantization_of(y, q, scale, fmt)
+    _assert_quantization_of(y, q, scale, fmt, bound)
+    if d > 16384 and bound == 0:
+        return  # test_geglu_quantized_needs_y_for_rows_longer_than_a_block
+    q, scale = geglu_quantized_kernel(x, fmt, bound, out=_poisoned(shape[:-1] + (d,), fmt))
+    _assert_quantization_of(y, q, scale, fmt, bound)
 
 
 @pytest.mark.gpu

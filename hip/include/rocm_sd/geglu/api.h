@@ -21,6 +21,7 @@ struct GegluArgs {
   void* q = nullptr;       // (rows, d) one byte each: y quantized per row, or nullptr
   float* scale = nullptr;  // (rows,): its scales; set exactly when q is
   QuantFormat format = QuantFormat::e4m3fn;
+  float bound = 0.f;               // > 0: one scale for every row, bound / fmax (rocm_sd/quantize/api.h); fp8 only
 };
 std::string geglu_check(const GegluArgs& a);
 std::string geglu_forward(const GegluArgs& a);

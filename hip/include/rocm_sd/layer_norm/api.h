@@ -27,6 +27,7 @@ struct LayerNormArgs {
   void* q = nullptr;               // (rows, c) one byte each: y quantized per row, or nullptr
   float* scale = nullptr;          // (rows,): its scales; set exactly when q is
   QuantFormat format = QuantFormat::e4m3fn;
+  float bound = 0.f;               // > 0: one scale for every row, bound / fmax (rocm_sd/quantize/api.h); fp8 only
 };
 std::string layer_norm_check(const LayerNormArgs& a);
 std::string layer_norm_forward(const LayerNormArgs& a);

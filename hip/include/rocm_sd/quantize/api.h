@@ -5,10 +5,16 @@
 //   q[m, j]  = encode(clamp(x[m, j] * (fmax / max(amax_m, kMinAmax)), -fmax, fmax))
 //
 // encode is round-to-nearest-even into the format: the GEMM operands of optimize(precision="fp8"/"int8").
+//
+// The kernels that quantize their own output (LayerNorm, GEGLU) also take a bound: a value no element of their output
+// can exceed (patch/precision.py derives it from the weights). With bound > 0 every row takes amax_m = bound, one
+// scale for the whole tensor, which the per-tensor FP8 GEMM needs. fp8 formats only: an int8 code cannot carry a NaN,
+// and a row's NaN then reaches the GEMM through its scale alone.
 #pragma once
 
 #include "rocm_sd/rtc.h"
 #if !RSD_RTC  // the kernels (also compiled at run time) need QuantFormat only
+#include <cmath>
 #include <cstdint>
 #include <string>
 #endif
@@ -35,6 +41,14 @@ struct QuantizeRowsArgs {
 #if !RSD_RTC
 std::string quantize_rows_check(const QuantizeRowsArgs& a);
 std::string quantize_rows_forward(const QuantizeRowsArgs& a);
+
+// A quantized output's bound: 0 (a scale per row), or finite and positive with an fp8 format.
+inline bool bound_ok(float bound, QuantFormat format) {
+  return bound == 0.f || (std::isfinite(bound) && bound > 0.f && format != QuantFormat::int8);
+}
+inline std::string bound_problem(float bound) {
+  return "bound " + std::to_string(bound) + " is not 0 (a scale per row) or a finite positive value with an fp8 format";
+}
 #endif
 
 }  // namespace rsd

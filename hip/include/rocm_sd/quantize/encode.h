@@ -77,9 +77,11 @@ __device__ __forceinline__ float scale_from_amax(float amax, QuantFormat format,
   return fmax / clamped;
 }
 
-// The row's scale, from each lane's max |x| over its part of the row (one wave per row): lane 0 writes it.
-__device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, float* scale) {
-  return scale_from_amax(wave_absmax(lane_amax), format, scale, lane_id() == 0);
+// The row's scale, from each lane's max |x| over its part of the row (one wave per row): lane 0 writes it. With a
+// bound (> 0: no value of the tensor can exceed it; the same for every row, so the branch is uniform) the row takes
+// the tensor's one scale, bound / fmax, and no reduction.
+__device__ __forceinline__ float row_scale(float lane_amax, QuantFormat format, float* scale, float bound = 0.f) {
+  return scale_from_amax(bound > 0.f ? bound : wave_absmax(lane_amax), format, scale, lane_id() == 0);
 }
 
 #if defined(RSD_PLATFORM_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
