@@ -173,3 +173,13 @@ def test_bounds_are_finite_for_the_models_blocks():
     blocks = [m for m in pipe.unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
     bounds = precision._bounds(blocks)
     assert len(bounds) == 4 * len(blocks) and all(math.isfinite(b) and b > 0 for b in bounds.values())
+
+
+@pytest.mark.parametrize("shape", [(1000, 64), (3, 5), (4, 8)])
+def test_a_per_tensor_weight_is_quantized_as_one_row(shape):
+    """quantize_weight(per_tensor=True) quantizes a block of rows at a time (its peak memory) with the tensor's max:
+    the codes and scale of the whole weight quantized as one row, an all-zero weight included."""
+    weight = torch.randn(*shape, dtype=torch.float16) * 3 if shape != (4, 8) else torch.zeros(shape)
+    q, scale = quantize_weight(weight, "e4m3fn", per_tensor=True)
+    q_whole, scale_whole = quantize_rows_ref(weight.reshape(1, -1), "e4m3fn")
+    assert torch.equal(q.float(), q_whole.view(shape).float()) and torch.equal(scale, scale_whole.view(1, 1))

@@ -243,7 +243,7 @@ def test_tune_precision_times_each_8bit_layer_and_optimize_follows(tmp_path, cap
     """--precision fp8 --ops linear_8bit: one problem per 8-bit layer shape, each the faster of the fp16 GEMM and
     the 8-bit GEMM with its share of quantizing the input (by whoever quantizes it); optimize(precision="fp8") then
     keeps exactly the layers whose problem chose torch in fp16."""
-    from rocm_sd.modules.quantized_linear import RocmQuantizedLinear
+    from rocm_sd.modules.quantized_linear import INPUT_QUANTIZERS, RocmQuantizedLinear
     from rocm_sd.patch.precision import number_format
 
     fmt, why = number_format(torch.device("cuda"), "fp8")
@@ -257,7 +257,8 @@ def test_tune_precision_times_each_8bit_layer_and_optimize_follows(tmp_path, cap
     for key, result in db.results.items():
         parts = result["parts_ms"]
         assert result["choice"] in ("torch", fmt) and result["torch_ms"] > 0 and parts["gemm"] > 0
-        assert parts["input"] >= 0 and key.split("input=")[1].split("|")[0] in ("rows", "norm", "geglu")
+        quantizer = key.split("input=")[1].split("|")[0]
+        assert quantizer in INPUT_QUANTIZERS and (parts["input"] >= 0 or quantizer.startswith("geglu"))
         eight_bit = parts["gemm"] + parts["input"] / parts["sharers"]
         assert result["ms"] == pytest.approx(min(result["torch_ms"], eight_bit), abs=3e-5)
     pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)

@@ -26,6 +26,7 @@ call looks up the tuning database's `linear_8bit` problem for the call's shape (
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import dispatch
-from ..ops.quantize import FORMATS, dequantize_rows, quantize_rows, quantize_rows_ref
+from ..ops.quantize import FORMATS, MIN_AMAX, dequantize_rows, quantize_rows, quantize_rows_ref
 from ..ops.spec import dtype_name, problem_key
 
 
@@ -48,6 +49,8 @@ FEW_ROWS = ("time_embedding", "add_embedding", "class_embedding", "encoder_hid_p
 # whole layer against float64). MFMA and WMMA accumulate FP8 products in fp32 at full rate, so ROCm builds keep
 # torch's default.
 FAST_ACCUMULATION = torch.version.hip is None
+
+WEIGHT_ROWS_AT_ONCE = 256  # quantize_weight(per_tensor=True)'s block of output channels
 
 OP = "linear_8bit"  # the tuning problem: one layer's 8-bit GEMM (and its share of quantizing its input) against fp16
 _REMEMBERED = "_rocm_sd_quantized_rows"
@@ -248,8 +251,14 @@ def quantize_weight(weight: torch.Tensor, format: str, per_tensor: bool = False)
     rows = weight.detach().reshape(weight.shape[0], -1)
     rows = rows.float() if rows.element_size() == 1 else rows
     if per_tensor:
-        q, scale = quantize_rows_ref(rows.reshape(1, -1), format)
-        return q.view(rows.shape), scale.view(1, 1)
+        # The tensor's max as every row's bound, a block of rows at a time: quantize_rows_ref's fp32 temporaries of
+        # the largest weights at once would add ~200 MB to optimize()'s peak. (Empty or non-finite weights: at once.)
+        bound = max(rows.abs().amax().item(), MIN_AMAX) if rows.numel() else 0.0
+        if not math.isfinite(bound) or bound <= 0:
+            q, scale = quantize_rows_ref(rows.reshape(1, -1), format)
+            return q.view(rows.shape), scale.view(1, 1)
+        q = torch.cat([quantize_rows_ref(block, format, bound)[0] for block in rows.split(WEIGHT_ROWS_AT_ONCE)])
+        return q, quantize_rows_ref(rows[:1], format, bound)[1].view(1, 1)
     q, scale = quantize_rows_ref(rows, format)
     return q, scale.unsqueeze(0)
 
