@@ -44,21 +44,35 @@ constexpr int kRowVectors = 2;        // vectors of y a thread of a row block ke
 
 __device__ __forceinline__ float gelu_erf(float g) { return 0.5f * g * (1.f + erff(g * 0.70710678118654752f)); }
 
+// The v-th vector of y in the elementwise kernels: its row, its first column, and its values.
+template <class T, int VEC>
+struct GegluVector {
+  int64_t row, col;
+  Vec<T, VEC> y;
+};
+
+template <class T, int VEC>
+__device__ __forceinline__ GegluVector<T, VEC> geglu_vector(const T* __restrict__ x, int64_t v, FastDiv vectors_per_row,
+                                                            int64_t d) {
+  GegluVector<T, VEC> out;
+  // rows * D / VEC < 2^31 is checked on the host, so the row fits the 32-bit division.
+  out.row = vectors_per_row.div(uint32_t(v));
+  out.col = (v - out.row * vectors_per_row.divisor) * VEC;
+  const T* in = x + out.row * 2 * d + out.col;
+  const Vec<T, VEC> a = load_vec<T, VEC>(in);
+  const Vec<T, VEC> g = load_vec<T, VEC>(in + d);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) out.y.v[k] = from_float<T>(to_float(a.v[k]) * gelu_erf(to_float(g.v[k])));
+  return out;
+}
+
 template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     geglu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t vectors, FastDiv vectors_per_row, int64_t d) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x; v < vectors; v += stride) {
-    // rows * D / VEC < 2^31 is checked on the host, so the row fits the 32-bit division.
-    const int64_t row = vectors_per_row.div(uint32_t(v));
-    const int64_t col = (v - row * vectors_per_row.divisor) * VEC;
-    const T* in = x + row * 2 * d + col;
-    const Vec<T, VEC> a = load_vec<T, VEC>(in);
-    const Vec<T, VEC> g = load_vec<T, VEC>(in + d);
-    Vec<T, VEC> out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(to_float(a.v[k]) * gelu_erf(to_float(g.v[k])));
-    store_vec(y + row * d + col, out, false);
+    const GegluVector<T, VEC> out = geglu_vector<T, VEC>(x, v, vectors_per_row, d);
+    store_vec(y + out.row * d + out.col, out.y, false);
   }
 }
 
@@ -72,17 +86,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   const float inv = scale_from_amax(bound, format, scale, false);  // the multiplier only: rows write their scale below
   for (int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x; v < vectors; v += stride) {
-    const int64_t row = vectors_per_row.div(uint32_t(v));
-    const int64_t col = (v - row * vectors_per_row.divisor) * VEC;
-    const T* in = x + row * 2 * d + col;
-    const Vec<T, VEC> a = load_vec<T, VEC>(in);
-    const Vec<T, VEC> g = load_vec<T, VEC>(in + d);
-    Vec<T, VEC> out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(to_float(a.v[k]) * gelu_erf(to_float(g.v[k])));
-    if (y != nullptr) store_vec(y + row * d + col, out, false);
-    store_vec(q + row * d + col, encode_vec(out, inv, format), false);
-    if (col == 0) scale_from_amax(bound, format, scale + row, true);
+    const GegluVector<T, VEC> out = geglu_vector<T, VEC>(x, v, vectors_per_row, d);
+    if (y != nullptr) store_vec(y + out.row * d + out.col, out.y, false);
+    store_vec(q + out.row * d + out.col, encode_vec(out.y, inv, format), false);
+    if (out.col == 0) scale_from_amax(bound, format, scale + out.row, true);
   }
 }
 
@@ -159,20 +166,28 @@ __global__ void __launch_bounds__(kRowMaxThreads)
 }
 
 #if !RSD_RTC
+// The elementwise kernels' grid for vectors of vec: a grid-stride loop over rows * d / vec vectors.
+struct ElementwiseGrid {
+  int64_t vectors;
+  unsigned blocks;
+  FastDiv per_row;
+  ElementwiseGrid(const GegluArgs& a, int vec)
+      : vectors(a.rows * a.d / vec), blocks(grid_stride_blocks(a.device, vectors, kThreads)),
+        per_row(uint32_t(a.d / vec)) {}
+};
+
 template <class T>
 void launch_quantized(const GegluArgs& a, int vec, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   uint8_t* q = static_cast<uint8_t*>(a.q);
   if (a.bound > 0.f) {
-    const int64_t vectors = a.rows * a.d / vec;
-    const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
-    const FastDiv per_row(uint32_t(a.d / vec));
+    const ElementwiseGrid g(a, vec);
     switch (vec) {
-      case 8: geglu_bounded_quantized<T, 8><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
-      case 4: geglu_bounded_quantized<T, 4><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
-      case 2: geglu_bounded_quantized<T, 2><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
-      default: geglu_bounded_quantized<T, 1><<<blocks, kThreads, 0, stream>>>(x, y, q, a.scale, vectors, per_row, a.d, a.format, a.bound); break;
+      case 8: geglu_bounded_quantized<T, 8><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound); break;
+      case 4: geglu_bounded_quantized<T, 4><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound); break;
+      case 2: geglu_bounded_quantized<T, 2><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound); break;
+      default: geglu_bounded_quantized<T, 1><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound); break;
     }
     return;
   }
@@ -197,16 +212,17 @@ void launch_quantized(const GegluArgs& a, int vec, hipStream_t stream) {
 }
 
 template <class T>
-void launch(const GegluArgs& a, int vec, unsigned blocks, int64_t vectors, FastDiv per_row, hipStream_t stream) {
+void launch(const GegluArgs& a, int vec, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
+  const ElementwiseGrid g(a, vec);
   switch (vec) {
     case 8:
-      if constexpr (sizeof(T) == 2) geglu_kernel<T, 8><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d);
+      if constexpr (sizeof(T) == 2) geglu_kernel<T, 8><<<g.blocks, kThreads, 0, stream>>>(x, y, g.vectors, g.per_row, a.d);
       break;
-    case 4: geglu_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d); break;
-    case 2: geglu_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d); break;
-    default: geglu_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(x, y, vectors, per_row, a.d); break;
+    case 4: geglu_kernel<T, 4><<<g.blocks, kThreads, 0, stream>>>(x, y, g.vectors, g.per_row, a.d); break;
+    case 2: geglu_kernel<T, 2><<<g.blocks, kThreads, 0, stream>>>(x, y, g.vectors, g.per_row, a.d); break;
+    default: geglu_kernel<T, 1><<<g.blocks, kThreads, 0, stream>>>(x, y, g.vectors, g.per_row, a.d); break;
   }
 }
 
@@ -260,13 +276,10 @@ std::string geglu_forward(const GegluArgs& a) {
       launch_quantized<bf16>(a, vec, stream);
   } else {
     const int vec = widest_vec(a.dtype, a.d, {a.x, a.y});  // D a multiple of vec keeps both halves aligned
-    const int64_t vectors = a.rows * a.d / vec;
-    const unsigned blocks = grid_stride_blocks(a.device, vectors, kThreads);
-    const FastDiv per_row(uint32_t(a.d / vec));
     switch (a.dtype) {
-      case DType::f32: launch<float>(a, vec, blocks, vectors, per_row, stream); break;
-      case DType::f16: launch<__half>(a, vec, blocks, vectors, per_row, stream); break;
-      case DType::bf16: launch<bf16>(a, vec, blocks, vectors, per_row, stream); break;
+      case DType::f32: launch<float>(a, vec, stream); break;
+      case DType::f16: launch<__half>(a, vec, stream); break;
+      case DType::bf16: launch<bf16>(a, vec, stream); break;
     }
   }
   const hipError_t err = hipGetLastError();

@@ -227,8 +227,8 @@ def layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, 
     if q:
         if format not in FORMAT_CODES:
             return f"unknown format code {format}"
-        if bound_problem(bound, format):
-            return bound_problem(bound, format)
+        if why := bound_problem(bound, format):
+            return why
         if elem_bytes(dtype) != 2 or vec != QUANTIZE_VEC or not aligned(q, QUANTIZE_VEC) or not aligned(scale, 4):
             return "quantized output needs fp16/bf16 rows of a multiple of 8 channels, 16-byte aligned"
         if _vecs_per_lane(c, QUANTIZE_VEC, wave) > MAX_QUANTIZED_VECS_PER_LANE:

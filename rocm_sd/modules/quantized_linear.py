@@ -291,14 +291,14 @@ def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, we
         return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1).contiguous(), scale_b=weight_scale,
                                 bias=bias, out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION)
     if q.is_cuda and q.shape[0] > 16:  # int8: torch._int_mm's smallest M
-            acc = torch._int_mm(q, weight_q.t())
-            # Two passes over the int32 product (not five): the row scale makes it fp32, then one pass applies the
-            # column scale and the bias in fp32 and writes `dtype`.
-            rows_scaled = torch.mul(acc, scale.unsqueeze(1))
-            out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
-            if bias is None:
-                return torch.mul(rows_scaled, weight_scale, out=out)
-            return torch.addcmul(bias, rows_scaled, weight_scale, out=out)
+        acc = torch._int_mm(q, weight_q.t())
+        # Two passes over the int32 product (not five): the row scale makes it fp32, then one pass applies the column
+        # scale and the bias in fp32 and writes `dtype`.
+        rows_scaled = torch.mul(acc, scale.unsqueeze(1))
+        out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+        if bias is None:
+            return torch.mul(rows_scaled, weight_scale, out=out)
+        return torch.addcmul(bias, rows_scaled, weight_scale, out=out)
     out = F.linear(dequantize_rows(q, scale), dequantize_rows(weight_q, weight_scale.squeeze(0)),
                    None if bias is None else bias.float())
     return out.to(dtype)

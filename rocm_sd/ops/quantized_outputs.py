@@ -16,6 +16,8 @@ that takes nothing else (modules/geglu.py), and moves fewer bytes than the plain
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import _ext, dispatch
@@ -206,16 +208,17 @@ def geglu_quantize_rows_ref(x, format, bound=0.0):
     return (y, *quantize_rows_ref(y, format, bound))
 
 
-def _geglu_check(x, format, bound=0.0):
+def _geglu_check(x, format, bound=0.0, op=GEGLU_OP):
     check_geglu_args(x)
-    check_format(GEGLU_OP, format)
-    check_bound(GEGLU_OP, format, bound)
+    check_format(op, format)
+    check_bound(op, format, bound)
 
 
-def _geglu_supports(x, format, bound=0.0) -> list[str]:
+def _geglu_supports(x, format, bound=0.0, with_y=True) -> list[str]:
+    """geglu_quantize_rows' reasons, or geglu_quantized's (`with_y` False: the kernel writes no y)."""
     return kernel_reasons(x.device, geglu_input_reasons(x) + _sixteen_bit(x),
-                          lambda: _ext._C.geglu_check(*_geglu_args(x, x), x.device.index,
-                                                      **_quantized_args(None, None, format, bound)))
+                          lambda: _ext._C.geglu_check(*(_geglu_args(x, x) if with_y else _without_y(x)),
+                                                      x.device.index, **_quantized_args(None, None, format, bound)))
 
 
 def geglu_quantize_rows_kernel(x, format, bound=0.0, out=None):
@@ -282,16 +285,7 @@ def _without_y(x: torch.Tensor) -> tuple:
     return (x_ptr, 0, *rest)
 
 
-def _geglu_quantized_check(x, format, bound=0.0):
-    check_geglu_args(x)
-    check_format(GEGLU_QUANTIZED_OP, format)
-    check_bound(GEGLU_QUANTIZED_OP, format, bound)
-
-
-def _geglu_quantized_supports(x, format, bound=0.0) -> list[str]:
-    return kernel_reasons(x.device, geglu_input_reasons(x) + _sixteen_bit(x),
-                          lambda: _ext._C.geglu_check(*_without_y(x), x.device.index,
-                                                      **_quantized_args(None, None, format, bound)))
+_geglu_quantized_check = functools.partial(_geglu_check, op=GEGLU_QUANTIZED_OP)
 
 
 def geglu_quantized_kernel(x, format, bound=0.0, out=None):
@@ -313,7 +307,7 @@ def _geglu_quantized_fake(x, format, bound=0.0):
 
 GEGLU_QUANTIZED_SPEC = OpSpec(
     GEGLU_QUANTIZED_OP, reference=geglu_quantized_ref, check_args=_geglu_quantized_check, fake=_geglu_quantized_fake,
-    supports=_geglu_quantized_supports, launch=lambda plan, *args: geglu_quantized_kernel(*args),
+    supports=functools.partial(_geglu_supports, with_y=False), launch=lambda plan, *args: geglu_quantized_kernel(*args),
     torch_path=_geglu_quantized_torch_path, plan_key=lambda x, format, bound=0.0: (tensor_key(x), format, bound),
     key=lambda x, format, bound=0.0: _key(GEGLU_QUANTIZED_OP, x, format, bound, x.shape[-1] // 2),
     candidates=lambda *args: {dispatch.TORCH: _geglu_quantized_torch_path, "rocm_sd": geglu_quantized_kernel},

@@ -27,7 +27,7 @@ from ..modules.geglu import RocmGEGLU, feed_forward_8bit, feeds_8bit_directly
 from ..modules.layer_norm import RocmLayerNorm
 from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
 from ..modules.quantized_linear import FEW_ROWS, RocmQuantizedLinear, new_model_call
-from ..ops.quantize import fp8_format
+from ..ops.quantize import dequantize_rows, fp8_format
 from .core import PatchRecord
 
 log = logging.getLogger("rocm_sd")
@@ -104,7 +104,7 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1
     if targets:
         record.add_hook(model.register_forward_pre_hook(new_model_call))
-        per_tensor = options.get("precision_scales", "tensor") == "tensor" and fmt != "int8"
+        per_tensor = options["precision_scales"] == "tensor" and fmt != "int8"
         producers = quantize_in_producers(model, record, fmt, originals if per_tensor else None)
         if options["precision_layers"] == "measured":
             for layer, original in originals.items():
@@ -143,19 +143,22 @@ def _normalized_size(norm: nn.LayerNorm) -> int:
     return math.prod(norm.normalized_shape)
 
 
+def _gain(norm: nn.LayerNorm) -> float:
+    """The largest |weight| of `norm` (1 without one)."""
+    return norm.weight.detach().abs().max().item() if norm.weight is not None else 1.0
+
+
 def layer_norm_bound(norm: nn.LayerNorm) -> float:
     """A value no output of `norm` can exceed: the normalized row has mean 0 and sum of squares at most C, so no element
     exceeds sqrt(C - 1) in magnitude; then |y| <= sqrt(C - 1) max|weight| + max|bias|."""
-    gain = norm.weight.detach().abs().max().item() if norm.weight is not None else 1.0
     shift = norm.bias.detach().abs().max().item() if norm.bias is not None else 0.0
-    return BOUND_MARGIN * (math.sqrt(_normalized_size(norm) - 1) * gain + shift)
+    return BOUND_MARGIN * (math.sqrt(_normalized_size(norm) - 1) * _gain(norm) + shift)
 
 
 def _layer_norm_row_norm(norm: nn.LayerNorm) -> float:
     """A bound on the Euclidean norm of one output row of `norm`: sqrt(C) max|weight| + ||bias||."""
-    gain = norm.weight.detach().abs().max().item() if norm.weight is not None else 1.0
     shift = norm.bias.detach().float().norm().item() if norm.bias is not None else 0.0
-    return math.sqrt(_normalized_size(norm)) * gain + shift
+    return math.sqrt(_normalized_size(norm)) * _gain(norm) + shift
 
 
 def _linear_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -163,7 +166,7 @@ def _linear_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]
     if isinstance(layer, RocmQuantizedLinear):
         if layer.fp16_layer is not None:
             return _linear_weight(layer.fp16_layer)
-        return layer.weight_q.float() * layer.weight_scale.reshape(-1, 1), layer.bias
+        return dequantize_rows(layer.weight_q, layer.weight_scale.reshape(-1)), layer.bias
     if type(layer) is nn.Linear:
         return layer.weight.detach().float(), layer.bias
     return None
@@ -226,7 +229,7 @@ def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str,
             producer.quantized_output = fmt
             record.on_revert(delattr, producer, "quantized_output")
             record.counts[f"{type(producer).__name__} writes {fmt}"] += 1
-            bound = bounds.get(producer, 0.0) if all(layer in (originals or {}) for layer in quantized) else 0.0
+            bound = bounds.get(producer, 0.0)  # bounds come with `originals`, which holds every layer made 8-bit here
             if bound:
                 producer.quantized_bound = bound
                 record.on_revert(delattr, producer, "quantized_bound")

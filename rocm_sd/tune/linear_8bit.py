@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..dispatch import TORCH
 from ..modules.quantized_linear import (RocmQuantizedLinear, input_sharing, linear_8bit, linear_8bit_key,
-                                        quantize_weight)
+                                        one_scale, quantize_weight)
 from ..ops import REGISTRY
 from ..timing import graph_device_ms
 from .measure import MAX_COPIES
@@ -116,7 +116,7 @@ def measure_parts(call: Linear8bitCall, device: torch.device, l2_bytes: int, see
     xs = [(torch.randn(m, k, device=device, generator=gen).to(call.dtype),) for _ in range(copies)]
     rows = [REGISTRY["quantize_rows"].call(x, call.format) for (x,) in xs]
     if per_tensor:  # the GEMM's time does not depend on which scale it applies
-        rows = [(q, scale.reshape(-1)[0]) for q, scale in rows]
+        rows = [(q, one_scale(scale, BOUND)) for q, scale in rows]
     return {TORCH: graph_device_ms(lambda x: F.linear(x, weight, bias), xs),
             "gemm": graph_device_ms(lambda q, s: linear_8bit(q, s, weight_q, weight_scale, bias, call.format,
                                                              call.dtype), rows),
