@@ -1,10 +1,11 @@
 """optimize() modes side by side on one random-weight pipeline: median seconds per image, first call, peak memory,
 PSNR against the first mode's image, NaN check, what was replaced, and device time per kernel category over two
-steps (torch profiler; "gemm" also holds attention kernels whose names say cutlass / gemm).
+steps (torch profiler).
 
-    python bench/bench_modes.py sd15 50 out.json fp16,fp8,fp8row,fp8all,int8,deepcache3,deepcache3b1,adaptive0.15,attnfp8
+    python bench/bench_modes.py sd15 50 out.json fp16,fp8,fp8row,fp8noconv,fp8all,int8,deepcache3,deepcache3b1,adaptive0.15,attnfp8
 
-'fp8row' is precision_scales="row" (a scale per row and output channel everywhere).
+'fp8row' is precision_scales="row" (a scale per row and output channel everywhere); 'fp8noconv' is precision_convs=False
+(the resnets' convolutions stay fp16). The FP8 convolutions' GEMMs count as "gemm", their patches as "im2col".
 
 'attnfp8' is attention_precision="fp8" as shipped (the FP8 attention where the tuning database measured it faster);
 'attnfp8forced' runs the FP8 attention kernel at every shape (ROCM_SD_BACKEND's attention_fp8:rocm_sd), to see what
@@ -26,6 +27,7 @@ def keywords(mode):
     if mode.startswith("attnfp8"): return {"attention_precision": "fp8"}
     if mode.endswith("all"): return {"precision": mode[:-3], "precision_layers": "all"}
     if mode.endswith("row"): return {"precision": mode[:-3], "precision_scales": "row"}
+    if mode.endswith("noconv"): return {"precision": mode[:-6], "precision_convs": False}
     mode, _, branch = mode.partition("b")
     branch = {"cache_branch": int(branch)} if branch else {}
     if mode.startswith("deepcache"): return {"cache": "deepcache", "cache_interval": int(mode[9:] or 3), **branch}
@@ -46,11 +48,15 @@ def category(name):
     n = name.lower()
     # rocm_sd's kernels first, by their own names (a template argument may name another kernel's types)
     if "quantize_rows_kernel" in n: return "quantize"
+    if "im2col_quantize_kernel" in n: return "im2col"
     if "geglu_rows_quantized" in n or "geglu_row_block_quantized" in n or "geglu_bounded_quantized" in n or ("layer_norm_rows" in n and ", true>" in n): return "norm/geglu + quantize"
     if "layer_norm_rows" in n or "geglu_kernel" in n: return "norm/geglu"
-    if any(s in n for s in ("gemm", "cutlass", "sm90_xmma", "cublas", "matmul", "_mm", "nvjet", "scaled_mm", "f8f8", "int8", "s8")): return "gemm"
-    if any(s in n for s in ("conv", "implicit", "winograd", "fprop", "dgrad", "cudnn")): return "conv"
+    # Attention before convolutions (cuDNN's flash attention kernels say "fprop"), convolutions before GEMMs (cuDNN's
+    # say "implicit_gemm"); runs before 2026-11-25 (FP8 convolutions) counted cuDNN's attention as "conv" and its
+    # convolutions as "gemm".
     if any(s in n for s in ("attention", "flash", "fmha", "sdpa", "attn")): return "attention"
+    if any(s in n for s in ("conv", "implicit", "winograd", "fprop", "dgrad", "cudnn")): return "conv"
+    if any(s in n for s in ("gemm", "cutlass", "sm90_xmma", "cublas", "matmul", "_mm", "nvjet", "scaled_mm", "f8f8", "int8", "s8")): return "gemm"
     return "other"
 
 rows = []

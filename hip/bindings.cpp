@@ -19,6 +19,7 @@
 #include "rocm_sd/ck/api.h"
 #include "rocm_sd/geglu/api.h"
 #include "rocm_sd/group_norm/api.h"
+#include "rocm_sd/im2col_quantize/api.h"
 #include "rocm_sd/layer_norm/api.h"
 #include "rocm_sd/parity_shuffle/api.h"
 #include "rocm_sd/quantize/api.h"
@@ -72,6 +73,15 @@ rsd::QuantizeRowsArgs quantize_rows_args(uintptr_t x, uintptr_t q, uintptr_t sca
                                          int64_t k, uintptr_t stream, int device) {
   return {as_ptr(x), as_mut_ptr(q), static_cast<float*>(as_mut_ptr(scale)), static_cast<rsd::DType>(dtype),
           static_cast<rsd::QuantFormat>(format), rows, k, as_mut_ptr(stream), device};
+}
+
+rsd::Im2colQuantizeArgs im2col_quantize_args(uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t n,
+                                             int64_t h, int64_t w, int64_t c, int kh, int kw, int stride_h,
+                                             int stride_w, int pad_h, int pad_w, double bound, uintptr_t stream,
+                                             int device) {
+  return {as_ptr(x), as_mut_ptr(q), static_cast<float*>(as_mut_ptr(scale)), static_cast<rsd::DType>(dtype),
+          static_cast<rsd::QuantFormat>(format), n, h, w, c, kh, kw, stride_h, stride_w, pad_h, pad_w,
+          static_cast<float>(bound), as_mut_ptr(stream), device};
 }
 
 rsd::BiasResidualArgs bias_residual_args(uintptr_t x, uintptr_t residual, uintptr_t bias, uintptr_t y, int dtype,
@@ -284,6 +294,32 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("dtype"), py::arg("format"), py::arg("rows"), py::arg("k"),
       py::arg("stream"), py::arg("device"), "q, scale = per-row 8-bit quantization of x (rows, k).");
+
+  // ---- im2col_quantize (rocm_sd/im2col_quantize/api.h) ----
+  m.def(
+      "im2col_quantize_check",
+      [](uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t n, int64_t h, int64_t w, int64_t c,
+         int kh, int kw, int stride_h, int stride_w, int pad_h, int pad_w, double bound, int device) {
+        return rsd::im2col_quantize_check(im2col_quantize_args(x, q, scale, dtype, format, n, h, w, c, kh, kw, stride_h,
+                                                               stride_w, pad_h, pad_w, bound, 0, device));
+      },
+      py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("dtype"), py::arg("format"), py::arg("n"), py::arg("h"),
+      py::arg("w"), py::arg("c"), py::arg("kh"), py::arg("kw"), py::arg("stride_h"), py::arg("stride_w"),
+      py::arg("pad_h"), py::arg("pad_w"), py::arg("bound"), py::arg("device"),
+      "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "im2col_quantize_forward",
+      [](uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t n, int64_t h, int64_t w, int64_t c,
+         int kh, int kw, int stride_h, int stride_w, int pad_h, int pad_w, double bound, uintptr_t stream, int device) {
+        raise_if(rsd::im2col_quantize_forward(im2col_quantize_args(x, q, scale, dtype, format, n, h, w, c, kh, kw,
+                                                                   stride_h, stride_w, pad_h, pad_w, bound, stream,
+                                                                   device)));
+      },
+      py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("dtype"), py::arg("format"), py::arg("n"), py::arg("h"),
+      py::arg("w"), py::arg("c"), py::arg("kh"), py::arg("kw"), py::arg("stride_h"), py::arg("stride_w"),
+      py::arg("pad_h"), py::arg("pad_w"), py::arg("bound"), py::arg("stream"), py::arg("device"),
+      "q, scale = the patches of x (n, h, w, c) quantized with one scale, bound / fmax.");
 
   // ---- bias_residual (rocm_sd/bias_residual/api.h) ----
   m.def(

@@ -160,9 +160,22 @@ def case_geglu_quantized(rng):
     return torch.ops.rocm_sd.geglu_quantized, (*args, _format(rng))
 
 
+def case_im2col_quantize(rng):
+    """Mostly valid calls (a 3x3 or 1x1 window that fits), and now and then a bad window, padding, bound or format."""
+    n, c = rng.randint(0 if rng.random() < 0.1 else 1, 2), rng.randint(1, 9)
+    shape = (n, c, rng.randint(3, 6), rng.randint(3, 6))
+    x = _tensor(rng, shape if rng.random() < 0.95 else shape[:3], _dtype(rng), rng.random() < 0.7)
+    k = rng.choice([1, 3, 3, 3]) if rng.random() < 0.9 else rng.choice([0, 9])
+    stride = rng.choice([1, 1, 2]) if rng.random() < 0.95 else 0
+    pad = (k // 2) if rng.random() < 0.9 else k
+    bound = 4.0 if rng.random() < 0.9 else rng.choice([0.0, float("nan")])
+    fmt = rng.choice(["e4m3fn", "e4m3fnuz"]) if rng.random() < 0.9 else "int8"
+    return torch.ops.rocm_sd.im2col_quantize, (x, fmt, bound, k, k, stride, stride, pad, pad)
+
+
 CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case_bias_residual, case_parity_shuffle,
          case_attention, case_attention_fp8, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
-         case_add_layer_norm_quantize_rows, case_geglu_quantize_rows, case_geglu_quantized]
+         case_add_layer_norm_quantize_rows, case_geglu_quantize_rows, case_geglu_quantized, case_im2col_quantize]
 
 
 def test_every_registered_op_is_fuzzed():

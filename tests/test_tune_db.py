@@ -208,10 +208,12 @@ def test_the_shipped_hopper_defaults_load_for_their_device_only(tmp_path):
     assert shipped.lookup(sd15_self_attention)["choice"].startswith("torch")  # SDPA (cuDNN) measured faster there
     from rocm_sd.ops.quantize import FORMATS
 
-    # an op's choice names a backend; a linear_8bit problem's is torch (fp16) or the 8-bit format
+    # an op's choice names a backend; a linear_8bit or conv_8bit problem's is torch (fp16) or the 8-bit format
     assert all(r["choice"].split(":")[0] in ("torch", "rocm_sd", "ck")
-               or (key.startswith("linear_8bit|") and r["choice"] in FORMATS) for key, r in shipped.defaults.items())
+               or (key.startswith(("linear_8bit|", "conv_8bit|")) and r["choice"] in FORMATS)
+               for key, r in shipped.defaults.items())
     assert any(key.startswith("linear_8bit|") and r["choice"] == "e4m3fn" for key, r in shipped.defaults.items())
+    assert any(key.startswith("conv_8bit|") and r["choice"] == "e4m3fn" for key, r in shipped.defaults.items())
     other = TuningDB(DeviceKey("cuda", "sm_90", 114, 32), VALID, location=tmp_path, defaults_dir=DEFAULTS_DIR)
     assert not other.defaults  # an H100 PCIe (114 SMs) has its own key: no file shipped
     assert not TuningDB(MI300X, VALID, location=tmp_path, defaults_dir=DEFAULTS_DIR).defaults

@@ -20,6 +20,7 @@ from ..ops.bias_residual import bias_residual
 from ..ops.conv_bias_residual import conv_bias_residual
 from .fusing import called_plainly, derived
 from .group_norm import RocmGroupNorm
+from .quantized_conv import RocmQuantizedConv2d
 from ..ops.conv_bias_residual import hosts_ck as conv_hosts_ck
 
 
@@ -28,8 +29,10 @@ def _plain_conv(conv) -> bool:
 
 
 def _weights_readable(conv) -> bool:
-    """Still a plain nn.Conv2d called plainly (modules/fusing.py), so the fused path may read its weight and bias."""
-    return _plain_conv(conv) and called_plainly(conv)
+    """Still a plain nn.Conv2d called plainly (modules/fusing.py), so the fused path may read its weight and bias; or
+    an FP8 one (optimize(precision="fp8"): modules/quantized_conv.py) with a bias, which convolves without it."""
+    plain = _plain_conv(conv) or (type(conv) is RocmQuantizedConv2d and conv.bias is not None)
+    return plain and called_plainly(conv)
 
 
 def plain_time_embedding(block: nn.Module) -> bool:
@@ -78,7 +81,9 @@ def _time_bias(block: nn.Module) -> torch.Tensor:
                    lambda: (proj_bias.float() + conv_bias.float()).to(proj_bias.dtype))
 
 
-def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+def _conv_without_bias(conv: nn.Conv2d | RocmQuantizedConv2d, x: torch.Tensor) -> torch.Tensor:
+    if type(conv) is RocmQuantizedConv2d:
+        return conv.convolve(x, with_bias=False)
     return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
@@ -99,7 +104,7 @@ def resnet_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, 
     hidden = self.dropout(self.norm2(hidden, input_bias=input_bias.to(hidden.dtype).contiguous()))
     shortcut = self.conv_shortcut(input_tensor) if self.conv_shortcut is not None else input_tensor
     conv2, scale = self.conv2, 1.0 / self.output_scale_factor
-    if conv_hosts_ck() and _unit_stride(conv2):
+    if conv_hosts_ck() and type(conv2) is nn.Conv2d and _unit_stride(conv2):
         # Builds with CK instances: conv2 and its tail as one op, so the tuner can pick a fused CK convolution.
         return conv_bias_residual.call(hidden, conv2.weight, conv2.bias, shortcut, scale, *conv2.padding)
     return bias_residual.call(_conv_without_bias(conv2, hidden), shortcut, conv2.bias, scale)

@@ -4,6 +4,6 @@ Each module declares its op's OpSpec (ops/spec.py); REGISTRY maps op names to th
 that lists the ops (the tuner, `info`, the opcheck and fake-kernel tests). The ops themselves are
 `rocm_sd.ops.<module>.<op>` (e.g. rocm_sd.ops.group_norm.group_norm), or REGISTRY[name].op.
 """
-from . import (attention, attention_fp8, bias_residual, conv_bias_residual, geglu, group_norm, layer_norm,  # noqa: F401
-               linear_geglu, parity_shuffle, quantize, quantized_outputs)
+from . import (attention, attention_fp8, bias_residual, conv_bias_residual, geglu, group_norm,  # noqa: F401
+               im2col_quantize, layer_norm, linear_geglu, parity_shuffle, quantize, quantized_outputs)
 from .spec import REGISTRY, OpSpec, Plan  # noqa: F401

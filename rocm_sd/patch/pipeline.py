@@ -162,6 +162,12 @@ OPTIONS = (
            "nothing saturates), and one for their weight: the per-tensor FP8 GEMM, faster than the row-wise one on "
            "narrow layers. 'row': a scale per row and per output channel everywhere. int8 is always row-wise.",
            values=("tensor", "row")),
+    Option("precision_convs", True,
+           "With precision 'fp8': the resnets' convolutions whose input a GroupNorm writes (both 3x3 convolutions of "
+           "each block) as FP8 GEMMs over their quantized patches, with one scale from the GroupNorm's bound "
+           "(rocm_sd::im2col_quantize, torch._scaled_mm); where the tuning database measured the fp16 convolution "
+           "faster, it stays (with precision_layers 'measured'). False: convolutions stay in the model's dtype.",
+           values=(True, False)),
     Option("attention_precision", "fp16",
            "Number format of the UNet's attention products (needs `attention`). 'fp8': Q and K quantized per token, V "
            "per channel, the probabilities as FP8, softmax and sums in fp32 (rocm_sd::attention_fp8), at each shape "

@@ -25,8 +25,10 @@ from torch import nn
 from .. import platform
 from ..modules.geglu import RocmGEGLU, feed_forward_8bit, feeds_8bit_directly
 from ..modules.layer_norm import RocmLayerNorm
+from ..modules.quantized_conv import GroupNormBound, RocmQuantizedConv2d, quantizable_conv
 from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
 from ..modules.quantized_linear import FEW_ROWS, RocmQuantizedLinear, new_model_call
+from ..modules.resnet import plain_time_embedding
 from ..ops.quantize import dequantize_rows, fp8_format
 from .core import PatchRecord
 
@@ -102,13 +104,54 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         module.to("cpu")
         originals[quantized] = module
         record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1
+    convs = quantize_convolutions(model, record, fmt, device) if fmt != "int8" and options["precision_convs"] else {}
+    originals.update(convs)
     if targets:
         record.add_hook(model.register_forward_pre_hook(new_model_call))
         per_tensor = options["precision_scales"] == "tensor" and fmt != "int8"
         producers = quantize_in_producers(model, record, fmt, originals if per_tensor else None)
-        if options["precision_layers"] == "measured":
-            for layer, original in originals.items():
+    else:
+        producers = {}
+    if options["precision_layers"] == "measured":
+        for layer, original in originals.items():
+            if isinstance(layer, RocmQuantizedConv2d):
+                layer.offer_fp16(original, record.counts)
+            else:
                 layer.offer_fp16(original, producers.get(layer, []), record.counts)
+
+
+def _bounded_convolutions(block: nn.Module) -> list[tuple[str, nn.GroupNorm]]:
+    """(convolution name, the GroupNorm whose output, after SiLU, is all it takes) in a diffusers ResnetBlock2D: conv1
+    after norm1 unless the block resamples in between; conv2 after norm2 where nothing but the time embedding's bias
+    comes before the norm ("scale_shift" scales the norm's output: no bound)."""
+    if not all(hasattr(block, name) for name in ("norm1", "conv1", "norm2", "conv2", "time_embedding_norm")):
+        return []
+    pairs = []
+    if getattr(block, "upsample", None) is None and getattr(block, "downsample", None) is None:
+        pairs.append(("conv1", block.norm1))
+    if plain_time_embedding(block):
+        pairs.append(("conv2", block.norm2))
+    return [(name, norm) for name, norm in pairs
+            if isinstance(norm, nn.GroupNorm) and quantizable_conv(getattr(block, name))]
+
+
+def quantize_convolutions(model: nn.Module, record: PatchRecord, fmt: str,
+                          device: torch.device) -> dict[nn.Module, nn.Module]:
+    """The resnets' convolutions whose input a GroupNorm (+SiLU) writes, as FP8 GEMMs over their patches
+    (modules/quantized_conv.py); the originals wait in CPU memory. Returns each new layer's original."""
+    originals = {}
+    for block in list(model.modules()):
+        for name, norm in _bounded_convolutions(block):
+            conv = getattr(block, name)
+            if conv.in_channels % MULTIPLE["fp8"] or conv.out_channels % MULTIPLE["fp8"]:
+                continue  # the GEMM's shape rule
+            quantized = RocmQuantizedConv2d(conv, fmt, GroupNormBound.of(norm)).to(device)
+            record.replace_child(block, name, quantized)
+            record.on_revert(conv.to, device)
+            conv.to("cpu")
+            originals[quantized] = conv
+            record.counts[f"conv{conv.kernel_size[0]}x{conv.kernel_size[1]} -> {fmt} GEMM"] += 1
+    return originals
 
 
 def _consumers(block: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:

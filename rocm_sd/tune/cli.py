@@ -3,7 +3,7 @@
     python -m rocm_sd.tune --model sd15 --height 512 --width 512 --batch 1
     python -m rocm_sd.tune --model /path/to/model --ops group_norm,geglu --budget-s 300 --resume
     python -m rocm_sd.tune --model ComfyUI/models/checkpoints/sd_xl_base_1.0.safetensors   # its shapes
-    python -m rocm_sd.tune --model sdxl --precision fp8 --ops linear_8bit  # which layers fp8 speeds up
+    python -m rocm_sd.tune --model sdxl --precision fp8 --ops linear_8bit,conv_8bit  # which layers fp8 speeds up
     torchrun --nproc-per-node 8 -m rocm_sd.tune --model sdxl      # ranks with the same GPU share the work
 
 1. Harvest: the optimized pipeline runs once (2 steps) under a recording dispatch mode: every distinct
@@ -18,7 +18,8 @@
 
 With --precision fp8 | int8 the pipeline runs with optimize(precision=...) and every layer made 8-bit is also a
 `linear_8bit` problem: its 8-bit GEMM with its share of quantizing the input against the fp16 GEMM
-(tune/linear_8bit.py); optimize(precision=...) keeps fp16 where that measured faster. With --attention-precision fp8
+(tune/linear_8bit.py), and with fp8 every FP8 convolution a `conv_8bit` problem (tune/conv_8bit.py);
+optimize(precision=...) keeps fp16 where that measured faster. With --attention-precision fp8
 every attention shape is also an `attention_fp8` problem (the FP8 attention kernel against the fp16 attention), which
 optimize(attention_precision="fp8") follows.
 """
@@ -35,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoints, cli_args, models, patch, platform
-from . import active, linear_8bit, problems
+from . import active, conv_8bit, linear_8bit, problems
 from .db import TuningDB, default_location
 from .device_key import device_key, validators
 from .harvest import harvest
@@ -66,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention-precision", default="fp16", choices=("fp16", "fp8"),
                         help="run the model with optimize(attention_precision=...): with fp8 each attention shape is "
                              "also an attention_fp8 problem, the FP8 kernel timed against the fp16 attention")
-    parser.add_argument("--ops", type=cli_args.subset_of(tuple(problems.OPS) + (linear_8bit.OP,), "ops"),
+    parser.add_argument("--ops", type=cli_args.subset_of(tuple(problems.OPS) + (linear_8bit.OP, conv_8bit.OP), "ops"),
                         help=f"comma-separated subset of {', '.join(problems.OPS)}, {linear_8bit.OP} (with "
-                             "--precision)")
+                             f"--precision), {conv_8bit.OP} (with --precision fp8)")
     parser.add_argument("--budget-s", type=cli_args.positive_float,
                         help="start no new problem after this many seconds")
     parser.add_argument("--resume", action="store_true", help="skip problems the database already holds")
@@ -113,9 +114,11 @@ def tune(args) -> int:
     if on_gpu:
         torch.cuda.set_device(device)
     dtype = getattr(torch, args.dtype) if on_gpu else torch.float32
-    wanted = set(args.ops or (*problems.OPS, linear_8bit.OP))
+    wanted = set(args.ops or (*problems.OPS, linear_8bit.OP, conv_8bit.OP))
     if args.ops and linear_8bit.OP in wanted and args.precision == "fp16":
         raise cli_args.UsageError(f"argument --ops: {linear_8bit.OP} needs --precision fp8 or int8")
+    if args.ops and conv_8bit.OP in wanted and args.precision != "fp8":
+        raise cli_args.UsageError(f"argument --ops: {conv_8bit.OP} needs --precision fp8")
 
     key = device_key(device if on_gpu else None)
     db = TuningDB(key, validators(device if on_gpu else None),
@@ -135,7 +138,7 @@ def tune(args) -> int:
     conditioning = models.conditioning(pipe, ["a photograph of a lighthouse at dawn"] * args.batch)
     folder = db.path.parent
     with vendor_tuning(folder, key.file_stem) if measuring else nullcontext([]) as notes, \
-            linear_8bit.recording(pipe.unet) as layer_calls:
+            linear_8bit.recording(pipe.unet) as layer_calls, conv_8bit.recording(pipe.unet) as conv_calls:
         calls = harvest(lambda: pipe(**conditioning, height=args.height, width=args.width,
                                      num_inference_steps=HARVEST_STEPS, output_type="np"))
     del pipe
@@ -148,8 +151,11 @@ def tune(args) -> int:
             k = problems.key_of(call)
             first, total = by_key.get(k, (call, 0))
             by_key[k] = (first, total + count // HARVEST_STEPS or 1)
-    if linear_8bit.OP in wanted:
+    layer_calls = {**layer_calls, **conv_calls}
+    if linear_8bit.OP in wanted or conv_8bit.OP in wanted:
         for layer_call, count in layer_calls.items():
+            if (linear_8bit.OP if isinstance(layer_call, linear_8bit.Linear8bitCall) else conv_8bit.OP) not in wanted:
+                continue
             first, total = by_key.get(layer_call.key, (layer_call, 0))
             by_key[layer_call.key] = (first, total + count // HARVEST_STEPS or 1)
     print(f"{len(by_key)} problems from {sum(calls.values()) + sum(layer_calls.values())} op calls ({args.model}, "
@@ -160,7 +166,7 @@ def tune(args) -> int:
         for k, (call, count) in by_key.items():
             line = f"  {k}  x{count}"
             if args.dry_run:
-                names = (call.candidates if isinstance(call, linear_8bit.Linear8bitCall)
+                names = (call.candidates if isinstance(call, (linear_8bit.Linear8bitCall, conv_8bit.Conv8bitCall))
                          else problems.OPS[call.op].candidates(*call.args))
                 line += "  candidates: " + ", ".join(names)
             print(line)
@@ -180,6 +186,10 @@ def tune(args) -> int:
                 break
             if isinstance(call, linear_8bit.Linear8bitCall):
                 db.record(k, linear_8bit.measure(call, device, l2_bytes, count, layer_parts))
+                done.append(k)
+                continue
+            if isinstance(call, conv_8bit.Conv8bitCall):
+                db.record(k, conv_8bit.measure(call, device, l2_bytes, count))
                 done.append(k)
                 continue
             outcome = measure(call, device, l2_bytes)
