@@ -194,14 +194,14 @@ def test_the_feed_forward_waits_for_the_measured_choice(monkeypatch):
 
 class _Database:
     """The tuning database as the dispatcher asks it (dispatch.use_tuning's interface), answering `answer(key)` for the
-    linear_8bit problems (keeping every key asked) and nothing for the ops' problems."""
+    `problem`'s keys (linear_8bit or conv_8bit; keeping every key asked) and nothing for the others."""
 
-    def __init__(self, answer):
-        self.answer, self.asked = answer, []
+    def __init__(self, answer, problem: str = "linear_8bit"):
+        self.answer, self.asked, self.prefix = answer, [], problem + "|"
 
     def tuned_choice(self, device, key_fn):
         key = key_fn()
-        if not key.startswith("linear_8bit|"):
+        if not key.startswith(self.prefix):
             return None
         self.asked.append(key)
         return self.answer(key)
@@ -314,6 +314,44 @@ def test_layers_stay_8bit_unless_measured_slower(monkeypatch, answer, layers_opt
     assert (len(database.asked) == len(layers)) == (layers_option == "measured")
     assert all(key.startswith("linear_8bit|float32|e4m3fn|K=") for key in database.asked)
     rocm_sd.revert(pipe)
+
+
+def test_resnet_convolutions_become_fp8_gemms_where_measured_faster_and_revert_restores(monkeypatch):
+    """precision="fp8" replaces both 3x3 convolutions of every resnet (their input is a GroupNorm's, bounded) and
+    nothing else; at the first call each asks the database about its shape and, where it says torch, runs its
+    original from then on; precision_convs=False leaves them all; revert() restores the model exactly."""
+    from rocm_sd.modules.quantized_conv import RocmQuantizedConv2d
+
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    database = _Database(lambda key: dispatch.TORCH if "C=32,N=32," in key else None, problem="conv_8bit")
+    monkeypatch.setattr(dispatch, "_tuning", database)
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    before = {k: v.clone() for k, v in pipe.unet.state_dict().items()}
+    reference = run_pipe(pipe)
+    resnets = [m for m in pipe.unet.modules() if type(m).__name__ == "ResnetBlock2D"]
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8", precision_convs=False)
+        assert not any(isinstance(m, RocmQuantizedConv2d) for m in pipe.unet.modules())
+        rocm_sd.revert(pipe)
+        dispatch.reset_stats()
+        rocm_sd.optimize(pipe, precision="fp8")
+        convs = {name: m for name, m in pipe.unet.named_modules() if isinstance(m, RocmQuantizedConv2d)}
+        assert len(convs) == 2 * len(resnets) and all(name.endswith(("conv1", "conv2")) for name in convs)
+        out = run_pipe(pipe)
+        kept = {name for name, m in convs.items() if m.fp16_layer is not None}
+        assert kept and kept == {name for name, m in convs.items() if (m.in_channels, m.out_channels) == (32, 32)}
+        assert len(database.asked) == len(convs)
+        assert dispatch.stats()["im2col_quantize"]["torch"] > 0
+        report = rocm_sd.report(pipe)["unet"]
+        assert report["conv3x3 kept in float32 (measured faster than e4m3fn)"] == len(kept)
+        assert report["conv3x3 -> e4m3fn GEMM"] == len(convs) - len(kept)
+    # The tiny random UNet carries FP8's rounding through its steps (0.28 here), so this only says the images changed
+    # and stayed finite: the layer's accuracy (tap order, bias) is held in tests/ops/test_im2col_quantize.py.
+    assert torch.isfinite(out).all() and 0 < (out - reference).abs().max() / reference.abs().max() < 0.5
+    rocm_sd.revert(pipe)
+    after = pipe.unet.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert torch.equal(run_pipe(pipe), reference)
 
 
 # ------------------------------------------------------------------------------------------- GPU
