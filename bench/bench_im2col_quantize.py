@@ -72,4 +72,4 @@ if __name__ == "__main__":
         n, c, h, w, _ = shape
         return n * c * h * w * (dtype.itemsize + 9)
 
-    compare_with_torch(SPEC.name, args, [s for s in SHAPES], setup, bytes_moved)
+    compare_with_torch(SPEC.name, args, SHAPES, setup, bytes_moved)

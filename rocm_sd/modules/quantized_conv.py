@@ -10,9 +10,9 @@ the convolution is the GEMM of two per-tensor FP8 operands:
                                       (pixels, N) rows are the output in channels_last, a view, no copy
 
 The input needs one scale before a kernel sees it, and the scale must hold for every value: a GroupNorm bounds its
-output (group_norm_bound: the normalized group has mean 0 and sum of squares at most its size n, so no element
-exceeds sqrt(n - 1)), and SiLU keeps that bound. n grows with the image, so the bound is taken per call from the
-input's pixels (one float of host arithmetic; under graph capture it is part of the captured call).
+output (patch/precision.group_norm_bound: the normalized group has mean 0 and sum of squares at most its size n, so
+no element exceeds sqrt(n - 1)), and SiLU keeps that bound. n grows with the image, so the bound is taken per call
+from the input's pixels (one float of host arithmetic; under graph capture it is part of the captured call).
 
 Writing the patches costs kh * kw bytes per input element. At SD's 3x3 convolutions the FP8 GEMM is 2-3x cuDNN's
 fp16 convolution on Hopper, so the total pays at 640 channels and more; where it does not (the tuning database's
@@ -28,29 +28,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import dispatch
 from ..ops.im2col_quantize import FP8_FORMATS, im2col_quantize, out_size
 from ..ops.spec import dtype_name, problem_key
-from .quantized_linear import _scope, linear_8bit, quantize_weight
+from .quantized_linear import BOUND_MARGIN, _scope, fp16_measured_faster, linear_8bit, quantize_weight
 
 OP = "conv_8bit"  # the tuning problem: one convolution's FP8 GEMM (with its patches) against the fp16 convolution
 SILU_NEGATIVE_MAX = 0.2785  # max |silu(y)| over y < 0 (0.27846 at y = -1.2785); silu(y) <= y for y >= 0
-BOUND_MARGIN = 1.25  # fp16 and the GroupNorm's own rounding, with room to spare (as patch/precision.py's)
 
 
 @dataclass(frozen=True)
 class GroupNormBound:
     """What bounds the output of a GroupNorm (with SiLU) of `group_channels` channels per group: its largest |weight|
-    (`gain`) and |bias| (`shift`)."""
+    (`gain`) and |bias| (`shift`), read from the norm when optimize() runs (patch/precision.group_norm_bound)."""
     group_channels: int
     gain: float
     shift: float
-
-    @classmethod
-    def of(cls, norm: nn.GroupNorm) -> "GroupNormBound":
-        gain = norm.weight.detach().abs().max().item() if norm.weight is not None else 1.0
-        shift = norm.bias.detach().abs().max().item() if norm.bias is not None else 0.0
-        return cls(norm.num_channels // norm.num_groups, gain, shift)
 
     def at(self, pixels: int) -> float:
         """No output value exceeds this at `pixels` per image: sqrt(n - 1) max|weight| + max|bias| with n the group's
@@ -117,10 +109,6 @@ class RocmQuantizedConv2d(nn.Module):
                           x.dtype)
         return out.view(n, out_size(h, kh, sh, ph), out_size(w, kw, sw, pw), self.out_channels).permute(0, 3, 1, 2)
 
-    @property
-    def runs_8bit(self) -> bool:
-        return "_fp16_offer" not in self.__dict__ and self.fp16_layer is None
-
     def offer_fp16(self, original: nn.Module, counts) -> None:
         """As RocmQuantizedLinear.offer_fp16: the first call goes back to `original` (waiting in CPU memory) if the
         tuning database measured the fp16 convolution faster for the call's shape."""
@@ -134,7 +122,7 @@ class RocmQuantizedConv2d(nn.Module):
                              self.stride)
 
     def _choose(self, x: torch.Tensor, original: nn.Module, counts) -> None:
-        if dispatch.tuned_choice(x.device, lambda: self.problem_key(x)) != dispatch.TORCH:
+        if not fp16_measured_faster(x, self.problem_key(x)):
             return
         self.fp16_layer = original.to(x.device)
         self.weight_q = self.weight_scale = None  # the FP8 weight is freed

@@ -51,6 +51,9 @@ FEW_ROWS = ("time_embedding", "add_embedding", "class_embedding", "encoder_hid_p
 FAST_ACCUMULATION = torch.version.hip is None
 
 WEIGHT_ROWS_AT_ONCE = 256  # quantize_weight(per_tensor=True)'s block of output channels
+# A producer's bound (patch/precision.py, modules/quantized_conv.py) is taken this much above what the algebra gives:
+# the operands' fp8 rounding (at most 2^-4 relative each) and fp16's of the outputs, with room to spare.
+BOUND_MARGIN = 1.25
 
 OP = "linear_8bit"  # the tuning problem: one layer's 8-bit GEMM (and its share of quantizing its input) against fp16
 _REMEMBERED = "_rocm_sd_quantized_rows"

@@ -27,7 +27,7 @@ from ..modules.geglu import RocmGEGLU, feed_forward_8bit, feeds_8bit_directly
 from ..modules.layer_norm import RocmLayerNorm
 from ..modules.quantized_conv import GroupNormBound, RocmQuantizedConv2d, quantizable_conv
 from ..modules.pointwise import RocmPointwiseConv2d, is_pointwise
-from ..modules.quantized_linear import FEW_ROWS, RocmQuantizedLinear, new_model_call
+from ..modules.quantized_linear import BOUND_MARGIN, FEW_ROWS, RocmQuantizedLinear, new_model_call
 from ..modules.resnet import plain_time_embedding
 from ..ops.quantize import dequantize_rows, fp8_format
 from .core import PatchRecord
@@ -104,19 +104,14 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         module.to("cpu")
         originals[quantized] = module
         record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1
-    convs = quantize_convolutions(model, record, fmt, device) if fmt != "int8" and options["precision_convs"] else {}
-    originals.update(convs)
+    if fmt != "int8" and options["precision_convs"]:
+        quantize_convolutions(model, record, fmt, device, measured=options["precision_layers"] == "measured")
     if targets:
         record.add_hook(model.register_forward_pre_hook(new_model_call))
         per_tensor = options["precision_scales"] == "tensor" and fmt != "int8"
         producers = quantize_in_producers(model, record, fmt, originals if per_tensor else None)
-    else:
-        producers = {}
-    if options["precision_layers"] == "measured":
-        for layer, original in originals.items():
-            if isinstance(layer, RocmQuantizedConv2d):
-                layer.offer_fp16(original, record.counts)
-            else:
+        if options["precision_layers"] == "measured":
+            for layer, original in originals.items():
                 layer.offer_fp16(original, producers.get(layer, []), record.counts)
 
 
@@ -135,23 +130,23 @@ def _bounded_convolutions(block: nn.Module) -> list[tuple[str, nn.GroupNorm]]:
             if isinstance(norm, nn.GroupNorm) and quantizable_conv(getattr(block, name))]
 
 
-def quantize_convolutions(model: nn.Module, record: PatchRecord, fmt: str,
-                          device: torch.device) -> dict[nn.Module, nn.Module]:
+def quantize_convolutions(model: nn.Module, record: PatchRecord, fmt: str, device: torch.device,
+                          measured: bool) -> None:
     """The resnets' convolutions whose input a GroupNorm (+SiLU) writes, as FP8 GEMMs over their patches
-    (modules/quantized_conv.py); the originals wait in CPU memory. Returns each new layer's original."""
-    originals = {}
+    (modules/quantized_conv.py); the originals wait in CPU memory, and with `measured` (precision_layers) each goes
+    back to its original at its first call where the tuning database measured fp16 faster."""
     for block in list(model.modules()):
         for name, norm in _bounded_convolutions(block):
             conv = getattr(block, name)
             if conv.in_channels % MULTIPLE["fp8"] or conv.out_channels % MULTIPLE["fp8"]:
                 continue  # the GEMM's shape rule
-            quantized = RocmQuantizedConv2d(conv, fmt, GroupNormBound.of(norm)).to(device)
+            quantized = RocmQuantizedConv2d(conv, fmt, group_norm_bound(norm)).to(device)
             record.replace_child(block, name, quantized)
             record.on_revert(conv.to, device)
             conv.to("cpu")
-            originals[quantized] = conv
             record.counts[f"conv{conv.kernel_size[0]}x{conv.kernel_size[1]} -> {fmt} GEMM"] += 1
-    return originals
+            if measured:
+                quantized.offer_fp16(conv, record.counts)
 
 
 def _consumers(block: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:
@@ -177,8 +172,6 @@ def _text_consumers(blocks: list[nn.Module]) -> list[nn.Module]:
             for name in ("to_k", "to_v")]
 
 
-# The operands' fp8 rounding (at most 2^-4 relative each) and fp16's of the outputs, with room to spare (module doc).
-BOUND_MARGIN = 1.25
 GELU_NEGATIVE_MAX = 0.17  # max |gelu(g)| over g < 0 (0.1700 at g = -0.75); gelu(g) <= g for g >= 0
 
 
@@ -186,16 +179,26 @@ def _normalized_size(norm: nn.LayerNorm) -> int:
     return math.prod(norm.normalized_shape)
 
 
-def _gain(norm: nn.LayerNorm) -> float:
-    """The largest |weight| of `norm` (1 without one)."""
+def _gain(norm: nn.Module) -> float:
+    """The largest |weight| of a LayerNorm or GroupNorm (1 without one)."""
     return norm.weight.detach().abs().max().item() if norm.weight is not None else 1.0
+
+
+def _shift(norm: nn.Module) -> float:
+    """The largest |bias| of a LayerNorm or GroupNorm (0 without one)."""
+    return norm.bias.detach().abs().max().item() if norm.bias is not None else 0.0
 
 
 def layer_norm_bound(norm: nn.LayerNorm) -> float:
     """A value no output of `norm` can exceed: the normalized row has mean 0 and sum of squares at most C, so no element
     exceeds sqrt(C - 1) in magnitude; then |y| <= sqrt(C - 1) max|weight| + max|bias|."""
-    shift = norm.bias.detach().abs().max().item() if norm.bias is not None else 0.0
-    return BOUND_MARGIN * (math.sqrt(_normalized_size(norm) - 1) * _gain(norm) + shift)
+    return BOUND_MARGIN * (math.sqrt(_normalized_size(norm) - 1) * _gain(norm) + _shift(norm))
+
+
+def group_norm_bound(norm: nn.GroupNorm) -> GroupNormBound:
+    """The same for a GroupNorm, whose groups hold channels times pixels values: its bound at a given image size
+    (GroupNormBound.at, per call)."""
+    return GroupNormBound(norm.num_channels // norm.num_groups, _gain(norm), _shift(norm))
 
 
 def _layer_norm_row_norm(norm: nn.LayerNorm) -> float:

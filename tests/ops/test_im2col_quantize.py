@@ -11,6 +11,7 @@ from rocm_sd.modules.quantized_conv import GroupNormBound, RocmQuantizedConv2d
 from rocm_sd.ops.im2col_quantize import (im2col_quantize, im2col_quantize_kernel, im2col_quantize_ref, patches,
                                          supports)
 from rocm_sd.ops.quantize import FORMATS, quantize_rows_ref
+from rocm_sd.patch.precision import group_norm_bound
 from tests.ops.test_quantize_rows import same_codes
 
 FP8 = ["e4m3fn", "e4m3fnuz"]
@@ -91,7 +92,7 @@ def test_group_norm_bound_holds_for_the_most_extreme_group():
     with torch.no_grad():
         norm.weight.copy_(torch.linspace(2, -1.5, 8))
         norm.bias.copy_(torch.linspace(-0.5, 0.7, 8))
-    bound = GroupNormBound.of(norm)
+    bound = group_norm_bound(norm)
     x = torch.zeros(1, 8, 4, 4)
     x[0, 0, 0, 0] = 1000.0  # one spike in group 0: |normalized| = sqrt(n - 1)
     x[0, 4:, 1, 2] = -50.0
@@ -103,7 +104,7 @@ def test_group_norm_bound_holds_for_the_most_extreme_group():
 def test_quantized_conv_is_the_product_of_the_quantized_operands_and_keeps_channels_last():
     conv = nn.Conv2d(32, 16, 3, padding=1)
     norm = nn.GroupNorm(4, 32)
-    layer = RocmQuantizedConv2d(conv, "e4m3fn", GroupNormBound.of(norm))
+    layer = RocmQuantizedConv2d(conv, "e4m3fn", group_norm_bound(norm))
     x = F.silu(norm(torch.randn(2, 32, 6, 5))).contiguous(memory_format=torch.channels_last)
     with config.override(log_fallbacks=False):
         out = layer(x)
@@ -179,7 +180,7 @@ def test_fp8_convolution_on_the_gpu_matches_the_convolution(channels, out_channe
     torch.manual_seed(0)
     conv = nn.Conv2d(channels, out_channels, 3, padding=1).cuda().half()
     norm = nn.GroupNorm(32, channels).cuda().half()
-    layer = RocmQuantizedConv2d(conv, "e4m3fn", GroupNormBound.of(norm)).cuda()
+    layer = RocmQuantizedConv2d(conv, "e4m3fn", group_norm_bound(norm)).cuda()
     with torch.no_grad():  # a call that needs gradients takes the PyTorch path
         x = F.silu(norm(torch.randn(2, channels, size, size, device="cuda", dtype=torch.float16)))
         x = x.contiguous(memory_format=torch.channels_last)
