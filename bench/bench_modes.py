@@ -84,14 +84,19 @@ for precision in MODES:
     for e in prof.key_averages():
         if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0):
             cats[category(e.key)] = cats.get(category(e.key), 0) + e.self_device_time_total / 1e3
-            kernels.append((e.self_device_time_total / 1e3, e.count, e.key[:90]))
+            kernels.append((e.self_device_time_total / 1e3, e.count, e.key[:160]))
     row = {"precision": precision, "median_s": statistics.median(times), "first_s": first, "peak_mb": peak,
            "psnr_vs_fp16": psnr(img, ref_img), "nan": bool(np.isnan(img).any()),
            "replaced": {k: v for k, v in report.items() if "GEMM" in k or "kept in" in k or "not applied" in k or "step cache" in k or "partial" in k or "attention ->" in k},
            "attention_fp8_calls": dispatch.stats().get("attention_fp8", {}),
+           # the quantizing ops' Python-level calls (first call, warm-ups and captures; graph replays do not count)
+           "quantizing_op_calls": {op: calls for op, calls in sorted(dispatch.stats().items())
+                                   if "quantiz" in op or "im2col" in op},
            "profile_ms_2_steps": {k: round(v, 2) for k, v in sorted(cats.items())},
-           "top_kernels_ms_calls": [(round(ms, 2), calls, name) for ms, calls, name in sorted(kernels, reverse=True)[:12]]}
-    rows.append(row); print(json.dumps(row), flush=True)
+           "top_kernels_ms_calls": [(round(ms, 2), calls, name[:90]) for ms, calls, name in sorted(kernels, reverse=True)[:12]]}
+    print(json.dumps(row), flush=True)
+    row["kernels_ms_calls"] = [(round(ms, 3), calls, category(name), name) for ms, calls, name in sorted(kernels, reverse=True)]
+    rows.append(row)
     rocm_sd.revert(pipe)
 json.dump({"model": model, "steps": steps, "size": size, "device": torch.cuda.get_device_name(), "rows": rows},
           open(out, "w"), indent=1)

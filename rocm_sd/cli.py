@@ -126,6 +126,7 @@ def _quality(args) -> int:
     quality.run(model=args.model, precision=args.precision, cache=args.cache, cache_interval=args.cache_interval,
                 cache_threshold=args.cache_threshold, cache_branch=args.cache_branch,
                 precision_layers=args.precision_layers, attention_precision=args.attention_precision,
+                precision_convs=None if args.precision_convs is None else args.precision_convs == "on",
                 prompts=args.prompts, steps=args.steps, size=args.size,
                 seed=args.seed, device=args.device, out_dir=args.out)
     return 0
@@ -146,6 +147,10 @@ def _add_quality(sub) -> None:
     parser.add_argument("--precision-layers", choices=("measured", "all"),
                         help="with --precision: 'measured' (default) keeps layers in fp16 where the tuning database "
                              "measured them faster; 'all' makes every layer 8-bit (docs/precision.md)")
+    parser.add_argument("--precision-convs", choices=("on", "off"),
+                        help="with --precision fp8: 'on' (default) runs the resnets' 3x3 convolutions as FP8 GEMMs "
+                             "where measured faster; 'off' keeps them in fp16, to see what they cost "
+                             "(docs/precision.md)")
     parser.add_argument("--attention-precision", choices=modes["attention_precision"],
                         help="the number format of the UNet's attention products (FP8 where the tuning database "
                              "measured it faster; docs/precision.md)")

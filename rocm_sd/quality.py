@@ -79,7 +79,8 @@ def ssim(a, b, data_range: float = 1.0) -> float:
 
 def mode_options(precision: str | None = None, cache: str | None = None, cache_interval: int | None = None,
                  cache_threshold: float | None = None, cache_branch: int | None = None,
-                 precision_layers: str | None = None, attention_precision: str | None = None) -> dict:
+                 precision_layers: str | None = None, attention_precision: str | None = None,
+                 precision_convs: bool | None = None) -> dict:
     """optimize()'s options for a mode, only those that differ from the reference; cli_args.UsageError for none or
     for a cache setting without its cache mode."""
     if cache_interval is not None and cache != "deepcache":
@@ -90,10 +91,12 @@ def mode_options(precision: str | None = None, cache: str | None = None, cache_i
         raise cli_args.UsageError("argument --cache-branch: applies with --cache only")
     if precision_layers is not None and precision is None:
         raise cli_args.UsageError("argument --precision-layers: applies with --precision only")
+    if precision_convs is not None and precision != "fp8":
+        raise cli_args.UsageError("argument --precision-convs: applies with --precision fp8 only")
     defaults = {option.name: option.default for option in pipeline.OPTIONS}
     options = {"precision": precision, "precision_layers": precision_layers, "attention_precision": attention_precision,
                "cache": cache, "cache_interval": cache_interval, "cache_threshold": cache_threshold,
-               "cache_branch": cache_branch}
+               "cache_branch": cache_branch, "precision_convs": precision_convs}
     options = {k: v for k, v in options.items() if v is not None and v != defaults[k]}
     if not ({"precision", "attention_precision", "cache"} & options.keys()):
         raise cli_args.UsageError("nothing to compare with the reference (fp16, no cache): give --precision, "
@@ -106,9 +109,10 @@ def mode_options(precision: str | None = None, cache: str | None = None, cache_i
 
 
 def mode_slug(options: dict) -> str:
-    """'fp8', 'fp8all' (precision_layers "all"), 'attentionfp8', 'deepcache3', 'int8-adaptive0.15',
-    'deepcache3-branch1': a file name part."""
-    parts = [options["precision"] + options.get("precision_layers", "")] if "precision" in options else []
+    """'fp8', 'fp8all' (precision_layers "all"), 'fp8noconv' (precision_convs False), 'attentionfp8', 'deepcache3',
+    'int8-adaptive0.15', 'deepcache3-branch1': a file name part."""
+    noconv = "noconv" if options.get("precision_convs") is False else ""
+    parts = [options["precision"] + options.get("precision_layers", "") + noconv] if "precision" in options else []
     if "attention_precision" in options:
         parts.append(f"attention{options['attention_precision']}")
     if options.get("cache") == "deepcache":
@@ -238,12 +242,12 @@ def grid(reference: list[np.ndarray], mode: list[np.ndarray], labels: list[str],
 
 def run(model: str | None = None, precision: str | None = None, cache: str | None = None,
         cache_interval: int | None = None, cache_threshold: float | None = None, cache_branch: int | None = None,
-        precision_layers: str | None = None, attention_precision: str | None = None, prompts: int = 4,
-        steps: int = 20, size: int | None = None, seed: int = 0, device: str | torch.device | None = None,
+        precision_layers: str | None = None, attention_precision: str | None = None, precision_convs: bool | None = None,
+        prompts: int = 4, steps: int = 20, size: int | None = None, seed: int = 0, device: str | torch.device | None = None,
         out_dir: str = "rocm_sd_quality") -> dict:
     """The command; returns what it writes to the JSON file."""
     options = mode_options(precision, cache, cache_interval, cache_threshold, cache_branch, precision_layers,
-                           attention_precision)
+                           attention_precision, precision_convs)
     device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     model = model or ("sd15" if device.type == "cuda" else "tiny")

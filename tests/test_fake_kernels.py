@@ -150,6 +150,16 @@ def case_add_layer_norm_quantize_rows(rng):
     return torch.ops.rocm_sd.add_layer_norm_quantize_rows, (*args, _format(rng))
 
 
+def case_layer_norm_quantized(rng):
+    op, args = case_layer_norm(rng)
+    return torch.ops.rocm_sd.layer_norm_quantized, (*args, _format(rng))
+
+
+def case_add_layer_norm_quantized(rng):
+    op, args = case_add_layer_norm(rng)
+    return torch.ops.rocm_sd.add_layer_norm_quantized, (*args, _format(rng))
+
+
 def case_geglu_quantize_rows(rng):
     op, args = case_geglu(rng)
     return torch.ops.rocm_sd.geglu_quantize_rows, (*args, _format(rng))
@@ -175,7 +185,8 @@ def case_im2col_quantize(rng):
 
 CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case_bias_residual, case_parity_shuffle,
          case_attention, case_attention_fp8, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
-         case_add_layer_norm_quantize_rows, case_geglu_quantize_rows, case_geglu_quantized, case_im2col_quantize]
+         case_add_layer_norm_quantize_rows, case_layer_norm_quantized, case_add_layer_norm_quantized,
+         case_geglu_quantize_rows, case_geglu_quantized, case_im2col_quantize]
 
 
 def test_every_registered_op_is_fuzzed():

@@ -174,6 +174,52 @@ def test_the_feed_forward_hands_the_geglu_rows_to_the_8bit_layer_without_y(monke
     assert all("forward" not in vars(ff) for ff in feed_forwards)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3fn", "int8"])
+def test_norms_write_only_the_rows_their_8bit_consumers_take(monkeypatch, fmt):
+    """A transformer block's norms whose every consumer multiplies their quantized rows for good write only those rows
+    (layer_norm_quantized / add_layer_norm_quantized) and hand a stand-in on: the same operands, so the same images.
+    A hook on one consumer (something else may read the output) makes its norm write the output again."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: (fmt, None))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    blocks = [m for m in pipe.unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8" if fmt != "int8" else "int8", channels_last=False,
+                         precision_layers="all", precision_scales="row")
+        dispatch.reset_stats()
+        rows_only = run_pipe(pipe)
+        stats = dispatch.stats()
+        assert stats["layer_norm_quantized"]["torch"] == stats["add_layer_norm_quantized"]["torch"] / 2 > 0
+        assert "layer_norm_quantize_rows" not in stats and "add_layer_norm_quantize_rows" not in stats
+        hooks = [block.attn1.to_k.register_forward_pre_hook(lambda module, args: None) for block in blocks]
+        hooks += [block.ff.net[0].proj.register_forward_pre_hook(lambda module, args: None) for block in blocks]
+        dispatch.reset_stats()
+        written = run_pipe(pipe)
+        stats = dispatch.stats()
+        assert "layer_norm_quantized" not in stats and stats["layer_norm_quantize_rows"]["torch"] > 0  # norm1
+        # norm2 (cross-attention's query only) still writes only rows; norm3 (the hooked feed-forward) writes its output
+        assert stats["add_layer_norm_quantized"]["torch"] == stats["add_layer_norm_quantize_rows"]["torch"] > 0
+        for hook in hooks:
+            hook.remove()
+    assert torch.equal(rows_only, written)
+    rocm_sd.revert(pipe)
+
+
+def test_a_stand_in_is_never_read_as_an_output():
+    """A stand-in (a norm's output it did not write) read by anything but an 8-bit layer that finds its rows fails
+    loudly: it is on the meta device, and an 8-bit layer finding no rows on it says so."""
+    from rocm_sd.modules.quantized_linear import rows_stand_in
+    q, scale = quantize_rows_ref(torch.randn(6, 16), "e4m3fn")
+    stand_in = rows_stand_in(torch.Size((2, 3, 16)), torch.float32, "e4m3fn", q, scale)
+    layer = RocmQuantizedLinear.from_module(nn.Linear(16, 8), "e4m3fn")
+    torch.testing.assert_close(layer(stand_in).reshape(6, 8).double(),
+                               dequantize_rows(q, scale).double() @ dequantize_rows(
+                                   layer.weight_q, layer.weight_scale.squeeze(0)).double().t() + layer.bias.double())
+    with pytest.raises(RuntimeError):
+        nn.Linear(16, 8)(stand_in) + torch.zeros(8)
+    with pytest.raises(RuntimeError, match="stand-in .* without its int8 rows"):
+        RocmQuantizedLinear.from_module(nn.Linear(16, 8), "int8")(stand_in)
+
+
 def test_the_feed_forward_waits_for_the_measured_choice(monkeypatch):
     """With precision_layers="measured" the output layer decides at its first call, so that call takes the usual path
     (its GEGLU writes y too, which the fp16 layer would read); later calls hand the rows over."""
@@ -189,6 +235,9 @@ def test_the_feed_forward_waits_for_the_measured_choice(monkeypatch):
         stats = dispatch.stats()
         assert stats["geglu_quantize_rows"]["torch"] == len(out_layers)  # the first call
         assert stats["geglu_quantized"]["torch"] == len(out_layers)  # the second
+        # and so do the norms: their output written at the first call, their rows alone at the second
+        assert stats["add_layer_norm_quantize_rows"]["torch"] == stats["add_layer_norm_quantized"]["torch"] == 2 * len(
+            out_layers)
     rocm_sd.revert(pipe)
 
 

@@ -229,6 +229,8 @@ ARGUMENT_ERRORS = [  # (arguments after `quality`, exit status, what the last li
     (["--cache", "deepcache", "--precision-layers", "all"], 2,
      "argument --precision-layers: applies with --precision only"),
     (["--precision", "fp8", "--precision-layers", "some"], 2, "argument --precision-layers: invalid choice: 'some'"),
+    (["--precision", "int8", "--precision-convs", "off"], 2, "argument --precision-convs: applies with --precision fp8 only"),
+    (["--precision", "fp8", "--precision-convs", "no"], 2, "argument --precision-convs: invalid choice: 'no'"),
     (["--attention-precision", "fp16"], 2, "argument --attention-precision: invalid choice: 'fp16'"),
     (["--attention-precision", "int8"], 2, "argument --attention-precision: invalid choice: 'int8'"),
     (["--cache", "deepcache", "--cache-branch", "-1"], 2, "argument --cache-branch: -1 is not a non-negative integer"),
@@ -269,13 +271,16 @@ def test_a_bad_quality_argument_is_one_line_and_builds_nothing(argv, status, mes
     (["--cache", "adaptive", "--cache-threshold", "0"], {"cache": "adaptive", "cache_threshold": 0.0}),
     (["--cache", "deepcache", "--cache-branch", "1"], {"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}),
     (["--cache", "adaptive", "--cache-branch", "0"], {"cache": "adaptive", "cache_threshold": 0.15}),
+    (["--precision", "fp8", "--precision-convs", "off"], {"precision": "fp8", "precision_convs": False}),
+    (["--precision", "fp8", "--precision-convs", "on"], {"precision": "fp8"}),
     (["--attention-precision", "fp8"], {"attention_precision": "fp8"}),
     (["--attention-precision", "fp8", "--precision", "fp8"], {"precision": "fp8", "attention_precision": "fp8"}),
 ])
 def test_valid_quality_arguments_reach_the_model(argv, options, tmp_path, no_model):
     args = cli.build_parser().parse_args(["quality", *argv])
+    convs = None if args.precision_convs is None else args.precision_convs == "on"
     assert quality.mode_options(args.precision, args.cache, args.cache_interval, args.cache_threshold,
-                                args.cache_branch, args.precision_layers, args.attention_precision) == options
+                                args.cache_branch, args.precision_layers, args.attention_precision, convs) == options
     with pytest.raises(ModelBuilt):
         cli.main(["quality", *argv, "--out", str(tmp_path)])
 
@@ -283,6 +288,7 @@ def test_valid_quality_arguments_reach_the_model(argv, options, tmp_path, no_mod
 def test_mode_file_names():
     assert quality.mode_slug({"precision": "fp8"}) == "fp8"
     assert quality.mode_slug({"precision": "fp8", "precision_layers": "all"}) == "fp8all"
+    assert quality.mode_slug({"precision": "fp8", "precision_convs": False}) == "fp8noconv"
     assert quality.mode_slug({"precision": "int8", "cache": "adaptive", "cache_threshold": 0.15}) == "int8-adaptive0.15"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3}) == "deepcache3"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}) == "deepcache3-branch1"

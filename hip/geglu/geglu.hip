@@ -22,7 +22,8 @@
 // row block only: the wave-per-row kernel needs y to read back.
 //
 // With a bound (rocm_sd/quantize/api.h: one scale for the tensor) no row needs its maximum before encoding, so the
-// quantized output is the plain kernel's elementwise grid with an encode: no row blocks, no reduction.
+// quantized output is the plain kernel's elementwise grid with an encode: no row blocks, no reduction, and 16-element
+// vectors where they fit.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/quantize/encode.h"
@@ -176,14 +177,25 @@ struct ElementwiseGrid {
         per_row(uint32_t(a.d / vec)) {}
 };
 
+// The bounded kernel's vector: 16 fp16 / bf16 elements (two 16-byte loads of each half) where d and the pointers
+// allow, so that each thread stores 16 bytes of q, not 8; the 8-byte stores left it further below a copy's bandwidth
+// (bench/results/notes/2026-11-25-fp8-fusions-h200.md).
+int bounded_vec(const GegluArgs& a, int vec) {
+  return vec == 8 && a.d % 16 == 0 && aligned(a.x, 32) && aligned(a.y, 32) && aligned(a.q, 16) ? 16 : vec;
+}
+
 template <class T>
 void launch_quantized(const GegluArgs& a, int vec, hipStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   uint8_t* q = static_cast<uint8_t*>(a.q);
   if (a.bound > 0.f) {
+    vec = bounded_vec(a, vec);
     const ElementwiseGrid g(a, vec);
     switch (vec) {
+      case 16:
+        if constexpr (sizeof(T) == 2) geglu_bounded_quantized<T, 16><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound);
+        break;
       case 8: geglu_bounded_quantized<T, 8><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound); break;
       case 4: geglu_bounded_quantized<T, 4><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound); break;
       case 2: geglu_bounded_quantized<T, 2><<<g.blocks, kThreads, 0, stream>>>(x, y, q, a.scale, g.vectors, g.per_row, a.d, a.format, a.bound); break;

@@ -14,7 +14,8 @@
 //
 // With q and scale (optimize(precision="fp8"/"int8")), the normalised row, still in registers, is also quantized
 // per row as rocm_sd::quantize_rows would quantize y: the 8-bit input of the projections that follow, without
-// a second pass over y.
+// a second pass over y. Without y (y == nullptr, q given) only the quantized row is written (and the sum): for a norm
+// whose every consumer multiplies its 8-bit rows (rocm_sd::layer_norm_quantized / add_layer_norm_quantized).
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
 #include "rocm_sd/quantize/encode.h"
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   const float rstd = rsqrtf(wave_sum(m2) / float(c) + eps);  // biased variance, as torch
-  T* yr = y + row * c;
+  T* yr = y != nullptr ? y + row * c : nullptr;
   float amax = 0.f;
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
         out.v[e] = from_float<T>(fmaf((to_float(v[k].v[e]) - mean) * rstd, g, b));
         if constexpr (kQuantize) amax = absmax_nan(amax, to_float(out.v[e]));  // of y as stored: quantize_rows(y)
       }
-      store_vec(yr + j * VEC, out, false);
+      if (!kQuantize || y != nullptr) store_vec(yr + j * VEC, out, false);
       if constexpr (kQuantize) v[k] = out;
     }
   }
@@ -197,6 +198,7 @@ std::string layer_norm_check(const LayerNormArgs& a) {
   if (a.param_dtype != a.dtype && a.param_dtype != DType::f32) return "weight/bias dtype must be the input's or float32";
   if ((a.residual == nullptr) != (a.sum == nullptr)) return "residual and sum come together";
   if ((a.q == nullptr) != (a.scale == nullptr)) return "q and scale come together";
+  if (a.y == nullptr && a.q == nullptr) return "no output: y, or q and scale, are needed";
   if (a.q) {
     if (a.format != QuantFormat::e4m3fn && a.format != QuantFormat::e4m3fnuz && a.format != QuantFormat::int8)
       return "unknown format code " + std::to_string(int(a.format));

@@ -90,4 +90,6 @@ class RocmAttnProcessor:
             hidden_states = hidden_states.transpose(-1, -2).reshape(batch, channel, height, width)
         if attn.residual_connection:
             hidden_states = hidden_states + residual
+        if attn.rescale_output_factor == 1.0:  # diffusers divides by 1.0 too: a full pass over the output for nothing
+            return hidden_states
         return hidden_states / attn.rescale_output_factor

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from ..ops.layer_norm import layer_norm
-from ..ops.quantized_outputs import layer_norm_quantize_rows
-from .quantized_linear import one_scale, remember_rows
+from ..ops.quantized_outputs import layer_norm_quantize_rows, layer_norm_quantized
+from .quantized_linear import one_scale, remember_rows, rows_stand_in
 
 
 class RocmLayerNorm(nn.LayerNorm):
@@ -15,7 +15,8 @@ class RocmLayerNorm(nn.LayerNorm):
     `quantized_output`: None, or the 8-bit format its every consumer multiplies in (patch/precision.py sets it): the
     kernel then also writes its output quantized per row, which those layers take instead of quantizing it.
     `quantized_bound`: 0, or a value its output cannot exceed (patch/precision.py: layer_norm_bound): one scale for the
-    whole output, which per-tensor GEMMs take."""
+    whole output, which per-tensor GEMMs take. `rows_only` writes only those rows, for a caller that knows they are
+    all its consumers read (modules/transformer.py)."""
 
     quantized_output: str | None = None
     quantized_bound: float = 0.0
@@ -37,3 +38,9 @@ class RocmLayerNorm(nn.LayerNorm):
                                                     self.quantized_bound)
         remember_rows(y, self.quantized_output, q, one_scale(scale, self.quantized_bound), trusted=True)
         return y
+
+    def rows_only(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm's quantized rows alone, held by a stand-in for its output (rows_stand_in): y is not written."""
+        q, scale = layer_norm_quantized.call(x, self.weight, self.bias, self.eps, self.quantized_output,
+                                             self.quantized_bound)
+        return rows_stand_in(x.shape, x.dtype, self.quantized_output, q, one_scale(scale, self.quantized_bound))

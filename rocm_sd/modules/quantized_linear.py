@@ -68,7 +68,7 @@ def new_model_call(*_) -> None:
 
 
 def _scope(x: torch.Tensor) -> tuple[int, bool]:
-    """The model call, and whether x's stream is being captured into a graph: the warm-up calls before a capture are
+    """The model call, and whether x's stream (for a remembered quantization: its q's) is being captured into a graph: the warm-up calls before a capture are
     the same model call, and their quantizations must not be baked into the graph either. (Asked of GPU tensors
     only: a CPU-only torch cannot answer, and a CPU tensor is never in a graph.)"""
     return _call[0], x.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -89,7 +89,7 @@ def remember_rows(x: torch.Tensor, format: str, q: torch.Tensor, scale: torch.Te
         return
     version = _version(x)
     if version is not None or trusted:
-        setattr(x, _REMEMBERED, (format, version, _scope(x), q, scale))
+        setattr(x, _REMEMBERED, (format, version, _scope(q), q, scale))
 
 
 def one_scale(scale: torch.Tensor, bound: float) -> torch.Tensor:
@@ -104,7 +104,17 @@ def remembered_rows(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.T
     if memory is None or torch.compiler.is_compiling():
         return None
     kept_format, version, scope, q, scale = memory
-    return (q, scale) if kept_format == format and scope == _scope(x) and version == _version(x) else None
+    return (q, scale) if kept_format == format and scope == _scope(q) and version == _version(x) else None
+
+
+def rows_stand_in(shape: torch.Size, dtype: torch.dtype, format: str, q: torch.Tensor,
+                  scale: torch.Tensor) -> torch.Tensor:
+    """What a producer that wrote only its quantized rows (q, scale) returns in place of its output: a tensor of the
+    output's shape and dtype holding nothing but those rows, for the 8-bit layers that take them. It lives on the
+    meta device, so anything else that reads it fails loudly instead of reading memory nobody wrote."""
+    stand_in = torch.empty(shape, dtype=dtype, device="meta")
+    remember_rows(stand_in, format, q, scale, trusted=True)
+    return stand_in
 
 
 # Who quantizes an 8-bit layer's input: quantize_rows, or the kernel writing it (a LayerNorm / SkipLayerNorm, the GEGLU:
@@ -271,6 +281,9 @@ def input_rows(x: torch.Tensor, rows: torch.Tensor, format: str) -> tuple[torch.
     quantization if it has one, else by rocm_sd::quantize_rows, remembered for the next layers that take x."""
     quantized = remembered_rows(x, format)
     if quantized is None:
+        if x.is_meta:
+            raise RuntimeError(f"rocm_sd: an 8-bit layer got a stand-in (rows_stand_in) without its {format} rows: the "
+                               "producer wrote no output for this layer to read")
         quantized = quantize_rows.call(rows.contiguous(), format)
         remember_rows(x, format, *quantized)
     q, scale = quantized

@@ -4,14 +4,17 @@ second pass over memory.
 
     rocm_sd::layer_norm_quantize_rows(x, w, b, eps, format, bound)               -> (y, q, scale)       hip/layer_norm/
     rocm_sd::add_layer_norm_quantize_rows(x, residual, w, b, eps, format, bound) -> (sum, y, q, scale)  hip/layer_norm/
+    rocm_sd::layer_norm_quantized(x, w, b, eps, format, bound)                   -> (q, scale)          hip/layer_norm/
+    rocm_sd::add_layer_norm_quantized(x, residual, w, b, eps, format, bound)     -> (sum, q, scale)     hip/layer_norm/
     rocm_sd::geglu_quantize_rows(x, format, bound)                               -> (y, q, scale)       hip/geglu/
     rocm_sd::geglu_quantized(x, format, bound)                                   -> (q, scale)          hip/geglu/
 
 y (and sum) are what rocm_sd::layer_norm / add_layer_norm / geglu return; (q, scale) is exactly
 quantize_rows_ref(y, format, bound) of that y, bit for bit: with bound 0 (the default) each row's own scale, with a
 bound > 0 (no value of y can exceed it: patch/precision.py derives it from the weights) one scale for every row,
-bound / fmax, which the per-tensor FP8 GEMM takes. geglu_quantized writes no y: it is for an output projection
-that takes nothing else (modules/geglu.py), and moves fewer bytes than the plain GEGLU. The kernels take fp16 / bf16 activations (LayerNorm: C a multiple of
+bound / fmax, which the per-tensor FP8 GEMM takes. The `_quantized` ops write no y: they are for layers that take
+nothing else (the norms': modules/transformer.py; the GEGLU's: modules/geglu.py), and move fewer bytes than the plain
+kernels. The kernels take fp16 / bf16 activations (LayerNorm: C a multiple of
 8); everything else takes the PyTorch path, which computes the same definition.
 """
 from __future__ import annotations
@@ -81,10 +84,10 @@ def layer_norm_quantize_rows_ref(x, weight, bias, eps, format, bound=0.0):
     return (y, *quantize_rows_ref(y, format, bound))
 
 
-def _ln_check(x, weight, bias, eps, format, bound=0.0):
-    check_layer_norm_args(x, weight, bias, LN_OP)
-    check_format(LN_OP, format)
-    check_bound(LN_OP, format, bound)
+def _ln_check(x, weight, bias, eps, format, bound=0.0, op=LN_OP):
+    check_layer_norm_args(x, weight, bias, op)
+    check_format(op, format)
+    check_bound(op, format, bound)
 
 
 def _ln_supports(x, weight, bias, eps, format, bound=0.0) -> list[str]:
@@ -111,13 +114,18 @@ def _ln_fake(x, weight, bias, eps, format, bound=0.0):
     return (torch.empty_like(x, memory_format=torch.contiguous_format), *quantized_like(x, format))
 
 
+def _ln_plan_key(x, weight, bias, eps, format, bound=0.0):
+    return tensor_key(x), tensor_key(weight), tensor_key(bias), format, bound
+
+
+def _ln_key(op, x, weight, bias, eps, format, bound=0.0):
+    return _key(op, x, format, bound, x.shape[-1], affine=int(weight is not None))
+
+
 LN_SPEC = OpSpec(LN_OP, reference=layer_norm_quantize_rows_ref, check_args=_ln_check, fake=_ln_fake,
                  supports=_ln_supports, launch=lambda plan, *args: layer_norm_quantize_rows_kernel(*args),
                  torch_path=_ln_torch_path,
-                 plan_key=lambda x, weight, bias, eps, format, bound=0.0: (
-                     tensor_key(x), tensor_key(weight), tensor_key(bias), format, bound),
-                 key=lambda x, weight, bias, eps, format, bound=0.0: _key(LN_OP, x, format, bound, x.shape[-1],
-                                                                          affine=int(weight is not None)),
+                 plan_key=_ln_plan_key, key=functools.partial(_ln_key, LN_OP),
                  candidates=lambda *args: {dispatch.TORCH: _ln_torch_path, "rocm_sd": layer_norm_quantize_rows_kernel},
                  samples=lambda device, dtype: _with_format(_layer_norm_samples(device, dtype)),
                  kernel=layer_norm_quantize_rows_kernel)
@@ -140,10 +148,10 @@ def add_layer_norm_quantize_rows_ref(x, residual, weight, bias, eps, format, bou
     return (total, y, *quantize_rows_ref(y, format, bound))
 
 
-def _add_check(x, residual, weight, bias, eps, format, bound=0.0):
+def _add_check(x, residual, weight, bias, eps, format, bound=0.0, op=ADD_OP):
     check_add_args(x, residual, weight, bias)
-    check_format(ADD_OP, format)
-    check_bound(ADD_OP, format, bound)
+    check_format(op, format)
+    check_bound(op, format, bound)
 
 
 def _add_supports(x, residual, weight, bias, eps, format, bound=0.0) -> list[str]:
@@ -168,21 +176,26 @@ def _add_torch_path_quantized(x, residual, weight, bias, eps, format, bound=0.0)
     return (total, y, *quantize_rows_ref(y, format, bound))
 
 
-def _add_fake(x, residual, weight, bias, eps, format, bound=0.0):
+def _add_fake(x, residual, weight, bias, eps, format, bound=0.0, op=ADD_OP):
     dtype = check_add_args(x, residual, weight, bias)
-    check_format(ADD_OP, format)
-    check_bound(ADD_OP, format, bound)
+    check_format(op, format)
+    check_bound(op, format, bound)
     like = torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
     return (like, torch.empty_like(like), *quantized_like(like, format))
+
+
+def _add_plan_key(x, residual, weight, bias, eps, format, bound=0.0):
+    return tensor_key(x), tensor_key(residual), tensor_key(weight), tensor_key(bias), format, bound
+
+
+def _add_key(op, x, residual, weight, bias, eps, format, bound=0.0):
+    return _key(op, x, format, bound, x.shape[-1], affine=int(weight is not None))
 
 
 ADD_SPEC = OpSpec(ADD_OP, reference=add_layer_norm_quantize_rows_ref, check_args=_add_check, fake=_add_fake,
                   supports=_add_supports, launch=lambda plan, *args: add_layer_norm_quantize_rows_kernel(*args),
                   torch_path=_add_torch_path_quantized,
-                  plan_key=lambda x, residual, weight, bias, eps, format, bound=0.0: (
-                      tensor_key(x), tensor_key(residual), tensor_key(weight), tensor_key(bias), format, bound),
-                  key=lambda x, residual, weight, bias, eps, format, bound=0.0: _key(
-                      ADD_OP, x, format, bound, x.shape[-1], affine=int(weight is not None)),
+                  plan_key=_add_plan_key, key=functools.partial(_add_key, ADD_OP),
                   candidates=lambda *args: {dispatch.TORCH: _add_torch_path_quantized,
                                             "rocm_sd": add_layer_norm_quantize_rows_kernel},
                   samples=lambda device, dtype: _with_format([(x, torch.randn_like(x), w, b, eps)
@@ -196,6 +209,115 @@ def add_layer_norm_quantize_rows(x: torch.Tensor, residual: torch.Tensor, weight
                                  bound: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x + residual, y, q, scale): y = layer_norm(x + residual), and y quantized per row into `format` (with a bound
     > 0, one scale for every row)."""
+
+
+# ---- layer_norm_quantized, add_layer_norm_quantized: the same rows without y ------------------------------------
+
+LN_QUANTIZED_OP = "layer_norm_quantized"
+ADD_QUANTIZED_OP = "add_layer_norm_quantized"
+
+
+def _without_norm_y(x, weight, bias, eps) -> tuple:
+    """layer_norm's kernel arguments with no y: only q and scale (and the sum) are written."""
+    x_ptr, _, *rest = _args(x, x, weight, bias, eps)
+    return (x_ptr, 0, *rest)
+
+
+def layer_norm_quantized_ref(x, weight, bias, eps, format, bound=0.0):
+    return layer_norm_quantize_rows_ref(x, weight, bias, eps, format, bound)[1:]
+
+
+_ln_quantized_check = functools.partial(_ln_check, op=LN_QUANTIZED_OP)
+
+
+def _ln_quantized_supports(x, weight, bias, eps, format, bound=0.0) -> list[str]:
+    return kernel_reasons(x.device, layer_norm_input_reasons(x, weight, bias) + _sixteen_bit(x),
+                          lambda: _ext._C.layer_norm_check(*_without_norm_y(x, weight, bias, eps), x.device.index,
+                                                           **_quantized_args(None, None, format, bound)))
+
+
+def layer_norm_quantized_kernel(x, weight, bias, eps, format, bound=0.0, out=None):
+    """The HIP kernel itself, no dispatch; `out`: (q, scale) to write into."""
+    q, scale = quantized_like(x, format) if out is None else out
+    _ext._C.layer_norm_forward(*_without_norm_y(x, weight, bias, eps), stream_handle(x.device), x.device.index,
+                               **_quantized_args(q, scale, format, bound))
+    return q, scale
+
+
+def _ln_quantized_torch_path(x, weight, bias, eps, format, bound=0.0):
+    return _ln_torch_path(x, weight, bias, eps, format, bound)[1:]
+
+
+def _ln_quantized_fake(x, weight, bias, eps, format, bound=0.0):
+    _ln_quantized_check(x, weight, bias, eps, format, bound)
+    return quantized_like(x, format)
+
+
+LN_QUANTIZED_SPEC = OpSpec(
+    LN_QUANTIZED_OP, reference=layer_norm_quantized_ref, check_args=_ln_quantized_check, fake=_ln_quantized_fake,
+    supports=_ln_quantized_supports, launch=lambda plan, *args: layer_norm_quantized_kernel(*args),
+    torch_path=_ln_quantized_torch_path,
+    plan_key=_ln_plan_key, key=functools.partial(_ln_key, LN_QUANTIZED_OP),
+    candidates=lambda *args: {dispatch.TORCH: _ln_quantized_torch_path, "rocm_sd": layer_norm_quantized_kernel},
+    samples=lambda device, dtype: _with_format(_layer_norm_samples(device, dtype)), kernel=layer_norm_quantized_kernel)
+
+
+@LN_QUANTIZED_SPEC.define
+def layer_norm_quantized(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                         format: str, bound: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): layer_norm(x) over the last dimension quantized per row into `format` (with a bound > 0, one scale
+    for every row), the normalized rows themselves not kept."""
+
+
+def add_layer_norm_quantized_ref(x, residual, weight, bias, eps, format, bound=0.0):
+    total, _, q, scale = add_layer_norm_quantize_rows_ref(x, residual, weight, bias, eps, format, bound)
+    return total, q, scale
+
+
+_add_quantized_check = functools.partial(_add_check, op=ADD_QUANTIZED_OP)
+
+
+def _add_quantized_supports(x, residual, weight, bias, eps, format, bound=0.0) -> list[str]:
+    reasons = layer_norm_input_reasons(x, weight, bias) + _residual_reasons(x, residual) + _sixteen_bit(x)
+    return kernel_reasons(x.device, reasons,
+                          lambda: _ext._C.layer_norm_check(*_without_norm_y(x, weight, bias, eps), x.device.index,
+                                                           **_residual_args(residual, x),
+                                                           **_quantized_args(None, None, format, bound)))
+
+
+def add_layer_norm_quantized_kernel(x, residual, weight, bias, eps, format, bound=0.0, out=None):
+    """The HIP kernel itself, no dispatch; `out`: (sum, q, scale) to write into."""
+    total, q, scale = (torch.empty_like(x), *quantized_like(x, format)) if out is None else out
+    _ext._C.layer_norm_forward(*_without_norm_y(x, weight, bias, eps), stream_handle(x.device), x.device.index,
+                               **_residual_args(residual, total), **_quantized_args(q, scale, format, bound))
+    return total, q, scale
+
+
+def _add_quantized_torch_path(x, residual, weight, bias, eps, format, bound=0.0):
+    total, _, q, scale = _add_torch_path_quantized(x, residual, weight, bias, eps, format, bound)
+    return total, q, scale
+
+
+def _add_quantized_fake(x, residual, weight, bias, eps, format, bound=0.0):
+    total, _, q, scale = _add_fake(x, residual, weight, bias, eps, format, bound, op=ADD_QUANTIZED_OP)
+    return total, q, scale
+
+
+ADD_QUANTIZED_SPEC = OpSpec(
+    ADD_QUANTIZED_OP, reference=add_layer_norm_quantized_ref, check_args=_add_quantized_check,
+    fake=_add_quantized_fake, supports=_add_quantized_supports,
+    launch=lambda plan, *args: add_layer_norm_quantized_kernel(*args), torch_path=_add_quantized_torch_path,
+    plan_key=_add_plan_key, key=functools.partial(_add_key, ADD_QUANTIZED_OP),
+    candidates=lambda *args: {dispatch.TORCH: _add_quantized_torch_path, "rocm_sd": add_layer_norm_quantized_kernel},
+    samples=ADD_SPEC.samples, kernel=add_layer_norm_quantized_kernel)
+
+
+@ADD_QUANTIZED_SPEC.define
+def add_layer_norm_quantized(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                             bias: torch.Tensor | None, eps: float, format: str,
+                             bound: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x + residual, q, scale): layer_norm(x + residual) quantized per row into `format` (with a bound > 0, one scale
+    for every row), the normalized rows themselves not kept."""
 
 
 # ---- geglu_quantize_rows -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The kernels that quantize their own output (ops/quantized_outputs.py) under the emulation: their y is the plain
 kernel's y bit for bit, and (q, scale) is the definition's quantization of that y bit for bit (with a bound: one scale
-for every row, values beyond it saturated), on wave32 and wave64."""
+for every row, values beyond it saturated), on wave32 and wave64; without y the same (q, scale)."""
 
 import ctypes
 
@@ -75,6 +75,15 @@ def test_layer_norm_quantize_rows(emulated, shape, residual, dtype, fmt, bound):
     _check(arch, y, q, scale, y_plain, fmt, bound)
     if residual:
         assert torch.equal(total.nan_to_num(7.0), total_plain.nan_to_num(7.0))
+    # Without y (rocm_sd::layer_norm_quantized / add_layer_norm_quantized): the same rows and sum
+    q_alone, scale_alone = _poisoned(shape, fmt)
+    total_alone = torch.full_like(x, float("nan")) if residual else None
+    run(lib.rsd_emu_layer_norm_quantize_rows, pointer(x), pointer(r), pointer(total_alone), None, pointer(w),
+        pointer(b), DTYPES[dtype], DTYPES[dtype], rows, c, 1e-5, pointer(q_alone), pointer(scale_alone),
+        FORMATS[fmt][0], bound)
+    assert torch.equal(scale_alone.nan_to_num(-1.0), scale.nan_to_num(-1.0)) and same_codes(q_alone, q), arch
+    if residual:
+        assert torch.equal(total_alone.nan_to_num(7.0), total_plain.nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("fmt, bound", FORMAT_BOUNDS, ids=str)

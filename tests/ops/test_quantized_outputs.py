@@ -9,11 +9,14 @@ from rocm_sd.ops.geglu import geglu_kernel
 from rocm_sd.ops.layer_norm import add_layer_norm_kernel, layer_norm_kernel
 from rocm_sd.ops.quantize import FORMATS, quantize_rows_ref
 from rocm_sd.ops.quantized_outputs import (add_layer_norm_quantize_rows, add_layer_norm_quantize_rows_kernel,
-                                           add_layer_norm_quantize_rows_ref, geglu_quantize_rows,
+                                           add_layer_norm_quantize_rows_ref, add_layer_norm_quantized,
+                                           add_layer_norm_quantized_kernel, add_layer_norm_quantized_ref,
+                                           geglu_quantize_rows,
                                            geglu_quantize_rows_kernel, geglu_quantize_rows_ref, geglu_quantized,
                                            geglu_quantized_kernel, geglu_quantized_ref,
                                            layer_norm_quantize_rows, layer_norm_quantize_rows_kernel,
-                                           layer_norm_quantize_rows_ref)
+                                           layer_norm_quantize_rows_ref, layer_norm_quantized,
+                                           layer_norm_quantized_kernel, layer_norm_quantized_ref)
 from tests.ops.test_layer_norm import make
 from tests.ops.test_quantize_rows import same_codes
 from tests.shapes import GEGLU_SD, LAYER_NORM_SD
@@ -30,6 +33,8 @@ def test_cpu_calls_take_the_definition(fmt):
         outputs = [(layer_norm_quantize_rows(x, w, b, 1e-5, fmt), layer_norm_quantize_rows_ref(x, w, b, 1e-5, fmt)),
                    (add_layer_norm_quantize_rows(x, r, w, b, 1e-5, fmt),
                     add_layer_norm_quantize_rows_ref(x, r, w, b, 1e-5, fmt)),
+                   (layer_norm_quantized(x, w, b, 1e-5, fmt), layer_norm_quantized_ref(x, w, b, 1e-5, fmt)),
+                   (add_layer_norm_quantized(x, r, w, b, 1e-5, fmt), add_layer_norm_quantized_ref(x, r, w, b, 1e-5, fmt)),
                    (geglu_quantize_rows(g, fmt), geglu_quantize_rows_ref(g, fmt)),
                    (geglu_quantized(g, fmt), geglu_quantized_ref(g, fmt))]
     for got, want in outputs:
@@ -113,6 +118,13 @@ def test_layer_norm_kernels_quantize_their_own_output(shape, dtype, fmt, bound):
     assert torch.equal(total.nan_to_num(7.0), total_plain.nan_to_num(7.0))
     assert torch.equal(y.nan_to_num(7.0), y_plain.nan_to_num(7.0))
     _assert_quantization_of(y, q, scale, fmt, bound)
+    # without y: the same rows (and sum), y's memory untouched
+    q_alone, scale_alone = layer_norm_quantized_kernel(x, w, b, 1e-5, fmt, bound, out=_poisoned(shape, fmt))
+    _assert_quantization_of(layer_norm_kernel(x, w, b, 1e-5), q_alone, scale_alone, fmt, bound)
+    total_alone, q_alone, scale_alone = add_layer_norm_quantized_kernel(
+        x, r, w, b, 1e-5, fmt, bound, out=(torch.full_like(x, float("nan")), *_poisoned(shape, fmt)))
+    assert torch.equal(total_alone.nan_to_num(7.0), total_plain.nan_to_num(7.0))
+    _assert_quantization_of(y_plain, q_alone, scale_alone, fmt, bound)
 
 
 @pytest.mark.gpu
@@ -155,9 +167,11 @@ def test_ops_run_the_kernels_where_they_can_and_name_why_not():
         add_layer_norm_quantize_rows(x, x, w, b, 1e-5, "e4m3fn")
         geglu_quantize_rows(torch.randn(2, 64, 640, device="cuda", dtype=torch.float16), "e4m3fnuz")
         geglu_quantized(torch.randn(2, 64, 640, device="cuda", dtype=torch.float16), "int8")
+        layer_norm_quantized(x, w, b, 1e-5, "e4m3fnuz", 3.0)
+        add_layer_norm_quantized(x, x, w, b, 1e-5, "int8")
         stats = dispatch.stats()
         for op in ("layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows",
-                   "geglu_quantized"):
+                   "geglu_quantized", "layer_norm_quantized", "add_layer_norm_quantized"):
             assert stats[op] == {"rocm_sd": 1}, stats
     from rocm_sd.ops.quantized_outputs import LN_SPEC
     assert any("fp16 or bf16" in r for r in LN_SPEC.supports(x.float(), w.float(), b.float(), 1e-5, "int8"))
