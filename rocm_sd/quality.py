@@ -242,9 +242,9 @@ def grid(reference: list[np.ndarray], mode: list[np.ndarray], labels: list[str],
 
 def run(model: str | None = None, precision: str | None = None, cache: str | None = None,
         cache_interval: int | None = None, cache_threshold: float | None = None, cache_branch: int | None = None,
-        precision_layers: str | None = None, attention_precision: str | None = None, precision_convs: bool | None = None,
-        prompts: int = 4, steps: int = 20, size: int | None = None, seed: int = 0, device: str | torch.device | None = None,
-        out_dir: str = "rocm_sd_quality") -> dict:
+        precision_layers: str | None = None, attention_precision: str | None = None,
+        precision_convs: bool | None = None, prompts: int = 4, steps: int = 20, size: int | None = None, seed: int = 0,
+        device: str | torch.device | None = None, out_dir: str = "rocm_sd_quality") -> dict:
     """The command; returns what it writes to the JSON file."""
     options = mode_options(precision, cache, cache_interval, cache_threshold, cache_branch, precision_layers,
                            attention_precision, precision_convs)

@@ -9,7 +9,7 @@ from ..ops.linear_geglu import hosts_ck as linear_geglu_hosts_ck
 from ..ops.linear_geglu import linear_geglu
 from ..ops.quantized_outputs import geglu_quantize_rows, geglu_quantized
 from .fusing import called_plainly
-from .quantized_linear import RocmQuantizedLinear, one_scale, remember_rows
+from .quantized_linear import RocmQuantizedLinear, one_scale, remember_rows, takes_rows_for_good
 
 
 class RocmGEGLU(nn.Module):
@@ -63,8 +63,8 @@ def feed_forward_8bit(self, hidden_states: torch.Tensor, *args, **kwargs) -> tor
     rows, with a dropout that drops, with hooks on the layers or extra arguments: diffusers' forward."""
     geglu, dropout, out_layer = self.net[0], self.net[1], self.net[2]
     fmt = geglu.quantized_output
-    if (args or kwargs or fmt is None or not out_layer.runs_8bit or (dropout.training and dropout.p > 0)
-            or not all(called_plainly(m) for m in (geglu, dropout, out_layer))):
+    if (args or kwargs or fmt is None or not takes_rows_for_good([out_layer], fmt)
+            or (dropout.training and dropout.p > 0) or not (called_plainly(geglu) and called_plainly(dropout))):
         return type(self).forward(self, hidden_states, *args, **kwargs)
     q, scale = geglu_quantized.call(geglu.proj(hidden_states), fmt, geglu.quantized_bound)
     out = out_layer.multiply_rows(q, one_scale(scale, geglu.quantized_bound), hidden_states.dtype)

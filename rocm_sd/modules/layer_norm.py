@@ -15,11 +15,12 @@ class RocmLayerNorm(nn.LayerNorm):
     `quantized_output`: None, or the 8-bit format its every consumer multiplies in (patch/precision.py sets it): the
     kernel then also writes its output quantized per row, which those layers take instead of quantizing it.
     `quantized_bound`: 0, or a value its output cannot exceed (patch/precision.py: layer_norm_bound): one scale for the
-    whole output, which per-tensor GEMMs take. `rows_only` writes only those rows, for a caller that knows they are
-    all its consumers read (modules/transformer.py)."""
+    whole output, which per-tensor GEMMs take. `quantized_consumers`: those layers (patch/precision.py). `rows_only`
+    writes only the rows, for a caller that knows nothing else reads the output (modules/transformer.py)."""
 
     quantized_output: str | None = None
     quantized_bound: float = 0.0
+    quantized_consumers: tuple[nn.Module, ...] = ()
 
     @classmethod
     def from_layer_norm(cls, module: nn.LayerNorm) -> "RocmLayerNorm":

@@ -36,6 +36,7 @@ from torch import nn
 from .. import dispatch
 from ..ops.quantize import FORMATS, MIN_AMAX, dequantize_rows, quantize_rows, quantize_rows_ref
 from ..ops.spec import dtype_name, problem_key
+from .fusing import called_plainly
 
 
 # Layers whose input is one row per image, which stay as they are (an 8-bit GEMM of two rows saves nothing): the time
@@ -68,9 +69,9 @@ def new_model_call(*_) -> None:
 
 
 def _scope(x: torch.Tensor) -> tuple[int, bool]:
-    """The model call, and whether x's stream (for a remembered quantization: its q's) is being captured into a graph: the warm-up calls before a capture are
-    the same model call, and their quantizations must not be baked into the graph either. (Asked of GPU tensors
-    only: a CPU-only torch cannot answer, and a CPU tensor is never in a graph.)"""
+    """The model call, and whether x's stream (for a remembered quantization: its q's) is being captured into a graph:
+    the warm-up calls before a capture are the same model call, and their quantizations must not be baked into the
+    graph either. (Asked of GPU tensors only: a CPU-only torch cannot answer, and a CPU tensor is never in a graph.)"""
     return _call[0], x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
@@ -151,6 +152,14 @@ def linear_8bit_problem(x: torch.Tensor, format: str, in_features: int, out_feat
 def fp16_measured_faster(x: torch.Tensor, problem: str) -> bool:
     """Whether the tuning database chose the fp16 GEMM for `problem` (linear_8bit_problem) on x's device."""
     return dispatch.tuned_choice(x.device, lambda: problem) == dispatch.TORCH
+
+
+def takes_rows_for_good(layers, format: str) -> bool:
+    """Whether every one of `layers` is an 8-bit linear layer of `format` that multiplies its producer's quantized rows
+    from now on: no fp16 offer left to decide, not gone back to fp16, no hooks. A producer can then write only its rows
+    for them (modules/geglu.py, modules/transformer.py)."""
+    return all(type(layer) is RocmQuantizedLinear and not layer.conv and layer.format == format and layer.runs_8bit
+               and called_plainly(layer) for layer in layers)
 
 
 class RocmQuantizedLinear(nn.Module):

@@ -27,7 +27,7 @@ from .attention import RocmAttnProcessor
 from .fusing import called_plainly
 from .geglu import RocmGEGLU
 from .layer_norm import RocmLayerNorm
-from .quantized_linear import RocmQuantizedLinear, one_scale, remember_rows, rows_stand_in
+from .quantized_linear import one_scale, remember_rows, rows_stand_in, takes_rows_for_good
 
 
 def fusable(block: nn.Module) -> bool:
@@ -36,51 +36,43 @@ def fusable(block: nn.Module) -> bool:
             and isinstance(block.norm2, RocmLayerNorm) and isinstance(block.norm3, RocmLayerNorm))
 
 
-def _attention_input_layers(attn: nn.Module, cross: bool) -> list[nn.Module] | None:
-    """The layers RocmAttnProcessor applies to an attention module's hidden_states (with `cross`, the keys and values
-    come from the text instead); None where something else may read hidden_states: another processor, hooks, a norm or
-    residual of the input."""
-    if not (type(attn.processor) is RocmAttnProcessor and called_plainly(attn) and attn.spatial_norm is None
-            and attn.group_norm is None and not attn.residual_connection):
-        return None
-    if getattr(attn, "fused_projections", False):
-        return [attn.to_q] if cross else [attn.to_qkv]
-    return [attn.to_q] if cross else [attn.to_q, attn.to_k, attn.to_v]
+def _attention_reads_only_its_projections(attn: nn.Module, as_assumed: bool) -> bool:
+    """Whether a call of attention module `attn` applies nothing but the norm's consumers to its hidden_states:
+    rocm_sd's processor, no hooks, no norm or residual of the input, and (`as_assumed`) the text given or not as
+    patch/precision.py's consumers assume (with it, the query alone takes hidden_states)."""
+    return (as_assumed and type(attn.processor) is RocmAttnProcessor and called_plainly(attn)
+            and attn.spatial_norm is None and attn.group_norm is None and not attn.residual_connection)
 
 
-def _feed_forward_input_layers(ff: nn.Module) -> list[nn.Module] | None:
-    """The layer a diffusers FeedForward (GEGLU first) applies to its input: the GEGLU's projection."""
+def _feed_forward_reads_only_its_projection(ff: nn.Module) -> bool:
+    """Whether a diffusers FeedForward applies nothing but its GEGLU's projection to its input."""
     net = getattr(ff, "net", None)
-    if net is None or not len(net) or not isinstance(net[0], RocmGEGLU) or not (called_plainly(ff)
-                                                                             and called_plainly(net[0])):
-        return None
-    return [net[0].proj]
+    return net is not None and isinstance(net[0], RocmGEGLU) and called_plainly(ff) and called_plainly(net[0])
 
 
-def _rows_only(norm: RocmLayerNorm, consumers: list[nn.Module] | None) -> bool:
-    """Whether every consumer of the norm's output multiplies the norm's quantized rows for good: then the norm need not
-    write its output."""
-    fmt = norm.quantized_output
-    return (fmt is not None and consumers is not None and not torch.compiler.is_compiling() and all(
-        isinstance(m, RocmQuantizedLinear) and not m.conv and m.runs_8bit and m.format == fmt and called_plainly(m)
-        for m in consumers))
+def _rows_only(norm: RocmLayerNorm, only_consumers_read: bool) -> bool:
+    """Whether the norm need not write its output: its consumers (patch/precision.py found them) are all that read it
+    in this call (`only_consumers_read`), and each multiplies the norm's quantized rows for good."""
+    fmt, consumers = norm.quantized_output, norm.quantized_consumers
+    return (fmt is not None and len(consumers) > 0 and only_consumers_read and called_plainly(norm)
+            and not torch.compiler.is_compiling() and takes_rows_for_good(consumers, fmt))
 
 
-def _norm(norm: RocmLayerNorm, x: torch.Tensor, consumers: list[nn.Module] | None) -> torch.Tensor:
-    return norm.rows_only(x) if _rows_only(norm, consumers) and called_plainly(norm) else norm(x)
+def _norm(norm: RocmLayerNorm, x: torch.Tensor, only_consumers_read: bool) -> torch.Tensor:
+    return norm.rows_only(x) if _rows_only(norm, only_consumers_read) else norm(x)
 
 
 def _add_norm(norm: RocmLayerNorm, x: torch.Tensor, residual: torch.Tensor,
-              consumers: list[nn.Module] | None) -> tuple[torch.Tensor, torch.Tensor]:
+              only_consumers_read: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, norm(x + residual)), in one kernel where the shapes allow; the norm's output as its quantized
-    rows' stand-in where `consumers` take only those."""
+    rows' stand-in where only its consumers read it and they take only those (_rows_only)."""
     if x.shape != residual.shape:  # a broadcasting add: leave it to torch
         total = x + residual
         return total, norm(total)
     fmt = norm.quantized_output
     if fmt is None:
         return add_layer_norm.call(x, residual, norm.weight, norm.bias, norm.eps)
-    if _rows_only(norm, consumers):
+    if _rows_only(norm, only_consumers_read):
         total, q, scale = add_layer_norm_quantized.call(x, residual, norm.weight, norm.bias, norm.eps, fmt,
                                                         norm.quantized_bound)
         return total, rows_stand_in(total.shape, total.dtype, fmt, q, one_scale(scale, norm.quantized_bound))
@@ -98,14 +90,17 @@ def transformer_block_forward(self, hidden_states: torch.Tensor, attention_mask=
         return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
                                   timestep, cross_attention_kwargs, class_labels, added_cond_kwargs)
     context1 = encoder_hidden_states if self.only_cross_attention else None
-    attn_output = self.attn1(_norm(self.norm1, hidden_states, _attention_input_layers(self.attn1, context1 is not None)),
-                             encoder_hidden_states=context1, attention_mask=attention_mask)
-    hidden_states, norm_hidden_states = _add_norm(self.norm2, attn_output, hidden_states,
-                                                  _attention_input_layers(self.attn2, encoder_hidden_states is not None))
+    as_assumed = context1 is not None or not self.only_cross_attention
+    self_reads = _attention_reads_only_its_projections(self.attn1, as_assumed)
+    attn_output = self.attn1(_norm(self.norm1, hidden_states, self_reads), encoder_hidden_states=context1,
+                             attention_mask=attention_mask)
+    hidden_states, norm_hidden_states = _add_norm(
+        self.norm2, attn_output, hidden_states,
+        _attention_reads_only_its_projections(self.attn2, encoder_hidden_states is not None))
     attn_output = self.attn2(norm_hidden_states, encoder_hidden_states=encoder_hidden_states,
                              attention_mask=encoder_attention_mask)
     hidden_states, norm_hidden_states = _add_norm(self.norm3, attn_output, hidden_states,
-                                                  _feed_forward_input_layers(self.ff))
+                                                  _feed_forward_reads_only_its_projection(self.ff))
     return self.ff(norm_hidden_states) + hidden_states
 
 

@@ -274,6 +274,9 @@ def quantize_in_producers(model: nn.Module, record: PatchRecord, fmt: str,
                 and len(quantized) == len(consumers)):
             producer.quantized_output = fmt
             record.on_revert(delattr, producer, "quantized_output")
+            if isinstance(producer, RocmLayerNorm):  # a norm may write only its rows for them (modules/transformer.py)
+                producer.quantized_consumers = tuple(quantized)
+                record.on_revert(delattr, producer, "quantized_consumers")
             record.counts[f"{type(producer).__name__} writes {fmt}"] += 1
             bound = bounds.get(producer, 0.0)  # bounds come with `originals`, which holds every layer made 8-bit here
             if bound:
