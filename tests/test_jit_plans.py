@@ -136,7 +136,8 @@ def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
             expected.append(why)
             continue
         launch = plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, wave, q, scale, fmt, bound)
-        kernel, vec = launch.expression.rstrip(">").split("<")[0], launch.expression.rstrip(">").rsplit(", ", 1)[1]
+        kernel, arguments = launch.expression.rstrip(">").split("<")
+        vec = arguments.split(", ")[1]
         block = launch.block if kernel == "rsd::geglu_row_block_quantized" else 0
         if kernel == "rsd::geglu_bounded_quantized":
             assert bound > 0 and launch.args[-1] == bound

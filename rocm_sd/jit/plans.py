@@ -151,6 +151,11 @@ def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0, bound=0.0) -> str:
     return ""
 
 
+def _rows_only(y) -> str:
+    """The quantized kernels' kRowsOnly: no y to write (and the GELU for 8-bit rows)."""
+    return "false" if y else "true"
+
+
 def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0, bound=0.0) -> Launch:
     vec = widest_vec(dtype, d, (x, y))
     if q:  # geglu_forward's quantized branch: launch_quantized, a block a row where it fits, else a wave a row
@@ -158,13 +163,13 @@ def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0, bound=0.
             vec //= 2
         if bound > 0:  # one scale for the tensor: the elementwise grid
             vectors = rows * d // vec
-            return Launch("geglu", f"rsd::geglu_bounded_quantized<{TYPES[dtype]}, {vec}>",
+            return Launch("geglu", f"rsd::geglu_bounded_quantized<{TYPES[dtype]}, {vec}, {_rows_only(y)}>",
                           grid_stride_blocks(sms, vectors, THREADS), "ppppqdqif",
                           (x, y, q, scale, vectors, d // vec, d, format, bound))
         threads = geglu_row_block_threads(d, vec, wave)
         if threads:
-            return Launch("geglu", f"rsd::geglu_row_block_quantized<{TYPES[dtype]}, {vec}>", rows, "ppppqi",
-                          (x, y, q, scale, d, format), block=threads)
+            return Launch("geglu", f"rsd::geglu_row_block_quantized<{TYPES[dtype]}, {vec}, {_rows_only(y)}>", rows,
+                          "ppppqi", (x, y, q, scale, d, format), block=threads)
         return Launch("geglu", f"rsd::geglu_rows_quantized<{TYPES[dtype]}, {vec}>", ceil_div(rows, THREADS // wave),
                       "ppppqqi", (x, y, q, scale, rows, d, format))
     vectors = rows * d // vec

@@ -152,9 +152,9 @@ UNITS = {
                           _typed_vec("bias_residual_kernel", ("true", "false"))),
     "parity_shuffle": Unit("parity_shuffle", "parity_shuffle/parity_shuffle.hip", _typed_vec("parity_shuffle_kernel")),
     "geglu": Unit("geglu", "geglu/geglu.hip", _typed_vec("geglu_kernel") + tuple(
-        f"rsd::{kernel}<{t}, {vec}>" for kernel in ("geglu_row_block_quantized", "geglu_rows_quantized",
-                                                       "geglu_bounded_quantized")
-        for t in ("__half", "rsd::bf16") for vec in VECS_BY_TYPE[t])),
+        f"rsd::geglu_rows_quantized<{t}, {vec}>" for t in ("__half", "rsd::bf16") for vec in VECS_BY_TYPE[t]) + tuple(
+        f"rsd::{kernel}<{t}, {vec}, {rows_only}>" for kernel in ("geglu_row_block_quantized", "geglu_bounded_quantized")
+        for t in ("__half", "rsd::bf16") for vec in VECS_BY_TYPE[t] for rows_only in ("true", "false"))),
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
     **_layer_norm_units(),
     **_attention_units(),

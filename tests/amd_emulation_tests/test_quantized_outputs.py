@@ -1,6 +1,7 @@
 """The kernels that quantize their own output (ops/quantized_outputs.py) under the emulation: their y is the plain
 kernel's y bit for bit, and (q, scale) is the definition's quantization of that y bit for bit (with a bound: one scale
-for every row, values beyond it saturated), on wave32 and wave64; without y the same (q, scale)."""
+for every row, values beyond it saturated), on wave32 and wave64; without y the same (q, scale) (the GEGLU's: within
+a code, from its GELU for 8-bit rows)."""
 
 import ctypes
 
@@ -9,7 +10,7 @@ import torch
 
 from rocm_sd.ops.quantize import FORMATS, quantize_rows_ref
 from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, run
-from tests.ops.test_quantize_rows import same_codes
+from tests.ops.test_quantize_rows import rows_within_a_code, same_codes
 
 pytestmark = MARKS
 
@@ -101,8 +102,9 @@ def test_geglu_quantize_rows(emulated, shape, dtype, fmt, bound):
         FORMATS[fmt][0], bound)
     _check(arch, y, q, scale, y_plain, fmt, bound)
     # Without y (rocm_sd::geglu_quantized): the same rows from the row block, which every shape here takes (with a
-    # bound: the elementwise kernel, not writing y).
+    # bound: the elementwise kernel, not writing y), up to the rounding of its GELU for 8-bit rows.
     q_alone, scale_alone = _poisoned((rows, d), fmt)
     run(lib.rsd_emu_geglu_quantize_rows, pointer(x), None, DTYPES[dtype], rows, d, pointer(q_alone),
         pointer(scale_alone), FORMATS[fmt][0], bound)
-    assert torch.equal(scale_alone.nan_to_num(-1.0), scale.nan_to_num(-1.0)) and same_codes(q_alone, q), arch
+    problem = rows_within_a_code(q_alone, scale_alone, q, scale, fmt)
+    assert not problem, (arch, problem)

@@ -32,7 +32,56 @@ def same_codes(q: torch.Tensor, q_ref: torch.Tensor) -> bool:
     return torch.equal(q.float().isnan(), nan) and torch.equal(q.view(torch.uint8)[~nan], q_ref.view(torch.uint8)[~nan])
 
 
+def _code_steps(values: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The spacing of the format's codes at each value (in the format's units): 1 for int8; for e4m3, 2^(e - 3) in
+    the binade 2^e, the subnormal quantum below the smallest normal."""
+    if fmt == "int8":
+        return torch.ones_like(values)
+    bias = 8 if fmt == "e4m3fnuz" else 7
+    exponent = torch.floor(torch.log2(values.abs().clamp_min(2.0 ** (1 - bias))))
+    return torch.exp2(exponent - 3)
+
+
+def rows_within_a_code(q, scale, q_ref, scale_ref, fmt: str, most_differing: float = 0.01) -> str:
+    """'' if (q, scale) is (q_ref, scale_ref) up to a slightly different rounding of the values before encoding (a
+    kernel's GELU of other accuracy than the definition's, for one): NaN where the reference has NaN, row scales
+    within 2^-7 (one bf16 step of the row's largest value), every value within one code step of the reference's, and
+    at most `most_differing` of the codes differing. Else what does not hold."""
+    q, q_ref = (codes.view(FORMATS[fmt][1]).float().cpu() for codes in (q, q_ref))
+    scale, scale_ref = scale.float().cpu(), scale_ref.float().cpu()
+    if not torch.equal(q.isnan(), q_ref.isnan()) or not torch.equal(scale.isnan(), scale_ref.isnan()):
+        return "NaN codes or scales where the reference has none, or the other way"
+    finite = ~scale_ref.isnan()
+    if not torch.all((scale - scale_ref)[finite].abs() <= scale_ref[finite] * 2.0 ** -7):
+        return f"row scales differ by more than 2^-7: {scale[finite]} against {scale_ref[finite]}"
+    ok = ~q_ref.isnan()
+    rows_scale = scale.unsqueeze(-1).expand_as(q)[ok]
+    values, values_ref = (q[ok] * rows_scale), (q_ref[ok] * scale_ref.unsqueeze(-1).expand_as(q_ref)[ok])
+    step = torch.maximum(_code_steps(q[ok], fmt), _code_steps(q_ref[ok], fmt)) * rows_scale
+    worst = ((values - values_ref).abs() - step - values_ref.abs() * 2.0 ** -7).max().item() if ok.any() else 0.0
+    if worst > 0:
+        return f"a value differs by more than a code step: by {worst:.3g} more"
+    differing = (q[ok] != q_ref[ok]).float().mean().item() if ok.any() else 0.0
+    if differing > most_differing:
+        return f"{differing:.2%} of the codes differ (at most {most_differing:.2%})"
+    return ""
+
+
 # ------------------------------------------------------------------------------------------- CPU
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_rows_within_a_code_takes_a_step_and_refuses_two(fmt):
+    y = torch.randn(64, 256, dtype=torch.float64) * 3
+    q_ref, scale_ref = quantize_rows_ref(y.half(), fmt)
+    assert rows_within_a_code(q_ref, scale_ref, q_ref, scale_ref, fmt) == ""
+    nudged, _ = quantize_rows_ref((y * (1 + 2.0 ** -12)).half(), fmt)  # a few values cross a rounding boundary
+    assert not torch.equal(nudged.view(torch.uint8), q_ref.view(torch.uint8))
+    assert rows_within_a_code(nudged, scale_ref, q_ref, scale_ref, fmt, most_differing=0.05) == ""
+    two_steps = q_ref.clone().view(torch.int8)
+    two_steps[0, :8] += 2 if fmt == "int8" else torch.where(two_steps[0, :8] < 0, -2, 2).to(torch.int8)
+    assert "more than a code step" in rows_within_a_code(two_steps.view(q_ref.dtype), scale_ref, q_ref, scale_ref, fmt)
+    assert "codes differ" in rows_within_a_code(nudged, scale_ref, q_ref, scale_ref, fmt, most_differing=0.0)
+    assert "row scales" in rows_within_a_code(q_ref, scale_ref * 1.05, q_ref, scale_ref, fmt)
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_reference_error_is_within_the_format_rounding(fmt):

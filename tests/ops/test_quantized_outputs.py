@@ -18,7 +18,7 @@ from rocm_sd.ops.quantized_outputs import (add_layer_norm_quantize_rows, add_lay
                                            layer_norm_quantize_rows_ref, layer_norm_quantized,
                                            layer_norm_quantized_kernel, layer_norm_quantized_ref)
 from tests.ops.test_layer_norm import make
-from tests.ops.test_quantize_rows import same_codes
+from tests.ops.test_quantize_rows import rows_within_a_code, same_codes
 from tests.shapes import GEGLU_SD, LAYER_NORM_SD
 
 # ------------------------------------------------------------------------------------------- CPU
@@ -133,7 +133,8 @@ def test_layer_norm_kernels_quantize_their_own_output(shape, dtype, fmt, bound):
 @pytest.mark.parametrize("shape", GEGLU_SD + [(3, 5, 14), (1, 1, 2), (2, 2 * 20000)], ids=str)
 def test_geglu_kernels_quantize_their_own_output(shape, dtype, fmt, bound):
     """geglu_quantize_rows writes y and its rows; geglu_quantized the same rows without y (with a bound at any row
-    length: the elementwise kernel; without, up to a row block's)."""
+    length: the elementwise kernel; without, up to a row block's), up to its GELU's other rounding (geglu.hip's
+    gelu_for_8bit): within a code step, and at most 1% of the codes differing."""
     x = (torch.randn(shape, device="cuda") * 2).to(dtype)
     d = shape[-1] // 2
     out = (torch.full(shape[:-1] + (d,), float("nan"), dtype=dtype, device="cuda"), *_poisoned(shape[:-1] + (d,), fmt))
@@ -143,7 +144,8 @@ def test_geglu_kernels_quantize_their_own_output(shape, dtype, fmt, bound):
     if d > 16384 and bound == 0:
         return  # test_geglu_quantized_needs_y_for_rows_longer_than_a_block
     q, scale = geglu_quantized_kernel(x, fmt, bound, out=_poisoned(shape[:-1] + (d,), fmt))
-    _assert_quantization_of(y, q, scale, fmt, bound)
+    problem = rows_within_a_code(q, scale, *quantize_rows_ref(y, fmt, bound), fmt)
+    assert not problem, problem
 
 
 @pytest.mark.gpu
