@@ -62,12 +62,12 @@ MODES = {
 PROMPT = "a watercolor painting of a lighthouse at dawn"
 
 
-def _optimize_flags() -> dict[str, bool]:
+def _optimize_flags() -> dict[str, bool | None]:
     """optimize()'s on/off flags and their defaults, read from its signature: the ablation follows new flags (its
-    options, which take values, are the modes, even a True / False one such as precision_convs)."""
+    options, which take values, are the modes, even a True / False one such as precision_convs). None: the flag's
+    default depends on the mode (fuse_qkv: on with an 8-bit precision)."""
     return {name: p.default for name, p in inspect.signature(patch.optimize).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and isinstance(p.default, bool)
-            and name not in pipeline.OPTION_NAMES}
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and name in pipeline.FLAG_NAMES}
 
 
 def optimize_with_options(pipe, options: dict, **flags) -> list[str]:

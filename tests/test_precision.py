@@ -73,8 +73,9 @@ def test_on_cpu_precision_is_not_applied_and_says_why(caplog):
 @pytest.mark.parametrize("fmt, precision_name", [("e4m3fn", "fp8"), ("int8", "int8")])
 def test_patch_replaces_the_linears_and_revert_restores(monkeypatch, fmt, precision_name):
     """With the device check answered (a CPU has no 8-bit GEMMs; the layers then compute the same product from the
-    dequantized operands), the patch replaces the transformer and 1x1 layers, leaves the one-row embeddings, and
-    revert() puts the exact original modules back."""
+    dequantized operands), the patch replaces the transformer and 1x1 layers (self-attention's projections fused into
+    one, cross-attention's keys and values into one: fuse_qkv's 8-bit default), leaves the one-row embeddings and the
+    projections the fused ones replaced, and revert() puts the exact original modules back."""
     monkeypatch.setattr(precision, "number_format", lambda device, p: (fmt, None))
     pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
     before = {k: v.clone() for k, v in pipe.unet.state_dict().items()}
@@ -83,17 +84,60 @@ def test_patch_replaces_the_linears_and_revert_restores(monkeypatch, fmt, precis
         rocm_sd.optimize(pipe, precision=precision_name, channels_last=False)
         quantized = run_pipe(pipe)
     names = [name for name, m in pipe.unet.named_modules() if isinstance(m, RocmQuantizedLinear)]
-    assert any(name.endswith("attn1.to_q") for name in names) and any(name.endswith("ff.net.2") for name in names)
+    assert any(name.endswith("attn1.to_qkv") for name in names) and any(name.endswith("ff.net.2") for name in names)
+    assert any(name.endswith("attn2.to_kv") for name in names) and any(name.endswith("attn2.to_q") for name in names)
+    assert not any(name.endswith(("attn1.to_q", "attn1.to_k", "attn2.to_v")) for name in names)
     assert any("proj_in" in name for name in names)
     assert not any(part in name for name in names for part in precision.FEW_ROWS)
     assert dispatch.stats()["quantize_rows"]["torch"] > 0
     assert torch.isfinite(quantized).all()
     error = (quantized - reference).abs().max() / reference.abs().max()
-    assert 0 < error < 0.2, error
+    assert 0 < error < 0.3, error  # a sanity bound: this tiny random model amplifies the 8-bit error (0.19-0.23)
     rocm_sd.revert(pipe)
     after = pipe.unet.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert torch.equal(run_pipe(pipe), reference)
+
+
+@pytest.mark.parametrize("fuse_qkv", [None, True, False])
+def test_8bit_precision_fuses_the_projections_unless_told_not_to(monkeypatch, fuse_qkv):
+    """fuse_qkv defaults to on with an 8-bit precision (off in fp16): one 8-bit GEMM for q, k and v of
+    self-attention, one for k and v of cross-attention, fed by the norm's and the text's one quantization; the
+    separate projections are not quantized (they wait in CPU memory); fuse_qkv=False keeps them."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    reference = run_pipe(pipe)
+    keywords = {} if fuse_qkv is None else {"fuse_qkv": fuse_qkv}
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8", channels_last=False, **keywords)
+        quantized = run_pipe(pipe)
+    fused = fuse_qkv is not False
+    attentions = [m for m in pipe.unet.modules() if type(m).__name__ == "Attention"]
+    assert attentions and all(getattr(m, "fused_projections", False) == fused for m in attentions)
+    for attn in attentions:
+        separate = [attn.to_k, attn.to_v] + ([attn.to_q] if hasattr(attn, "to_qkv") else [])
+        assert all(isinstance(m, RocmQuantizedLinear) != fused for m in separate)
+        if fused:
+            assert isinstance(getattr(attn, "to_qkv", None) or attn.to_kv, RocmQuantizedLinear)
+    assert rocm_sd.report(pipe)["unet"].get("fused qkv", 0) == int(fused)
+    error = (quantized - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.3, error  # as in test_patch_replaces_the_linears_and_revert_restores
+    rocm_sd.revert(pipe)
+    assert not any(hasattr(m, "to_qkv") or hasattr(m, "to_kv") for m in attentions)
+    assert torch.equal(run_pipe(pipe), reference)
+
+
+def test_fused_projections_multiply_the_same_operands_with_row_scales(monkeypatch):
+    """With a scale per row and output channel, the fused GEMM's operands are the separate ones' side by side: the
+    same images bit for bit (one scale per tensor differs: the fused weight takes one scale for q, k and v)."""
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    images = []
+    for fuse_qkv in (False, True):
+        pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+        with config.override(log_fallbacks=False):
+            rocm_sd.optimize(pipe, precision="fp8", channels_last=False, precision_scales="row", fuse_qkv=fuse_qkv)
+            images.append(run_pipe(pipe))
+    assert torch.equal(*images)
 
 
 def test_an_input_is_quantized_once_for_every_layer_that_takes_it():
@@ -190,7 +234,7 @@ def test_norms_write_only_the_rows_their_8bit_consumers_take(monkeypatch, fmt):
         stats = dispatch.stats()
         assert stats["layer_norm_quantized"]["torch"] == stats["add_layer_norm_quantized"]["torch"] / 2 > 0
         assert "layer_norm_quantize_rows" not in stats and "add_layer_norm_quantize_rows" not in stats
-        hooks = [block.attn1.to_k.register_forward_pre_hook(lambda module, args: None) for block in blocks]
+        hooks = [block.attn1.to_qkv.register_forward_pre_hook(lambda module, args: None) for block in blocks]
         hooks += [block.ff.net[0].proj.register_forward_pre_hook(lambda module, args: None) for block in blocks]
         dispatch.reset_stats()
         written = run_pipe(pipe)
@@ -278,7 +322,7 @@ def test_layers_go_back_to_fp16_where_the_database_measured_it_faster(monkeypatc
     originals = {name: m for name, m in pipe.unet.named_modules()
                  if name.endswith(("attn1.to_q", "attn1.to_k", "attn1.to_v"))}
     with config.override(log_fallbacks=False):
-        rocm_sd.optimize(pipe, precision="fp8", channels_last=False)
+        rocm_sd.optimize(pipe, precision="fp8", channels_last=False, fuse_qkv=False)
         first = run_pipe(pipe)
         layers = {name: m for name, m in pipe.unet.named_modules() if isinstance(m, RocmQuantizedLinear)}
         kept = {name for name, m in layers.items() if m.fp16_layer is not None}
@@ -313,7 +357,7 @@ def test_the_tuner_records_every_problem_the_layers_ask(monkeypatch):
     monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
     pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
     with config.override(log_fallbacks=False):
-        rocm_sd.optimize(pipe, precision="fp8", precision_layers="all", channels_last=False)
+        rocm_sd.optimize(pipe, precision="fp8", precision_layers="all", channels_last=False, fuse_qkv=False)
         with linear_8bit.recording(pipe.unet) as calls, torch.inference_mode():  # as the tuner's harvest runs
             run_pipe(pipe)
         recorded = {call.key for call in calls}
@@ -322,7 +366,7 @@ def test_the_tuner_records_every_problem_the_layers_ask(monkeypatch):
         for mode in (torch.no_grad, torch.inference_mode):
             database = _Database(lambda key: None)
             monkeypatch.setattr(dispatch, "_tuning", database)
-            rocm_sd.optimize(pipe, precision="fp8", channels_last=False)
+            rocm_sd.optimize(pipe, precision="fp8", channels_last=False, fuse_qkv=False)
             with mode():
                 run_pipe(pipe)
             assert database.asked and set(database.asked) <= recorded, set(database.asked) - recorded
@@ -415,13 +459,17 @@ def test_precision_on_the_gpu_runs_the_kernel_and_the_8bit_gemm(precision_name):
         rocm_sd.optimize(pipe, precision=precision_name, precision_layers="all")
         report = rocm_sd.report(pipe)["unet"]
         assert any("GEMM" in key for key in report), report
+        attentions = [m for m in pipe.unet.modules() if getattr(m, "fused_projections", False)]
+        parked = [p for attn in attentions for name in ("to_k", "to_v") for p in getattr(attn, name).parameters()]
+        assert attentions and all(p.device.type == "cpu" for p in parked)  # the projections the fused ones replaced
         quantized = run_pipe(pipe).float()
         assert dispatch.stats()["quantize_rows"].get("rocm_sd", 0) > 0
         assert "torch" not in dispatch.stats()["quantize_rows"]
     assert torch.isfinite(quantized).all()
     error = (quantized - reference).abs().max() / reference.abs().max()
-    assert 0 < error < 0.25, error
+    assert 0 < error < 0.3, error  # a sanity bound, as on the CPU (the fused q, k, v weight takes one scale: 0.27)
     rocm_sd.revert(pipe)
+    assert all(p.is_cuda for p in parked)
     assert torch.equal(run_pipe(pipe).float(), reference)
 
 
@@ -434,7 +482,7 @@ def test_measured_choice_settles_before_the_graph_is_captured(monkeypatch):
     pipe = models.build_sd_pipeline("tiny", "cuda", torch.float16)
     reference = run_pipe(pipe).float()
     with config.override(strict=True):
-        rocm_sd.optimize(pipe, precision="fp8")
+        rocm_sd.optimize(pipe, precision="fp8", fuse_qkv=False)  # q, k and v: three layers sharing one input
         first = run_pipe(pipe).float()
         second = run_pipe(pipe).float()
         report = rocm_sd.report(pipe)["unet"]

@@ -194,12 +194,47 @@ def _unfuse_qkv(model: nn.Module, added: list[tuple[nn.Module, str]]) -> None:
             module.fused_projections = False
 
 
+def fused_away(attn: nn.Module) -> list[nn.Module]:
+    """The projections of a fused attention module that no call reaches while it is fused: to_q, to_k and to_v beside
+    to_qkv (self-attention), to_k and to_v beside to_kv (cross-attention)."""
+    if not getattr(attn, "fused_projections", False):
+        return []
+    names = ("to_q", "to_k", "to_v") if hasattr(attn, "to_qkv") else ("to_k", "to_v") if hasattr(attn, "to_kv") else ()
+    return [getattr(attn, name) for name in names]
+
+
+def park_in_cpu_memory(module: nn.Module, record: PatchRecord) -> None:
+    """Moves `module` to CPU memory until revert() brings it back to its device."""
+    device = next(module.parameters()).device
+    if device.type != "cpu":
+        record.on_revert(module.to, device)
+        module.to("cpu")
+
+
+def _fusing_then_parking(attn: nn.Module, record: PatchRecord):
+    def fuse_projections(fuse: bool = True):
+        type(attn).fuse_projections(attn, fuse)
+        for module in fused_away(attn):
+            park_in_cpu_memory(module, record)
+    return fuse_projections
+
+
 def fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
     fuse = getattr(model, "fuse_qkv_projections", None)
     if fuse is None:
         return
     before = {id(m): set(m._modules) for m in model.modules()}
-    fuse()
+    attentions = [m for m in model.modules() if hasattr(type(m), "fuse_projections")]
+    if record.flags.get("precision", "fp16") != "fp16":
+        # diffusers fuses every attention module before it returns, the separate projections still on the GPU: their
+        # size again. An 8-bit precision never uses them, so each module's wait in CPU memory as soon as it is fused.
+        for attn in attentions:
+            attn.fuse_projections = _fusing_then_parking(attn, record)
+    try:
+        fuse()
+    finally:
+        for attn in attentions:
+            vars(attn).pop("fuse_projections", None)
     added = [(m, name) for m in model.modules() if id(m) in before for name in set(m._modules) - before[id(m)]]
     record.on_revert(_unfuse_qkv, model, added)
     record.counts["fused qkv"] += 1

@@ -50,14 +50,27 @@ def _untouched(target) -> dict[str, nn.Module]:
 
 @dataclass(frozen=True)
 class Flag:
-    """One optimize() keyword: what it turns on (its patcher, patch/diffusers.py), whether it is on by default, the
-    flag it needs on too, and whether it also applies to the CLIP text encoders."""
+    """One optimize() keyword: what it turns on (its patcher, patch/diffusers.py), whether it is on by default (and,
+    where that differs, with an 8-bit `precision`), the flag it needs on too, and whether it also applies to the CLIP
+    text encoders."""
     name: str
     patch: Callable[[nn.Module, PatchRecord], None] | None
     doc: str
     default: bool = True
     needs: str | None = None
     text_encoders: bool = False
+    default_8bit: bool | None = None
+
+    def default_for(self, options: dict) -> bool:
+        """The flag's default given optimize()'s options."""
+        eight_bit = options.get("precision", "fp16") != "fp16"
+        return self.default_8bit if eight_bit and self.default_8bit is not None else self.default
+
+    def default_text(self) -> str:
+        text = "on" if self.default else "off"
+        if self.default_8bit is not None and self.default_8bit != self.default:
+            text += f" ({'on' if self.default_8bit else 'off'} with precision fp8 / int8)"
+        return text
 
 
 # In the order they are applied: later patches rely on earlier ones (the attention patch replaces fused-QKV
@@ -93,8 +106,11 @@ FLAGS = (
          "rocm_sd's GroupNorm keeps the layout, and the transformer blocks hand back channels_last without a copy. "
          "Keep group_norm on with it: PyTorch's own channels_last GroupNorm is slow (docs/performance.md)."),
     Flag("fuse_qkv", diffusers.fuse_qkv,
-         "One projection for Q, K and V of self-attention (diffusers' fuse_qkv_projections). Off by default: it adds "
-         "`to_qkv` weights (state-dict keys, memory) while optimized.", default=False),
+         "One projection for Q, K and V of self-attention, one for K and V of cross-attention (diffusers' "
+         "fuse_qkv_projections): one GEMM where there were three. Off by default in fp16: it adds `to_qkv` weights "
+         "(state-dict keys, GPU memory) while optimized. On with an 8-bit precision, where the separate projections "
+         "wait in CPU memory like every replaced layer (patch/precision.py), so the GPU holds the fused 8-bit weights "
+         "only.", default=False, default_8bit=True),
     Flag("attention", diffusers.patch_attention,
          "diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor: the same steps, the attention "
          "through rocm_sd::attention on [B, L, H, D] views (no transpose copies). Per shape it runs rocm_sd's kernel "
@@ -202,7 +218,7 @@ def flags_table() -> str:
     rows = ["| flag | default | what it does |", "|---|---|---|"]
     for flag in FLAGS:
         needs = f" Needs `{flag.needs}`." if flag.needs else ""
-        rows.append(f"| `{flag.name}` | {'on' if flag.default else 'off'} | {flag.doc}{needs} |")
+        rows.append(f"| `{flag.name}` | {flag.default_text()} | {flag.doc}{needs} |")
     rows += ["", "| option | default | values | what it does |", "|---|---|---|---|"]
     for option in OPTIONS:
         values = (", ".join(f"`{v!r}`" for v in option.values) if option.values
@@ -212,7 +228,8 @@ def flags_table() -> str:
 
 
 def _flags_doc() -> str:
-    flags = [f"      {flag.name}{'' if flag.default else ' (off by default)'}: {flag.doc}" for flag in FLAGS]
+    flags = [f"      {flag.name}{'' if flag.default_text() == 'on' else ' (' + flag.default_text() + ')'}: {flag.doc}"
+             for flag in FLAGS]
     options = [f"      {option.name}={option.default!r}: {option.doc}" for option in OPTIONS]
     return "\n".join(flags + ["", "    Options (the UNet only; applied after the flags, before cuda_graph):"] + options)
 
@@ -232,8 +249,9 @@ def optimize(target, **keywords):
     if unknown:
         raise TypeError(f"optimize() got unknown keywords {', '.join(unknown)}; the flags are {', '.join(FLAG_NAMES)} "
                         f"and the options {', '.join(OPTION_NAMES)}")
-    flags = {flag.name: bool(keywords.get(flag.name, flag.default)) for flag in FLAGS}  # every flag, as applied
     options = {option.name: option.check(keywords.get(option.name, option.default)) for option in OPTIONS}
+    flags = {flag.name: flag.default_for(options) if keywords.get(flag.name) is None else bool(keywords[flag.name])
+             for flag in FLAGS}  # every flag, as applied
     models = _models(target)
     if not models:
         log.warning("rocm_sd.optimize: nothing to optimize in %s", type(target).__name__)
@@ -273,8 +291,9 @@ def optimize(target, **keywords):
 optimize.__doc__ = optimize.__doc__.format(flags=_flags_doc())
 optimize.__signature__ = inspect.Signature(
     [inspect.Parameter("target", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    + [inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, default=flag.default, annotation=bool)
-       for flag in FLAGS]
+    + [inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY,
+                         default=flag.default if flag.default_8bit is None else None,  # None: the precision decides
+                         annotation=bool if flag.default_8bit is None else bool | None) for flag in FLAGS]
     + [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
                          annotation=option.number or object) for option in OPTIONS])
 

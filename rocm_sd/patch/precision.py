@@ -31,6 +31,7 @@ from ..modules.quantized_linear import BOUND_MARGIN, FEW_ROWS, RocmQuantizedLine
 from ..modules.resnet import plain_time_embedding
 from ..ops.quantize import dequantize_rows, fp8_format
 from .core import PatchRecord
+from .diffusers import fused_away, park_in_cpu_memory
 
 log = logging.getLogger("rocm_sd")
 
@@ -93,7 +94,9 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         log.warning("rocm_sd.optimize: precision=%s not applied to %s, its layers keep their dtype: %s", precision,
                     type(model).__name__, why)
         return
-    targets = [(name, module) for name, module in model.named_modules() if _eligible(name, module, MULTIPLE[precision])]
+    unused = _fused_away(model, record)
+    targets = [(name, module) for name, module in model.named_modules()
+               if module not in unused and _eligible(name, module, MULTIPLE[precision])]
     parents = dict(model.named_modules())
     originals = {}
     for name, module in targets:
@@ -113,6 +116,15 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         if options["precision_layers"] == "measured":
             for layer, original in originals.items():
                 layer.offer_fp16(original, producers.get(layer, []), record.counts)
+
+
+def _fused_away(model: nn.Module, record: PatchRecord) -> set[nn.Module]:
+    """The projections a fused one replaced (fuse_qkv, patch/diffusers.fused_away), which no call reaches while fused:
+    not quantized, and kept in CPU memory until revert() (fuse_qkv already moved them there as it fused)."""
+    unused = {module for attn in model.modules() for module in fused_away(attn)}
+    for module in unused:
+        park_in_cpu_memory(module, record)
+    return unused
 
 
 def _bounded_convolutions(block: nn.Module) -> list[tuple[str, nn.GroupNorm]]:
@@ -166,10 +178,10 @@ def _consumers(block: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:
 
 
 def _text_consumers(blocks: list[nn.Module]) -> list[nn.Module]:
-    """Cross-attention's key and value projections in every block: all take the text embedding."""
+    """Cross-attention's key and value projections in every block (to_kv where fused): all take the text embedding."""
     attentions = [getattr(block, "attn2", None) for block in blocks]
     return [getattr(attn, name, None) for attn in attentions if getattr(attn, "is_cross_attention", False)
-            for name in ("to_k", "to_v")]
+            for name in (("to_kv",) if getattr(attn, "fused_projections", False) else ("to_k", "to_v"))]
 
 
 GELU_NEGATIVE_MAX = 0.17  # max |gelu(g)| over g < 0 (0.1700 at g = -0.75); gelu(g) <= g for g >= 0
