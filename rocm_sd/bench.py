@@ -83,7 +83,7 @@ def mode_text(options: dict) -> str:
 
 
 @contextmanager
-def _engine(name: str, pipe, flags: dict[str, bool], device: torch.device):
+def _engine(name: str, pipe, flags: dict[str, bool | None], device: torch.device):
     """Sets `pipe` up for one engine and restores it afterwards; yields why the engine cannot run as named (a mode
     optimize() could not apply here), else None."""
     unet, decode = pipe.unet, pipe.vae.decode
@@ -171,7 +171,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     runs = [(engine, defaults, engine) for engine in _in_order(engines)]
     if ablation:
         for flag, default in defaults.items():
-            runs.append(("rocm_sd", {**defaults, flag: not default}, f"rocm_sd {flag}={'on' if not default else 'off'}"))
+            toggled = not pipeline.FLAGS[pipeline.FLAG_NAMES.index(flag)].default_for({})  # the ablation runs fp16
+            runs.append(("rocm_sd", {**defaults, flag: toggled}, f"rocm_sd {flag}={'on' if toggled else 'off'}"))
 
     def generate():
         final = {}

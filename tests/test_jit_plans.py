@@ -117,27 +117,32 @@ def test_layer_norm_plan_matches_its_launcher(tmp_path):
 
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
-    cases = itertools.chain(
-        itertools.product(DTYPES, (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200, 16384, 16392), POINTERS, POINTERS,
-                          (0x80000, 0x80002, 0), (0, 2, 9), (0.0,), (32, 64)),
+    sizes = (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200, 16384, 16392)
+    cases = itertools.chain(  # (..., y): with y, and without it (the kernels writing only the rows, or refusals)
+        itertools.product(DTYPES, sizes, POINTERS, POINTERS, (0x80000, 0x80002, 0), (0, 2, 9), (0.0,), (32, 64),
+                          (0x50000,)),
         itertools.product(DTYPES, (3, 320, 16392), POINTERS[:2], POINTERS[:2], (0x80000, 0), (0, 2), (3.5, -2.0),
-                          (64,)))
-    for dtype, d, x, q, scale, fmt, bound, wave in cases:
-        args = f"GegluArgs{{P({x}), M(0x50000), DType({dtype}), 5, {d}, nullptr, 0, M({q}), (float*)M({scale}), " \
+                          (64,), (0x50000,)),
+        itertools.product(DTYPES, sizes, POINTERS[:2], POINTERS[:2], (0x80000, 0), (0, 9), (0.0, 3.5), (32, 64),
+                          (0,)))
+    for dtype, d, x, q, scale, fmt, bound, wave, y in cases:
+        args = f"GegluArgs{{P({x}), M({y}), DType({dtype}), 5, {d}, nullptr, 0, M({q}), (float*)M({scale}), " \
                f"QuantFormat({fmt}), {bound}f}}"
         # geglu_forward's quantized branch narrows the vector width to q's alignment; 0 threads: a wave per row, and
-        # a bound takes the elementwise grid (-1)
-        body.append(f"{{ GegluArgs a = {args}; std::string why = geglu_check(a); int vec = widest_vec(a.dtype, a.d, "
-                    f"{{a.x, a.y}}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
+        # a bound takes the elementwise grid (-1); without y, the kernels writing only the rows
+        body.append(f"{{ g_wave = {wave}; GegluArgs a = {args}; std::string why = geglu_check(a); int vec = "
+                    f"widest_vec(a.dtype, a.d, {{a.x, a.y}}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
                     f"out(why.empty() ? std::to_string(vec) + \" \" + std::to_string(a.bound > 0.f ? -1 : "
                     f"geglu_row_block_threads(a.d, vec, {wave})) : why); }}")
-        why = plans.geglu_check(x, 0x50000, dtype, 5, d, q, scale, fmt, bound)
+        why = plans.geglu_check(x, y, dtype, 5, d, q, scale, fmt, bound, wave)
         if why:
             expected.append(why)
             continue
-        launch = plans.geglu_plan(x, 0x50000, dtype, 5, d, 80, wave, q, scale, fmt, bound)
+        launch = plans.geglu_plan(x, y, dtype, 5, d, 80, wave, q, scale, fmt, bound)
         kernel, arguments = launch.expression.rstrip(">").split("<")
         vec = arguments.split(", ")[1]
+        if kernel != "rsd::geglu_rows_quantized":  # the wave-per-row kernel needs y (geglu_check)
+            assert arguments.split(", ")[2] == ("false" if y else "true"), launch.expression
         block = launch.block if kernel == "rsd::geglu_row_block_quantized" else 0
         if kernel == "rsd::geglu_bounded_quantized":
             assert bound > 0 and launch.args[-1] == bound

@@ -189,9 +189,10 @@ def test_graphed_calls_are_installed_and_reverted(tiny_pipe):
     assert "forward" not in pipe.unet.__dict__ and "decode" not in pipe.vae.__dict__
 
 
-def test_cuda_graph_flag_turns_off(tiny_pipe):
+@pytest.mark.parametrize("off", [False, None])  # None is off too, for a flag whose default no precision decides
+def test_cuda_graph_flag_turns_off(tiny_pipe, off):
     pipe = tiny_pipe
-    rocm_sd.optimize(pipe, cuda_graph=False)
+    rocm_sd.optimize(pipe, cuda_graph=off)
     assert "forward" not in pipe.unet.__dict__
     assert not any(key.startswith("graphed") for key in rocm_sd.report(pipe)["unet"])
     rocm_sd.revert(pipe)

@@ -86,7 +86,8 @@ def test_patch_replaces_the_linears_and_revert_restores(monkeypatch, fmt, precis
     names = [name for name, m in pipe.unet.named_modules() if isinstance(m, RocmQuantizedLinear)]
     assert any(name.endswith("attn1.to_qkv") for name in names) and any(name.endswith("ff.net.2") for name in names)
     assert any(name.endswith("attn2.to_kv") for name in names) and any(name.endswith("attn2.to_q") for name in names)
-    assert not any(name.endswith(("attn1.to_q", "attn1.to_k", "attn2.to_v")) for name in names)
+    assert not any(name.endswith(("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn2.to_k", "attn2.to_v"))
+                   for name in names)
     assert any("proj_in" in name for name in names)
     assert not any(part in name for name in names for part in precision.FEW_ROWS)
     assert dispatch.stats()["quantize_rows"]["torch"] > 0
@@ -99,7 +100,7 @@ def test_patch_replaces_the_linears_and_revert_restores(monkeypatch, fmt, precis
     assert torch.equal(run_pipe(pipe), reference)
 
 
-@pytest.mark.parametrize("fuse_qkv", [None, True, False])
+@pytest.mark.parametrize("fuse_qkv", ["absent", None, True, False])
 def test_8bit_precision_fuses_the_projections_unless_told_not_to(monkeypatch, fuse_qkv):
     """fuse_qkv defaults to on with an 8-bit precision (off in fp16): one 8-bit GEMM for q, k and v of
     self-attention, one for k and v of cross-attention, fed by the norm's and the text's one quantization; the
@@ -107,7 +108,7 @@ def test_8bit_precision_fuses_the_projections_unless_told_not_to(monkeypatch, fu
     monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
     pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
     reference = run_pipe(pipe)
-    keywords = {} if fuse_qkv is None else {"fuse_qkv": fuse_qkv}
+    keywords = {} if fuse_qkv == "absent" else {"fuse_qkv": fuse_qkv}  # None: the default too (the signature's)
     with config.override(log_fallbacks=False):
         rocm_sd.optimize(pipe, precision="fp8", channels_last=False, **keywords)
         quantized = run_pipe(pipe)
@@ -136,6 +137,7 @@ def test_fused_projections_multiply_the_same_operands_with_row_scales(monkeypatc
         pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
         with config.override(log_fallbacks=False):
             rocm_sd.optimize(pipe, precision="fp8", channels_last=False, precision_scales="row", fuse_qkv=fuse_qkv)
+            assert rocm_sd.report(pipe)["unet"].get("fused qkv", 0) == int(fuse_qkv)
             images.append(run_pipe(pipe))
     assert torch.equal(*images)
 
@@ -460,7 +462,8 @@ def test_precision_on_the_gpu_runs_the_kernel_and_the_8bit_gemm(precision_name):
         report = rocm_sd.report(pipe)["unet"]
         assert any("GEMM" in key for key in report), report
         attentions = [m for m in pipe.unet.modules() if getattr(m, "fused_projections", False)]
-        parked = [p for attn in attentions for name in ("to_k", "to_v") for p in getattr(attn, name).parameters()]
+        parked = [p for attn in attentions for name in ("to_q", "to_k", "to_v")[0 if hasattr(attn, "to_qkv") else 1:]
+                  for p in getattr(attn, name).parameters()]
         assert attentions and all(p.device.type == "cpu" for p in parked)  # the projections the fused ones replaced
         quantized = run_pipe(pipe).float()
         assert dispatch.stats()["quantize_rows"].get("rocm_sd", 0) > 0

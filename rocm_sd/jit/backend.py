@@ -190,10 +190,10 @@ class JitBackend:
                   stream)
 
     def geglu_check(self, x, y, dtype, rows, d, device, q=0, scale=0, format=0, bound=0.0):
-        return plans.geglu_check(x, y, dtype, rows, d, q, scale, format, bound)
+        return plans.geglu_check(x, y, dtype, rows, d, q, scale, format, bound, self._facts(device)[1])
 
     def geglu_forward(self, x, y, dtype, rows, d, stream, device, q=0, scale=0, format=0, bound=0.0):
-        self._raise_if(plans.geglu_check(x, y, dtype, rows, d, q, scale, format, bound))
+        self._raise_if(plans.geglu_check(x, y, dtype, rows, d, q, scale, format, bound, self._facts(device)[1]))
         self._run(device, plans.geglu_plan(x, y, dtype, rows, d, *self._facts(device), q, scale, format, bound),
                   stream)
 

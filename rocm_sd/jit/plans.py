@@ -131,9 +131,19 @@ def bound_problem(bound: float, format: int) -> str:
     return f"bound {bound:f} is not 0 (a scale per row) or a finite positive value with an fp8 format"
 
 
-def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0, bound=0.0) -> str:
+def _geglu_quantized_vec(x, y, dtype, d, q) -> int:
+    """geglu.hip's quantized_vec: the widest vector d and the pointers allow, narrowed to q's alignment."""
+    vec = widest_vec(dtype, d, (x, y))
+    while vec > 1 and not aligned(q, vec):
+        vec //= 2
+    return vec
+
+
+def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0, bound=0.0, wave=32) -> str:
     if rows <= 0 or d <= 0:
         return "empty tensor"
+    if not y and not q:
+        return "no output: y, or q and scale, are needed"
     if not (aligned(x, elem_bytes(dtype)) and aligned(y, elem_bytes(dtype))):
         return "misaligned data pointer"
     if rows * d >= TWO_31:
@@ -147,7 +157,11 @@ def geglu_check(x, y, dtype, rows, d, q=0, scale=0, format=0, bound=0.0) -> str:
             return "quantized output needs fp16 or bf16 activations"
         if not aligned(scale, 4):
             return "misaligned scale pointer"
-        return bound_problem(bound, format)
+        why = bound_problem(bound, format)
+        if why:
+            return why
+        if not y and bound == 0 and not geglu_row_block_threads(d, _geglu_quantized_vec(x, y, dtype, d, q), wave):
+            return f"rows of {d} features are quantized by a wave that reads y back: y is needed"
     return ""
 
 
@@ -159,8 +173,7 @@ def _rows_only(y) -> str:
 def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0, bound=0.0) -> Launch:
     vec = widest_vec(dtype, d, (x, y))
     if q:  # geglu_forward's quantized branch: launch_quantized, a block a row where it fits, else a wave a row
-        while vec > 1 and not aligned(q, vec):
-            vec //= 2
+        vec = _geglu_quantized_vec(x, y, dtype, d, q)
         if bound > 0:  # one scale for the tensor: the elementwise grid
             vectors = rows * d // vec
             return Launch("geglu", f"rsd::geglu_bounded_quantized<{TYPES[dtype]}, {vec}, {_rows_only(y)}>",

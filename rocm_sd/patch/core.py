@@ -21,6 +21,11 @@ class _Missing:
 _MISSING = _Missing()
 
 
+def eight_bit(options: dict) -> bool:
+    """Whether optimize()'s options (or a PatchRecord's flags, which hold them) ask for an 8-bit precision."""
+    return options.get("precision", "fp16") != "fp16"
+
+
 def _restore_attr(obj, name: str, old) -> None:
     if old is _MISSING:
         delattr(obj, name)

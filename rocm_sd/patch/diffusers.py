@@ -32,7 +32,7 @@ from ..modules.upsample import CACHE_ATTR as UPSAMPLE_CACHE_ATTR
 from ..modules.upsample import fusable as upsample_fusable
 from ..modules.upsample import upsample_forward
 from ..modules.host_copies import copy_as
-from .core import PatchRecord
+from .core import PatchRecord, eight_bit
 
 def _replace_children(model: nn.Module, record: PatchRecord, matches, make, count: str) -> None:
     """Every child module for which matches(child) becomes make(child), counted as `count`."""
@@ -225,7 +225,7 @@ def fuse_qkv(model: nn.Module, record: PatchRecord) -> None:
         return
     before = {id(m): set(m._modules) for m in model.modules()}
     attentions = [m for m in model.modules() if hasattr(type(m), "fuse_projections")]
-    if record.flags.get("precision", "fp16") != "fp16":
+    if eight_bit(record.flags):
         # diffusers fuses every attention module before it returns, the separate projections still on the GPU: their
         # size again. An 8-bit precision never uses them, so each module's wait in CPU memory as soon as it is fused.
         for attn in attentions:

@@ -11,7 +11,7 @@ from torch import nn
 from ..graphs import GraphPool
 from ..modules.fusing import accelerate_hooked
 from . import attention_fp8, diffusers, precision, step_cache
-from .core import RECORD_ATTR, PatchRecord
+from .core import RECORD_ATTR, PatchRecord, eight_bit
 
 log = logging.getLogger("rocm_sd")
 
@@ -63,8 +63,15 @@ class Flag:
 
     def default_for(self, options: dict) -> bool:
         """The flag's default given optimize()'s options."""
-        eight_bit = options.get("precision", "fp16") != "fp16"
-        return self.default_8bit if eight_bit and self.default_8bit is not None else self.default
+        return self.default_8bit if eight_bit(options) and self.default_8bit is not None else self.default
+
+    def value(self, keywords: dict, options: dict) -> bool:
+        """The flag as applied: the caller's value, else its default (None asks for the default too where the
+        precision decides it, as the signature says)."""
+        given = keywords.get(self.name)
+        if self.name not in keywords or (given is None and self.default_8bit is not None):
+            return self.default_for(options)
+        return bool(given)
 
     def default_text(self) -> str:
         text = "on" if self.default else "off"
@@ -108,9 +115,10 @@ FLAGS = (
     Flag("fuse_qkv", diffusers.fuse_qkv,
          "One projection for Q, K and V of self-attention, one for K and V of cross-attention (diffusers' "
          "fuse_qkv_projections): one GEMM where there were three. Off by default in fp16: it adds `to_qkv` weights "
-         "(state-dict keys, GPU memory) while optimized. On with an 8-bit precision, where the separate projections "
-         "wait in CPU memory like every replaced layer (patch/precision.py), so the GPU holds the fused 8-bit weights "
-         "only.", default=False, default_8bit=True),
+         "(state-dict keys, GPU memory) while optimized. On with an 8-bit precision asked, for every model optimize() "
+         "patches (the VAE's attention too, fused in its own dtype), even where the precision itself cannot apply: "
+         "the separate projections then wait in CPU memory (patch/diffusers.py), so the GPU holds only the fused "
+         "weights (8-bit in the UNet).", default=False, default_8bit=True),
     Flag("attention", diffusers.patch_attention,
          "diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor: the same steps, the attention "
          "through rocm_sd::attention on [B, L, H, D] views (no transpose copies). Per shape it runs rocm_sd's kernel "
@@ -228,8 +236,8 @@ def flags_table() -> str:
 
 
 def _flags_doc() -> str:
-    flags = [f"      {flag.name}{'' if flag.default_text() == 'on' else ' (' + flag.default_text() + ')'}: {flag.doc}"
-             for flag in FLAGS]
+    flags = [f"      {flag.name}{'' if flag.default_text() == 'on' else ' (' + flag.default_text() + ' by default)'}: "
+             f"{flag.doc}" for flag in FLAGS]
     options = [f"      {option.name}={option.default!r}: {option.doc}" for option in OPTIONS]
     return "\n".join(flags + ["", "    Options (the UNet only; applied after the flags, before cuda_graph):"] + options)
 
@@ -237,7 +245,8 @@ def _flags_doc() -> str:
 def optimize(target, **keywords):
     """Make a diffusers pipeline (or one of its models) use rocm_sd kernels; returns `target`.
 
-    Keyword flags, one per optimization, each True / False (FLAGS, in the order applied):
+    Keyword flags, one per optimization, each True / False (FLAGS, in the order applied; a flag whose default
+    depends on the precision also takes None, that default):
 {flags}
 
     Ops fall back to PyTorch per call where a kernel cannot run (CPU tensors, unsupported dtype...);
@@ -250,8 +259,7 @@ def optimize(target, **keywords):
         raise TypeError(f"optimize() got unknown keywords {', '.join(unknown)}; the flags are {', '.join(FLAG_NAMES)} "
                         f"and the options {', '.join(OPTION_NAMES)}")
     options = {option.name: option.check(keywords.get(option.name, option.default)) for option in OPTIONS}
-    flags = {flag.name: flag.default_for(options) if keywords.get(flag.name) is None else bool(keywords[flag.name])
-             for flag in FLAGS}  # every flag, as applied
+    flags = {flag.name: flag.value(keywords, options) for flag in FLAGS}  # every flag, as applied
     models = _models(target)
     if not models:
         log.warning("rocm_sd.optimize: nothing to optimize in %s", type(target).__name__)

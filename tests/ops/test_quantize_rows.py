@@ -42,18 +42,17 @@ def _code_steps(values: torch.Tensor, fmt: str) -> torch.Tensor:
     return torch.exp2(exponent - 3)
 
 
-def rows_within_a_code(q, scale, q_ref, scale_ref, fmt: str, most_differing: float = 0.01) -> str:
+def rows_within_a_code(q, scale, q_ref, scale_ref, fmt: str, most_differing: float = 0.002) -> str:
     """'' if (q, scale) is (q_ref, scale_ref) up to a slightly different rounding of the values before encoding (a
     kernel's GELU of other accuracy than the definition's, for one): NaN where the reference has NaN, row scales
     within 2^-7 (one bf16 step of the row's largest value), every value within one code step of the reference's, and
-    at most `most_differing` of the codes differing. Else what does not hold."""
+    at most `most_differing` of the codes differing (two codes in any case: tiny tensors). Else what does not hold."""
     q, q_ref = (codes.view(FORMATS[fmt][1]).float().cpu() for codes in (q, q_ref))
     scale, scale_ref = scale.float().cpu(), scale_ref.float().cpu()
     if not torch.equal(q.isnan(), q_ref.isnan()) or not torch.equal(scale.isnan(), scale_ref.isnan()):
         return "NaN codes or scales where the reference has none, or the other way"
-    finite = ~scale_ref.isnan()
-    if not torch.all((scale - scale_ref)[finite].abs() <= scale_ref[finite] * 2.0 ** -7):
-        return f"row scales differ by more than 2^-7: {scale[finite]} against {scale_ref[finite]}"
+    if not torch.isclose(scale, scale_ref, rtol=2.0 ** -7, atol=0.0, equal_nan=True).all():
+        return f"row scales differ by more than 2^-7: {scale} against {scale_ref}"
     ok = ~q_ref.isnan()
     rows_scale = scale.unsqueeze(-1).expand_as(q)[ok]
     values, values_ref = (q[ok] * rows_scale), (q_ref[ok] * scale_ref.unsqueeze(-1).expand_as(q_ref)[ok])
@@ -61,9 +60,9 @@ def rows_within_a_code(q, scale, q_ref, scale_ref, fmt: str, most_differing: flo
     worst = ((values - values_ref).abs() - step - values_ref.abs() * 2.0 ** -7).max().item() if ok.any() else 0.0
     if worst > 0:
         return f"a value differs by more than a code step: by {worst:.3g} more"
-    differing = (q[ok] != q_ref[ok]).float().mean().item() if ok.any() else 0.0
-    if differing > most_differing:
-        return f"{differing:.2%} of the codes differ (at most {most_differing:.2%})"
+    differing = int((q[ok] != q_ref[ok]).sum())
+    if differing > max(2, most_differing * q.numel()):
+        return f"{differing} of {q.numel()} codes differ (at most {most_differing:.2%} or 2)"
     return ""
 
 
@@ -77,10 +76,11 @@ def test_rows_within_a_code_takes_a_step_and_refuses_two(fmt):
     nudged, _ = quantize_rows_ref((y * (1 + 2.0 ** -12)).half(), fmt)  # a few values cross a rounding boundary
     assert not torch.equal(nudged.view(torch.uint8), q_ref.view(torch.uint8))
     assert rows_within_a_code(nudged, scale_ref, q_ref, scale_ref, fmt, most_differing=0.05) == ""
-    two_steps = q_ref.clone().view(torch.int8)
-    two_steps[0, :8] += 2 if fmt == "int8" else torch.where(two_steps[0, :8] < 0, -2, 2).to(torch.int8)
+    two_steps = q_ref.clone().view(torch.int8)  # two codes away, where that stays a finite code
+    small = two_steps[0].abs() < 100
+    two_steps[0][small] += torch.where(two_steps[0][small] < 0, -2, 2).to(torch.int8) if fmt != "int8" else 2
     assert "more than a code step" in rows_within_a_code(two_steps.view(q_ref.dtype), scale_ref, q_ref, scale_ref, fmt)
-    assert "codes differ" in rows_within_a_code(nudged, scale_ref, q_ref, scale_ref, fmt, most_differing=0.0)
+    assert "codes differ" in rows_within_a_code(nudged, scale_ref, q_ref, scale_ref, fmt, most_differing=1e-4)
     assert "row scales" in rows_within_a_code(q_ref, scale_ref * 1.05, q_ref, scale_ref, fmt)
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
