@@ -103,8 +103,7 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
         parent_name, _, child = name.rpartition(".")
         quantized = RocmQuantizedLinear.from_module(module, fmt).to(device)
         record.replace_child(parents[parent_name], child, quantized)
-        record.on_revert(module.to, device)  # the fp16 weights come back to the GPU with the module
-        module.to("cpu")
+        park_in_cpu_memory(module, record)  # the fp16 weights come back to the GPU with the module at revert()
         originals[quantized] = module
         record.counts[f"{'conv1x1' if quantized.conv else 'linear'} -> {fmt} GEMM"] += 1
     if fmt != "int8" and options["precision_convs"]:
@@ -154,8 +153,7 @@ def quantize_convolutions(model: nn.Module, record: PatchRecord, fmt: str, devic
                 continue  # the GEMM's shape rule
             quantized = RocmQuantizedConv2d(conv, fmt, group_norm_bound(norm)).to(device)
             record.replace_child(block, name, quantized)
-            record.on_revert(conv.to, device)
-            conv.to("cpu")
+            park_in_cpu_memory(conv, record)
             record.counts[f"conv{conv.kernel_size[0]}x{conv.kernel_size[1]} -> {fmt} GEMM"] += 1
             if measured:
                 quantized.offer_fp16(conv, record.counts)
