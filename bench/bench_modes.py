@@ -23,7 +23,8 @@ model, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 MODES = sys.argv[4].split(",") if len(sys.argv) > 4 else ["fp16", "fp8", "int8"]
 def keywords(mode):
     """'deepcache3', 'deepcache3b1' (cache_branch 1), 'adaptive0.15', 'adaptive0.15b1', 'fp8', 'fp8all'
-    (precision_layers="all"); any of them + 'qkv' / 'noqkv': with fuse_qkv=True / False."""
+    (precision_layers="all"); any of them + 'qkv' / 'noqkv': with fuse_qkv=True / False; + 'notextkv': text_kv=False."""
+    if mode.endswith("notextkv"): return {**keywords(mode[:-8]), "text_kv": False}
     if mode.endswith("noqkv"): return {**keywords(mode[:-5]), "fuse_qkv": False}
     if mode.endswith("qkv"): return {**keywords(mode[:-3]), "fuse_qkv": True}
     if mode.startswith("attnfp8"): return {"attention_precision": "fp8"}

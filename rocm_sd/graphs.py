@@ -96,6 +96,19 @@ def _install_structure_hooks() -> None:
     _hooks_installed = True
 
 
+
+def watch_structure(model: nn.Module) -> None:
+    """Count registrations on `model`'s modules (and processors set on its attention modules) in structure_epoch(), as
+    for a graphed model: for state that other code derives from the model's structure (modules/text_kv.py)."""
+    _install_structure_hooks()
+    for module in model.modules():
+        _watched.add(module)
+
+
+def structure_epoch() -> int:
+    """Moves whenever a module, parameter or buffer is registered on, or a processor set on, a watched module."""
+    return _structure_epoch
+
 class _Ineligible(Exception):
     """The call cannot be graphed; the message says why."""
 
@@ -330,11 +343,14 @@ class GraphedCall:
         return _Graph(graph, static_inputs, output_leaves, output_spec)
 
     def clear(self) -> None:
-        """Drop every captured graph (their memory returns to the pool)."""
+        """Drop every captured graph (their memory returns to the pool) and the model's weights the signatures compare.
+        revert() runs this first, then brings the original weights back to the GPU while its record still holds this
+        call: weights kept here (the 8-bit ones) would stay allocated beside the originals until revert's end."""
         self.graphs.clear()
         self.failed.clear()
         self._evictions.clear()
         self._structures.clear()
+        self._weight_list, self._derived, self._sources, self._derived_versions = None, [], [], None
         self._seen_epoch = -1
 
 

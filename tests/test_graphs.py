@@ -42,6 +42,23 @@ def test_structure_changes_of_watched_models_bump_the_epoch():
     assert graphs._structure_epoch == before + 3
 
 
+
+def test_a_cleared_call_holds_no_weight_of_its_model():
+    """revert() clears a model's graphed calls before it brings the original weights back to the GPU, while the patch
+    record still holds the calls: weights a cleared call kept for its signatures (the 8-bit ones) would stay allocated
+    beside the originals (the fp8 engine's peak at revert in `python -m rocm_sd bench`)."""
+    import weakref
+
+    m = Tiny()
+    call = graphed(m)
+    call._model_key()  # a signature's model part: the call now compares m's weights
+    old = weakref.ref(m.proj.weight)
+    m.proj.weight = nn.Parameter(m.proj.weight.detach().clone())  # what a revert does: another tensor in its place
+    call.clear()
+    gc.collect()
+    assert old() is None, "a cleared GraphedCall still references a weight its model no longer holds"
+    assert call._model_key() == call._model_key()  # and the next call compares the model as it is now
+
 class _FakeGraph:
     def __init__(self, label):
         self.label = label

@@ -94,8 +94,8 @@ def test_partial_call_with_every_rocm_sd_patch_equals_the_patched_full_call(arch
     kwargs = unet_inputs(unet)
     with config.override(log_fallbacks=False), torch.no_grad():
         rocm_sd.optimize(unet, cache="deepcache")
-        cache = unet.forward
-        assert isinstance(cache, UNetStepCache) and unet.__dict__["forward"] is cache
+        cache = unet.forward.inner  # inside text_kv's controller (modules/text_kv.py)
+        assert isinstance(cache, UNetStepCache) and unet.__dict__["forward"].inner is cache
         full, feature = cache.full(**kwargs)   # graphed calls; on the CPU they run eagerly
         partial = cache.partial(feature, **kwargs)
     rocm_sd.revert(unet)
@@ -281,16 +281,17 @@ def test_a_copy_of_a_cached_model_is_cached_on_its_own():
         rocm_sd.optimize(unet, cache="deepcache", **EXACT)
         unet(**kwargs)
         twin = copy.deepcopy(unet)
-        assert twin.forward.model is twin and twin.forward.schedule.slots == []   # no cached features copied
-        assert twin.forward.full.fn.__self__ is twin.forward
+        cache = twin.forward.inner  # inside text_kv's controller (modules/text_kv.py)
+        assert cache.model is twin and cache.schedule.slots == []   # no cached features copied
+        assert cache.full.fn.__self__ is cache
         from rocm_sd.patch.core import RECORD_ATTR
 
         owners = [getattr(fn, "__self__", None) for fn, _, _ in getattr(twin, RECORD_ATTR).undo]
         schedules = [o for o in owners if isinstance(o, Schedule)]  # undo entries reach no other schedule either
-        assert twin.forward in owners and not schedules
+        assert cache in owners and not schedules
         assert torch.equal(twin(**kwargs).sample, reference)
         rocm_sd.revert(twin)
-        assert isinstance(unet.forward, UNetStepCache) and "forward" not in twin.__dict__
+        assert isinstance(unet.forward.inner, UNetStepCache) and "forward" not in twin.__dict__
     rocm_sd.revert(unet)
 
 
@@ -332,7 +333,7 @@ def test_graphed_full_and_partial_calls_replay_and_equal_the_eager_step_cache():
     with config.override(strict=True):
         graphed = [run_pipe(pipe, steps=7, seed=s, output_type="pt") for s in (0, 1)]
     report = rocm_sd.report(pipe)["unet"]
-    syncs = pipe.unet.forward.timesteps.syncs
+    syncs = pipe.unet.forward.inner.timesteps.syncs  # the step cache inside text_kv's controller
     rocm_sd.revert(pipe)
     assert report["step cache: full calls"] == 6 and report["step cache: partial calls"] == 8, report
     assert report["forward (full): graph captures"] == 1 and report["forward (full): graph replays"] == 6, report

@@ -40,8 +40,13 @@ class RocmAttnProcessor:
     def __init__(self, fallback):
         self.fallback = fallback  # the processor this one replaced: gets the calls it does not take
         self.fp8_format = None    # set by optimize(attention_precision="fp8"): unmasked calls go to attention_fp8
+        self.text_kv = None       # set by optimize(text_kv=True): the text's keys and values once per text
 
     def _projections(self, attn, hidden_states, encoder_hidden_states):
+        if encoder_hidden_states is not None and self.text_kv is not None:
+            kept = self.text_kv.keys_values(attn, encoder_hidden_states)
+            if kept is not None:
+                return (attn.to_q(hidden_states), *kept)
         if getattr(attn, "fused_projections", False):
             if encoder_hidden_states is None:
                 return attn.to_qkv(hidden_states).chunk(3, dim=-1)

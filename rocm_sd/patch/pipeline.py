@@ -10,6 +10,7 @@ from torch import nn
 
 from ..graphs import GraphPool
 from ..modules.fusing import accelerate_hooked
+from ..modules.text_kv import TextKV
 from . import attention_fp8, diffusers, precision, step_cache
 from .core import RECORD_ATTR, PatchRecord, eight_bit
 
@@ -81,7 +82,7 @@ class Flag:
 
 
 # In the order they are applied: later patches rely on earlier ones (the attention patch replaces fused-QKV
-# processors; the graphs capture what all the others left).
+# processors; the graphs capture what all the others left; text_kv stands around the graphed step).
 FLAGS = (
     Flag("group_norm", diffusers.patch_group_norms,
          "GroupNorm (+ the SiLU that follows it) -> rocm_sd::group_norm. Statistics in fp32: fp16 results differ "
@@ -131,6 +132,11 @@ FLAGS = (
          "shape (rocm_sd/graphs.py). Calls that cannot be graphed (autograd on, CPU tensors, torch.compile "
          "tracing...) run eagerly; report() says how often and why. After changing a model in ways rocm_sd cannot "
          "see (e.g. a LoRA scale), call invalidate_graphs(target).", text_encoders=True),
+    Flag("text_kv", diffusers.reuse_text_kv,
+         "Cross-attention's keys and values of the text computed once per prompt, not at every step: while a call's "
+         "encoder_hidden_states is the tensor an earlier call had, unchanged, and the projections' weights are "
+         "unchanged, the processors read the keys and values kept from then (modules/text_kv.py). Same numbers. Around "
+         "the graphed step, with a graph of its own.", needs="attention"),
 )
 FLAG_NAMES = tuple(flag.name for flag in FLAGS)
 
@@ -376,9 +382,13 @@ def skipped_options(target, options: dict) -> list[str]:
 
 
 def invalidate_graphs(target):
-    """Drop the captured graphs of `target`'s models; the next calls capture again."""
+    """Drop the captured graphs of `target`'s models, and the text keys and values kept (text_kv); the next calls
+    capture and compute again."""
     for model in _models(target).values():
         record = getattr(model, RECORD_ATTR, None)
         for call in (record.graphed.values() if record is not None else ()):
             call.clear()
+        forward = model.__dict__.get("forward")
+        if isinstance(forward, TextKV):
+            forward.forget()
     return target
