@@ -115,6 +115,31 @@ def test_invalidate_graphs_forgets_the_keys_and_values(optimized_unet):
     assert calls[0] == 2 * len(_cross_attentions(unet))
 
 
+
+def test_a_controlnet_projects_the_text_once_too():
+    from diffusers import ControlNetModel
+
+    pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
+    controlnet = ControlNetModel.from_unet(pipe.unet, conditioning_channels=3,
+                                           conditioning_embedding_out_channels=(16, 32))
+    torch.manual_seed(0)
+    sample, text = torch.randn(2, 4, 8, 8), torch.randn(2, 77, pipe.unet.config.cross_attention_dim)
+    cond = torch.rand(2, 3, 16, 16)  # the conditioning embedding halves it once
+
+    def run():
+        with torch.no_grad():
+            down, mid = controlnet(sample, torch.tensor(10.0), text, cond, return_dict=False)
+        return torch.cat([d.flatten() for d in down] + [mid.flatten()])
+
+    reference = run()
+    rocm_sd.optimize(controlnet, cuda_graph=False)
+    calls = _count_projections(controlnet)
+    first, second = run(), run()
+    assert calls[0] == len(_cross_attentions(controlnet)) > 0
+    assert torch.allclose(first, reference, rtol=1e-5, atol=1e-6) and torch.equal(first, second)
+    rocm_sd.revert(controlnet)
+    assert run().equal(reference)
+
 def test_a_copy_computes_its_own():
     pipe = models.build_sd_pipeline("tiny", "cpu", torch.float32)
     rocm_sd.optimize(pipe, cuda_graph=False)
