@@ -96,7 +96,6 @@ def _install_structure_hooks() -> None:
     _hooks_installed = True
 
 
-
 def watch_structure(model: nn.Module) -> None:
     """Count registrations on `model`'s modules (and processors set on its attention modules) in structure_epoch(), as
     for a graphed model: for state that other code derives from the model's structure (modules/text_kv.py)."""
@@ -108,6 +107,7 @@ def watch_structure(model: nn.Module) -> None:
 def structure_epoch() -> int:
     """Moves whenever a module, parameter or buffer is registered on, or a processor set on, a watched module."""
     return _structure_epoch
+
 
 class _Ineligible(Exception):
     """The call cannot be graphed; the message says why."""
