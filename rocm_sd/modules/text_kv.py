@@ -10,11 +10,11 @@ cross-attention module whose processor is RocmAttnProcessor, into buffers kept p
 those processors read the buffers instead of projecting the text. Same modules on the same input: the same numbers.
 
 Graphs: install TextKV after the graphed calls (optimize()'s `text_kv` comes after `cuda_graph`). The keys and values
-are computed outside the model's graph, by a graph of their own when graphs are on (`GRAPHED_CALLS`), and the model's
-graph, captured with the processors reading the buffers, replays without the projections. Buffers keep their addresses
-while optimized (a change of structure computes into the same ones), so every graph captured on them stays valid; where
-buffers must go (past MAX_SHAPES text shapes, a projection of another width) the model's graphs go with them
-(`forget_graphs`).
+are computed outside the model's graph, by a graph of their own when graphs are on (patch/diffusers.reuse_text_kv
+puts a graphed call in `compute`'s place), and the model's graph, captured with the processors reading the buffers,
+replays without the projections. Buffers keep their addresses while optimized (a change of structure computes into
+the same ones), so every graph captured on them stays valid; where buffers must go (past MAX_SHAPES text shapes, a
+projection of another width) the model's graphs go with them (`forget_graphs`).
 
 Not used, the processors projecting the text as before, where a call's text is not a tensor every processor receives
 as it is: no encoder_hidden_states, an encoder_hid_proj (IP-Adapter), cross_attention_kwargs (LoRA scales, masks:
@@ -55,13 +55,11 @@ class TextKV:
     """model.forward's stand-in (see the module doc). `inner`: the forward it wraps (a graphed call, a step cache
     controller or the model's own); `forget_graphs`: drops the model's graphs when the buffers go."""
 
-    GRAPHED_CALLS = ("compute",)
-
     def __init__(self, model: nn.Module, inner, counts: Counter | None = None, forget_graphs=None):
         self.model, self.inner, self.forget_graphs = model, inner, forget_graphs
         self.counts = Counter() if counts is None else counts  # the optimize report's
         self.active = False  # during a call whose text the buffers hold
-        self._forget()
+        self.forget()
 
     def __getstate__(self) -> dict:
         """A copy (copy.deepcopy, pickle) keeps the wiring (the graphed `compute` too, which copies without its graphs),
@@ -76,16 +74,13 @@ class TextKV:
         if "compute" in state:
             self.compute = state["compute"]
 
-    def _forget(self) -> None:
+    def forget(self) -> None:
+        """Drops the buffers and what they held (revert(), invalidate_graphs())."""
         self._buffers: dict[tuple, dict[nn.Module, tuple[torch.Tensor, ...]]] = {}  # text shape -> module -> buffers
         self._source = None          # (the text tensor, its version, the weights' key) the buffers hold
         self._epoch = -1
         self._attentions: list[nn.Module] = []
         self._weights: list[torch.Tensor] = []
-
-    def forget(self) -> None:
-        """Drops the buffers and what they held (revert(), invalidate_graphs())."""
-        self._forget()
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
