@@ -51,6 +51,12 @@ def _projections(attn: nn.Module) -> list[nn.Module]:
     return norm + [attn.to_k, attn.to_v]
 
 
+def text_attentions(model: nn.Module) -> list[nn.Module]:
+    """The model's cross-attention modules whose processor (RocmAttnProcessor) can read kept keys and values."""
+    return [m for m in model.modules() if getattr(m, "is_cross_attention", False)
+            and type(getattr(m, "processor", None)) is RocmAttnProcessor]
+
+
 class TextKV:
     """model.forward's stand-in (see the module doc). `inner`: the forward it wraps (a graphed call, a step cache
     controller or the model's own); `forget_graphs`: drops the model's graphs when the buffers go."""
@@ -118,8 +124,7 @@ class TextKV:
 
     def _walk(self) -> None:
         watch_structure(self.model)
-        self._attentions = [m for m in self.model.modules() if getattr(m, "is_cross_attention", False)
-                            and type(getattr(m, "processor", None)) is RocmAttnProcessor]
+        self._attentions = text_attentions(self.model)
         self._weights = [t for attn in self._attentions for module in _projections(attn)
                          for t in (*module.parameters(), *module.buffers())]
         self._source = None  # computed again, into the same buffers: graphs of the old structure may still replay

@@ -26,6 +26,11 @@ def eight_bit(options: dict) -> bool:
     return options.get("precision", "fp16") != "fp16"
 
 
+def _refuse_closure(fn: Callable) -> None:
+    if isinstance(fn, types.FunctionType) and fn.__closure__:
+        raise TypeError(f"undo action {fn!r} is a closure: a copy of the model would undo the original")
+
+
 def _restore_attr(obj, name: str, old) -> None:
     if old is _MISSING:
         delattr(obj, name)
@@ -48,13 +53,30 @@ class PatchRecord:
     flags: dict = field(default_factory=dict)   # the optimize() keywords it was made with
     graph_pool: object = None  # graphs.GraphPool the graphed calls of one optimize() share (its models run in turn)
     skipped_options: dict = field(default_factory=dict)  # optimize() option -> why its patcher left the model as is
+    forgets: list[Callable] = field(default_factory=list)  # what invalidate() clears beside the graphs (text_kv's)
 
     def on_revert(self, fn: Callable, *args, **kwargs) -> None:
         """Call fn(*args, **kwargs) on revert. `fn`: a module-level function or a method of an object the model
         holds (a closure would keep pointing at the original model in a copy)."""
-        if isinstance(fn, types.FunctionType) and fn.__closure__:
-            raise TypeError(f"undo action {fn!r} is a closure: a copy of the model would undo the original")
+        _refuse_closure(fn)
         self.undo.append((fn, args, kwargs))
+
+    def on_invalidate(self, fn: Callable) -> None:
+        """Call fn() on invalidate(): state derived from the model that, like a graph, outlives changes rocm_sd cannot
+        see. `fn` as on_revert's."""
+        _refuse_closure(fn)
+        self.forgets.append(fn)
+
+    def clear_graphs(self) -> None:
+        """Drops the graphs of every graphed call (the next calls capture again)."""
+        for call in self.graphed.values():
+            call.clear()
+
+    def invalidate(self) -> None:
+        """rocm_sd.invalidate_graphs(): the graphs, and what on_invalidate registered."""
+        self.clear_graphs()
+        for fn in self.forgets:
+            fn()
 
     def set_attr(self, obj, name: str, value) -> None:
         """Set an instance attribute; undo restores the previous instance attribute or removes it."""

@@ -14,8 +14,6 @@ Every other nn.GroupNorm becomes a plain RocmGroupNorm.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -34,7 +32,7 @@ from ..modules.upsample import CACHE_ATTR as UPSAMPLE_CACHE_ATTR
 from ..modules.upsample import fusable as upsample_fusable
 from ..modules.upsample import upsample_forward
 from ..modules.host_copies import copy_as
-from ..modules.text_kv import TextKV
+from ..modules.text_kv import TextKV, text_attentions
 from .core import PatchRecord, eight_bit
 
 def _replace_children(model: nn.Module, record: PatchRecord, matches, make, count: str) -> None:
@@ -187,21 +185,15 @@ def install_graphs(model: nn.Module, record: PatchRecord) -> None:
 TEXT_KV_MODELS = {"UNet2DConditionModel", "ControlNetModel"}
 
 
-def _clear_graphs(record: PatchRecord) -> None:
-    for call in record.graphed.values():
-        call.clear()
-
-
 def reuse_text_kv(model: nn.Module, record: PatchRecord) -> None:
     """The model's forward becomes a TextKV around whatever stands there (the graphed call, a step cache): the
     cross-attention keys and values of a text are computed once, by a graph of their own where graphs are on."""
     if type(model).__name__ not in TEXT_KV_MODELS:
         return
-    attentions = [m for m in model.modules() if getattr(m, "is_cross_attention", False)
-                  and type(getattr(m, "processor", None)) is RocmAttnProcessor]
+    attentions = text_attentions(model)
     if not attentions:
         return
-    memo = TextKV(model, model.forward, record.counts, functools.partial(_clear_graphs, record))
+    memo = TextKV(model, model.forward, record.counts, record.clear_graphs)
     if record.flags.get("cuda_graph"):
         call = GraphedCall(memo.compute, model, f"{type(model).__name__}.text keys and values", (), record.graph_pool)
         record.set_attr(memo, "compute", call)
@@ -211,6 +203,7 @@ def reuse_text_kv(model: nn.Module, record: PatchRecord) -> None:
         record.set_attr(attn.processor, "text_kv", memo)
     record.set_attr(model, "forward", memo)
     record.on_revert(memo.forget)
+    record.on_invalidate(memo.forget)
     record.counts["cross-attention keys and values once per text"] += len(attentions)
 
 

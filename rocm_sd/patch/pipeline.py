@@ -10,7 +10,6 @@ from torch import nn
 
 from ..graphs import GraphPool
 from ..modules.fusing import accelerate_hooked
-from ..modules.text_kv import TextKV
 from . import attention_fp8, diffusers, precision, step_cache
 from .core import RECORD_ATTR, PatchRecord, eight_bit
 
@@ -386,9 +385,6 @@ def invalidate_graphs(target):
     capture and compute again."""
     for model in _models(target).values():
         record = getattr(model, RECORD_ATTR, None)
-        for call in (record.graphed.values() if record is not None else ()):
-            call.clear()
-        forward = model.__dict__.get("forward")
-        if isinstance(forward, TextKV):
-            forward.forget()
+        if record is not None:
+            record.invalidate()
     return target
