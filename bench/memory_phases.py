@@ -16,10 +16,10 @@ import sys
 import torch
 
 import rocm_sd
-from rocm_sd import models
+from rocm_sd import bench, models
 
-MODES = {"fp16": {}, "fp8": {"precision": "fp8"}, "fp8-noconvs": {"precision": "fp8", "precision_convs": False},
-         "deepcache": {"cache": "deepcache", "cache_interval": 3}}
+MODES = {"fp16": {}, "fp8": bench.MODES["rocm_sd-fp8"], "fp8-noconvs": {"precision": "fp8", "precision_convs": False},
+         "deepcache": bench.MODES["rocm_sd-deepcache"]}
 GRAPHS = {"on": (True,), "off": (False,), "both": (True, False)}
 
 
@@ -48,7 +48,7 @@ def main(model: str, steps: int, modes: list[str], graphs_choice: str) -> None:
             rocm_sd.optimize(pipe, cuda_graph=graphs, **mode)
             after = round(torch.cuda.memory_allocated() / 2**20)
             first, second, whole = call("latent"), call("latent"), call("np")
-            text = ", ".join(f"{k}={v}" for k, v in mode.items()) or "fp16"
+            text = bench.mode_text(mode) or "fp16"
             rocm_sd.revert(pipe)
             gc.collect()
             torch.cuda.empty_cache()

@@ -3,8 +3,9 @@ image from fp16's? One random-weight pipeline per model, one seeded generation p
 (graphs on), the modes one after another on the same pipeline (revert() between them).
 
     python bench/modes_sweep.py [models] [sizes] [steps] [modes]
-    python bench/modes_sweep.py sd15,sd21,sdxl 512,768,1024 10 fp16,fp8,fp8all,int8all,deepcache3,adaptive0.15
+    python bench/modes_sweep.py sd15,sd21,sdxl 512,768,1024 10 fp16,fp8,fp8all,int8all,deepcache,adaptive
 
+Modes: those of `python -m rocm_sd bench` (fp8, int8, deepcache: interval 3, adaptive: threshold 0.15, attnfp8), and
 'fp8all' / 'int8all': precision_layers="all" (every layer 8-bit; with the shipped Hopper measurements int8 keeps every
 layer in fp16, so plain 'int8' would test fp16). PSNR is against the fp16 image of the same model and resolution
 (random weights: how far a mode's error carries, not image quality). Prints a markdown table, a row per run.
@@ -18,18 +19,12 @@ import numpy as np
 import torch
 
 import rocm_sd
-from rocm_sd import models
-from rocm_sd.bench import psnr
+from rocm_sd import bench, models
 
-MODES = {
-    "fp16": {},
-    "fp8": {"precision": "fp8"},
-    "fp8all": {"precision": "fp8", "precision_layers": "all"},
-    "int8": {"precision": "int8"},
-    "int8all": {"precision": "int8", "precision_layers": "all"},
-    "deepcache3": {"cache": "deepcache", "cache_interval": 3},
-    "adaptive0.15": {"cache": "adaptive", "cache_threshold": 0.15},
-}
+# `python -m rocm_sd bench`'s modes without their "rocm_sd-" prefix, and every layer 8-bit
+MODES = {"fp16": {}, **{name.removeprefix("rocm_sd-"): options for name, options in bench.MODES.items()},
+         "fp8all": {"precision": "fp8", "precision_layers": "all"},
+         "int8all": {"precision": "int8", "precision_layers": "all"}}
 
 
 def generate(pipe, kw, size: int, steps: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -60,17 +55,15 @@ def main(model_names: list[str], sizes: list[int], steps: int, modes: list[str])
         for size in sizes:
             reference = None
             for mode in modes:
-                rocm_sd.optimize(pipe, **MODES[mode])
+                not_applied = "; ".join(bench.optimize_with_options(pipe, MODES[mode])) or "-"
                 start = time.perf_counter()
                 latents, image = generate(pipe, kw, size, steps)
                 seconds = time.perf_counter() - start
-                report = rocm_sd.report(pipe).get("unet", {})
-                not_applied = "; ".join(k for k in report if "not applied" in k) or "-"
                 rocm_sd.revert(pipe)
                 reference = image if mode == "fp16" else reference
                 finite_latents, finite_image = bool(torch.isfinite(latents).all()), bool(np.isfinite(image).all())
                 failures += not (finite_latents and finite_image)
-                db = "-" if mode == "fp16" or reference is None else f"{psnr(image, reference):.1f}"
+                db = "-" if mode == "fp16" or reference is None else f"{bench.psnr(image, reference):.1f}"
                 print(f"| {model} | {size} | {mode} | {finite_latents} | {finite_image} | {db} | {seconds:.1f} | "
                       f"{not_applied} |", flush=True)
         del pipe
@@ -82,7 +75,7 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         sys.exit(f"{sys.argv[0]}: no GPU visible to torch {torch.__version__}; this runs the pipelines on a GPU")
     args = sys.argv[1:] + [None] * 4
-    chosen = (args[3] or "fp16,fp8,fp8all,int8all,deepcache3,adaptive0.15").split(",")
+    chosen = (args[3] or "fp16,fp8,fp8all,int8all,deepcache,adaptive").split(",")
     unknown = [m for m in chosen if m not in MODES]
     if unknown or (chosen and chosen[0] != "fp16"):
         sys.exit(f"{sys.argv[0]}: modes must start with fp16 (the reference) and be among {', '.join(MODES)}; "

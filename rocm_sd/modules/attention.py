@@ -36,6 +36,21 @@ def spatial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     return scaled_dot_product_attention(q, k, v).transpose(2, 3).reshape(shape)
 
 
+def text_projections(attn, text: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What cross-attention module `attn` projects the text to: (to_kv(text),) with fused projections, else
+    (to_k(text), to_v(text)), after its norm_cross. modules/text_kv.py keeps these per text."""
+    if attn.norm_cross:
+        text = attn.norm_encoder_hidden_states(text)
+    if getattr(attn, "fused_projections", False):
+        return (attn.to_kv(text),)
+    return attn.to_k(text), attn.to_v(text)
+
+
+def keys_values(projections: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(key, value) of text_projections' result."""
+    return projections[0].chunk(2, dim=-1) if len(projections) == 1 else projections
+
+
 class RocmAttnProcessor:
     def __init__(self, fallback):
         self.fallback = fallback  # the processor this one replaced: gets the calls it does not take
@@ -43,22 +58,14 @@ class RocmAttnProcessor:
         self.text_kv = None       # set by optimize(text_kv=True): the text's keys and values once per text
 
     def _projections(self, attn, hidden_states, encoder_hidden_states):
-        if encoder_hidden_states is not None and self.text_kv is not None:
-            kept = self.text_kv.keys_values(attn, encoder_hidden_states)
-            if kept is not None:
-                return (attn.to_q(hidden_states), *kept)
-        if getattr(attn, "fused_projections", False):
-            if encoder_hidden_states is None:
-                return attn.to_qkv(hidden_states).chunk(3, dim=-1)
-            if attn.norm_cross:
-                encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
-            return (attn.to_q(hidden_states), *attn.to_kv(encoder_hidden_states).chunk(2, dim=-1))
-        query = attn.to_q(hidden_states)
         if encoder_hidden_states is None:
-            encoder_hidden_states = hidden_states
-        elif attn.norm_cross:
-            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
-        return query, attn.to_k(encoder_hidden_states), attn.to_v(encoder_hidden_states)
+            if getattr(attn, "fused_projections", False):
+                return attn.to_qkv(hidden_states).chunk(3, dim=-1)
+            return attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        kept = self.text_kv.keys_values(attn, encoder_hidden_states) if self.text_kv is not None else None
+        if kept is None:
+            kept = keys_values(text_projections(attn, encoder_hidden_states))
+        return (attn.to_q(hidden_states), *kept)
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None, *args, **kwargs):

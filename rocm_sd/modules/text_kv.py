@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..graphs import structure_epoch, watch_structure
-from .attention import RocmAttnProcessor
+from .attention import RocmAttnProcessor, keys_values, text_projections
 from .fusing import accelerate_hooked
 from .quantized_linear import _version
 
@@ -144,9 +144,7 @@ class TextKV:
                 self._drop_buffers()
             buffers = self._buffers[key] = {}
         for attn in self._attentions:
-            context = attn.norm_encoder_hidden_states(text) if getattr(attn, "norm_cross", None) is not None else text
-            values = ((attn.to_kv(context),) if getattr(attn, "fused_projections", False)
-                      else (attn.to_k(context), attn.to_v(context)))
+            values = text_projections(attn, text)
             kept = buffers.get(attn)
             if kept is not None and [t.shape for t in kept] != [t.shape for t in values]:
                 self._drop_buffers()  # fused or unfused since: other widths
@@ -171,4 +169,4 @@ class TextKV:
         kept = self._buffers.get(self._key(text), {}).get(attn)
         if kept is None:
             return None
-        return kept[0].chunk(2, dim=-1) if len(kept) == 1 else kept
+        return keys_values(kept)
