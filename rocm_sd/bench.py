@@ -2,14 +2,18 @@
 
 Engines (docs/performance.md names):
   eager                    diffusers as is (SDPA attention)
-  compile                  torch.compile(unet, fullgraph=True)
+  compile                  torch.compile(unet, fullgraph=True); for the diffusion transformers the diffusers docs'
+                           recipe: torch.compile(transformer, fullgraph=True) for SD3 / SD3.5, regional compilation
+                           (transformer.compile_repeated_blocks(fullgraph=True)) for Flux
   compile-reduce-overhead  diffusers' recommended recipe: channels_last, fused QKV projections, UNet and
                            VAE decode compiled with mode="reduce-overhead", fullgraph
   rocm_sd                  rocm_sd.optimize(pipe) with its default flags
-  rocm_sd+compile          rocm_sd kernels (no rocm_sd graphs) under torch.compile reduce-overhead
+  rocm_sd+compile          rocm_sd kernels (no rocm_sd graphs) under torch.compile reduce-overhead (UNets), or under
+                           the model's compile recipe above (diffusion transformers)
   onnxruntime              the UNet exported with torch.onnx and run by ONNX Runtime (rocm_sd/onnx_engine.py);
                            a row saying why not when no ONNX Runtime with a GPU provider is installed
-With --ablation, one more rocm_sd row per optimization flag, toggled from its default.
+With --ablation, one more rocm_sd row per optimization flag, toggled from its default (--ablation FLAG,FLAG: those
+flags only).
 
 Modes (MODES: optimize()'s options, which change images or skip work), only when named in --engines; they run
 after the other engines, with a rocm_sd row added before them if none was asked for:
@@ -24,7 +28,8 @@ row saying so, not fp16 numbers under its name.
 
 Per engine: the first call (compilation or capture included), then the median of --repeats calls,
 peak memory, and agreement with the eager engine: PSNR of the image and max |difference| of the final
-latents. Prints the table and appends the run to <out>/data/<model>-<device>.jsonl (see "Result files" below;
+latents; and the median time of one call of the denoiser (UNet or transformer) on the inputs the eager engine gave
+it at its first step (ms/step), with its share of device time by kind of kernel under --profile. Prints the table and appends the run to <out>/data/<model>-<device>.jsonl (see "Result files" below;
 `python bench/render_results.py` renders the markdown), with a chart of it in <out>/<model>-<device>.png.
 """
 from __future__ import annotations
@@ -50,6 +55,8 @@ from . import models, onnx_engine, patch, platform
 from .patch import pipeline
 
 ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile", "onnxruntime")
+# The engines that exist for the diffusion transformers (diffusers' compile recipe is the one compile engine there).
+TRANSFORMER_ENGINES = ("eager", "compile", "rocm_sd", "rocm_sd+compile")
 # Engines that change the images (a number format) or skip work (step caching): each compares against the rocm_sd
 # row of the same run. Not in the default set: the default bench compares engines that make the same fp16 image.
 MODES = {
@@ -82,10 +89,59 @@ def mode_text(options: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in options.items())
 
 
+def _compile_transformer(pipe) -> None:
+    """The diffusers docs' torch.compile recipe for the pipeline's transformer: regional compilation of the repeated
+    blocks where the model declares them (Flux), else the whole model, fullgraph."""
+    if getattr(pipe.transformer, "_repeated_blocks", None):
+        pipe.transformer.compile_repeated_blocks(fullgraph=True)
+    else:
+        pipe.transformer = torch.compile(pipe.transformer, fullgraph=True)
+
+
+def _uncompile_transformer(transformer) -> None:
+    """Undo compile_repeated_blocks (it compiles each block in place)."""
+    for module in transformer.modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+
+
+@contextmanager
+def _transformer_engine(name: str, pipe, flags: dict[str, bool | None], device: torch.device):
+    """_engine for a diffusion-transformer pipeline (SD3, Flux)."""
+    transformer = pipe.transformer
+    if "compile" in name:
+        torch._dynamo.reset()
+    why_not = None
+    try:
+        if name in MODES:
+            skipped = optimize_with_options(pipe, MODES[name], **flags)
+            if skipped:
+                why_not = f"{mode_text(MODES[name])} not applied on {device_name(device)}: {'; '.join(skipped)}"
+        elif name == "compile":
+            _compile_transformer(pipe)
+        elif name == "rocm_sd":
+            patch.optimize(pipe, **flags)
+        elif name == "rocm_sd+compile":
+            patch.optimize(pipe, **{**flags, "cuda_graph": False})
+            _compile_transformer(pipe)
+        elif name != "eager":
+            why_not = f"no {name} engine for the diffusion transformers (engines: {', '.join(TRANSFORMER_ENGINES)})"
+        yield why_not
+    finally:
+        pipe.transformer = transformer
+        _uncompile_transformer(transformer)
+        if name.startswith("rocm_sd"):
+            patch.revert(pipe)
+
+
 @contextmanager
 def _engine(name: str, pipe, flags: dict[str, bool | None], device: torch.device):
     """Sets `pipe` up for one engine and restores it afterwards; yields why the engine cannot run as named (a mode
     optimize() could not apply here), else None."""
+    if getattr(pipe, "unet", None) is None:
+        with _transformer_engine(name, pipe, flags, device) as why_not:
+            yield why_not
+        return
     unet, decode = pipe.unet, pipe.vae.decode
     if name.startswith("compile") or name == "rocm_sd+compile":
         torch._dynamo.reset()
@@ -153,15 +209,78 @@ def _profile_table(generate, device: torch.device, rows: int = 30) -> str:
     return prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=120)
 
 
-def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: int = 1, repeats: int = 3,
-        warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool = False, out_dir: str = "bench/results",
+# Kernel names by kind, for the device-time split of --profile (the first pattern that matches decides).
+KERNEL_KINDS = (
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|softmax|cudnn_generated_fort_native_sdpa", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|cublas|sm90_xmma|nvjet|matmul|Cijk|wgmma|xmma", re.I)),
+    ("convolution", re.compile(r"conv|implicit|winograd|miopen|fprop|dgrad", re.I)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """'attention', 'gemm', 'convolution' or 'norm+elementwise' (everything else: norms, modulation, activations,
+    copies, concatenations, rotary embeddings) for a device kernel's name."""
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "norm+elementwise")
+
+
+def _device_time_split(call, device: torch.device) -> dict[str, float]:
+    """Share of device time per kernel kind over one `call` (torch profiler; graph replays show their kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize(device)
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[kernel_kind(event.name)] = totals.get(kernel_kind(event.name), 0.0) + event.device_time
+    whole = sum(totals.values()) or 1.0
+    return {kind: round(100 * t / whole, 1) for kind, t in sorted(totals.items())}
+
+
+class _StepRecorder:
+    """Keeps the arguments of the denoiser's first call in a generation, so that every engine is timed on the same
+    step."""
+
+    def __init__(self, model):
+        self.args = None
+        self.handle = model.register_forward_pre_hook(self._keep, with_kwargs=True)
+
+    def _keep(self, module, args, kwargs):
+        if self.args is None:
+            clone = lambda t: t.clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+            self.args = (tuple(clone(a) for a in args), {k: clone(v) for k, v in kwargs.items()})
+        self.handle.remove()
+
+
+def _step_ms(pipe, step_args, device: torch.device, repeats: int) -> float:
+    """Median wall milliseconds of one denoiser call on `step_args`, synchronised (graph replay or compiled code
+    included, as the pipeline would call it)."""
+    model = models.denoiser(pipe)
+    args, kwargs = step_args
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats + 2):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            model(*args, **kwargs)
+            torch.cuda.synchronize(device)
+            times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times[2:])
+
+
+def run(model: str = "sd15", size: int | None = None, steps: int | None = None, batch: int = 1, repeats: int = 3,
+        warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool | tuple[str, ...] = False, out_dir: str = "bench/results",
         seed: int = 0, profile: bool = False) -> list[dict]:
     from tqdm import tqdm
 
     on_gpu = platform.gpu_available()
     device = torch.device("cuda" if on_gpu else "cpu")
-    dtype = torch.float16 if on_gpu else torch.float32
+    dtype = models.gpu_dtype(model) if on_gpu else torch.float32
     size = size or models.default_size(model)
+    steps = steps or models.default_steps(model)
+    if models.is_transformer(model):
+        engines = tuple(e for e in engines if e in TRANSFORMER_ENGINES or e in MODES)
     if out_dir:  # a data file that cannot take the run says so now, not after the benchmark
         read_runs(data_path(out_dir, model, device_name(device)))
     pipe = models.build_sd_pipeline(model, device, dtype, seed=seed)
@@ -171,6 +290,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     runs = [(engine, defaults, engine) for engine in _in_order(engines)]
     if ablation:
         for flag, default in defaults.items():
+            if isinstance(ablation, tuple) and flag not in ablation:
+                continue
             toggled = not pipeline.FLAGS[pipeline.FLAG_NAMES.index(flag)].default_for({})  # the ablation runs fp16
             runs.append(("rocm_sd", {**defaults, flag: toggled}, f"rocm_sd {flag}={'on' if toggled else 'off'}"))
 
@@ -193,7 +314,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
             torch.cuda.synchronize()
         return time.perf_counter() - start, images, final["latents"].float()
 
-    rows, eager_out, fp16_out, profiles = [], None, None, {}
+    rows, eager_out, fp16_out, profiles, step_args = [], None, None, {}, None
     progress = tqdm(total=len(runs) * (1 + warmup + repeats), desc="rocm_sd bench", unit="run")
     for engine, flags, label in runs:
         why_not = onnx_engine.providers_for(device)[1] if engine == "onnxruntime" else None
@@ -204,13 +325,16 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
         if on_gpu:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+        recorder = _StepRecorder(models.denoiser(pipe)) if step_args is None and on_gpu else None
         with _engine(engine, pipe, flags, device) as why_not:
             if why_not:  # a mode this device or build cannot run: its numbers would be rocm_sd's fp16 ones
-                rows.append({"engine": engine, "label": label, "model": model, "options": MODES[engine],
+                rows.append({"engine": engine, "label": label, "model": model, "options": MODES.get(engine),
                              "skipped": why_not})
                 progress.update(1 + warmup + repeats)
                 continue
             first_s, images, latents = generate()
+            if recorder is not None:
+                step_args = recorder.args
             progress.update()
             for _ in range(warmup):
                 generate()
@@ -219,6 +343,9 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
             for _ in range(repeats):
                 times.append(generate()[0])
                 progress.update()
+            step_ms = _step_ms(pipe, step_args, device, repeats) if step_args is not None else None
+            split = _device_time_split(lambda: _step_ms(pipe, step_args, device, 1), device) \
+                if profile and step_args is not None else None
             if profile:
                 profiles[label] = _profile_table(generate, device)
         if eager_out is None and engine == "eager":
@@ -230,6 +357,10 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
                "batch": batch, "median_s": round(median, 4), "it_per_s": round(steps / median, 1),
                "first_s": round(first_s, 3),
                "peak_mb": round(torch.cuda.max_memory_allocated() / 2**20) if on_gpu else None}
+        if step_ms is not None:
+            row["step_ms"] = round(step_ms, 2)
+        if split is not None:
+            row["step_device_time_pct"] = split
         if label != engine:
             row["flags"] = flags
         if eager_out is not None:
@@ -243,6 +374,10 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     progress.close()
 
     table = engine_table(rows)
+    splits = [r for r in rows if "step_device_time_pct" in r]
+    if splits:
+        table += "\n\nDevice time of one denoiser step by kind of kernel (%):\n\n" + "\n".join(
+            f"- {r['label']}: " + ", ".join(f"{k} {v}" for k, v in r["step_device_time_pct"].items()) for r in splits)
     for label, text in profiles.items():
         table += f"\n\nProfile of one generation, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
@@ -259,8 +394,10 @@ def engine_table(rows: list[dict]) -> str:
 
     eager, fp16 = median_of("eager"), median_of("rocm_sd")
     modes = any(r.get("engine") in MODES for r in rows)
-    header = ["engine", "median s", "it/s", "vs eager"] + (["vs rocm_sd"] if modes else []) + [
-        "first call s", "peak MB", "PSNR dB"] + (["PSNR vs rocm_sd dB"] if modes else []) + ["max latent diff"]
+    steps = any("step_ms" in r for r in rows)
+    header = ["engine", "median s", "it/s", "vs eager"] + (["vs rocm_sd"] if modes else []) + (
+        ["ms/step"] if steps else []) + ["first call s", "peak MB", "PSNR dB"] + (
+        ["PSNR vs rocm_sd dB"] if modes else []) + ["max latent diff"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for r in rows:
         if "skipped" in r:
@@ -269,6 +406,8 @@ def engine_table(rows: list[dict]) -> str:
         cells = [r["label"], f"{r['median_s']:.3f}", r["it_per_s"], f"{eager / r['median_s']:.2f}x" if eager else "-"]
         if modes:
             cells.append(f"{fp16 / r['median_s']:.2f}x" if fp16 else "-")
+        if steps:
+            cells.append(f"{r['step_ms']:.1f}" if "step_ms" in r else "-")
         cells += [f"{r['first_s']:.1f}", r["peak_mb"] if r["peak_mb"] is not None else "-", r.get("psnr_db", "-")]
         if modes:
             cells.append(r.get("psnr_vs_fp16_db", "-"))

@@ -106,8 +106,10 @@ def _bench(args) -> int:
     from . import bench
 
     on_gpu = platform.gpu_available()
-    engines = args.engines or (bench.ENGINES if on_gpu else ("eager", "rocm_sd"))
-    bench.run(model=args.model or ("sd15" if on_gpu else "tiny"), size=args.size, steps=args.steps, batch=args.batch,
+    model = args.model or ("sd15" if on_gpu else "tiny")
+    all_engines = bench.TRANSFORMER_ENGINES if models.is_transformer(model) else bench.ENGINES
+    engines = args.engines or (all_engines if on_gpu else ("eager", "rocm_sd"))
+    bench.run(model=model, size=args.size, steps=args.steps, batch=args.batch,
               repeats=args.repeats, warmup=args.warmup, engines=engines, ablation=args.ablation, out_dir=args.out,
               profile=args.profile)
     return 0
@@ -176,6 +178,8 @@ def _add_quality(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .patch.pipeline import FLAG_NAMES
+
     from . import bench
     from .parallel import generate
 
@@ -196,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--model", default=None, choices=sorted(models.ARCHITECTURES),
                               help="architecture, random weights (default: sd15 on a GPU, tiny on a CPU)")
     bench_parser.add_argument("--size", type=cli_args.image_size, help="image height and width in pixels")
-    bench_parser.add_argument("--steps", type=cli_args.positive_int, default=50)
+    bench_parser.add_argument("--steps", type=cli_args.positive_int,
+                              help="default: 50 for the UNet models, the model card's for the diffusion transformers "
+                                   "(28; 40 for sd35m; 4 for sd35-turbo and flux-schnell)")
     bench_parser.add_argument("--batch", type=cli_args.positive_int, default=1,
                               help="images per prompt (the UNet sees 2x with CFG)")
     bench_parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
@@ -206,8 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                               help=f"comma-separated, from: {', '.join(bench.ENGINES)} (default: all on a GPU, "
                                    f"eager,rocm_sd on a CPU), and the modes {', '.join(bench.MODES)} (compared "
                                    "with rocm_sd, run after it)")
-    bench_parser.add_argument("--ablation", action="store_true",
-                              help="one more rocm_sd row per optimize() flag toggled")
+    bench_parser.add_argument("--ablation", nargs="?", const=True, default=False,
+                              type=cli_args.subset_of(FLAG_NAMES, "flags"),
+                              help="one more rocm_sd row per optimize() flag toggled (FLAG,FLAG: those flags only)")
     bench_parser.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
     bench_parser.add_argument("--out", default="bench/results", type=cli_args.optional_output_folder,
                               help="results folder: the run is appended to <out>/data/<model>-<device>.jsonl ('' to skip)")

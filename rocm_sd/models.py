@@ -2,7 +2,8 @@
 and benchmarks. Random weights cost the same FLOPs as trained ones; users pass their own models.
 
 Architectures: sd15, sd21 (StableDiffusionPipeline), sdxl (StableDiffusionXLPipeline), and tiny /
-tiny-xl, the same block types at toy width for CPU tests and the CPU demo.
+tiny-xl, the same block types at toy width for CPU tests and the CPU demo; the diffusion transformers (sd3, sd35m,
+sd35, sd35-turbo, flux, flux-schnell, tiny-sd3, tiny-flux) from rocm_sd/dit_models.py.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import checkpoints
+from . import checkpoints, dit_models
 
 # CLIP text encoders (hidden size, depth, heads, MLP width, activation), as in the released models.
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
@@ -76,9 +77,35 @@ ARCHITECTURES = {
 }
 
 
+UNET_ARCHITECTURES = tuple(ARCHITECTURES)
+ARCHITECTURES.update(dit_models.ARCHITECTURES)
+
+
+def is_transformer(arch: str) -> bool:
+    """Whether `arch` is a diffusion transformer (SD3 / SD3.5, Flux) rather than a UNet model."""
+    return arch in dit_models.ARCHITECTURES
+
+
+def gpu_dtype(arch: str) -> torch.dtype:
+    """The dtype a GPU runs `arch` in: bf16 for the diffusion transformers (as released), fp16 for the UNets."""
+    return torch.bfloat16 if is_transformer(arch) else torch.float16
+
+
+def default_steps(arch: str, fallback: int = 50) -> int:
+    """The model card's number of steps for a diffusion transformer (Turbo and schnell: 4), else `fallback`."""
+    return dit_models.ARCHITECTURES[arch].steps if is_transformer(arch) else fallback
+
+
+def denoiser(pipe):
+    """The pipeline's diffusion model: its UNet, or its transformer (SD3, Flux)."""
+    return pipe.unet if getattr(pipe, "unet", None) is not None else pipe.transformer
+
+
 def build_sd_pipeline(arch: str = "sd15", device="cpu", dtype=torch.float32, seed: int = 0):
     """A StableDiffusionPipeline (or StableDiffusionXLPipeline) of the given architecture with random
-    weights and an Euler scheduler."""
+    weights and an Euler scheduler; for a diffusion transformer, dit_models.build_pipeline's."""
+    if arch in dit_models.ARCHITECTURES:
+        return dit_models.build_pipeline(arch, device, dtype, seed)
     from diffusers import (AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline,
                            UNet2DConditionModel)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
@@ -202,11 +229,15 @@ def conditioning(pipe, prompts: list[str], negative: str = "") -> dict:
     if getattr(pipe, "tokenizer", None) is not None:
         return {"prompt": list(prompts), "negative_prompt": [negative] * len(prompts)}
     per_prompt = [prompt_kwargs(pipe, p, negative) for p in prompts]
-    return {key: torch.cat([kw[key] for kw in per_prompt]) for key in per_prompt[0]}
+    return {key: torch.cat([kw[key] for kw in per_prompt]) if isinstance(value, torch.Tensor) else value
+            for key, value in per_prompt[0].items()}
 
 
 def prompt_kwargs(pipe, prompt: str, negative: str = "", batch: int = 1) -> dict:
     """Pipeline keyword arguments conditioning on `prompt` (CFG against `negative`), `batch` images."""
+    if getattr(pipe, "rocm_sd_architecture", None) in dit_models.ARCHITECTURES:
+        return dit_models.prompt_kwargs(pipe, prompt, negative, batch)
+
     def rep(t):
         return t.repeat(batch, *([1] * (t.dim() - 1)))
 

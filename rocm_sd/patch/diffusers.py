@@ -32,6 +32,10 @@ from ..modules.upsample import CACHE_ATTR as UPSAMPLE_CACHE_ATTR
 from ..modules.upsample import fusable as upsample_fusable
 from ..modules.upsample import upsample_forward
 from ..modules.host_copies import copy_as
+from ..modules.joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor
+from ..modules.mmdit import (RocmGELU, flux_block_forward, flux_block_fusable, flux_single_block_forward,
+                             flux_single_block_fusable, joint_block_forward, joint_block_fusable)
+from ..modules.rms_norm import RocmRMSNorm
 from ..modules.text_kv import TextKV, text_attentions
 from .core import PatchRecord, eight_bit
 
@@ -87,9 +91,22 @@ def patch_resnets(model: nn.Module, record: PatchRecord) -> None:
             record.replace_forward(block, resnet_forward, "resnet fused", **{RESNET_CACHE_ATTR: {}})
 
 
+def _is_t5_layer_norm(module: nn.Module) -> bool:
+    return type(module).__name__ == "T5LayerNorm" and type(module).__module__.startswith("transformers.models.t5")
+
+
 def patch_layer_norms(model: nn.Module, record: PatchRecord) -> None:
     _replace_children(model, record, lambda m: type(m) is nn.LayerNorm and len(m.normalized_shape) == 1,
                       RocmLayerNorm.from_layer_norm, "layer_norm")
+    _replace_children(model, record, _is_t5_layer_norm, RocmRMSNorm.from_t5_layer_norm, "rms_norm")
+
+
+# The diffusion transformers' blocks (modules/mmdit.py): class name -> (fusable, fused forward, count).
+DIT_BLOCKS = {
+    "JointTransformerBlock": (joint_block_fusable, joint_block_forward, "MMDiT block fused"),
+    "FluxTransformerBlock": (flux_block_fusable, flux_block_forward, "Flux double block fused"),
+    "FluxSingleTransformerBlock": (flux_single_block_fusable, flux_single_block_forward, "Flux single block fused"),
+}
 
 
 def patch_transformer_blocks(model: nn.Module, record: PatchRecord) -> None:
@@ -98,6 +115,10 @@ def patch_transformer_blocks(model: nn.Module, record: PatchRecord) -> None:
     for block in model.modules():
         if type(block) is BasicTransformerBlock and transformer_block_fusable(block):
             record.replace_forward(block, transformer_block_forward, "transformer block fused")
+        elif type(block).__name__ in DIT_BLOCKS and type(block).__module__.startswith("diffusers."):
+            fusable, forward, count = DIT_BLOCKS[type(block).__name__]
+            if fusable(block):
+                record.replace_forward(block, forward, count)
 
 
 def patch_transformer_layouts(model: nn.Module, record: PatchRecord) -> None:
@@ -117,6 +138,15 @@ def patch_geglus(model: nn.Module, record: PatchRecord) -> None:
     _replace_children(model, record, _is_diffusers_geglu, RocmGEGLU.from_geglu, "geglu")
 
 
+def _is_diffusers_gelu_tanh(module: nn.Module) -> bool:
+    return (type(module).__name__ == "GELU" and type(module).__module__ == "diffusers.models.activations"
+            and module.approximate == "tanh" and type(getattr(module, "proj", None)) is nn.Linear)
+
+
+def patch_gelus(model: nn.Module, record: PatchRecord) -> None:
+    _replace_children(model, record, _is_diffusers_gelu_tanh, RocmGELU.from_gelu, "linear+gelu(tanh)")
+
+
 def patch_pointwise_convs(model: nn.Module, record: PatchRecord) -> None:
     _replace_children(model, record, is_pointwise, lambda m: copy_as(m, RocmPointwiseConv2d), "conv1x1 as GEMM")
 
@@ -129,20 +159,25 @@ def patch_upsamplers(model: nn.Module, record: PatchRecord) -> None:
             record.replace_forward(module, upsample_forward, "upsample+conv folded", **{UPSAMPLE_CACHE_ATTR: {}})
 
 
-REPLACED = {"AttnProcessor2_0", "FusedAttnProcessor2_0"}
+# diffusers' processors rocm_sd replaces, and with what (each takes the replaced one for calls it does not cover).
+REPLACED = {"AttnProcessor2_0": RocmAttnProcessor, "FusedAttnProcessor2_0": RocmAttnProcessor,
+            "JointAttnProcessor2_0": RocmJointAttnProcessor, "FusedJointAttnProcessor2_0": RocmJointAttnProcessor,
+            "FluxAttnProcessor": RocmFluxAttnProcessor}
 
 
 def patch_attention(model: nn.Module, record: PatchRecord) -> None:
+    from diffusers.models.attention import AttentionModuleMixin
     from diffusers.models.attention_processor import Attention
 
     for module in model.modules():
-        if not isinstance(module, Attention):
+        if not isinstance(module, (Attention, AttentionModuleMixin)):
             continue
         old = module.processor
-        if type(old).__name__ not in REPLACED:
+        replacement = REPLACED.get(type(old).__name__) if type(old).__module__.startswith("diffusers.") else None
+        if replacement is None:
             record.counts[f"attention kept: {type(old).__name__}"] += 1
             continue
-        module.set_processor(RocmAttnProcessor(old))
+        module.set_processor(replacement(old))
         record.on_revert(module.set_processor, old)
         record.counts["attention processor"] += 1
 
@@ -156,6 +191,9 @@ GRAPHED_CALLS = {
     "AutoencoderKL": [("decode", ("generator",))],
     "CLIPTextModel": [("forward", ())],
     "CLIPTextModelWithProjection": [("forward", ())],
+    "SD3Transformer2DModel": [("forward", ())],
+    "FluxTransformer2DModel": [("forward", ())],
+    "T5EncoderModel": [("forward", ())],
 }
 
 

@@ -16,11 +16,12 @@ from .core import RECORD_ATTR, PatchRecord, eight_bit
 log = logging.getLogger("rocm_sd")
 
 # Pipeline attributes that hold models rocm_sd knows how to patch, and the model classes it accepts.
-COMPONENTS = ("unet", "vae", "controlnet", "text_encoder", "text_encoder_2")
-DIFFUSION_MODELS = {"UNet2DConditionModel", "UNet2DModel", "AutoencoderKL", "ControlNetModel"}
-# transformers' CLIP encoders (SD1.x/2.x and both of SDXL's): their LayerNorms and a graphed forward.
-# Encoding a prompt is a few hundred small launches, host-bound like a UNet step, once per prompt.
-TEXT_ENCODERS = {"CLIPTextModel", "CLIPTextModelWithProjection"}
+COMPONENTS = ("unet", "transformer", "vae", "controlnet", "text_encoder", "text_encoder_2", "text_encoder_3")
+DIFFUSION_MODELS = {"UNet2DConditionModel", "UNet2DModel", "AutoencoderKL", "ControlNetModel",
+                    "SD3Transformer2DModel", "FluxTransformer2DModel"}
+# transformers' CLIP encoders (SD1.x/2.x, both of SDXL's and SD3's) and T5's encoder (SD3, Flux): their norms and a
+# graphed forward. Encoding a prompt is a few hundred small launches, host-bound like a UNet step, once per prompt.
+TEXT_ENCODERS = {"CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel"}
 KNOWN_MODELS = DIFFUSION_MODELS | TEXT_ENCODERS
 
 
@@ -92,15 +93,24 @@ FLAGS = (
          "and its tail go through rocm_sd::conv_bias_residual, where the tuner may pick a CK convolution with bias and "
          "residual in its epilogue. Additions in another order: rounding-level differences.", needs="group_norm"),
     Flag("layer_norm", diffusers.patch_layer_norms,
-         "nn.LayerNorm over the last dimension (the transformer blocks' norms) -> rocm_sd::layer_norm.",
+         "nn.LayerNorm over the last dimension (the transformer blocks' norms) -> rocm_sd::layer_norm; T5's RMSNorm "
+         "(SD3, Flux) -> rocm_sd::rms_norm.",
          text_encoders=True),
     Flag("fuse_transformer", diffusers.patch_transformer_blocks,
          "BasicTransformerBlock's residual adds after self- and cross-attention folded into the LayerNorm that follows "
-         "each (rocm_sd::add_layer_norm, modules/transformer.py). Same math and rounding.", needs="layer_norm"),
+         "each (rocm_sd::add_layer_norm, modules/transformer.py). Same math and rounding. In the diffusion "
+         "transformers (SD3 / SD3.5, Flux), each block's AdaLN-Zero chain: the modulated norms as "
+         "rocm_sd::ada_layer_norm, each gated residual with the norm after it as rocm_sd::add_ada_layer_norm, Flux's "
+         "single blocks without their concatenations (modules/mmdit.py). Rounding-level differences (the gated "
+         "residuals round once).", needs="layer_norm"),
     Flag("geglu", diffusers.patch_geglus,
          "The feed-forward's GEGLU epilogue (chunk, gelu, multiply) -> rocm_sd::geglu, one kernel. In builds with CK "
          "instances (ROCm), projection and epilogue go through rocm_sd::linear_geglu, where the tuner may pick CK "
          "GEMMs with the epilogue fused."),
+    Flag("linear_gelu", diffusers.patch_gelus,
+         "The diffusion transformers' feed-forward projection and GELU(tanh) as one GEMM with the bias and GELU in the "
+         "vendor's epilogue (cuBLASLt / hipBLASLt, through torch._addmm_activation; modules/mmdit.py). "
+         "Rounding-level differences."),
     Flag("pointwise_gemm", diffusers.patch_pointwise_convs,
          "1x1 convolutions (SD1.x's proj_in/proj_out, resnet shortcuts) on channels_last activations as one GEMM with "
          "the bias fused (modules/pointwise.py). Different summation order: rounding-level differences."),
@@ -122,10 +132,13 @@ FLAGS = (
     Flag("attention", diffusers.patch_attention,
          "diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor: the same steps, the attention "
          "through rocm_sd::attention on [B, L, H, D] views (no transpose copies). Per shape it runs rocm_sd's kernel "
-         "where `python -m rocm_sd.tune` measured it faster, else PyTorch's SDPA."),
+         "where `python -m rocm_sd.tune` measured it faster, else PyTorch's SDPA. SD3's JointAttnProcessor2_0 and "
+         "Flux's FluxAttnProcessor -> RocmJointAttnProcessor / RocmFluxAttnProcessor (modules/joint_attention.py): "
+         "the RMSNorm of Q and K, the joining of the text and image rows and Flux's rotary embedding as one "
+         "rocm_sd::rms_norm each for Q and K, then the same attention."),
     Flag("text_encoder", None,
-         "The CLIP text encoder(s) too: their LayerNorms (with layer_norm) and a graphed forward (with cuda_graph). "
-         "Their attention stays transformers' own (causal SDPA)."),
+         "The text encoders (CLIP, and T5 for SD3 / Flux) too: their norms (with layer_norm) and a graphed forward "
+         "(with cuda_graph). Their attention stays transformers' own."),
     Flag("cuda_graph", diffusers.install_graphs,
          "The UNet / ControlNet step, the VAE decode and the text encoders replay a captured CUDA/HIP graph per input "
          "shape (rocm_sd/graphs.py). Calls that cannot be graphed (autograd on, CPU tensors, torch.compile "
