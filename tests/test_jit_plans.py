@@ -150,8 +150,8 @@ def test_ada_layer_norm_plan_matches_its_launcher(tmp_path):
             "  }",
             "  std::string why = ada_layer_norm_check(a);",
             "  Plan p = plan_launch(a);",
-            "  out(why.empty() ? std::to_string(p.vec) + ' ' + std::to_string(p.vecs) + ' ' + std::to_string(p.row_threads)"
-            " + ' ' + std::to_string(p.rows_per_block) : why);",
+            "  out(why.empty() ? std::to_string(p.vec) + ' ' + std::to_string(p.vecs) + ' ' +",
+            "                    std::to_string(p.row_threads) + ' ' + std::to_string(p.rows_per_block) : why);",
             "}"]
     compare(run_driver(tmp_path, "ada_layer_norm/ada_layer_norm.hip", body, extra=table), expected)
 

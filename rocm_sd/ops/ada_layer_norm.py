@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .. import _ext, dispatch
 from ._checks import check_broadcasts_to, check_floating, check_same_device, fail
 from ._common import DTYPE_CODES, dtype_reasons, stream_handle
+from .layer_norm import _residual_reasons
 from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, layout_name, problem_key, tensor_key
 
 OP = "ada_layer_norm"
@@ -168,22 +169,9 @@ def check_add_args(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: 
     return h, torch.promote_types(torch.promote_types(h, scale.dtype), shift.dtype)
 
 
-def _y_reasons(x: torch.Tensor, y: torch.Tensor) -> list[str]:
-    reasons = []
-    if y.shape != x.shape:
-        reasons.append(f"y of shape {tuple(y.shape)} differs from the input's {tuple(x.shape)}")
-    if y.dtype != x.dtype:
-        reasons.append(f"y dtype {y.dtype} differs from the input's {x.dtype}")
-    if y.device != x.device:
-        reasons.append(f"y on {y.device}, input on {x.device}")
-    if not y.is_contiguous():
-        reasons.append(f"y strides {tuple(y.stride())} are not contiguous")
-    return reasons
-
-
 def add_ada_layer_norm_supports(x, y, gate, scale, shift, eps) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
-    reasons = input_reasons(x, scale, shift) + _y_reasons(x, y) + _param_reasons(x, gate=gate)
+    reasons = input_reasons(x, scale, shift) + _residual_reasons(x, y, "y") + _param_reasons(x, gate=gate)
     return kernel_reasons(x.device, reasons,
                           lambda: _ext._C.ada_layer_norm_check(*_args(x, x, scale, shift, eps), x.device.index,
                                                                **_gate_args(y, gate, x)))
