@@ -26,7 +26,7 @@ BASE_PYTHON=${BASE_PYTHON:-python}
 export ROCM_SD_JIT_CACHE=${ROCM_SD_JIT_CACHE:-/tmp/rocm_sd-jit-cache}
 COVERED_TESTS="tests/ops/test_attention.py tests/ops/test_bias_residual.py tests/ops/test_geglu.py
   tests/ops/test_group_norm.py tests/ops/test_layer_norm.py tests/ops/test_parity_shuffle.py
-  tests/ops/test_quantize_rows.py tests/ops/test_quantized_outputs.py"
+  tests/ops/test_quantize_rows.py tests/ops/test_quantized_outputs.py tests/ops/test_ada_layer_norm.py"
 
 no_compiler_path() {  # PATH where no nvcc is found: a folder holding one is replaced by links to its other programs
   local keep=() dir n=0 shadow

@@ -9,6 +9,7 @@ the GPU ledger, bench/results/notes/2026-11-21-sanitizer-h200.md (prose: a sanit
 """
 import torch
 
+from rocm_sd.ops.ada_layer_norm import ada_layer_norm_kernel, add_ada_layer_norm_kernel
 from rocm_sd.ops.attention import attention_kernel, instance_fits, instances
 from rocm_sd.ops.bias_residual import bias_residual_kernel
 from rocm_sd.ops.geglu import geglu_kernel
@@ -36,6 +37,15 @@ def main() -> None:
         geglu_kernel(torch.randn(rows, 2 * c, device=dev, dtype=h))
     x = torch.randn(2, 64, 16, 16, device=dev, dtype=torch.float32)
     group_norm_kernel(x, 32, None, None, 1e-5, True)
+    # AdaLN: one wave a row (320), scalar (33), row groups of several waves with a barrier (2432), parameters as
+    # chunks of an embedding and transposed (scalar path, 8 vectors a lane at 4096)
+    for c in (320, 33, 2432, 4096):
+        x = torch.randn(3, 5, c, device=dev, dtype=h)
+        shift, scale, gate = torch.randn(3, 6 * c, device=dev, dtype=h).chunk(6, dim=1)[:3]
+        if c == 4096:
+            shift, scale, gate = (torch.randn(c, 3, device=dev, dtype=h).t() for _ in range(3))
+        ada_layer_norm_kernel(x, scale, shift, 1e-6)
+        add_ada_layer_norm_kernel(x, torch.randn_like(x), gate, scale, shift, 1e-6)
     for c in (16, 12, 3):  # vector widths 8, 4 and 1
         parities = torch.randn(2, 4 * c, 6, 8, device=dev, dtype=h).contiguous(memory_format=torch.channels_last)
         parity_shuffle_kernel(parities, torch.randn(c, device=dev, dtype=h))

@@ -11,8 +11,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <stdexcept>
 
+#include "rocm_sd/ada_layer_norm/api.h"
 #include "rocm_sd/attention/api.h"
 #include "rocm_sd/attention_fp8/api.h"
 #include "rocm_sd/bias_residual/api.h"
@@ -106,6 +108,23 @@ rsd::LayerNormArgs layer_norm_args(uintptr_t x, uintptr_t y, uintptr_t gamma, ui
           as_ptr_or_null(residual), sum ? as_mut_ptr(sum) : nullptr, q ? as_mut_ptr(q) : nullptr,
           static_cast<float*>(scale ? as_mut_ptr(scale) : nullptr), static_cast<rsd::QuantFormat>(format),
           static_cast<float>(bound)};
+}
+
+using Strides2 = std::array<int64_t, 2>;
+
+rsd::AdaLayerNormArgs ada_layer_norm_args(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t shift, int dtype,
+                                          int64_t batch, int64_t tokens, int64_t c, const Strides2& scale_stride,
+                                          const Strides2& shift_stride, double eps, uintptr_t stream, int device,
+                                          uintptr_t y, uintptr_t gate, const Strides2& gate_stride, uintptr_t h) {
+  rsd::AdaLayerNormArgs a{as_ptr(x), as_mut_ptr(out), as_ptr(scale), as_ptr(shift), static_cast<rsd::DType>(dtype),
+                          batch, tokens, c, {scale_stride[0], scale_stride[1]}, {shift_stride[0], shift_stride[1]},
+                          static_cast<float>(eps), as_mut_ptr(stream), device};
+  a.y = as_ptr_or_null(y);
+  a.gate = as_ptr_or_null(gate);
+  a.gate_stride[0] = gate_stride[0];
+  a.gate_stride[1] = gate_stride[1];
+  a.h = h ? as_mut_ptr(h) : nullptr;
+  return a;
 }
 
 // sizes: (batch, heads, q_len, kv_len, head_dim); strides: 4 x (batch, sequence, head) for q, k, v, out.
@@ -392,6 +411,37 @@ PYBIND11_MODULE(_C, m) {
       py::arg("sum") = 0, py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0,
       "LayerNorm over the last dimension (of x + residual, written to sum, when residual is given; y quantized per "
       "row into q, scale when they are given; with a bound, one scale for every row).");
+
+  // ---- ada_layer_norm and add_ada_layer_norm (rocm_sd/ada_layer_norm/api.h) ----
+  m.def(
+      "ada_layer_norm_check",
+      [](uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t shift, int dtype, int64_t batch, int64_t tokens,
+         int64_t c, const Strides2& scale_stride, const Strides2& shift_stride, double eps, int device, uintptr_t y,
+         uintptr_t gate, const Strides2& gate_stride, uintptr_t h) {
+        return rsd::ada_layer_norm_check(ada_layer_norm_args(x, out, scale, shift, dtype, batch, tokens, c,
+                                                             scale_stride, shift_stride, eps, 0, device, y, gate,
+                                                             gate_stride, h));
+      },
+      py::arg("x"), py::arg("out"), py::arg("scale"), py::arg("shift"), py::arg("dtype"), py::arg("batch"),
+      py::arg("tokens"), py::arg("c"), py::arg("scale_stride"), py::arg("shift_stride"), py::arg("eps"),
+      py::arg("device"), py::arg("y") = 0, py::arg("gate") = 0, py::arg("gate_stride") = Strides2{0, 0},
+      py::arg("h") = 0, "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "ada_layer_norm_forward",
+      [](uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t shift, int dtype, int64_t batch, int64_t tokens,
+         int64_t c, const Strides2& scale_stride, const Strides2& shift_stride, double eps, uintptr_t stream,
+         int device, uintptr_t y, uintptr_t gate, const Strides2& gate_stride, uintptr_t h) {
+        raise_if(rsd::ada_layer_norm_forward(ada_layer_norm_args(x, out, scale, shift, dtype, batch, tokens, c,
+                                                                 scale_stride, shift_stride, eps, stream, device, y,
+                                                                 gate, gate_stride, h)));
+      },
+      py::arg("x"), py::arg("out"), py::arg("scale"), py::arg("shift"), py::arg("dtype"), py::arg("batch"),
+      py::arg("tokens"), py::arg("c"), py::arg("scale_stride"), py::arg("shift_stride"), py::arg("eps"),
+      py::arg("stream"), py::arg("device"), py::arg("y") = 0, py::arg("gate") = 0,
+      py::arg("gate_stride") = Strides2{0, 0}, py::arg("h") = 0,
+      "out = LayerNorm(x) * (1 + scale[b]) + shift[b] over (batch, tokens, c); with y and gate, of h = x + gate[b] * y, "
+      "which is written too.");
 
   // ---- attention (rocm_sd/attention/api.h) ----
   m.def("attention_instances", &rsd::attention_instances,

@@ -41,6 +41,12 @@ GEGLU_SD = [(2, 4096, 2560), (2, 1024, 5120), (2, 256, 10240), (2, 64, 10240)]
 # LayerNorm input (rows..., C): the SD1.5 transformer blocks at 64x64 .. 8x8 latents, and SDXL's 1280.
 LAYER_NORM_SD = [(2, 4096, 320), (2, 1024, 640), (2, 256, 1280), (2, 64, 1280), (2, 1024, 1280)]
 
+# (B, L, C) inputs of the diffusion transformers' AdaLN-Zero modulation: SD3.5 Large (C = 2432, not a multiple of
+# 256) at 1024 px with CFG, image and text (77 + 256) tokens; SD3 / SD3.5 Medium (C = 1536) at 1024 and 512 px;
+# Flux (C = 3072, batch 1) at 1024 px, image, text and the single blocks' joint stream, and at 2048 px.
+ADA_LAYER_NORM_DIT = [(2, 4096, 2432), (2, 333, 2432), (2, 4096, 1536), (2, 333, 1536), (2, 1024, 1536),
+                      (1, 4096, 3072), (1, 512, 3072), (1, 4608, 3072), (1, 16384, 3072)]
+
 # (batch, q_len, kv_len, heads, head_dim): the attention calls of SD1.5 (512x512, CFG batch 2), SDXL (1024x1024)
 # and SD2.1 (768x768), self and cross, and the VAE decoder's mid-block (one head of 512); then awkward ones: seq 1,
 # 77, 1025, batch 3, head dims 8 / 72 / 128 / 168 / 504.

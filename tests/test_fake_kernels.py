@@ -75,6 +75,34 @@ def case_add_layer_norm(rng):
     return torch.ops.rocm_sd.add_layer_norm, (x, residual, _tensor(rng, (c,), p), _tensor(rng, (c,), p), 1e-5)
 
 
+def _modulation(rng, x):
+    """A (B, C) modulation of x (B, L, C): mostly a chunk of an embedding (strided), now and then (1, C), a wrong
+    batch or width, or 1-D (which must be refused)."""
+    b, c = x.shape[0], x.shape[-1]
+    roll = rng.random()
+    shape = (b, c) if roll < 0.75 else (1, c) if roll < 0.85 else rng.choice([(b + 1, c), (b, c + 1), (c,)])
+    dtype = _dtype(rng, x.dtype)
+    if len(shape) == 2 and rng.random() < 0.7:
+        return _tensor(rng, (shape[0], 3 * shape[1]), dtype).chunk(3, dim=1)[rng.randint(0, 2)]
+    return _tensor(rng, shape, dtype)
+
+
+def case_ada_layer_norm(rng):
+    shape = (rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 9))
+    x = _tensor(rng, shape if rng.random() < 0.9 else shape[1:], _dtype(rng))
+    if x.dim() == 2:
+        return torch.ops.rocm_sd.ada_layer_norm, (x, _tensor(rng, x.shape, x.dtype), _tensor(rng, x.shape, x.dtype),
+                                                  1e-6)
+    return torch.ops.rocm_sd.ada_layer_norm, (x, _modulation(rng, x), _modulation(rng, x), 1e-6)
+
+
+def case_add_ada_layer_norm(rng):
+    op, (x, scale, shift, eps) = case_ada_layer_norm(rng)
+    y = _tensor(rng, _maybe_broadcast(rng, x.shape), _dtype(rng, x.dtype))
+    gate = _modulation(rng, x) if x.dim() == 3 else _tensor(rng, x.shape, x.dtype)
+    return torch.ops.rocm_sd.add_ada_layer_norm, (x, y, gate, scale, shift, eps)
+
+
 def case_geglu(rng):
     shape = (rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 5) * 2 - (1 if rng.random() < 0.2 else 0))
     return torch.ops.rocm_sd.geglu, (_tensor(rng, shape, _dtype(rng)),)
@@ -187,6 +215,7 @@ CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case
          case_attention, case_attention_fp8, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
          case_add_layer_norm_quantize_rows, case_layer_norm_quantized, case_add_layer_norm_quantized,
          case_geglu_quantize_rows, case_geglu_quantized, case_im2col_quantize]
+CASES += [case_ada_layer_norm, case_add_ada_layer_norm]
 
 
 def test_every_registered_op_is_fuzzed():

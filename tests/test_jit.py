@@ -139,6 +139,10 @@ def test_every_planned_launch_names_a_compiled_instance():
                             args = (p, p, 0, 0, dtype, pdtype, 4, c, 1e-5, wave, residual, residual, q, q, 2)
                             if not plans.layer_norm_check(*args):
                                 seen.add(plans.layer_norm_plan(*args))
+                    for gate, stride in itertools.product((0, p), ((6 * c, 1), (6 * c + 1, 1), (1, 4))):
+                        args = (p, p, p, p, dtype, 2, 77, c, stride, stride, 1e-6, wave, gate, gate, stride, gate)
+                        if not plans.ada_layer_norm_check(*args):
+                            seen.add(plans.ada_layer_norm_plan(*args))
     for platform_, arch in (("cuda", "sm_90"), ("hip", "gfx942"), ("hip", "gfx1100"), ("hip", "gfx1201")):
         for dtype in (1, 2):
             for head_dim in range(8, 513, 8):

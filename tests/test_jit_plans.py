@@ -115,6 +115,47 @@ def test_layer_norm_plan_matches_its_launcher(tmp_path):
     compare(cpp, expected)
 
 
+def test_ada_layer_norm_plan_matches_its_launcher(tmp_path):
+    """Checks, vector width (rows and every (batch, channel)-strided parameter), vectors a lane, threads a row and
+    rows a block, with and without the gated residual. The cases are a table the driver loops over (one statement
+    per case would take nvcc minutes)."""
+    rows, expected = [], []
+    strides = ((0, 1), (6 * 2432, 1), (6 * 2432 + 2, 1), (3, 1), (1, 2432), (-1, 1), (1 << 31, 1))
+    for wave, dtype, c, x, param, stride, gated in itertools.product(
+            WAVES, DTYPES, (1, 3, 33, 320, 1536, 2432, 3072, 4096, 8192, 32768, 40000), POINTERS[:4],
+            POINTERS, strides, (False, True)):
+        y, gate, h = (0x20000, param + 0x300000, 0x40000) if gated else (0, 0, 0)
+        gate_stride = stride if gated else (0, 0)
+        rows.append(f"{{{wave}, {x}ULL, {param}ULL, {dtype}, {c}, {stride[0]}LL, {stride[1]}LL, {int(gated)}}}")
+        args = (x, x + 0x100000, param, param + 0x200000, dtype, 3, 77, c, stride, stride, 1e-6, wave, y, gate,
+                gate_stride, h)
+        why = plans.ada_layer_norm_check(*args)
+        if why:
+            expected.append(why)
+        else:
+            launch = plans.ada_layer_norm_plan(*args)
+            vec, vecs = launch.expression.rstrip(">").split(", ")[1:3]
+            row_threads = launch.args[-1]
+            expected.append(f"{vec} {vecs} {row_threads} {launch.block // row_threads}")
+            assert launch.grid == -(-3 * 77 // (launch.block // row_threads))
+    table = ("struct Case { int wave; unsigned long long x, param; int dtype; long long c, s0, s1; int gated; };\n"
+             "static const Case kCases[] = {\n" + ",\n".join(rows) + "};\n")
+    body = ["for (const Case& k : kCases) {",
+            "  g_wave = k.wave;",
+            "  AdaLayerNormArgs a{P(k.x), M(k.x + 0x100000), P(k.param), P(k.param + 0x200000), DType(k.dtype), 3, 77,",
+            "                    k.c, {k.s0, k.s1}, {k.s0, k.s1}, 1e-6f, nullptr, 0};",
+            "  if (k.gated) {",
+            "    a.y = P(0x20000); a.gate = P(k.param + 0x300000); a.h = M(0x40000);",
+            "    a.gate_stride[0] = k.s0; a.gate_stride[1] = k.s1;",
+            "  }",
+            "  std::string why = ada_layer_norm_check(a);",
+            "  Plan p = plan_launch(a);",
+            "  out(why.empty() ? std::to_string(p.vec) + ' ' + std::to_string(p.vecs) + ' ' +",
+            "                    std::to_string(p.row_threads) + ' ' + std::to_string(p.rows_per_block) : why);",
+            "}"]
+    compare(run_driver(tmp_path, "ada_layer_norm/ada_layer_norm.hip", body, extra=table), expected)
+
+
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
     sizes = (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200, 16384, 16392)

@@ -24,6 +24,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 # layer_norm's residual form. (The Composable Kernel instances, ck_*, are _C's only: the ops list none under the JIT.)
 COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm", "attention",
            "layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows", "group_norm")
+COVERED += ("ada_layer_norm", "add_ada_layer_norm")  # add_ada_layer_norm: ada_layer_norm's gated-residual form
 
 
 class JitBackend:
@@ -217,6 +218,18 @@ class JitBackend:
         self._raise_if(plans.layer_norm_check(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, *quantized))
         self._run(device, plans.layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave,
                                                 *quantized), stream)
+
+    def ada_layer_norm_check(self, x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps,
+                             device, y=0, gate=0, gate_stride=(0, 0), h=0):
+        return plans.ada_layer_norm_check(x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride,
+                                          eps, self._facts(device)[1], y, gate, gate_stride, h)
+
+    def ada_layer_norm_forward(self, x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps,
+                               stream, device, y=0, gate=0, gate_stride=(0, 0), h=0):
+        args = (x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps, self._facts(device)[1],
+                y, gate, gate_stride, h)
+        self._raise_if(plans.ada_layer_norm_check(*args))
+        self._run(device, plans.ada_layer_norm_plan(*args), stream)
 
     # ---- attention (hip/attention/attention.hip's launcher: attention_plan.py) ------------------------------------
     def _arch(self, device: int) -> str:

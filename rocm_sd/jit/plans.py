@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .sources import TYPES, layer_norm_unit
+from .sources import TYPES, ada_layer_norm_unit, layer_norm_unit
 
 THREADS = 256  # kThreads of every kernel here
 F32 = 0
@@ -273,3 +273,64 @@ def layer_norm_plan(x, y, gamma, beta, dtype, param_dtype, rows, c, eps, wave, r
                   f"rsd::layer_norm_rows<{t}, {p}, {vec}, {vecs}, {flags}>",
                   ceil_div(rows, THREADS // wave), "ppppppqifo",
                   (x, residual, sum, y, gamma, beta, rows, c, eps, (q, scale, format, bound)))
+
+
+# ---- ada_layer_norm and add_ada_layer_norm (hip/ada_layer_norm/ada_layer_norm.hip) --------------------------------
+
+ADA_MAX_THREADS, ADA_BLOCK_THREADS = 512, 256  # kMaxThreads, kBlockThreads
+ADA_MAX_VECS_PER_LANE, ADA_TARGET_VECS_PER_LANE = 8, 2
+TWO_40 = 1 << 40
+
+
+def _ada_param_vec(vec, dtype, p, stride) -> int:
+    """param_vec: a channel stride of 1, pointer and batch stride aligned for the vector."""
+    if stride[1] != 1:
+        return 1
+    while vec > 1 and (not aligned(p, vec * elem_bytes(dtype)) or stride[0] % vec):
+        vec //= 2
+    return vec
+
+
+def _ada_plan(x, out, scale, shift, dtype, c, scale_stride, shift_stride, wave, y, gate, gate_stride, h):
+    """plan_launch: (vec, vecs, row_threads, rows_per_block)."""
+    vec = widest_vec(dtype, c, (x, out, y, h))
+    vec = _ada_param_vec(_ada_param_vec(vec, dtype, scale, scale_stride), dtype, shift, shift_stride)
+    if gate:
+        vec = _ada_param_vec(vec, dtype, gate, gate_stride)
+    vectors = c // vec
+    wanted = ceil_div(ceil_div(vectors, ADA_TARGET_VECS_PER_LANE), wave) * wave
+    row_threads = min(max(wanted, wave), ADA_MAX_THREADS)
+    need = ceil_div(vectors, row_threads)
+    vecs = 1
+    while vecs < need and vecs <= ADA_MAX_VECS_PER_LANE:
+        vecs *= 2
+    return vec, vecs, row_threads, max(1, ADA_BLOCK_THREADS // row_threads)
+
+
+def ada_layer_norm_check(x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps, wave, y=0,
+                         gate=0, gate_stride=(0, 0), h=0) -> str:
+    if batch <= 0 or tokens <= 0 or c <= 0:
+        return "empty tensor"
+    if (y == 0) != (gate == 0) or (y == 0) != (h == 0):
+        return "y, gate and h come together"
+    if not all(aligned(p, elem_bytes(dtype)) for p in (x, out, scale, shift, y, gate, h)):
+        return "misaligned data pointer"
+    if tokens >= TWO_31 or batch * tokens * c >= TWO_40:
+        return "tensor too large"
+    if any(s < 0 or s >= TWO_31 for stride in (scale_stride, shift_stride, gate_stride) for s in stride):
+        return "parameter strides out of range"
+    if _ada_plan(x, out, scale, shift, dtype, c, scale_stride, shift_stride, wave, y, gate, gate_stride,
+                 h)[1] > ADA_MAX_VECS_PER_LANE:
+        return f"normalized size {c} is too large for the kernel's row of {ADA_MAX_THREADS} threads"
+    return ""
+
+
+def ada_layer_norm_plan(x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps, wave, y=0,
+                        gate=0, gate_stride=(0, 0), h=0) -> Launch:
+    vec, vecs, row_threads, rows_per_block = _ada_plan(x, out, scale, shift, dtype, c, scale_stride, shift_stride,
+                                                       wave, y, gate, gate_stride, h)
+    return Launch(ada_layer_norm_unit(dtype, vec),
+                  f"rsd::ada_layer_norm_rows<{TYPES[dtype]}, {vec}, {vecs}, {'true' if y else 'false'}>",
+                  ceil_div(batch * tokens, rows_per_block), "pppppppqiiiiiiiifi",
+                  (x, y, gate, scale, shift, h, out, batch * tokens, tokens, c, *gate_stride, *scale_stride,
+                   *shift_stride, eps, row_threads), block=row_threads * rows_per_block)

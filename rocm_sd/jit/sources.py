@@ -73,6 +73,20 @@ def layer_norm_unit(dtype: int, float_params: bool, vec: int, quantize: bool) ->
     return f"layer_norm_{DTYPE_NAMES[dtype]}{'_pf32' if float_params else ''}_v{vec}{'_q' if quantize else ''}"
 
 
+def _ada_layer_norm_units() -> dict[str, "Unit"]:
+    """A unit per input type and vector width (ada_layer_norm.hip's launcher's first two choices), each with 1..8
+    vectors a lane, with and without the gated residual (add_ada_layer_norm)."""
+    return {ada_layer_norm_unit(code, vec): Unit(ada_layer_norm_unit(code, vec), "ada_layer_norm/ada_layer_norm.hip",
+                                                 tuple(f"rsd::ada_layer_norm_rows<{t}, {vec}, {vecs}, {_bool(gate)}>"
+                                                       for vecs, gate in itertools.product((1, 2, 4, 8),
+                                                                                           (False, True))))
+            for code, t in TYPES.items() for vec in VECS_BY_TYPE[t]}
+
+
+def ada_layer_norm_unit(dtype: int, vec: int) -> str:
+    return f"ada_layer_norm_{DTYPE_NAMES[dtype]}_v{vec}"
+
+
 # Short dtype names of unit names (a unit per input type where a source has many instances: a first call compiles
 # only its own type's).
 DTYPE_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
@@ -157,6 +171,7 @@ UNITS = {
         for t in ("__half", "rsd::bf16") for vec in VECS_BY_TYPE[t] for rows_only in ("true", "false"))),
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
     **_layer_norm_units(),
+    **_ada_layer_norm_units(),
     **_attention_units(),
     **_group_norm_units(),
 }

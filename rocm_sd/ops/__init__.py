@@ -6,4 +6,5 @@ that lists the ops (the tuner, `info`, the opcheck and fake-kernel tests). The o
 """
 from . import (attention, attention_fp8, bias_residual, conv_bias_residual, geglu, group_norm,  # noqa: F401
                im2col_quantize, layer_norm, linear_geglu, parity_shuffle, quantize, quantized_outputs)
+from . import ada_layer_norm  # noqa: F401
 from .spec import REGISTRY, OpSpec, Plan  # noqa: F401

@@ -129,16 +129,18 @@ def check_add_args(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     return dtype
 
 
-def _residual_reasons(x: torch.Tensor, residual: torch.Tensor) -> list[str]:
+def _residual_reasons(x: torch.Tensor, residual: torch.Tensor, name: str = "residual") -> list[str]:
+    """Why a second (rows, C) operand cannot go with x to a row kernel: it must match x's shape, dtype and device,
+    contiguous."""
     reasons = []
     if residual.shape != x.shape:
-        reasons.append(f"residual of shape {tuple(residual.shape)} differs from the input's {tuple(x.shape)}")
+        reasons.append(f"{name} of shape {tuple(residual.shape)} differs from the input's {tuple(x.shape)}")
     if residual.dtype != x.dtype:
-        reasons.append(f"residual dtype {residual.dtype} differs from the input's {x.dtype}")
+        reasons.append(f"{name} dtype {residual.dtype} differs from the input's {x.dtype}")
     if residual.device != x.device:
-        reasons.append(f"residual on {residual.device}, input on {x.device}")
+        reasons.append(f"{name} on {residual.device}, input on {x.device}")
     if not residual.is_contiguous():
-        reasons.append(f"residual strides {tuple(residual.stride())} are not contiguous")
+        reasons.append(f"{name} strides {tuple(residual.stride())} are not contiguous")
     return reasons
 
 

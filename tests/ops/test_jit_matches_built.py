@@ -74,6 +74,12 @@ def extra_cases(op, device, dtype):
         return [(r(3, 77, c), r(c), r(c), 1e-5) for c in (7, 320, 768, 1280, 2048, 4096)]
     if op == "add_layer_norm":
         return [(r(2, 77, c), r(2, 77, c), r(c), r(c), 1e-5) for c in (5, 320, 1280)]
+    if op in ("ada_layer_norm", "add_ada_layer_norm"):  # one wave a row, row groups of 3-16 waves, scalar params
+        def args(b, tokens, c, transposed=False):
+            x = r(b, tokens, c)
+            shift, scale, gate = (r(c, b).t() for _ in range(3)) if transposed else r(b, 6 * c).chunk(6, dim=1)[:3]
+            return (x, scale, shift, 1e-6) if op == "ada_layer_norm" else (x, r(b, tokens, c), gate, scale, shift, 1e-6)
+        return [args(2, 77, c) for c in (7, 320, 1536, 2432, 3072)] + [args(2, 5, 4096, transposed=True)]
     if op == "geglu":
         return [(r(2, 77, 2 * d),) for d in (3, 320, 1280)]
     if op == "bias_residual":
