@@ -16,6 +16,7 @@ from rocm_sd.ops.geglu import geglu_kernel
 from rocm_sd.ops.group_norm import group_norm_kernel
 from rocm_sd.ops.layer_norm import add_layer_norm_kernel, layer_norm_kernel
 from rocm_sd.ops.parity_shuffle import parity_shuffle_kernel
+from rocm_sd.ops.rms_norm import rms_norm_kernel
 
 
 def main() -> None:
@@ -49,6 +50,15 @@ def main() -> None:
     for c in (16, 12, 3):  # vector widths 8, 4 and 1
         parities = torch.randn(2, 4 * c, 6, 8, device=dev, dtype=h).contiguous(memory_format=torch.channels_last)
         parity_shuffle_kernel(parities, torch.randn(c, device=dev, dtype=h))
+    # RMSNorm: lead rows and rope on a fused-QKV view (groups of 16 lanes), head dim 40 (idle lanes of a group), T5's
+    # one head of 4096 (rows in registers on wave64, read twice on wave32) and in float32 (read twice).
+    for dtype, (l0, l, heads, dim) in ((h, (5, 33, 3, 128)), (h, (2, 7, 3, 40)), (h, (0, 9, 1, 4096)),
+                                       (torch.float32, (0, 9, 1, 4096))):
+        qkv = torch.randn(2, l, 3 * heads * dim, device=dev, dtype=dtype)
+        angles = torch.randn(l0 + l, dim, device=dev)
+        rms_norm_kernel(qkv[..., heads * dim:2 * heads * dim].unflatten(-1, (heads, dim)),
+                        torch.rand(dim, device=dev, dtype=dtype), 1e-6,
+                        torch.randn(2, l0, heads, dim, device=dev, dtype=dtype), None, angles.cos(), angles.sin())
     # Attention: every instance at its padded head dim, with query and key tails (130 queries, 97 keys)
     # and packed K / V views.
     for name in instances():

@@ -25,6 +25,7 @@
 #include "rocm_sd/layer_norm/api.h"
 #include "rocm_sd/parity_shuffle/api.h"
 #include "rocm_sd/quantize/api.h"
+#include "rocm_sd/rms_norm/api.h"
 #include "rocm_sd/runtime.h"
 
 namespace py = pybind11;
@@ -124,6 +125,38 @@ rsd::AdaLayerNormArgs ada_layer_norm_args(uintptr_t x, uintptr_t out, uintptr_t 
   a.gate_stride[0] = gate_stride[0];
   a.gate_stride[1] = gate_stride[1];
   a.h = h ? as_mut_ptr(h) : nullptr;
+  return a;
+}
+
+// sizes: (batch, len, lead_len, heads, d); strides: (batch, sequence, head) of x and of lead.
+rsd::RmsNormArgs rms_norm_args(uintptr_t x, uintptr_t weight, uintptr_t lead, uintptr_t lead_weight, uintptr_t cos,
+                               uintptr_t sin, uintptr_t y, int dtype, int param_dtype,
+                               const std::vector<int64_t>& sizes, const std::vector<int64_t>& x_stride,
+                               const std::vector<int64_t>& lead_stride, double eps, uintptr_t stream, int device) {
+  if (sizes.size() != 5 || x_stride.size() != 3 || lead_stride.size() != 3)
+    throw std::invalid_argument("rms_norm: 5 sizes and 2 stride triples");
+  rsd::RmsNormArgs a;
+  a.x = as_ptr_or_null(x);
+  a.weight = as_ptr_or_null(weight);
+  a.lead = as_ptr_or_null(lead);
+  a.lead_weight = as_ptr_or_null(lead_weight);
+  a.cos = static_cast<const float*>(as_ptr_or_null(cos));
+  a.sin = static_cast<const float*>(as_ptr_or_null(sin));
+  a.y = as_mut_ptr(y);
+  a.dtype = static_cast<rsd::DType>(dtype);
+  a.param_dtype = static_cast<rsd::DType>(param_dtype);
+  a.batch = sizes[0];
+  a.len = sizes[1];
+  a.lead_len = sizes[2];
+  a.heads = sizes[3];
+  a.d = sizes[4];
+  for (int i = 0; i < 3; ++i) {
+    a.x_stride[i] = x_stride[i];
+    a.lead_stride[i] = lead_stride[i];
+  }
+  a.eps = static_cast<float>(eps);
+  a.stream = as_mut_ptr(stream);
+  a.device = device;
   return a;
 }
 
@@ -442,6 +475,32 @@ PYBIND11_MODULE(_C, m) {
       py::arg("gate_stride") = Strides2{0, 0}, py::arg("h") = 0,
       "out = LayerNorm(x) * (1 + scale[b]) + shift[b] over (batch, tokens, c); with y and gate, of h = x + gate[b] * y, "
       "which is written too.");
+  // ---- rms_norm (rocm_sd/rms_norm/api.h) ----
+  m.def(
+      "rms_norm_check",
+      [](uintptr_t x, uintptr_t weight, uintptr_t lead, uintptr_t lead_weight, uintptr_t cos, uintptr_t sin, uintptr_t y,
+         int dtype, int param_dtype, const std::vector<int64_t>& sizes, const std::vector<int64_t>& x_stride,
+         const std::vector<int64_t>& lead_stride, double eps, int device) {
+        return rsd::rms_norm_check(rms_norm_args(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, sizes,
+                                                 x_stride, lead_stride, eps, 0, device));
+      },
+      py::arg("x"), py::arg("weight"), py::arg("lead"), py::arg("lead_weight"), py::arg("cos"), py::arg("sin"),
+      py::arg("y"), py::arg("dtype"), py::arg("param_dtype"), py::arg("sizes"), py::arg("x_stride"),
+      py::arg("lead_stride"), py::arg("eps"), py::arg("device"),
+      "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "rms_norm_forward",
+      [](uintptr_t x, uintptr_t weight, uintptr_t lead, uintptr_t lead_weight, uintptr_t cos, uintptr_t sin, uintptr_t y,
+         int dtype, int param_dtype, const std::vector<int64_t>& sizes, const std::vector<int64_t>& x_stride,
+         const std::vector<int64_t>& lead_stride, double eps, uintptr_t stream, int device) {
+        raise_if(rsd::rms_norm_forward(rms_norm_args(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype,
+                                                     sizes, x_stride, lead_stride, eps, stream, device)));
+      },
+      py::arg("x"), py::arg("weight"), py::arg("lead"), py::arg("lead_weight"), py::arg("cos"), py::arg("sin"),
+      py::arg("y"), py::arg("dtype"), py::arg("param_dtype"), py::arg("sizes"), py::arg("x_stride"),
+      py::arg("lead_stride"), py::arg("eps"), py::arg("stream"), py::arg("device"),
+      "RMSNorm of (batch, len, heads, d) rows, lead's rows first, then the rotary embedding when cos, sin are given.");
 
   // ---- attention (rocm_sd/attention/api.h) ----
   m.def("attention_instances", &rsd::attention_instances,

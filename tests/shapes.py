@@ -60,3 +60,23 @@ ATTENTION_SD = [
 ATTENTION_AWKWARD = [(1, 1, 1, 1, 64), (3, 77, 77, 2, 40), (1, 1025, 1025, 3, 80), (3, 1, 1025, 1, 128),
                      (1, 33, 17, 2, 8), (2, 100, 300, 3, 72), (1, 16, 1, 1, 160),
                      (2, 1000, 1000, 1, 512), (3, 17, 33, 2, 504), (1, 1, 1, 1, 512), (1, 40, 90, 1, 168)]
+
+# rocm_sd::rms_norm calls as (batch, len, heads, head_dim, lead_len or None, rope, fused): Q / K of the diffusion
+# transformers at 1024x1024 (Flux: joint blocks with 512 text rows and the rotary embedding, single blocks over the
+# 4608 joined rows; SD3.5 Large / Medium with CFG: 333 text rows, no rope), fused: x is a view of one third of a
+# fused QKV projection; T5-XXL's RMSNorm as one head of 4096.
+RMS_NORM_DIT = [
+    (1, 4096, 24, 128, 512, True, False),   # Flux joint block
+    (1, 4096, 24, 128, 512, True, True),    # the same from a fused QKV projection
+    (1, 4608, 24, 128, None, True, True),   # Flux single block
+    (2, 4096, 38, 64, 333, False, False),   # SD3.5 Large, CFG
+    (2, 4096, 24, 64, 333, False, True),    # SD3.5 Medium, CFG, fused
+    (2, 4096, 24, 64, None, False, False),  # SD3.5 Medium's second (image-only) attention
+    (1, 512, 1, 4096, None, False, False),  # T5-XXL
+]
+# Head dim 40 (vectors of 8 bf16: five of them), 3 heads, 77 rows, batch 3, no lead rows (L0 = 0), one row, odd and
+# tiny head dims.
+RMS_NORM_AWKWARD = [
+    (3, 77, 3, 40, 5, True, True), (3, 77, 3, 40, 0, True, False), (1, 1, 1, 64, None, False, False),
+    (2, 7, 2, 33, 3, False, False), (2, 5, 3, 6, 2, True, False), (1, 3, 2, 2048, 1, True, True),
+]

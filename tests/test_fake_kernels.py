@@ -211,10 +211,31 @@ def case_im2col_quantize(rng):
     return torch.ops.rocm_sd.im2col_quantize, (x, fmt, bound, k, k, stride, stride, pad, pad)
 
 
+def case_rms_norm(rng):
+    """Fused-QKV views, lead rows of another batch / head count, odd head dims with the rotary embedding, cos / sin
+    tables that broadcast, and the weights' dtypes and shapes."""
+    b, l, h, d = rng.randint(1, 2), rng.randint(1, 4), rng.randint(1, 3), rng.choice([2, 4, 6, 8, 3])
+    x = _tensor(rng, (b, l, 3 * h * d), _dtype(rng))[..., :h * d].unflatten(-1, (h, d))
+    if rng.random() < 0.1:
+        x = x.flatten(2)
+    p = _dtype(rng, x.dtype)
+    weight = _tensor(rng, (d if rng.random() < 0.9 else d + 1,), p) if rng.random() < 0.8 else None
+    lead = lead_weight = cos = sin = None
+    if rng.random() < 0.6:
+        lead = _tensor(rng, (b if rng.random() < 0.9 else b + 1, rng.randint(0, 3), h, d), _dtype(rng, x.dtype))
+        lead_weight = _tensor(rng, (d,), p) if rng.random() < 0.8 else None
+    if rng.random() < 0.5:
+        rows = l + (lead.shape[1] if lead is not None else 0)
+        cos, sin = (_tensor(rng, (rows if rng.random() < 0.9 else rng.choice([1, rows + 1]), d),
+                            _dtype(rng, torch.float32)) for _ in range(2))
+        sin = sin if rng.random() < 0.95 else None
+    return torch.ops.rocm_sd.rms_norm, (x, weight, 1e-6, lead, lead_weight, cos, sin)
+
+
 CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case_bias_residual, case_parity_shuffle,
          case_attention, case_attention_fp8, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
          case_add_layer_norm_quantize_rows, case_layer_norm_quantized, case_add_layer_norm_quantized,
-         case_geglu_quantize_rows, case_geglu_quantized, case_im2col_quantize]
+         case_geglu_quantize_rows, case_geglu_quantized, case_im2col_quantize, case_rms_norm]
 CASES += [case_ada_layer_norm, case_add_ada_layer_norm]
 
 

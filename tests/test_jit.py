@@ -132,6 +132,12 @@ def test_every_planned_launch_names_a_compiled_instance():
                         seen.add(plans.geglu_plan(p, p, dtype, 3, size, 80, wave))
                         if not plans.geglu_check(p, p, dtype, 3, size, q, 0x1000, 0):
                             seen.add(plans.geglu_plan(p, p, dtype, 3, size, 80, wave, q, 0x1000, 0))
+            for d, rope, wave in itertools.product((1, 2, 6, 40, 64, 128, 4096, 8192), (0, 0x40000), (32, 64)):
+                for pdtype, lead in itertools.product({dtype, 0}, (0, p)):
+                    args = (p, 0x50000, lead, 0x50000, rope, rope, p, dtype, pdtype, [2, 77, 5 if lead else 0, 3, d],
+                            [77 * 3 * d, 3 * d, d], [5 * 3 * d, 3 * d, d] if lead else [0, 0, 0], 1e-6)
+                    if not plans.rms_norm_check(*args):
+                        seen.add(plans.rms_norm_plan(*args, wave))
             for c in (1, 8, 77, 320, 768, 1280, 2048, 4096, 8192):
                 for wave in (32, 64):
                     for pdtype in {dtype, 0}:
@@ -368,7 +374,8 @@ def test_group_norm_is_covered_with_the_c_signatures(gn_backend):
                                                "rsd::gn::group_norm_apply_nhwc<__half, float, 2, false, 512>"]
     with pytest.raises(RuntimeError, match="misaligned"):
         b.group_norm_forward(x + 1, y, 0, 0, 1, 1, 0, 2, 320, 4096, 32, 1e-5, True, 0, 0, 0)
-    assert set(COVERED) >= {"bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "attention"}
+    assert set(COVERED) >= {"bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "attention",
+                            "rms_norm"}
 
 
 def test_attention_instances_and_refusals():

@@ -156,6 +156,33 @@ def test_ada_layer_norm_plan_matches_its_launcher(tmp_path):
     compare(run_driver(tmp_path, "ada_layer_norm/ada_layer_norm.hip", body, extra=table), expected)
 
 
+def test_rms_norm_plan_matches_its_launcher(tmp_path):
+    body, expected = [], []
+    for wave, dtype, pdtype, d, x, (weight, cos), lead_len, stride in itertools.product(
+            WAVES, DTYPES, (0, 1, 2), (1, 2, 6, 33, 40, 64, 128, 4096, 8192, 65538), POINTERS[:4],
+            ((0, 0), (0x50000, 0), (0x50008, 0x60000), (0x50000, 0x60004), (0x50002, 0x60008)), (0, 5), (1, 2)):
+        lead = x + 0x200000 if lead_len else 0
+        sizes = [2, 7, lead_len, 3, d]
+        x_stride = [7 * 3 * d * stride, 3 * d * stride, d * stride]  # stride 2: a view of a fused projection
+        lead_stride = [lead_len * 3 * d, 3 * d, d] if lead_len else [0, 0, 0]
+        sin = cos + 0x8000 if cos else 0
+        args = f"RmsNormArgs{{P({x}), P({weight}), P({lead}), P({weight}), (const float*)P({cos}), " \
+               f"(const float*)P({sin}), M({x} + 0x400000), DType({dtype}), DType({pdtype}), 2, 7, {lead_len}, 3, " \
+               f"{d}, {{{', '.join(map(str, x_stride))}}}, {{{', '.join(map(str, lead_stride))}}}, 1e-6f, nullptr, 0}}"
+        body.append(f"{{ g_wave = {wave}; RmsNormArgs a = {args}; std::string why = rms_norm_check(a); Shape s = "
+                    f"plan(a); out(why.empty() ? std::to_string(s.vec) + ' ' + std::to_string(s.vecs) + ' ' + "
+                    f"std::to_string(s.lanes_log2) : why); }}")
+        py = (x, weight, lead, weight, cos, sin, x + 0x400000, dtype, pdtype, sizes, x_stride, lead_stride, 1e-6)
+        why = plans.rms_norm_check(*py)
+        if why:
+            expected.append(why)
+        else:
+            launch = plans.rms_norm_plan(*py, wave)
+            vec, vecs = launch.expression.rstrip(">").split(", ")[2:4]
+            expected.append(f"{vec} {vecs} {launch.args[9]}")
+    compare(run_driver(tmp_path, "rms_norm/rms_norm.hip", body), expected)
+
+
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
     body, expected = [], []
     sizes = (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200, 16384, 16392)

@@ -23,7 +23,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 # The ops whose launch decisions plans.py / attention_plan.py / group_norm_plan.py hold; add_layer_norm is
 # layer_norm's residual form. (The Composable Kernel instances, ck_*, are _C's only: the ops list none under the JIT.)
 COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm", "attention",
-           "layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows", "group_norm")
+           "layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows", "group_norm", "rms_norm")
 COVERED += ("ada_layer_norm", "add_ada_layer_norm")  # add_ada_layer_norm: ada_layer_norm's gated-residual form
 
 
@@ -230,6 +230,17 @@ class JitBackend:
                 y, gate, gate_stride, h)
         self._raise_if(plans.ada_layer_norm_check(*args))
         self._run(device, plans.ada_layer_norm_plan(*args), stream)
+
+    def rms_norm_check(self, x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, sizes, x_stride,
+                       lead_stride, eps, device):
+        return plans.rms_norm_check(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, sizes, x_stride,
+                                    lead_stride, eps)
+
+    def rms_norm_forward(self, x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, sizes, x_stride,
+                         lead_stride, eps, stream, device):
+        args = (x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, sizes, x_stride, lead_stride, eps)
+        self._raise_if(plans.rms_norm_check(*args))
+        self._run(device, plans.rms_norm_plan(*args, self._facts(device)[1]), stream)
 
     # ---- attention (hip/attention/attention.hip's launcher: attention_plan.py) ------------------------------------
     def _arch(self, device: int) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .sources import TYPES, ada_layer_norm_unit, layer_norm_unit
+from .sources import TYPES, ada_layer_norm_unit, layer_norm_unit, rms_norm_unit
 
 THREADS = 256  # kThreads of every kernel here
 F32 = 0
@@ -334,3 +334,70 @@ def ada_layer_norm_plan(x, out, scale, shift, dtype, batch, tokens, c, scale_str
                   ceil_div(batch * tokens, rows_per_block), "pppppppqiiiiiiiifi",
                   (x, y, gate, scale, shift, h, out, batch * tokens, tokens, c, *gate_stride, *scale_stride,
                    *shift_stride, eps, row_threads), block=row_threads * rows_per_block)
+# ---- rms_norm (hip/rms_norm/rms_norm.hip) ---------------------------------------------------------------------------
+
+RMS_NORM_MAX_VECS_PER_LANE = 8  # kMaxVecsPerLane
+RMS_NORM_MAX_D = 65536          # kMaxD
+
+
+def _rms_norm_vec(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, d, x_stride, lead_stride) -> int:
+    """pick_vec: the widest vector every row start allows (x, lead, y in T; the weights in P; cos, sin in float)."""
+    eb, pb = elem_bytes(dtype), elem_bytes(param_dtype)
+    vec = 16 // eb
+    while vec > 1:
+        if (d % vec == 0 and all(aligned(p, vec * eb) for p in (x, lead, y))
+                and all(aligned(p, min(vec * pb, 16)) for p in (weight, lead_weight))
+                and all(aligned(p, min(vec * 4, 16)) for p in (cos, sin))
+                and all(s % vec == 0 for s in (*x_stride, *lead_stride))):
+            return vec
+        vec //= 2
+    return 1
+
+
+def rms_norm_check(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, sizes, x_stride, lead_stride,
+                   eps) -> str:
+    batch, length, lead_len, heads, d = sizes
+    if batch <= 0 or heads <= 0 or d <= 0 or length < 0 or lead_len < 0 or lead_len + length <= 0:
+        return "empty tensor"
+    if param_dtype != dtype and param_dtype != F32:
+        return "weight dtype must be the input's or float32"
+    if (cos == 0) != (sin == 0):
+        return "cos and sin come together"
+    if lead_len > 0 and lead == 0:
+        return "lead rows without lead"
+    if d > RMS_NORM_MAX_D:
+        return f"head dim {d} is beyond the kernel's limit of 65536"
+    if cos and d % 2:
+        return "the rotary embedding needs an even head dim"
+    if batch * (lead_len + length) * heads >= TWO_31:
+        return "2^31 or more rows"
+    eb, pb = elem_bytes(dtype), elem_bytes(param_dtype)
+    if not (all(aligned(p, eb) for p in (x, lead, y)) and all(aligned(p, pb) for p in (weight, lead_weight))
+            and all(aligned(p, 4) for p in (cos, sin))):
+        return "misaligned data pointer"
+    if cos and _rms_norm_vec(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, d, x_stride,
+                             lead_stride) < 2:
+        return "the rotary embedding needs rows aligned to 2 elements (pointers and strides)"
+    return ""
+
+
+def rms_norm_plan(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, sizes, x_stride, lead_stride, eps,
+                  wave) -> Launch:
+    batch, length, lead_len, heads, d = sizes
+    vec = _rms_norm_vec(x, weight, lead, lead_weight, cos, sin, y, dtype, param_dtype, d, x_stride, lead_stride)
+    vectors = d // vec
+    lanes_log2 = 0
+    while (1 << lanes_log2) < vectors and (2 << lanes_log2) <= wave:  # plan(): a group of lanes per row
+        lanes_log2 += 1
+    need, vecs = ceil_div(vectors, 1 << lanes_log2), 1
+    while vecs < need:
+        vecs *= 2
+    vecs = vecs if vecs <= RMS_NORM_MAX_VECS_PER_LANE else 0  # 0: the row is read twice
+    rows = batch * (lead_len + length) * heads
+    t = TYPES[dtype]
+    p = "float" if param_dtype == F32 else t
+    return Launch(rms_norm_unit(dtype, param_dtype == F32 and dtype != F32, vec),
+                  f"rsd::rms_norm_rows<{t}, {p}, {vec}, {vecs}, {'true' if cos else 'false'}>",
+                  ceil_div(rows, THREADS >> lanes_log2), "pppppppqiiddiqqqqqqf",
+                  (x, weight, lead, lead_weight, cos, sin, y, rows, d, lanes_log2, heads, lead_len + length, lead_len,
+                   *x_stride, *lead_stride, eps))

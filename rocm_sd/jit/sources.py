@@ -87,6 +87,24 @@ def ada_layer_norm_unit(dtype: int, vec: int) -> str:
     return f"ada_layer_norm_{DTYPE_NAMES[dtype]}_v{vec}"
 
 
+def _rms_norm_units() -> dict[str, "Unit"]:
+    """A unit per input type, parameter type and vector width (rms_norm.hip's launcher's first choices), each with
+    1..8 vectors a lane or the row read twice (0), without and (vectors of two or more) with the rotary embedding."""
+    units = {}
+    for code, t in TYPES.items():
+        for p, vec in itertools.product(dict.fromkeys((t, "float")), VECS_BY_TYPE[t]):
+            name = rms_norm_unit(code, p == "float" and t != "float", vec)
+            units[name] = Unit(name, "rms_norm/rms_norm.hip", tuple(
+                f"rsd::rms_norm_rows<{t}, {p}, {vec}, {vecs}, {_bool(rope)}>"
+                for vecs, rope in itertools.product((1, 2, 4, 8, 0), (False, True)) if vec >= 2 or not rope))
+    return units
+
+
+def rms_norm_unit(dtype: int, float_params: bool, vec: int) -> str:
+    """The unit of RMSNorm's instances for inputs of `dtype`, float32 weights or the input's, `vec`-wide vectors."""
+    return f"rms_norm_{DTYPE_NAMES[dtype]}{'_pf32' if float_params else ''}_v{vec}"
+
+
 # Short dtype names of unit names (a unit per input type where a source has many instances: a first call compiles
 # only its own type's).
 DTYPE_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
@@ -172,6 +190,7 @@ UNITS = {
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
     **_layer_norm_units(),
     **_ada_layer_norm_units(),
+    **_rms_norm_units(),
     **_attention_units(),
     **_group_norm_units(),
 }

@@ -5,6 +5,7 @@ that lists the ops (the tuner, `info`, the opcheck and fake-kernel tests). The o
 `rocm_sd.ops.<module>.<op>` (e.g. rocm_sd.ops.group_norm.group_norm), or REGISTRY[name].op.
 """
 from . import (attention, attention_fp8, bias_residual, conv_bias_residual, geglu, group_norm,  # noqa: F401
-               im2col_quantize, layer_norm, linear_geglu, parity_shuffle, quantize, quantized_outputs)
+               im2col_quantize, layer_norm, linear_geglu, parity_shuffle, quantize, quantized_outputs,
+               rms_norm)
 from . import ada_layer_norm  # noqa: F401
 from .spec import REGISTRY, OpSpec, Plan  # noqa: F401

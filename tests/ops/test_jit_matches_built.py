@@ -84,6 +84,11 @@ def extra_cases(op, device, dtype):
         return [(r(2, 77, 2 * d),) for d in (3, 320, 1280)]
     if op == "bias_residual":
         return [(r(2, c, 9, 7), r(2, c, 9, 7), r(c), 0.5) for c in (3, 320)]
+    if op == "rms_norm":  # rows in registers and read twice, scalar and 8-wide vectors, lead rows and rope
+        angles = torch.randn(84, 64, device=device).repeat_interleave(2, dim=1)
+        return [(r(1, 9, 1, 4096), r(4096), 1e-6), (r(2, 77, 3, 33), None, 1e-6, r(2, 7, 3, 33), r(33)),
+                (r(2, 77, 3 * 3 * 128)[..., :384].unflatten(-1, (3, 128)), r(128), 1e-6, r(2, 7, 3, 128), r(128),
+                 angles.cos(), angles.sin())]
     if op == "quantize_rows":
         return [(r(77, k), fmt) for k in (5, 320) for fmt in ("int8",)]
     return []
