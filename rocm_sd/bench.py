@@ -346,8 +346,10 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
             step_ms = _step_ms(pipe, step_args, device, repeats) if step_args is not None else None
             split = _device_time_split(lambda: _step_ms(pipe, step_args, device, 1), device) \
                 if profile and step_args is not None else None
-            if profile:
-                profiles[label] = _profile_table(generate, device)
+            if profile:  # the transformers: one step (their generations are long); the UNets: one generation
+                profiles[label] = _profile_table(
+                    (lambda: _step_ms(pipe, step_args, device, 1)) if models.is_transformer(model) and step_args
+                    else generate, device)
         if eager_out is None and engine == "eager":
             eager_out = (images, latents)
         if fp16_out is None and label == "rocm_sd":
@@ -379,7 +381,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
         table += "\n\nDevice time of one denoiser step by kind of kernel (%):\n\n" + "\n".join(
             f"- {r['label']}: " + ", ".join(f"{k} {v}" for k, v in r["step_device_time_pct"].items()) for r in splits)
     for label, text in profiles.items():
-        table += f"\n\nProfile of one generation, {label} (sorted by device time):\n\n```\n{text}\n```"
+        what = "one transformer step" if models.is_transformer(model) and step_args else "one generation"
+        table += f"\n\nProfile of {what}, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
     if out_dir:
         _write(rows, profiles, model, device, out_dir, size, steps, batch)
