@@ -35,6 +35,7 @@ it at its first step (ms/step), with its share of device time by kind of kernel 
 from __future__ import annotations
 
 import datetime
+import logging
 import inspect
 import json
 import math
@@ -66,6 +67,7 @@ MODES = {
     "rocm_sd-adaptive": {"cache": "adaptive"},
     "rocm_sd-attnfp8": {"attention_precision": "fp8"},
 }
+log = logging.getLogger("rocm_sd")
 PROMPT = "a watercolor painting of a lighthouse at dawn"
 
 
@@ -314,27 +316,21 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
             torch.cuda.synchronize()
         return time.perf_counter() - start, images, final["latents"].float()
 
-    rows, eager_out, fp16_out, profiles, step_args = [], None, None, {}, None
+    rows, profiles = [], {}
+    kept = {"eager": None, "fp16": None, "step_args": None}  # the eager images and latents, rocm_sd's image, the step
     progress = tqdm(total=len(runs) * (1 + warmup + repeats), desc="rocm_sd bench", unit="run")
-    for engine, flags, label in runs:
-        why_not = onnx_engine.providers_for(device)[1] if engine == "onnxruntime" else None
-        if why_not:  # an optional engine: a row that says why, not a failed benchmark
-            rows.append({"engine": engine, "label": label, "model": model, "skipped": why_not})
-            progress.update(1 + warmup + repeats)
-            continue
-        if on_gpu:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        recorder = _StepRecorder(models.denoiser(pipe)) if step_args is None and on_gpu else None
+
+    def run_engine(engine: str, label: str, flags: dict, recorder) -> dict:
+        """One engine's row: its generations, step time, profile, agreement with eager (and rocm_sd)."""
         with _engine(engine, pipe, flags, device) as why_not:
             if why_not:  # a mode this device or build cannot run: its numbers would be rocm_sd's fp16 ones
-                rows.append({"engine": engine, "label": label, "model": model, "options": MODES.get(engine),
-                             "skipped": why_not})
                 progress.update(1 + warmup + repeats)
-                continue
+                return {"engine": engine, "label": label, "model": model, "options": MODES.get(engine),
+                        "skipped": why_not}
             first_s, images, latents = generate()
             if recorder is not None:
-                step_args = recorder.args
+                kept["step_args"] = recorder.args
+            step_args = kept["step_args"]
             progress.update()
             for _ in range(warmup):
                 generate()
@@ -350,10 +346,10 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
                 profiles[label] = _profile_table(
                     (lambda: _step_ms(pipe, step_args, device, 1)) if models.is_transformer(model) and step_args
                     else generate, device)
-        if eager_out is None and engine == "eager":
-            eager_out = (images, latents)
-        if fp16_out is None and label == "rocm_sd":
-            fp16_out = images
+        if kept["eager"] is None and engine == "eager":
+            kept["eager"] = (images, latents)
+        if kept["fp16"] is None and label == "rocm_sd":
+            kept["fp16"] = images
         median = statistics.median(times)
         row = {"engine": engine, "label": label, "model": model, "height": size, "width": size, "steps": steps,
                "batch": batch, "median_s": round(median, 4), "it_per_s": round(steps / median, 1),
@@ -365,14 +361,34 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
             row["step_device_time_pct"] = split
         if label != engine:
             row["flags"] = flags
-        if eager_out is not None:
-            row["psnr_db"] = round(psnr(eager_out[0], images), 1)
-            row["max_latent_diff"] = float((eager_out[1] - latents).abs().max())
+        if kept["eager"] is not None:
+            row["psnr_db"] = round(psnr(kept["eager"][0], images), 1)
+            row["max_latent_diff"] = float((kept["eager"][1] - latents).abs().max())
         if engine in MODES:
             row["options"] = MODES[engine]
-            if fp16_out is not None:
-                row["psnr_vs_fp16_db"] = round(psnr(fp16_out, images), 1)
-        rows.append(row)
+            if kept["fp16"] is not None:
+                row["psnr_vs_fp16_db"] = round(psnr(kept["fp16"], images), 1)
+        return row
+
+    for engine, flags, label in runs:
+        why_not = onnx_engine.providers_for(device)[1] if engine == "onnxruntime" else None
+        if why_not:  # an optional engine: a row that says why, not a failed benchmark
+            rows.append({"engine": engine, "label": label, "model": model, "skipped": why_not})
+            progress.update(1 + warmup + repeats)
+            continue
+        if on_gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        recorder = _StepRecorder(models.denoiser(pipe)) if kept["step_args"] is None and on_gpu else None
+        try:
+            rows.append(run_engine(engine, label, flags, recorder))
+        except Exception as error:  # noqa: BLE001 - one engine failing (a compile error) must not lose the others
+            if recorder is not None:
+                recorder.handle.remove()
+            why = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+            rows.append({"engine": engine, "label": label, "model": model,
+                         "skipped": f"failed: {type(error).__name__}: {why}"})
+            log.warning("bench: %s failed: %s", label, error)
     progress.close()
 
     table = engine_table(rows)

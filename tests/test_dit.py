@@ -172,3 +172,18 @@ def test_optimized_transformers_on_gpu_run_their_kernels_and_agree(arch, dtype, 
     assert (out - reference).abs().max() <= 0.05 * scale, ((out - reference).abs().max(), scale)
     rocm_sd.revert(pipe)
     assert torch.equal(generate(pipe).float(), reference)
+
+
+def test_bench_times_a_transformer_and_keeps_the_rows_of_an_engine_that_fails(monkeypatch, tmp_path):
+    from rocm_sd import bench
+
+    def broken_compile(pipe):
+        raise RuntimeError("dynamo could not trace this\nsecond line")
+
+    monkeypatch.setattr(bench, "_compile_transformer", broken_compile)
+    rows = bench.run(model="tiny-flux", steps=1, repeats=1, warmup=0, engines=("eager", "compile", "rocm_sd"),
+                     out_dir=str(tmp_path))
+    by_label = {r["label"]: r for r in rows}
+    assert by_label["compile"]["skipped"] == "failed: RuntimeError: dynamo could not trace this"
+    assert by_label["rocm_sd"]["median_s"] > 0 and by_label["rocm_sd"]["psnr_db"] > 40
+    assert (tmp_path / "data" / "tiny-flux-cpu.jsonl").exists()

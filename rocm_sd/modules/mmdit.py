@@ -149,7 +149,7 @@ def _joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """torch.cat([first, second], dim=1), or the view both already are: the previous single block returned its
     output's two halves, which lie side by side in one tensor when the batch is 1."""
     joint_length = first.shape[1] + second.shape[1]
-    if (first.shape[0] == 1 and first.is_contiguous() and second.is_contiguous() and first.dtype == second.dtype
+    if (not torch.compiler.is_compiling() and first.shape[0] == 1 and first.is_contiguous() and second.is_contiguous() and first.dtype == second.dtype
             and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
             and second.data_ptr() == first.data_ptr() + first.numel() * first.element_size()):
         return first.as_strided((1, joint_length, first.shape[2]), (joint_length * first.shape[2], first.shape[2], 1))
