@@ -397,7 +397,7 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
         table += "\n\nDevice time of one denoiser step by kind of kernel (%):\n\n" + "\n".join(
             f"- {r['label']}: " + ", ".join(f"{k} {v}" for k, v in r["step_device_time_pct"].items()) for r in splits)
     for label, text in profiles.items():
-        what = "one transformer step" if models.is_transformer(model) and step_args else "one generation"
+        what = "one transformer step" if models.is_transformer(model) and kept["step_args"] else "one generation"
         table += f"\n\nProfile of {what}, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
     if out_dir:

@@ -255,7 +255,8 @@ def to_channels_last(model: nn.Module, record: PatchRecord) -> None:
 def _unfuse_qkv(model: nn.Module, added: list[tuple[nn.Module, str]]) -> None:
     model.unfuse_qkv_projections()  # restores the processors, but leaves the fused Linear modules
     for module, name in added:
-        delattr(module, name)
+        if name in module._modules:  # the transformers' unfuse_projections removes its own already
+            delattr(module, name)
         if hasattr(module, "fused_projections"):
             module.fused_projections = False
 
