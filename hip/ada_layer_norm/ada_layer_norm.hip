@@ -31,7 +31,7 @@
 namespace rsd {
 namespace {
 
-constexpr int kMaxThreads = 512;     // a block; 128 registers a thread on NVIDIA, 8 waves a SIMD on CDNA
+constexpr int kMaxThreads = 512;     // a block at most: its launch bound leaves 128 registers a thread on NVIDIA
 constexpr int kBlockThreads = 256;   // rows of one wave share blocks of this size
 constexpr int kMaxVecsPerLane = 8;
 constexpr int kTargetVecsPerLane = 2;
