@@ -378,6 +378,23 @@ def test_group_norm_is_covered_with_the_c_signatures(gn_backend):
                             "rms_norm"}
 
 
+def test_rms_norm_is_covered_with_the_c_signatures(gn_backend):
+    """rms_norm's check and forward take bindings.cpp's arguments: Flux's joint Q (a fused QKV view, 512 text rows,
+    rope) gets 16 lanes a row of 8-wide bf16 vectors, 16 rows a block; a misaligned cos table is refused."""
+    b = gn_backend
+    sizes, x_stride, lead_stride = [1, 4096, 512, 24, 128], [4096 * 9216, 9216, 128], [512 * 3072, 3072, 128]
+    args = [0x100000, 0x300000, 0x400000, 0x300100, 0x500000, 0x600000, 0x200000, 2, 2, sizes, x_stride, lead_stride,
+            1e-6]
+    assert "rms_norm" in COVERED and b.rms_norm_check(*args, 0) == ""
+    b.rms_norm_forward(*args, 7, 0)
+    assert b._runtime.calls == [("launch", "rsd::rms_norm_rows<rsd::bf16, rsd::bf16, 8, 1, true>", 4608 * 24 // 16,
+                                 256, 7)]
+    args[4] = 0x500002
+    assert b.rms_norm_check(*args, 0) == "misaligned data pointer"
+    with pytest.raises(RuntimeError, match="misaligned"):
+        b.rms_norm_forward(*args, 7, 0)
+
+
 def test_attention_instances_and_refusals():
     backend = JitBackend("hip")
     names = backend.attention_instances()

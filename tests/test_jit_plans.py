@@ -157,22 +157,19 @@ def test_ada_layer_norm_plan_matches_its_launcher(tmp_path):
 
 
 def test_rms_norm_plan_matches_its_launcher(tmp_path):
-    body, expected = [], []
+    # The cases as a table the driver loops over: one statement per case would make a main() nvcc takes minutes on.
+    rows, expected = [], []
     for wave, dtype, pdtype, d, x, (weight, cos), lead_len, stride in itertools.product(
             WAVES, DTYPES, (0, 1, 2), (1, 2, 6, 33, 40, 64, 128, 4096, 8192, 65538), POINTERS[:4],
             ((0, 0), (0x50000, 0), (0x50008, 0x60000), (0x50000, 0x60004), (0x50002, 0x60008)), (0, 5), (1, 2)):
         lead = x + 0x200000 if lead_len else 0
-        sizes = [2, 7, lead_len, 3, d]
+        sin = cos + 0x8000 if cos else 0
         x_stride = [7 * 3 * d * stride, 3 * d * stride, d * stride]  # stride 2: a view of a fused projection
         lead_stride = [lead_len * 3 * d, 3 * d, d] if lead_len else [0, 0, 0]
-        sin = cos + 0x8000 if cos else 0
-        args = f"RmsNormArgs{{P({x}), P({weight}), P({lead}), P({weight}), (const float*)P({cos}), " \
-               f"(const float*)P({sin}), M({x} + 0x400000), DType({dtype}), DType({pdtype}), 2, 7, {lead_len}, 3, " \
-               f"{d}, {{{', '.join(map(str, x_stride))}}}, {{{', '.join(map(str, lead_stride))}}}, 1e-6f, nullptr, 0}}"
-        body.append(f"{{ g_wave = {wave}; RmsNormArgs a = {args}; std::string why = rms_norm_check(a); Shape s = "
-                    f"plan(a); out(why.empty() ? std::to_string(s.vec) + ' ' + std::to_string(s.vecs) + ' ' + "
-                    f"std::to_string(s.lanes_log2) : why); }}")
-        py = (x, weight, lead, weight, cos, sin, x + 0x400000, dtype, pdtype, sizes, x_stride, lead_stride, 1e-6)
+        rows.append(f"{{{wave}, {dtype}, {pdtype}, {d}, {x}ull, {weight}ull, {lead}ull, {cos}ull, {sin}ull, {lead_len}, "
+                    f"{{{', '.join(map(str, x_stride))}}}, {{{', '.join(map(str, lead_stride))}}}}}")
+        py = (x, weight, lead, weight, cos, sin, x + 0x400000, dtype, pdtype, [2, 7, lead_len, 3, d], x_stride,
+              lead_stride, 1e-6)
         why = plans.rms_norm_check(*py)
         if why:
             expected.append(why)
@@ -180,7 +177,15 @@ def test_rms_norm_plan_matches_its_launcher(tmp_path):
             launch = plans.rms_norm_plan(*py, wave)
             vec, vecs = launch.expression.rstrip(">").split(", ")[2:4]
             expected.append(f"{vec} {vecs} {launch.args[9]}")
-    compare(run_driver(tmp_path, "rms_norm/rms_norm.hip", body), expected)
+    table = ("struct Case { int wave, dtype, pdtype; long long d; unsigned long long x, weight, lead, cos, sin; "
+             "long long lead_len, xs[3], ls[3]; };\nstatic const Case kCases[] = {\n" + ",\n".join(rows) + "};\n")
+    body = ["for (const Case& c : kCases) { g_wave = c.wave; RmsNormArgs a{P(c.x), P(c.weight), P(c.lead), "
+            "P(c.weight), (const float*)P(c.cos), (const float*)P(c.sin), M(c.x + 0x400000), DType(c.dtype), "
+            "DType(c.pdtype), 2, 7, c.lead_len, 3, c.d, {c.xs[0], c.xs[1], c.xs[2]}, {c.ls[0], c.ls[1], c.ls[2]}, "
+            "1e-6f, nullptr, 0}; std::string why = rms_norm_check(a); Shape s = plan(a); "
+            "out(why.empty() ? std::to_string(s.vec) + ' ' + std::to_string(s.vecs) + ' ' + "
+            "std::to_string(s.lanes_log2) : why); }"]
+    compare(run_driver(tmp_path, "rms_norm/rms_norm.hip", body, extra=table), expected)
 
 
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
