@@ -5,7 +5,8 @@ The end-to-end tests launch `torchrun --standalone -m rocm_sd generate` on the t
 process with one CPU thread (a different thread count changes CPU reduction order, hence rounding): the same
 arithmetic in every process, so data-parallel images must be identical bit for bit. Each job takes seconds of
 imports per process on two cores: the default run launches one job of each kind (data, cfg, a failed setup, a
-rank raising mid-job); the others (four processes, other fault places, a killed rank) are marked slow.
+rank raising mid-job, a rank hanging in either mode); the others (four processes, other fault places, a killed rank,
+a killed launcher) are marked slow.
 """
 from __future__ import annotations
 
@@ -398,6 +399,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # one more job: the default run has two hung ones
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the ranks' pids")
 def test_ranks_whose_launcher_is_gone_end(tmp_path):
     """torchrun killed mid-job: its ranks, reparented, once lived on for minutes (one hung, one waiting)."""
