@@ -42,7 +42,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -54,6 +53,7 @@ import torch
 
 from . import models, onnx_engine, patch, platform
 from .patch import pipeline
+from .version import git_commit
 
 ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile", "onnxruntime")
 # The engines that exist for the diffusion transformers (diffusers' compile recipe is the one compile engine there).
@@ -501,17 +501,6 @@ def device_slug(name: str) -> str:
 
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def git_commit() -> str:
-    """The source's commit ($ROCM_SD_COMMIT where the copy has no git metadata), else 'unknown'."""
-    if os.environ.get("ROCM_SD_COMMIT"):
-        return os.environ["ROCM_SD_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_meta(device: str, command: str) -> dict:

@@ -14,7 +14,7 @@ ROCM_SD_JIT_CACHE=PATH      folder of the runtime-compiled kernels (default: the
 
 Switches take 1/true/yes/on or 0/false/no/off (any case); empty is the default. A value that is none of these,
 or a ROCM_SD_BACKEND that is not op:backend entries, gets one warning naming the variable and is ignored: the
-default is used. Not an error: these are read at `import rocm_sd`, inside ComfyUI, A1111 and user scripts, where
+default is used (an op ROCM_SD_BACKEND names twice gets a warning too, and its last entry applies). Not an error: these are read at `import rocm_sd`, inside ComfyUI, A1111 and user scripts, where
 a typo in a setting must not stop the host application from starting; the defaults are what runs without the
 variable, and the warning says what was not applied.
 """
@@ -61,8 +61,9 @@ BACKENDS = ("rocm_sd", "torch")
 
 
 def _parse_backends(spec: str) -> dict[str, str]:
-    """{op: backend} from `op:backend,...`; ValueError naming the first entry of another form or backend."""
-    forced = {}
+    """{op: backend} from `op:backend,...`; ValueError naming the first entry of another form or backend. An op
+    named twice gets a warning: the last entry applies, as it would on a command line."""
+    forced, named = {}, {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         op, sep, backend = item.partition(":")
         if not sep or not op.strip() or not backend.strip():
@@ -70,6 +71,11 @@ def _parse_backends(spec: str) -> dict[str, str]:
         if backend.strip() not in BACKENDS:
             raise ValueError(f"entry {item!r} names backend {backend.strip()!r}, not one of {', '.join(BACKENDS)}")
         forced[op.strip()] = backend.strip()
+        named.setdefault(op.strip(), []).append(item)
+    for op, items in named.items():
+        if len(items) > 1:
+            log.warning("rocm_sd: ROCM_SD_BACKEND=%r names %s %d times (%s): the last, %s, applies", spec, op,
+                        len(items), ", ".join(items), items[-1])
     return forced
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
-import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -16,13 +16,14 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object
     most a stray temp file). `durable` syncs the data to disk before the rename, so that a power cut cannot
     leave an empty `path` either. With `lock_held` (the caller holds a lock every writer of `path` takes) the
     temporary file has one fixed name, `<name>.tmp`: a writer killed between write and rename leaves that one
-    file, which the next write replaces, instead of a new uniquely named orphan per kill."""
+    file, which the next write replaces, instead of a new uniquely named orphan per kill. The file gets the
+    permissions open() would give it (0o666 less the umask), not mkstemp's private 0o600."""
     path = Path(path)
     if lock_held:
         tmp = str(path.with_name(path.name + ".tmp"))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
     else:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        fd, tmp = _create_unique(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -33,6 +34,16 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _create_unique(path: Path) -> tuple[int, str]:
+    """A new file next to `path` that no other writer can have opened (O_EXCL), mode 0o666 less the umask."""
+    while True:
+        tmp = str(path.with_name(f"{path.name}{secrets.token_hex(4)}.tmp"))
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def write_json_atomically(path: str | os.PathLike, data, lock_held: bool = False) -> None:

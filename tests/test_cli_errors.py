@@ -243,3 +243,13 @@ def test_an_unknown_backend_name_is_ignored_when_the_variable_is_read(monkeypatc
         assert config._from_env().forced_backends == {}
     [warning] = [r.getMessage() for r in caplog.records if "ROCM_SD_BACKEND" in r.getMessage()]
     assert "names backend 'cuda', not one of rocm_sd, torch" in warning
+
+
+@pytest.mark.parametrize("spec, applied", [("group_norm:torch,group_norm:rocm_sd", "rocm_sd"),
+                                           ("group_norm:torch, layer_norm:torch, group_norm:torch", "torch")])
+def test_an_op_named_twice_in_the_backend_variable_warns(monkeypatch, caplog, spec, applied):
+    monkeypatch.setenv("ROCM_SD_BACKEND", spec)
+    with caplog.at_level(logging.WARNING, logger="rocm_sd"):
+        assert config._from_env().forced_backends["group_norm"] == applied
+    [warning] = [r.getMessage() for r in caplog.records if "ROCM_SD_BACKEND" in r.getMessage()]
+    assert "names group_norm 2 times" in warning and f"the last, group_norm:{applied}, applies" in warning

@@ -1,6 +1,7 @@
 """The runtime-compiled backend (rocm_sd/jit/) on the CPU: its disk cache (atomic entries, one compile under the
 lock, damaged entries moved aside, keys), the kernel sources and the instances they provide, NVRTC compiling
 every source for sm_80 / sm_90 (where libnvrtc is found), backend selection in _ext and its messages."""
+import errno
 import itertools
 import multiprocessing
 import os
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from rocm_sd import _ext, config
+from rocm_sd.jit import cache as cache_module
 from rocm_sd.jit import attention_plan, group_norm_plan, plans, rtc, sources
 from rocm_sd.jit.backend import COVERED, JitBackend
 from rocm_sd.jit.cache import KernelCache, entry_key
@@ -62,6 +64,94 @@ def test_failed_compile_leaves_no_entry(tmp_path):
         cache.get("k", broken)
     assert not cache.path("k").exists() and not list(tmp_path.glob("*.tmp"))
     assert not cache.get("k", compiled)[1]
+
+
+def entry_with_header(header: str, code: bytes = b"\x7fELF code") -> bytes:
+    """An entry whose code verifies but whose header is `header` (JSON text)."""
+    import hashlib
+    import json
+
+    fields = json.dumps({"code_sha256": hashlib.sha256(code).hexdigest(), "code_bytes": len(code)})[1:-1]
+    return cache_module.MAGIC + header.replace("FIELDS", fields).encode() + b"\n" + code
+
+
+@pytest.mark.parametrize("header", ['{"lowered": 5, FIELDS}', '{"lowered": null, FIELDS}',
+                                    '{"lowered": {"k": 3}, FIELDS}', '[1, 2]', '"text"',
+                                    "[" * 100_000 + "]" * 100_000],
+                         ids=["lowered 5", "lowered null", "lowered symbol 3", "a list", "a string", "nested 100k"])
+def test_a_malformed_header_is_damage_not_a_crash(tmp_path, header, caplog):
+    """These raised TypeError / RecursionError into the op and were never set aside: every later process failed."""
+    cache = KernelCache(tmp_path)
+    cache.path("k").write_bytes(entry_with_header(header))
+    rebuilt, from_disk = cache.get("k", lambda: compiled(b"\x7fELF fresh"))
+    assert not from_disk and rebuilt.code == b"\x7fELF fresh" and "damaged" in caplog.text
+    assert [p.name for p in tmp_path.glob("k.bin.corrupt-*")]
+    assert KernelCache(tmp_path).get("k", lambda: pytest.fail("rebuilt twice"))[0].code == b"\x7fELF fresh"
+
+
+def oserror(code):
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+    return fail
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if "compiling in memory" in r.getMessage()]
+
+
+def test_a_read_only_cache_folder_compiles_in_memory_and_warns_once(tmp_path, monkeypatch, caplog):
+    class ReadOnlyLock(cache_module.FileLock):
+        acquire = oserror(errno.EROFS)
+
+    monkeypatch.setattr(cache_module, "FileLock", ReadOnlyLock)
+    cache = KernelCache(tmp_path)
+    for key in ("a", "b", "a"):
+        result, from_disk = cache.get(key, lambda: compiled(key.encode()))
+        assert result.code == key.encode() and not from_disk
+    [warning] = warnings_of(caplog)
+    assert str(tmp_path) in warning and "Read-only file system" in warning
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_damaged_entry_that_cannot_be_moved_aside_is_compiled_in_memory(tmp_path, monkeypatch, caplog):
+    cache = KernelCache(tmp_path)
+    cache.path("k").write_bytes(b"garbage")
+    monkeypatch.setattr(os, "replace", oserror(errno.EROFS))  # a folder mounted read-only since the entry was written
+    for _ in range(2):
+        result, from_disk = cache.get("k", lambda: compiled(b"\x7fELF fresh"))
+        assert result.code == b"\x7fELF fresh" and not from_disk
+    assert len(warnings_of(caplog)) == 1 and "cannot be moved aside" in warnings_of(caplog)[0]
+    assert cache.path("k").read_bytes() == b"garbage" and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_full_disk_keeps_the_compiled_kernel(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(os, "fsync", oserror(errno.ENOSPC))
+    cache = KernelCache(tmp_path)
+    result, from_disk = cache.get("k", lambda: compiled(b"\x7fELF kept"))
+    assert result.code == b"\x7fELF kept" and not from_disk
+    [warning] = warnings_of(caplog)
+    assert "No space left on device" in warning
+    assert not cache.path("k").exists() and not list(tmp_path.glob("*.tmp"))
+    monkeypatch.undo()
+    assert not KernelCache(tmp_path).get("k", compiled)[1]  # nothing half-written was left to read
+
+
+@pytest.mark.parametrize("obstacle", ["cache folder is a file", "entry is a folder", "lock is a folder"])
+def test_a_path_of_the_wrong_kind_compiles_in_memory(tmp_path, obstacle, caplog):
+    folder = tmp_path / "jit"
+    if obstacle == "cache folder is a file":
+        folder.write_text("not a folder")
+    else:
+        (folder / ("k.bin" if obstacle == "entry is a folder" else "k.bin.lock")).mkdir(parents=True)
+    left_alone = sorted(tmp_path.rglob("*"))
+    leftovers = lambda: sorted(p for p in tmp_path.rglob("*") if not (p.is_file() and p.name.endswith(".lock")))
+    with config.override(jit_cache=str(folder)):
+        cache = KernelCache()
+    for _ in range(2):
+        result, from_disk = cache.get("k", lambda: compiled(b"\x7fELF here"))
+        assert result.code == b"\x7fELF here" and not from_disk
+    assert len(warnings_of(caplog)) == 1, caplog.text
+    assert leftovers() == left_alone  # nothing moved, nothing left behind (but the usual lock file)
 
 
 def _slow_build(folder: str, marker: str) -> bytes:

@@ -580,3 +580,23 @@ def test_patched_models_route_through_the_ops_only_in_builds_with_ck_instances(m
     assert torch.equal(with_ck, without_ck)
     stats = dispatch.stats()
     assert stats["linear_geglu"][dispatch.COMPOSED] > 0 and stats["conv_bias_residual"][dispatch.COMPOSED] > 0
+
+
+@pytest.mark.parametrize("keyword, value", [("text_kv", "no"), ("text_kv", "off"), ("cuda_graph", 0),
+                                            ("group_norm", 1), ("channels_last", None), ("attention", "False")])
+def test_flags_take_booleans_only(keyword, value):
+    unet = models.build_sd_pipeline("tiny").unet
+    with pytest.raises(ValueError, match=rf"optimize\(\): {keyword}={value!r} is not one of True or False"):
+        rocm_sd.optimize(unet, **{keyword: value})
+    assert count(unet, RocmGroupNorm) == 0  # rejected before anything was patched
+
+
+def test_a_flag_whose_default_follows_the_precision_also_takes_none(tiny_pipe):
+    from rocm_sd.patch.pipeline import FLAGS
+
+    [flag] = [flag for flag in FLAGS if flag.default_8bit is not None]
+    with pytest.raises(ValueError, match=rf"{flag.name}='yes' is not one of True, False or None"):
+        rocm_sd.optimize(tiny_pipe.unet, **{flag.name: "yes"})
+    rocm_sd.optimize(tiny_pipe.unet, **{flag.name: None})
+    assert rocm_sd.report(tiny_pipe.unet) is not None
+    rocm_sd.revert(tiny_pipe.unet)

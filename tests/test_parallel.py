@@ -5,10 +5,12 @@ The end-to-end tests launch `torchrun --standalone -m rocm_sd generate` on the t
 process with one CPU thread (a different thread count changes CPU reduction order, hence rounding): the same
 arithmetic in every process, so data-parallel images must be identical bit for bit. Each job takes seconds of
 imports per process on two cores: the default run launches one job of each kind (data, cfg, a failed setup, a
-rank raising mid-job); the others (four processes, other fault places, a killed rank) are marked slow.
+rank raising mid-job, a rank hanging in either mode); the others (four processes, other fault places, a killed rank,
+a killed launcher) are marked slow.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
@@ -35,9 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _fail(how: str) -> None:
-    """The injected failure: 'raise' an error, or 'die' without a word, as a crashed driver would."""
+    """The injected failure: 'raise' an error, 'die' without a word, as a crashed driver would, or 'hang' as a
+    stuck kernel or driver call would (the process alive, its main thread never back)."""
     if how == "raise":
         raise RuntimeError("out of memory on purpose")
+    if how == "hang":
+        while True:
+            time.sleep(3600)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -150,15 +156,44 @@ def test_lookout_explains_a_broken_job_by_the_published_errors_else_by_the_lost_
                                         "rank 2's traceback:\nTraceback ...")
 
 
+def test_lookout_names_the_live_rank_that_was_not_waiting_in_a_collective():
+    store = dist.HashStore()
+    rank0, rank1, rank2 = (Lookout(rank, 3, store, report=print, timeout_s=40) for rank in range(3))
+    rank1.step, rank2.step, rank2.waiting = "round 4 (item 1)", "round 4 (item 2)", True
+    for lookout in (rank0, rank1, rank2):
+        lookout._publish_state()
+    beating = threading.Event()
+
+    def beat():  # their lookouts' beats, without the threads that would end this process when named
+        while not beating.is_set():
+            rank1._beat(), rank2._beat()
+            time.sleep(0.05)
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        assert rank0.explain("round 4 (item 0)") == ""  # not asked to name anyone: SIGTERM's account
+        message = rank0.explain("round 4 (item 0)", name_stalled=True)
+    finally:
+        beating.set()
+        beater.join()
+    assert message == ("rank 1 failed during round 4 (item 1): stopped answering: rank 0 waited 40 s (--timeout-s) "
+                       "for it while it was still working, outside any collective, with its process alive (a "
+                       "kernel, driver call or file access that hangs?)")
+    [published] = rank2.failures()  # every rank's lookout now tells the same story, rank 1's own included
+    assert published.rank == 1 and published.stalled and rank2.explain("round 4 (item 2)") == message
+
+
 # ---- end to end: torchrun -m rocm_sd generate -------------------------------------------------------
 
-_FAULT = "TEST_PARALLEL_FAULT"  # "<rank> <warm-up|round> <raise|die>": read by this module's main, run by torchrun
+_FAULT = "TEST_PARALLEL_FAULT"  # "<rank> <setup|warm-up|round> <raise|die|hang>": read by this module's main
 _FAULT_AT = "fault injected at unix time "
 
 
-def _generate(tmp_path, name: str, nproc: int, *args: str, fault: str = "",
-              timeout_s: int = 60) -> tuple[subprocess.CompletedProcess, str]:
-    """torchrun -m rocm_sd generate, or with a `fault` this module's main, which injects it (_inject_fault)."""
+def _generate(tmp_path, name: str, nproc: int, *args: str, fault: str = "", timeout_s: int = 60,
+              wall_s: float = 300) -> tuple[subprocess.CompletedProcess, str]:
+    """torchrun -m rocm_sd generate, or with a `fault` this module's main, which injects it (_inject_fault).
+    A job still running after `wall_s` is killed, torchrun and its ranks, and fails the test."""
     out = tmp_path / name
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
@@ -167,8 +202,27 @@ def _generate(tmp_path, name: str, nproc: int, *args: str, fault: str = "",
            "--prompts", str(prompts), "--out", str(out), "--steps", "3", "--batch", "2",
            "--timeout-s", str(timeout_s), *args]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", _FAULT: fault}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
-    return proc, str(out)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                          start_new_session=True) as job:
+        try:
+            stdout, stderr = job.communicate(timeout=wall_s)
+        except subprocess.TimeoutExpired:
+            _kill_job(job.pid)
+            stdout, stderr = job.communicate()
+            pytest.fail(f"the job ran past {wall_s} s:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(cmd, job.returncode, stdout, stderr), str(out)
+
+
+def _kill_job(launcher: int) -> None:
+    """SIGKILL for torchrun and its ranks, which it starts in sessions of their own (they hold the output pipes)."""
+    ranks = []
+    with contextlib.suppress(OSError):  # not Linux, or the launcher has ended
+        ranks = _children(launcher)
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(launcher, signal.SIGKILL)  # the session _generate started for torchrun
 
 
 def _inject_fault(rank: str, phase: str, how: str) -> None:
@@ -177,6 +231,13 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
     from rocm_sd.parallel import generate
 
     if os.environ["RANK"] != rank:
+        return
+    if phase == "setup":
+        def failing_load(*args, **kwargs):
+            print(f"{_FAULT_AT}{time.time()}", file=sys.stderr, flush=True)
+            _fail(how)
+
+        generate.models.load_pipeline = failing_load
         return
     call_pipeline = generate.call_pipeline
 
@@ -259,17 +320,27 @@ def test_two_cfg_pairs_are_data_parallel_among_themselves(tmp_path, one_process)
 
 # ---- a rank that fails in the middle of a job: every rank stops within seconds, rank 0 says why -------------
 
-def _failed_job(tmp_path, nproc: int, mode: str, fault: str) -> tuple[str, float]:
+def _failed_job(tmp_path, nproc: int, mode: str, fault: str, timeout_s: int = 120,
+                wall_s: float = 300) -> tuple[str, float]:
     """Rank 0's report of the job that `fault` broke, and the seconds from the fault to the job's end. The
     process group's timeout is 120 s: a rank that waited for it would end the job far later than asserted."""
-    proc, _ = _generate(tmp_path, "failed", nproc, "--mode", mode, fault=fault, timeout_s=120)
+    report, seconds, _ = _failed_job_and_root_cause(tmp_path, nproc, mode, fault, timeout_s, wall_s)
+    return report, seconds
+
+
+def _failed_job_and_root_cause(tmp_path, nproc: int, mode: str, fault: str, timeout_s: int = 120,
+                               wall_s: float = 300) -> tuple[str, float, int]:
+    """_failed_job's report and seconds, and the rank torchrun names as the root cause (its first failure)."""
+    proc, _ = _generate(tmp_path, "failed", nproc, "--mode", mode, fault=fault, timeout_s=timeout_s, wall_s=wall_s)
     ended = time.time()
     assert proc.returncode != 0
     assert _FAULT_AT in proc.stderr, proc.stderr[-3000:]
     failed = float(proc.stderr.split(_FAULT_AT)[1].split()[0])
     start = proc.stderr.find("rocm_sd generate failed on")  # only rank 0 says this; torchrun names ranks too
     assert start >= 0, proc.stderr[-3000:]
-    return proc.stderr[start:], ended - failed
+    root = proc.stderr.split("Root Cause (first observed failure)")[-1]
+    root_rank = int(root.split("rank")[1].split(":")[1].split()[0])
+    return proc.stderr[start:], ended - failed, root_rank
 
 
 @pytest.mark.parametrize("nproc,fault,step", [
@@ -293,6 +364,72 @@ def test_rank0_names_a_rank_that_was_killed(tmp_path, mode):
     report, seconds = _failed_job(tmp_path, 2, mode, "1 round die")
     assert report.splitlines()[1].startswith("rank 1 was lost during round 0 (item 0): its process ended")
     assert seconds < 30, f"the job ended {seconds:.0f} s after the kill"
+
+
+# ---- a rank that hangs: the job ends at --timeout-s, naming the rank that stopped answering ------------------
+
+HUNG = "stopped answering: rank {} waited 20 s (--timeout-s) for it while it was still working"
+
+
+@pytest.mark.parametrize("mode,fault,step,waiting", [
+    ("cfg", "1 round hang", "round 0 (item 0)", 0),  # rank 0 waits in the pair's all-gather: once for 30 min
+    ("data", "1 round hang", "round 0 (item 1)", 0),  # rank 0 waits in the agreement: once named "lost"
+    pytest.param("data", "0 setup hang", "pipeline setup", 1, marks=pytest.mark.slow),
+])
+def test_a_hung_rank_ends_the_job_at_the_timeout_and_is_named(tmp_path, mode, fault, step, waiting):
+    report, seconds, root_rank = _failed_job_and_root_cause(tmp_path, 2, mode, fault, timeout_s=20, wall_s=150)
+    rank = int(fault.split()[0])
+    assert report.splitlines()[1].startswith(f"rank {rank} failed during {step}: {HUNG.format(waiting)}"), report
+    assert "was lost" not in report
+    assert root_rank == rank, f"torchrun names rank {root_rank} as the root cause"
+    assert seconds < 20 + 30, f"the job ended {seconds:.0f} s after the rank hung"
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has: nobody may be left to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow  # one more job: the default run has two hung ones
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the ranks' pids")
+def test_ranks_whose_launcher_is_gone_end(tmp_path):
+    """torchrun killed mid-job: its ranks, reparented, once lived on for minutes (one hung, one waiting)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+           "tests.test_parallel", "generate", "--model", "tiny", "--prompts", str(prompts), "--out",
+           str(tmp_path / "out"), "--steps", "3", "--batch", "2", "--timeout-s", "300"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", _FAULT: "1 round hang"}
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=REPO, start_new_session=True)
+    ranks = []
+    try:
+        for line in launcher.stderr:  # the hang has begun: both ranks are set up and in the job
+            if _FAULT_AT in line:
+                break
+        ranks = _children(launcher.pid)
+        assert len(ranks) == 2, ranks
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(map(_running, ranks)):
+            time.sleep(0.2)
+        assert not any(map(_running, ranks)), "ranks outlived their launcher"
+    finally:
+        for pid in ranks:  # reparented by now: _kill_job cannot find them under the launcher
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            _kill_job(launcher.pid)
 
 
 if __name__ == "__main__":  # a process of _generate's torchrun job with a fault: rocm_sd's command, one rank failing

@@ -88,6 +88,26 @@ def test_two_devices_sharing_one_file_keep_both_tables(tmp_path):
     assert TuningDB(RX7900, VALID, location=single, defaults_dir=None).lookup(GN)["choice"] == "rx7900"
 
 
+def test_two_tables_for_one_device_and_software_are_merged_on_read_and_written_as_one(tmp_path):
+    """A hand- or sync-merged file: reads took the last table, writes the first, so results vanished."""
+    path = db(tmp_path).path
+    keys = [problem_key("op", "float16", "nhwc", i=i) for i in range(4)]
+    table = {"device": MI300X.as_dict(), "validators": VALID, "written": "2026-01-01T00:00:00"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": 2, "tables": [
+        {**table, "results": {keys[0]: {"choice": "a", "measured": "2026-01-01T00:00:00"},
+                              keys[2]: {"choice": "newer", "measured": "2026-03-01T00:00:00"}}},
+        {**table, "results": {keys[1]: {"choice": "b", "measured": "2026-01-02T00:00:00"},
+                              keys[2]: {"choice": "older", "measured": "2026-02-01T00:00:00"}}}]}))
+    first = db(tmp_path)
+    assert [first.lookup(k)["choice"] for k in keys[:3]] == ["a", "b", "newer"]
+    first.record(keys[3], {"choice": "d"})
+    [written] = json.loads(path.read_text())["tables"]
+    assert sorted(written["results"]) == sorted(keys)
+    again = db(tmp_path)
+    assert [again.lookup(k)["choice"] for k in keys] == ["a", "b", "newer", "d"] and not again.notes
+
+
 def test_a_format_1_file_is_read_and_kept_as_a_table(tmp_path):
     path = db(tmp_path).path
     path.write_text(json.dumps({"format": 1, "device": MI300X.as_dict(), "validators": VALID,

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from .rounds import LostContact
+from .rounds import LostContact, waiting
 
 # The calls split per model: (component attribute on the pipeline, method).
 SPLIT_CALLS = (("unet", "forward"), ("controlnet", "forward"), ("vae", "decode"))
@@ -28,8 +28,8 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 class SplitBatchCall:
     """inner(*args) on this rank's half of the batch, then the halves all-gathered in rank order."""
 
-    def __init__(self, inner, group, label: str):
-        self.inner, self.group, self.label = inner, group, label
+    def __init__(self, inner, group, label: str, lookout=None):
+        self.inner, self.group, self.label, self.lookout = inner, group, label, lookout
         self.part = dist.get_rank(group)
         self.stats: Counter = Counter()
 
@@ -56,14 +56,16 @@ class SplitBatchCall:
         partner that never comes is at the host's next synchronization instead."""
         whole = part.new_empty((2 * part.shape[0], *part.shape[1:]))
         try:
-            _all_gather_single(whole, part.contiguous(), group=self.group)
+            with waiting(self.lookout):
+                _all_gather_single(whole, part.contiguous(), group=self.group)
         except Exception as exc:  # noqa: BLE001 -- the backends' error types differ (gloo, NCCL, RCCL)
             raise LostContact(f"the all-gather of {self.label} with this rank's CFG partner broke") from exc
         return whole
 
 
-def enable_cfg_parallel(pipe, group):
-    """Split the UNet (and ControlNet) steps and the VAE decode of `pipe` over the two ranks of `group`."""
+def enable_cfg_parallel(pipe, group, lookout=None):
+    """Split the UNet (and ControlNet) steps and the VAE decode of `pipe` over the two ranks of `group`
+    (`lookout`: this rank's, told when the rank waits in the pair's all-gather)."""
     if dist.get_world_size(group) != 2:
         raise ValueError(f"cfg parallel needs a group of 2 ranks, got {dist.get_world_size(group)}")
     wrapped = []
@@ -72,7 +74,7 @@ def enable_cfg_parallel(pipe, group):
         if model is None or isinstance(getattr(model, method), SplitBatchCall):
             continue
         previous = model.__dict__.get(method)  # an instance attribute already (rocm_sd's graphed call) or None
-        setattr(model, method, SplitBatchCall(getattr(model, method), group, f"{component}.{method}"))
+        setattr(model, method, SplitBatchCall(getattr(model, method), group, f"{component}.{method}", lookout))
         wrapped.append((model, method, previous))
     setattr(pipe, _WRAPPED_ATTR, wrapped)
     return pipe

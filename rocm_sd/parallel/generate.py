@@ -85,7 +85,7 @@ def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool):
         if optimize:
             patch.optimize(pipe)
         if mesh.cfg_group is not None:
-            enable_cfg_parallel(pipe, mesh.cfg_group)
+            enable_cfg_parallel(pipe, mesh.cfg_group, mesh.lookout)
         return pipe, weights_fingerprint(pipe)
 
     pipe, fingerprint = checked(mesh, "pipeline setup", build)
@@ -196,7 +196,7 @@ def with_lookout(mesh: Mesh) -> Mesh:
     """The mesh with a lookout started on it: where no collective can bring this rank a failure (a CFG
     partner's, a lost rank), the lookout reports it with report_failure and ends the process (lookout.py)."""
     store = torch.distributed.distributed_c10d._get_default_store()
-    lookout = Lookout(mesh.rank, mesh.world, store, lambda message: report_failure(mesh, message))
+    lookout = Lookout(mesh.rank, mesh.world, store, lambda message: report_failure(mesh, message), mesh.timeout_s)
     return replace(mesh, lookout=lookout.start())
 
 
@@ -236,5 +236,5 @@ def main(args) -> int:
         print(f"{len(images)} images on {mesh.world} process(es), mode {args.mode}: setup {summary['setup_s']:.1f} s, "
               f"warm-up {summary['warmup_s']:.1f} s, generation {summary['generate_s']:.2f} s "
               f"({summary['images_per_s']:.2f} images/s), median round {summary['median_round_s']:.3f} s -> {args.out}")
-    shutdown()
+    shutdown(wait_s=min(60.0, mesh.timeout_s))
     return 0

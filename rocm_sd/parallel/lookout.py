@@ -24,7 +24,13 @@ thread of its own, the same way on both backends:
     sees it within POLL_S, leaves GRACE_S for the agreement to end the job the ordinary way, and then
     reports and ends its process: what NCCL's watchdog does at the timeout, at once and with the error;
   * every lookout beats a counter. When a collective breaks, or SIGTERM comes, the ranks whose counter
-    stands still through a roll call of ROLL_CALL_S are named as lost.
+    stands still through a roll call of ROLL_CALL_S are named as lost;
+  * every lookout also publishes its rank's step and whether the rank waits in a collective. When a
+    collective times out and no rank was lost, the ranks that were not waiting in one are the ones that
+    stopped answering (a hung kernel, driver call or file system): the rank that gave up publishes that
+    as their failure, their lookouts end them at once, and it outlives them by a moment, so that torchrun
+    too names them as the first failure rather than the rank that waited;
+  * a lookout whose launcher is gone (the process's parent changed: torchrun was killed) ends its process.
 
 On GPUs: a CFG partner's host thread sits in a stream synchronization while its NCCL kernel waits for
 the half that never comes; the lookout's os._exit ends the process, and with it the CUDA context and the
@@ -66,9 +72,13 @@ class Lookout:
     `report(message)` says what ended the job (rank 0 in full, the others a line). The main thread and the
     lookout never both report: whichever takes `_ending` to end the job keeps it until the process ends."""
 
-    def __init__(self, rank: int, world: int, store, report: Callable[[str], None]):
-        self.rank, self.world, self.store, self.report = rank, world, store, report
+    def __init__(self, rank: int, world: int, store, report: Callable[[str], None], timeout_s: float | None = None):
+        self.rank, self.world, self.store, self.report, self.timeout_s = rank, world, store, report, timeout_s
         self.step = "start-up"  # what this rank is doing, for the report: set by checked()
+        self.waiting = False    # whether the main thread waits in a collective: set by rounds.waiting()
+        self._state: tuple[str, bool] | None = None  # (step, waiting) as last published
+        self._named: list[int] = []  # the ranks this one named as stalled, to outlive
+        self._parent = os.getppid()  # the launcher
         self._ending = threading.Lock()
         self._stopped = threading.Event()
         self._signals, self._signal_writer = socket.socketpair()
@@ -77,6 +87,7 @@ class Lookout:
 
     def start(self) -> Lookout:
         self._beat()
+        self._publish_state()
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
             self._catch_sigterm()
         self._thread.start()
@@ -99,6 +110,7 @@ class Lookout:
             self.report(message)
         finally:
             self._release_sigterm()
+        self._outlive(self._named)
 
     def publish(self, error: RankError) -> None:
         try:
@@ -129,15 +141,38 @@ class Lookout:
             quiet = [rank for rank in quiet if now[rank] == first[rank]]
         return quiet
 
-    def explain(self, step: str) -> str:
-        """Why the job broke, as far as the store knows: the ranks' published errors, else the lost ranks;
-        '' when neither (a connection broke between live ranks)."""
+    def explain(self, step: str, name_stalled: bool = False) -> str:
+        """Why the job broke, as far as the store knows: the ranks' published errors, else the lost ranks,
+        else (with `name_stalled`: this rank's collective broke) the ranks that were not waiting in one, which
+        are then published as failed; '' when none of these (a connection broke between live ranks)."""
         failures = self.failures()
         if failures:
             return describe(failures, trace=self.rank == 0)
-        return "\n".join(f"rank {rank} was lost during {step}: its process ended without reporting an error "
-                         "(killed, or a crash in native code; torchrun's log has its exit code)"
-                         for rank in self.lost_ranks())
+        lost = self.lost_ranks()
+        if lost or not name_stalled:
+            return "\n".join(f"rank {rank} was lost during {step}: its process ended without reporting an error "
+                             "(killed, or a crash in native code; torchrun's log has its exit code)" for rank in lost)
+        stalled = self.stalled()
+        for error in stalled:
+            self.publish(error)
+        self._named = [error.rank for error in stalled]
+        return describe(stalled, trace=False) if stalled else ""
+
+    def stalled(self) -> list[RankError]:
+        """The other ranks that are alive but were not waiting in a collective when the last state was
+        published (within POLL_S): the ones a collective that timed out waited for."""
+        waited = f"{self.timeout_s:g} s (--timeout-s)" if self.timeout_s is not None else "the timeout"
+        errors = []
+        for rank in range(self.world):
+            key = f"{_KEY}state/{rank}"
+            if rank == self.rank or not self.store.check([key]):
+                continue
+            step, waiting = pickle.loads(self.store.get(key))
+            if not waiting:
+                errors.append(RankError(rank, step, f"stopped answering: rank {self.rank} waited {waited} for it "
+                                        "while it was still working, outside any collective, with its process "
+                                        "alive (a kernel, driver call or file access that hangs?)", "", stalled=True))
+        return errors
 
     # ---- the thread --------------------------------------------------------------------------------
 
@@ -145,13 +180,19 @@ class Lookout:
         failure_seen_at = None
         while not self._stopped.is_set():
             terminated = self._wait_for_sigterm(POLL_S)
+            if os.getppid() != self._parent:  # reparented: nothing will stop this process, nor wait for it
+                self._end(f"rank {self.rank}: stopping during {self.step}, the launcher (pid {self._parent}) is "
+                          "gone", 1)
             try:
                 self._beat()
+                self._publish_state()
                 if terminated:
                     self._end(self.explain(self.step) or f"stopped by SIGTERM during {self.step}; every rank was "
                               "still running", _TERMINATED)
                 if failure_seen_at is None and self._published():
                     failure_seen_at = time.monotonic()
+                    if any(f.rank == self.rank and f.stalled for f in self.failures()):
+                        self._end(self.explain(self.step), 1)  # first: the launcher then names this rank
                 if failure_seen_at is not None and time.monotonic() - failure_seen_at >= GRACE_S:
                     self._end(self.explain(self.step), 1)
             except Exception as exc:  # noqa: BLE001 - the store left with torchrun's agent: nothing more to learn
@@ -180,6 +221,27 @@ class Lookout:
 
     def _beats(self, ranks: list[int]) -> dict[int, int]:
         return {rank: self.store.add(f"{_KEY}beat/{rank}", 0) for rank in ranks}
+
+    def _publish_state(self) -> None:
+        state = (self.step, self.waiting)
+        if state != self._state:
+            self.store.set(f"{_KEY}state/{self.rank}", pickle.dumps(state))
+            self._state = state
+
+    def _outlive(self, ranks: list[int]) -> None:
+        """Wait, a few seconds at most, until `ranks` have ended (their beats stand still for 3 POLL_S)."""
+        if not ranks:
+            return
+        try:
+            deadline = time.monotonic() + GRACE_S + ROLL_CALL_S
+            before, since = self._beats(ranks), time.monotonic()
+            while time.monotonic() < deadline and time.monotonic() - since < 3 * POLL_S:
+                time.sleep(POLL_S / 2)
+                now = self._beats(ranks)
+                if now != before:
+                    before, since = now, time.monotonic()
+        except Exception:  # noqa: BLE001 - the store left with torchrun's agent: nobody is left to outlive
+            pass
 
     def _catch_sigterm(self) -> None:
         """SIGTERM wakes the lookout through Python's wake-up fd, which the C-level handler writes whatever

@@ -38,6 +38,7 @@ class Mesh:
     device: torch.device
     cfg_group: object = None      # the process group of this rank's CFG pair (cfg mode only)
     lookout: Lookout | None = None  # this rank's watch on the others, where the caller started one
+    timeout_s: float = DEFAULT_TIMEOUT_S  # every group's and collective's longest wait for another rank
 
     @property
     def distributed(self) -> bool:
@@ -77,19 +78,21 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    timeout = datetime.timedelta(seconds=timeout_s)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(seconds=timeout_s),
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
     cfg_group = None
     if cfg == 2:
         if world == 1:
             raise ValueError("cfg mode needs 2 processes, one per GPU: launch with torchrun --nproc-per-node 2")
         for first in range(0, world, 2):  # every rank creates every group, in the same order
-            group = dist.new_group([first, first + 1])
+            # A new group does not inherit the default group's timeout: without one, gloo waits 30 minutes.
+            group = dist.new_group([first, first + 1], timeout=timeout)
             if rank in (first, first + 1):
                 cfg_group = group
-    return Mesh(rank=rank, world=world, local_rank=local_rank, cfg=cfg, device=device, cfg_group=cfg_group)
+    return Mesh(rank=rank, world=world, local_rank=local_rank, cfg=cfg, device=device, cfg_group=cfg_group,
+                timeout_s=timeout_s)
 
 
 def shutdown(wait_s: float = 60.0) -> None:

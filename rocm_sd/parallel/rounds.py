@@ -14,6 +14,7 @@ died, the mesh's lookout (lookout.py) takes over.
 """
 from __future__ import annotations
 
+import contextlib
 import traceback
 from dataclasses import dataclass
 from typing import Callable
@@ -37,6 +38,7 @@ class RankError:
     step: str
     error: str
     trace: str
+    stalled: bool = False  # published by another rank: this one stopped answering (lookout.py)
 
 
 def batches(n: int, size: int) -> list[range]:
@@ -55,12 +57,25 @@ def schedule(n_items: int, dp: int) -> list[list[int | None]]:
 def describe(failures: list[RankError], trace: bool) -> str:
     """One line per failed rank, then (with `trace`) the first one's traceback."""
     lines = "\n".join(f"rank {f.rank} failed during {f.step}: {f.error}" for f in failures)
-    return lines + (f"\n\nrank {failures[0].rank}'s traceback:\n{failures[0].trace}" if trace else "")
+    return lines + (f"\n\nrank {failures[0].rank}'s traceback:\n{failures[0].trace}" if trace and failures[0].trace
+                    else "")
+
+
+@contextlib.contextmanager
+def waiting(lookout):
+    """Marks this rank as waiting in a collective while the block runs, for the lookout's account of who
+    stopped answering. A collective that fails leaves the mark: this rank waited, it did not stall."""
+    if lookout is None:
+        yield
+        return
+    lookout.waiting = True
+    yield
+    lookout.waiting = False
 
 
 def _lost_contact(mesh: Mesh, step: str, error: Exception) -> LostContact:
-    """What broke the collective: the lookout names the failed or lost ranks where it can."""
-    known = mesh.lookout.explain(step) if mesh.lookout is not None else ""
+    """What broke the collective: the lookout names the failed, lost or stalled ranks where it can."""
+    known = mesh.lookout.explain(step, name_stalled=True) if mesh.lookout is not None else ""
     return LostContact(known or f"lost contact with another rank during {step} ({type(error).__name__}: {error}); "
                        "the rank that died is named in torchrun's log")
 
@@ -92,7 +107,8 @@ def all_gather(mesh: Mesh, step: str, obj) -> list:
         return [obj]
     out = [None] * mesh.world
     try:
-        dist.all_gather_object(out, obj)
+        with waiting(mesh.lookout):
+            dist.all_gather_object(out, obj)
     except Exception as exc:  # noqa: BLE001 -- the backends' error types differ (gloo, NCCL, RCCL)
         raise _lost_contact(mesh, step, exc) from exc
     return out
@@ -104,7 +120,8 @@ def gather_to_root(mesh: Mesh, step: str, obj) -> list | None:
         return [obj]
     out = [None] * mesh.world if mesh.rank == 0 else None
     try:
-        dist.gather_object(obj, out, dst=0)
+        with waiting(mesh.lookout):
+            dist.gather_object(obj, out, dst=0)
     except Exception as exc:  # noqa: BLE001
         raise _lost_contact(mesh, step, exc) from exc
     return out

@@ -68,11 +68,15 @@ class Flag:
 
     def value(self, keywords: dict, options: dict) -> bool:
         """The flag as applied: the caller's value, else its default (None asks for the default too where the
-        precision decides it, as the signature says)."""
+        precision decides it, as the signature says). Anything but True / False (and that None) is a ValueError:
+        bool() would read "no", "off" or 0.5 as on."""
         given = keywords.get(self.name)
         if self.name not in keywords or (given is None and self.default_8bit is not None):
             return self.default_for(options)
-        return bool(given)
+        if not isinstance(given, bool):
+            accepted = "True, False or None" if self.default_8bit is not None else "True or False"
+            raise ValueError(f"optimize(): {self.name}={given!r} is not one of {accepted}")
+        return given
 
     def default_text(self) -> str:
         text = "on" if self.default else "off"

@@ -5,7 +5,8 @@ Where: $ROCM_SD_TUNE_DB (a folder, or one .json file), else the platform's cache
 the device key (device_key.py). A read-only default database shipped in rocm_sd/tune/defaults/ (heuristic
 choices for known architectures) answers what the user's file does not: the user's results always win.
 
-A file holds one table per (device, software) pair: results count only for the device and the software
+A file holds one table per (device, software) pair (two, from a hand- or sync-merged file, are read as one and
+written back as one): results count only for the device and the software
 (validators: rocm_sd, kernel sources, runtime, driver, torch) they were measured with. ComfyUI's torch and
 the CLI's, or two GPUs sharing one .json file, each read and write their own table and never evict
 another's. A process whose software has no table yet says what the nearest table was measured with
@@ -160,6 +161,17 @@ def _read(path: Path) -> _Read:
     return _Read(corrupt=problem) if problem else _Read(tables=tables)
 
 
+def _merged_results(tables: list[dict]) -> dict[str, dict]:
+    """The results of tables that answer for the same device and software: for a problem more than one
+    measured, the latest measurement (the later table where the times are equal or missing)."""
+    merged: dict[str, dict] = {}
+    for table in tables:
+        for key, result in table["results"].items():
+            if key not in merged or str(result.get("measured", "")) >= str(merged[key].get("measured", "")):
+                merged[key] = result
+    return merged
+
+
 def _unique_aside(path: Path, why: str) -> Path:
     """A name beside `path` that no file has: the time to the microsecond, then a counter."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -248,14 +260,14 @@ class TuningDB:
         same_device = [t for t in tables if not self._device_mismatch(t)]
         exact = [t for t in same_device if not (check_validators and self._software_mismatch(t))]
         if exact:
-            return exact[-1]["results"]
+            return _merged_results(exact)
         if not tables:
             return None
         nearest = max(same_device, key=lambda t: str(t.get("written", ""))) if same_device else tables[-1]
         wrong = self._device_mismatch(nearest) + (self._software_mismatch(nearest) if check_validators else [])
         if same_device and self.accept_stale:
             self._note(f"using stale tuning results in {path} (ROCM_SD_TUNE_ACCEPT_STALE=1): {'; '.join(wrong)}")
-            return nearest["results"]
+            return _merged_results([t for t in same_device if t["validators"] == nearest["validators"]])
         self._note(f"ignoring tuning results in {path}: measured with {'; '.join(wrong)}. Tune again "
                    "(python -m rocm_sd.tune), or set ROCM_SD_TUNE_ACCEPT_STALE=1 to use them anyway")
         return None
@@ -383,13 +395,15 @@ class TuningDB:
         return read.tables or []
 
     def _own_table(self, tables: list[dict]) -> dict:
-        """This device's and software's table in `tables`, added if there is none."""
-        for table in tables:
-            if not self._device_mismatch(table) and not self._software_mismatch(table):
-                return table
-        table = {"device": self.device.as_dict(), "validators": self.validators, "results": {}}
-        tables.append(table)
-        return table
+        """This device's and software's table in `tables`, added if there is none. Several (a file merged by
+        hand or by a sync tool) become the first of them holding all their results, as reading merges them."""
+        mine = [t for t in tables if not self._device_mismatch(t) and not self._software_mismatch(t)]
+        if not mine:
+            mine = [{"device": self.device.as_dict(), "validators": self.validators, "results": {}}]
+            tables.append(mine[0])
+        mine[0]["results"] = _merged_results(mine)
+        tables[:] = [t for t in tables if not any(t is other for other in mine[1:])]
+        return mine[0]
 
     def _write(self, tables: list[dict]) -> None:
         """Replace the file. The caller holds the lock, so no other writer is between write and rename: a
