@@ -222,7 +222,7 @@ def test_patch_sd_model_computes_the_same_and_reverts_exactly(webui, monkeypatch
     with torch.inference_mode():
         expected = unet(x), vae(z)
         record = patch_sd_model(model)
-        assert type(unet.in_layers[0]).__name__ == "RocmGroupNorm" and type(unet.in_layers[1]) is torch.nn.Identity
+        assert type(unet.in_layers[0]).__name__ == "RocmGroupNorm" and isinstance(unet.in_layers[1], torch.nn.Identity)
         assert type(unet.norm).__name__ == "RocmLayerNorm" and type(unet.in_layers[2]).__name__ == "RocmConv2d"
         assert type(vae[1]).__name__ == "RocmUpsample" and "forward" in unet.__dict__
         got = unet(x), vae(z)

@@ -19,8 +19,8 @@ log = logging.getLogger("rocm_sd.comfyui")
 try:
     import torch
 
-    from rocm_sd.patch.comfy import (conv_swaps, model_architecture, norm_swaps, patch_model_patcher, upsample_swaps,
-                                     vae_attention)
+    from rocm_sd.patch.comfy import (conv_swaps, model_architecture, model_paths, norm_swaps, patch_model_patcher,
+                                     upsample_swaps, vae_attention)
     UNAVAILABLE = None
 except ImportError as exc:  # the node must load in any ComfyUI, even one without rocm_sd installed
     UNAVAILABLE = f"rocm_sd is not importable ({exc}); install it into ComfyUI's Python environment"
@@ -138,13 +138,13 @@ class RocmSDOptimizeVAE:
             return (vae,)
         patched = copy.copy(vae)
         patched.patcher = vae.patcher.clone()
-        root = vae.first_stage_model
-        for path, module in norm_swaps(root, group_norm, layer_norm=False).items():
+        root, resolve = vae.first_stage_model, model_paths(vae.patcher)
+        for path, module in norm_swaps(root, group_norm, layer_norm=False, resolve=resolve).items():
             patched.patcher.add_object_patch(path, module)
-        upsamplers = upsample_swaps(root) if fold_upsample else {}
+        upsamplers = upsample_swaps(root, resolve) if fold_upsample else {}
         for path, module in upsamplers.items():
             patched.patcher.add_object_patch(path, module)
-        for path, module in (conv_swaps(root, skip=upsamplers) if channels_last else {}).items():
+        for path, module in (conv_swaps(root, upsamplers, resolve) if channels_last else {}).items():
             patched.patcher.add_object_patch(path, module)
         if attention:
             for name, module in root.named_modules():
