@@ -358,3 +358,21 @@ def test_tune_node_on_a_machine_without_gpu_passes_through(comfy, nodes, caplog)
     # The real tuner: it refuses to measure without a GPU (exit 2), the node says so and passes the model on.
     assert nodes.RocmSDTune().tune(patcher, width=64, height=64)[0] is patcher
     assert "tuning stopped" in caplog.text and "exited 2" in caplog.text
+
+
+def test_vae_node_follows_a_circular_padding_set_later(comfy, nodes):
+    """Seamless-tiling nodes set padding_mode="circular" on the VAE's Conv2d modules after the VAE node ran: the
+    channels_last copies and the folded upsamplers (which assume zero padding) compute what ComfyUI computes."""
+    vae = comfy["VAE"]()
+    for p in vae.first_stage_model.parameters():
+        p.data.normal_(0, 0.2)
+    z = torch.randn(1, 4, 8, 8)
+    (optimized,) = nodes.RocmSDOptimizeVAE().optimize(vae)
+    with torch.inference_mode():
+        zeros = vae.decode(z)
+        for module in vae.first_stage_model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.padding_mode = "circular"
+        reference = vae.decode(z)
+        assert (reference - zeros).abs().max() > 1e-2
+        torch.testing.assert_close(optimized.decode(z), reference, rtol=1e-5, atol=1e-5)
