@@ -100,9 +100,9 @@ def test_a_chained_node_with_another_optimized_clone_loaded_keeps_the_silus(comf
     base = standin_model(comfy)
     x, ctx = model_inputs()
     (reference,) = references(loader, base)
+    (once,) = nodes.RocmSDOptimizeModel().optimize(base, cuda_graph=False)  # nothing loaded: it fuses
     (other,) = nodes.RocmSDOptimizeModel().optimize(base, cuda_graph=False)
     sample_once(other, x, ctx)  # its fused GroupNorm+SiLU copies (and Identities) are in the model now
-    (once,) = nodes.RocmSDOptimizeModel().optimize(base, cuda_graph=False)
     (twice,) = nodes.RocmSDOptimizeModel().optimize(once, channels_last=False, cuda_graph=False)
     patches = twice.object_patches
     fused = [k for k, m in patches.items() if getattr(m, "rocm_sd_act", None) == "silu"]
