@@ -89,27 +89,17 @@ def test_folded_upsample_on_gpu_at_a_vae_shape(dtype):
     assert ok, (err, allowed)
 
 
-class Upsample(torch.nn.Module):
-    """A host's own upsampler (ComfyUI's and ldm's VAE Upsample): nearest 2x, then a 3x3 convolution."""
-
-    def __init__(self, channels):
-        super().__init__()
-        self.with_conv, self.conv = True, torch.nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv(torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
 @pytest.mark.parametrize("mode", ["circular", "reflect", "replicate"])
 def test_a_padding_mode_set_after_patching_takes_the_hosts_own_path(mode):
     """The webui's tiling and ComfyUI's seamless-tiling nodes set padding_mode on every Conv2d after the model is
     patched; the folded kernels assume zeros outside the image, so such calls run the host's convolution (diffusers'
     Upsample2D under optimize(), a host's Upsample through its kernel-backed copy), and zero padding folds again."""
     from rocm_sd.modules.host_copies import upsample_copy
+    from tests.test_a1111 import _Upsample  # a host's own VAE Upsample (ldm's, ComfyUI's): nearest 2x, 3x3 conv
 
     module, x = make()
     patch_upsamplers(module, PatchRecord())
-    host = Upsample(16)
+    host = _Upsample(16)
     copy = upsample_copy(host)
     y = torch.randn(2, 16, 5, 7)
     with torch.no_grad():
