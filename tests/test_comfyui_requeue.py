@@ -129,3 +129,18 @@ def test_copies_are_made_of_the_models_own_modules(comfy, nodes, loader):
             assert module.weight is own[path].weight
             own[path].weight = torch.nn.Parameter(own[path].weight * 2, requires_grad=False)
             assert module.weight is own[path].weight  # the slot is the module's: read when the copy runs
+
+
+def test_a_deep_copy_of_a_copy_keeps_its_own_settings():
+    """The copies' own settings live in slots (their dictionary is their module's): copy.deepcopy keeps them."""
+    import copy
+
+    from rocm_sd.modules.host_copies import fused_away, group_norm_copy, unpatched
+
+    plain = torch.nn.Sequential(torch.nn.GroupNorm(2, 4), torch.nn.SiLU())
+    fused = torch.nn.Sequential(group_norm_copy(plain[0], "silu"), fused_away(plain[1]))
+    twin = copy.deepcopy(fused)
+    x = torch.randn(2, 4, 3, 3)
+    assert twin[0].rocm_sd_act == "silu" and isinstance(unpatched(twin[1]), torch.nn.SiLU)
+    assert unpatched(twin[0]) is not plain[0] and twin[0].weight is not plain[0].weight
+    torch.testing.assert_close(twin(x), plain(x))

@@ -38,6 +38,24 @@ def _never(module: nn.Module) -> bool:
     return False
 
 
+class _OwnSettings:
+    """Keeps a copy's slots through copy.deepcopy and pickle, which nn.Module does by its __dict__ alone."""
+    __slots__ = ()
+    _KEY = "_rocm_sd_slots"
+
+    def __getstate__(self):
+        names = [n for cls in type(self).__mro__ for n in cls.__dict__.get("__slots__", ())]
+        state = super().__getstate__()
+        state[self._KEY] = {n: object.__getattribute__(self, n) for n in names if hasattr(self, n)}
+        return state
+
+    def __setstate__(self, state):
+        slots = state.pop(self._KEY, {})
+        super().__setstate__(state)
+        for name, value in slots.items():
+            object.__setattr__(self, name, value)
+
+
 def _subclass(base: type, kind: str) -> type:
     key = (base, kind)
     if key not in _SUBCLASSES:
@@ -70,7 +88,7 @@ def _subclass(base: type, kind: str) -> type:
                 # Parameter stays as it is for its weight patching (LoRA) and memory accounting.
                 return self._conv_forward(x, self.weight.contiguous(memory_format=torch.channels_last), self.bias)
         elif kind == "quantized_linear":  # the forward is QuantizedHostCopy's
-            _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (QuantizedHostCopy, base),
+            _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (_OwnSettings, QuantizedHostCopy, base),
                                     {"__module__": __name__, "__slots__": ("rocm_sd_source",)})
             return _SUBCLASSES[key]
         else:
@@ -88,7 +106,7 @@ def _subclass(base: type, kind: str) -> type:
                 y, q, scale = layer_norm_quantize_rows.call(x, self.weight, self.bias, self.eps, fmt)
                 remember_rows(y, fmt, q, scale, trusted=True)
                 return y
-        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {
+        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (_OwnSettings, base), {
             "forward": forward, "__module__": __name__, "__slots__": ("rocm_sd_source",) + _SLOTS[kind]})
     return _SUBCLASSES[key]
 
@@ -141,7 +159,7 @@ def unpatched(module):
             return module
 
 
-class FusedAway(nn.Identity):
+class FusedAway(_OwnSettings, nn.Identity):
     """An activation computed by the norm copy before it (group_norm_copy's act): nothing left to do here."""
     __slots__ = ("rocm_sd_source",)
 
