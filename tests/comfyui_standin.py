@@ -54,3 +54,11 @@ def run_patched_with_stats(patcher, x, ctx):
         return out, rocm_sd.stats()
     finally:
         patcher.unpatch_model()
+
+
+def sample_once(patcher, x, ctx):
+    """One evaluation as a KSampler runs it: ComfyUI loads the MODEL (load_models_gpu), and it stays loaded after."""
+    import comfy.model_management
+
+    comfy.model_management.load_models_gpu([patcher])
+    return run_model(patcher, x, ctx)

@@ -222,7 +222,7 @@ def test_patch_sd_model_computes_the_same_and_reverts_exactly(webui, monkeypatch
     with torch.inference_mode():
         expected = unet(x), vae(z)
         record = patch_sd_model(model)
-        assert type(unet.in_layers[0]).__name__ == "RocmGroupNorm" and type(unet.in_layers[1]) is torch.nn.Identity
+        assert type(unet.in_layers[0]).__name__ == "RocmGroupNorm" and isinstance(unet.in_layers[1], torch.nn.Identity)
         assert type(unet.norm).__name__ == "RocmLayerNorm" and type(unet.in_layers[2]).__name__ == "RocmConv2d"
         assert type(vae[1]).__name__ == "RocmUpsample" and "forward" in unet.__dict__
         got = unet(x), vae(z)
@@ -259,3 +259,32 @@ def test_settings_apply_and_undo_follow_the_optimization(webui, script):
     finally:
         sd_models.model_data.sd_model = None
         shared.opts.set("rocm_sd_channels_last", True)
+
+
+def test_tiling_sets_circular_padding_after_the_patch_and_the_copies_follow(webui, monkeypatch):
+    """The webui's "Tiling" (sd_hijack's apply_circular) sets padding_mode="circular" on the convolutions it gathered
+    when the model loaded, the originals, after rocm_sd patched the model: the channels_last copies and the folded VAE
+    upsampler (which assumes zero padding) must compute what the webui computes with it."""
+    from types import SimpleNamespace
+
+    from rocm_sd.patch.a1111 import patch_sd_model
+
+    model = _tiny_sd_model()
+    unet, vae = model.model.diffusion_model, model.first_stage_model
+    gathered = [m for m in (*unet.modules(), *vae.modules()) if type(m) == torch.nn.Conv2d]
+    x, z = torch.randn(2, 8, 6, 6), torch.randn(1, 8, 4, 4)
+    record = patch_sd_model(model)
+    monkeypatch.setitem(sys.modules, "modules.sd_hijack",
+                        SimpleNamespace(model_hijack=SimpleNamespace(circular_enabled=True)))
+    for conv in gathered:
+        conv.padding_mode = "circular"
+    with torch.inference_mode():
+        got = unet(x), vae(z)
+        record.revert()
+        expected = unet(x), vae(z)
+        for conv in gathered:
+            conv.padding_mode = "zeros"
+        zeros = vae(z)
+    assert (expected[1] - zeros).abs().max() > 1e-2  # the padding mode matters at this size
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)

@@ -358,3 +358,44 @@ def test_tune_node_on_a_machine_without_gpu_passes_through(comfy, nodes, caplog)
     # The real tuner: it refuses to measure without a GPU (exit 2), the node says so and passes the model on.
     assert nodes.RocmSDTune().tune(patcher, width=64, height=64)[0] is patcher
     assert "tuning stopped" in caplog.text and "exited 2" in caplog.text
+
+
+def test_vae_node_follows_a_circular_padding_set_later(comfy, nodes):
+    """Seamless-tiling nodes set padding_mode="circular" on the VAE's Conv2d modules after the VAE node ran: the
+    channels_last copies and the folded upsamplers (which assume zero padding) compute what ComfyUI computes."""
+    vae = comfy["VAE"]()
+    for p in vae.first_stage_model.parameters():
+        p.data.normal_(0, 0.2)
+    z = torch.randn(1, 4, 8, 8)
+    (optimized,) = nodes.RocmSDOptimizeVAE().optimize(vae)
+    with torch.inference_mode():
+        zeros = vae.decode(z)
+        for module in vae.first_stage_model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.padding_mode = "circular"
+        reference = vae.decode(z)
+        assert (reference - zeros).abs().max() > 1e-2
+        torch.testing.assert_close(optimized.decode(z), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_each_execution_says_what_it_declined_and_that_step_caching_changes_images(comfy, nodes, caplog):
+    """Issue 46, item 7: step caching changes images, and it said nothing; a declined option was said at the first
+    execution of the session only. Every execution says both, each line once."""
+    import logging
+
+    from comfy.ldm.modules.diffusionmodules.openaimodel import LeveledUNetModel
+
+    patcher = standin_model(comfy, unet_model=LeveledUNetModel, attention_levels=(1,), adm_in_channels=12)
+    caplog.set_level(logging.INFO, logger="rocm_sd.comfyui")
+    for _ in range(2):
+        caplog.clear()
+        for name in ("precision", "attention_precision"):  # a second node of the workflow declining the same
+            nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=False, cache="deepcache", **{name: "fp8"})
+            lines = [r.getMessage() for r in caplog.records if r.name == "rocm_sd.comfyui"]
+            caplog.clear()
+            cache = [line for line in lines if "step cache 'deepcache' active" in line]
+            assert len(cache) == 1 and "images differ" in cache[0] and "one full evaluation in 3" in cache[0]
+            assert len([line for line in lines if f"{name}=fp8 not applied" in line]) == 1
+            assert len(lines) == len(set(lines))
+    (plain,) = nodes.RocmSDOptimizeModel().optimize(patcher, cuda_graph=False)
+    assert not any("step cache" in r.getMessage() for r in caplog.records)

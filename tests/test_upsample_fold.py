@@ -87,3 +87,27 @@ def test_folded_upsample_on_gpu_at_a_vae_shape(dtype):
     # The folded kernel adds taps before rounding: the shared rule, at most twice diffusers' own error.
     ok, err, allowed = within_tolerance(out, truth, reference)
     assert ok, (err, allowed)
+
+
+@pytest.mark.parametrize("mode", ["circular", "reflect", "replicate"])
+def test_a_padding_mode_set_after_patching_takes_the_hosts_own_path(mode):
+    """The webui's tiling and ComfyUI's seamless-tiling nodes set padding_mode on every Conv2d after the model is
+    patched; the folded kernels assume zeros outside the image, so such calls run the host's convolution (diffusers'
+    Upsample2D under optimize(), a host's Upsample through its kernel-backed copy), and zero padding folds again."""
+    from rocm_sd.modules.host_copies import upsample_copy
+    from tests.test_a1111 import _Upsample  # a host's own VAE Upsample (ldm's, ComfyUI's): nearest 2x, 3x3 conv
+
+    module, x = make()
+    patch_upsamplers(module, PatchRecord())
+    host = _Upsample(16)
+    copy = upsample_copy(host)
+    y = torch.randn(2, 16, 5, 7)
+    with torch.no_grad():
+        for conv in (module.conv, host.conv):
+            conv.padding_mode = mode
+        assert torch.equal(module(x), type(module).forward(module, x))
+        assert torch.equal(copy(y), host(y))
+        for conv in (module.conv, host.conv):
+            conv.padding_mode = "zeros"
+        torch.testing.assert_close(copy(y), host(y), rtol=1e-5, atol=1e-5)
+        assert copy.rocm_sd_folded  # the folded kernels ran

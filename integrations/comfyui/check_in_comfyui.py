@@ -7,7 +7,9 @@ ComfyUI's ModelPatcher with and without "rocm_sd Optimize Model" / "rocm_sd Opti
 the outputs agree, the attention override is called, the object patches are in place while the model is
 loaded, and the original model is exactly itself again afterwards; then KSampler's own path agrees with
 and without the node and (on a GPU) replays the node's captured graph, also with the node's 8-bit `precision`
-(on a GPU) and a weight patch; "rocm_sd Tune" reads the architecture from ComfyUI's model configs (the tuning
+(on a GPU) and a weight patch; the node run while another clone of the model is loaded (a LoRA'd one, the previous
+run's optimized one: re-queues, a LoRA strength or an option changed, the node chained on its own output) gives what
+its input gives; "rocm_sd Tune" reads the architecture from ComfyUI's model configs (the tuning
 itself is not run). Exits non-zero on any failure.
 """
 import argparse
@@ -199,6 +201,66 @@ def controlnet_for(torch, comfy, patcher, device, dtype):
     return comfy.controlnet.ControlNet(model, load_device=device)
 
 
+def check_requeue_orders(torch, comfy, nodes, device, dtype):
+    """The node executes before its KSampler loads anything, often while another clone of the same model is ComfyUI's
+    loaded model (issue 46): in each order below the optimized MODEL must sample as its input does, never with the
+    loaded clone's weights or copies. LoRA: a weight patch ("diff") on every convolution and norm weight."""
+    g = torch.Generator().manual_seed(6)
+    x, ctx = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 7, 64, generator=g)
+    x, ctx, t = x.to(device, dtype), ctx.to(device, dtype), torch.tensor([500.0, 500.0], device=device)
+    optimize = nodes["RocmSDOptimizeModel"]().optimize
+    base = small_model(torch, comfy, device, dtype)
+    keys = [f"{name}.weight" for name, m in base.model.named_modules()
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.LayerNorm))]
+    diffs = {k: v for k, v in base.model.state_dict().items() if k in keys}
+
+    def lora(p, strength=1.0, scale=0.5):
+        clone = p.clone()
+        clone.add_patches({k: (torch.randn(w.shape, generator=torch.Generator().manual_seed(7)).to(w) * scale,)
+                           for k, w in diffs.items()}, strength)
+        return clone
+
+    def run(p):
+        comfy.model_management.load_models_gpu([p])
+        with torch.inference_mode():
+            return p.model.apply_model(x, t, c_crossattn=ctx, transformer_options=p.model_options["transformer_options"])
+
+    def fresh(p):
+        comfy.model_management.unload_all_models()
+        out = run(p)
+        comfy.model_management.unload_all_models()
+        return out
+
+    reference, full, half, one_percent = base, lora(base), lora(base, 0.5), lora(base, scale=0.01)
+    expected = {id(p): fresh(p) for p in (reference, full, half, one_percent)}
+    cases = {}
+
+    def case(name, order):
+        comfy.model_management.unload_all_models()
+        optimized, truth = order()
+        cases[name] = (relative_difference(run(optimized), expected[id(truth)]),
+                       relative_difference(expected[id(truth)], expected[id(base)]) if truth is not base else None)
+
+    case("LoRA'd clone loaded when the node runs", lambda: (run(full), (optimize(base)[0], base))[1])
+    case("a 1% weight patch loaded when the node runs", lambda: (run(one_percent), (optimize(base)[0], base))[1])
+    case("re-queue after a LoRA strength change", lambda: (run(optimize(full)[0]), (optimize(half)[0], half))[1])
+    case("re-queue with an option changed and the LoRA removed",
+         lambda: (run(optimize(full)[0]), (optimize(base, layer_norm=False)[0], base))[1])
+    optimized = optimize(base)[0]
+    case("a LoRA after the node, after the node alone and the plain model",
+         lambda: (run(optimized), run(base), (lora(optimized), full))[2])
+    case("chained on its own output with another optimized clone loaded",  # the first node ran with none loaded
+         lambda: (once := optimize(base)[0], run(optimize(base)[0]), (optimize(once, channels_last=False)[0], base))[2])
+    comfy.model_management.unload_all_models()
+    tolerance = _tolerance(torch, dtype)
+    effect = relative_difference(expected[id(one_percent)], expected[id(base)])
+    for name, (diff, lora_effect) in cases.items():
+        print(f"requeue order, {name}: max relative difference {diff:.2e}"
+              + (f" (the LoRA's own effect {lora_effect:.2e})" if lora_effect is not None else ""))
+    print(f"requeue orders: the 1% patch's own effect {effect:.2e}, tolerance {tolerance:.0e}")
+    return effect > 3 * tolerance and all(diff <= tolerance for diff, _ in cases.values())
+
+
 def check_tune_node(torch, comfy, nodes):
     """"rocm_sd Tune" reads the architecture from ComfyUI's own model config objects (SD1.5 and SDXL, small
     channel counts, real context widths) and asks the tuner for it; the tuning itself is not run here."""
@@ -301,7 +363,7 @@ def main():
           f"{hasattr(comfy.ldm.modules.attention, 'wrap_attn')}")
     nodes = load_nodes()
     ok = (check_model(torch, comfy, nodes, device, dtype) and check_sampler(torch, comfy, nodes, device, dtype)
-          and check_precision(torch, comfy, nodes, device, dtype) and check_tune_node(torch, comfy, nodes)
+          and check_requeue_orders(torch, comfy, nodes, device, dtype) and check_precision(torch, comfy, nodes, device, dtype) and check_tune_node(torch, comfy, nodes)
           and check_vae(torch, comfy, nodes))
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)

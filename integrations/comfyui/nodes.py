@@ -7,7 +7,8 @@ through the patcher's object patches, so ComfyUI's own load/unload, offload, LoR
 low-VRAM casting keep working and the input model is never touched; attention goes through ComfyUI's
 per-model override where the running ComfyUI has it (feature-detected), else attn1/attn2 replace patches;
 each model evaluation replays a captured graph through the patcher's model_function_wrapper.
-Without rocm_sd (or without its kernels) the nodes pass the model through and say why, once.
+Without rocm_sd (or without its kernels) the nodes pass the model through and say why, once. What a node declines or
+turns on that changes images (step caching) it says at every execution, each line once per execution.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ log = logging.getLogger("rocm_sd.comfyui")
 try:
     import torch
 
-    from rocm_sd.patch.comfy import (conv_swaps, model_architecture, norm_swaps, patch_model_patcher, upsample_swaps,
-                                     vae_attention)
+    from rocm_sd.patch.comfy import (conv_swaps, model_architecture, model_paths, norm_swaps, patch_model_patcher,
+                                     upsample_swaps, vae_attention)
+    from rocm_sd.patch.comfy_graph import installed_step_cache, step_cache_notice
     UNAVAILABLE = None
 except ImportError as exc:  # the node must load in any ComfyUI, even one without rocm_sd installed
     UNAVAILABLE = f"rocm_sd is not importable ({exc}); install it into ComfyUI's Python environment"
@@ -30,8 +32,16 @@ _said = set()
 
 
 def _say_once(message: str) -> None:
+    """For facts of the session (rocm_sd or its kernels missing): said at the first execution only."""
     if message not in _said:
         _said.add(message)
+        log.warning("rocm_sd: %s", message)
+
+
+def _say(messages: list[str]) -> None:
+    """For what one execution declined or turned on: said at every execution (a user who changes an option sees what
+    it did), each distinct line once."""
+    for message in dict.fromkeys(messages):
         log.warning("rocm_sd: %s", message)
 
 
@@ -106,8 +116,8 @@ class RocmSDOptimizeModel:
                                             cache_threshold=cache_threshold, precision=precision,
                                             cache_branch=cache_branch, precision_layers=precision_layers,
                                             attention_precision=attention_precision)
-        for why in not_installed:
-            _say_once(why)
+        step_cache = installed_step_cache(patched)
+        _say(not_installed + ([step_cache_notice(step_cache)] if step_cache is not None else []))
         _report_kernels()
         return (patched,)
 
@@ -138,13 +148,13 @@ class RocmSDOptimizeVAE:
             return (vae,)
         patched = copy.copy(vae)
         patched.patcher = vae.patcher.clone()
-        root = vae.first_stage_model
-        for path, module in norm_swaps(root, group_norm, layer_norm=False).items():
+        root, resolve = vae.first_stage_model, model_paths(vae.patcher)
+        for path, module in norm_swaps(root, group_norm, layer_norm=False, resolve=resolve).items():
             patched.patcher.add_object_patch(path, module)
-        upsamplers = upsample_swaps(root) if fold_upsample else {}
+        upsamplers = upsample_swaps(root, resolve) if fold_upsample else {}
         for path, module in upsamplers.items():
             patched.patcher.add_object_patch(path, module)
-        for path, module in (conv_swaps(root, skip=upsamplers) if channels_last else {}).items():
+        for path, module in (conv_swaps(root, upsamplers, resolve) if channels_last else {}).items():
             patched.patcher.add_object_patch(path, module)
         if attention:
             for name, module in root.named_modules():
@@ -189,7 +199,7 @@ class RocmSDTune:
         try:
             arch = model_architecture(model)
         except ValueError as error:
-            _say_once(f"nothing tuned: {error}")
+            _say([f"nothing tuned: {error}"])
             return (model,)
         argv = ["--model", arch, "--width", str(width), "--height", str(height), "--batch", str(batch_size)]
         argv += (["--resume"] if resume else []) + (["--budget-s", str(60 * budget_minutes)] if budget_minutes else [])
@@ -199,7 +209,7 @@ class RocmSDTune:
 
         status = tune_cli.main(argv)
         if status:
-            _say_once(f"tuning stopped (python -m rocm_sd.tune {' '.join(argv)} exited {status}); see the log above")
+            _say([f"tuning stopped (python -m rocm_sd.tune {' '.join(argv)} exited {status}); see the log above"])
         return (model,)
 
 

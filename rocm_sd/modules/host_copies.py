@@ -1,10 +1,14 @@
 """Kernel-backed copies of a host app's own modules (norms, upsamplers, 8-bit linears), for hosts that patch by object replacement
 (ComfyUI's object patches, A1111's module hijacks) rather than by rocm_sd's in-place optimize().
 
-The copy keeps the module's class (a subclass is made on the fly), its attributes and its very
-parameter objects, so the host's weight patching (LoRA), offloading and casting still find what they
-expect. Whenever the host would take its own path for a call (weights cast or streamed per call, as
-ComfyUI does in low-VRAM mode), the copy runs the original forward and applies the activation after it.
+The copy keeps the module's class (a subclass is made on the fly) and is a second face of the module itself: it
+shares the module's attribute dictionary, so its parameter slots, children and every piece of the host's bookkeeping
+(ComfyUI's loaded-and-patched flags and low-VRAM casting, the webui's LoRA backups, a padding mode set later) are the
+module's, read at call time, never a snapshot taken when the copy was made. A host that swaps a weight through
+either face (ComfyUI sets a LoRA'd Parameter on whatever module its path holds, and restores the backup the same
+way) swaps it for both. The copy's own settings live in slots, outside that dictionary. Whenever the host would take
+its own path for a call (weights cast or streamed per call, as ComfyUI does in low-VRAM mode), the copy runs the
+original forward and applies the activation after it. `unpatched()` gives the module a copy was made of.
 """
 from __future__ import annotations
 
@@ -22,10 +26,34 @@ from .pointwise import is_pointwise
 from .quantized_linear import QuantizedHostCopy, remember_rows
 
 _SUBCLASSES: dict[tuple[type, str], type] = {}
+# Each kind's own settings (slots: per copy, outside the dictionary it shares with its module).
+_SLOTS = {"group_norm": ("rocm_sd_act", "rocm_sd_host_path"),
+          "upsample": ("rocm_sd_host_path", "rocm_sd_folded"),
+          "conv_channels_last": ("rocm_sd_host_path",),
+          "layer_norm": ("rocm_sd_host_path", "rocm_sd_quantized_output"),
+          "quantized_linear": ()}
 
 
 def _never(module: nn.Module) -> bool:
     return False
+
+
+class _OwnSettings:
+    """Keeps a copy's slots through copy.deepcopy and pickle, which nn.Module does by its __dict__ alone."""
+    __slots__ = ()
+    _KEY = "_rocm_sd_slots"
+
+    def __getstate__(self):
+        names = [n for cls in type(self).__mro__ for n in cls.__dict__.get("__slots__", ())]
+        state = super().__getstate__()
+        state[self._KEY] = {n: object.__getattribute__(self, n) for n in names if hasattr(self, n)}
+        return state
+
+    def __setstate__(self, state):
+        slots = state.pop(self._KEY, {})
+        super().__setstate__(state)
+        for name, value in slots.items():
+            object.__setattr__(self, name, value)
 
 
 def _subclass(base: type, kind: str) -> type:
@@ -39,11 +67,13 @@ def _subclass(base: type, kind: str) -> type:
                     return F.silu(y) if silu else y
                 return group_norm.call(x, self.num_groups, self.weight, self.bias, self.eps, silu, None)
         elif kind == "upsample":
-            from .upsample import folded_upsample_conv
+            from .upsample import conv_foldable, folded_upsample_conv
 
             def forward(self, x):
-                if (self.rocm_sd_host_path(self.conv) or x.dim() != 4 or x.dtype != self.conv.weight.dtype
-                        or torch.compiler.is_compiling()):
+                # conv_foldable at call time: a padding mode set after the copy was made (the webui's tiling sets
+                # "circular") is not the zero padding the folded kernels assume.
+                if (self.rocm_sd_host_path(self.conv) or not conv_foldable(self.conv) or x.dim() != 4
+                        or x.dtype != self.conv.weight.dtype or torch.compiler.is_compiling()):
                     return base.forward(self, x)
                 return folded_upsample_conv(x, self.conv, self.rocm_sd_folded)
         elif kind == "conv_channels_last":
@@ -58,7 +88,8 @@ def _subclass(base: type, kind: str) -> type:
                 # Parameter stays as it is for its weight patching (LoRA) and memory accounting.
                 return self._conv_forward(x, self.weight.contiguous(memory_format=torch.channels_last), self.bias)
         elif kind == "quantized_linear":  # the forward is QuantizedHostCopy's
-            _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (QuantizedHostCopy, base), {"__module__": __name__})
+            _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (_OwnSettings, QuantizedHostCopy, base),
+                                    {"__module__": __name__, "__slots__": ("rocm_sd_source",)})
             return _SUBCLASSES[key]
         else:
             def forward(self, x):
@@ -75,14 +106,15 @@ def _subclass(base: type, kind: str) -> type:
                 y, q, scale = layer_norm_quantize_rows.call(x, self.weight, self.bias, self.eps, fmt)
                 remember_rows(y, fmt, q, scale, trusted=True)
                 return y
-        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
+        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (_OwnSettings, base), {
+            "forward": forward, "__module__": __name__, "__slots__": ("rocm_sd_source",) + _SLOTS[kind]})
     return _SUBCLASSES[key]
 
 
 def upsample_copy(module: nn.Module, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
     """A host's nearest-2x-then-conv upsampler (`conv`, a 3x3 nn.Conv2d, after interpolation) running the folded
     2x2 convolution of modules/upsample.py, unless host_path(conv)."""
-    new = copy_as(module, _subclass(type(module), "upsample"))
+    new = host_face(module, _subclass(type(unpatched(module)), "upsample"))
     new.rocm_sd_host_path, new.rocm_sd_folded = host_path, {}
     return new
 
@@ -92,7 +124,7 @@ def conv_channels_last_copy(module: nn.Conv2d, host_path: Callable[[nn.Module], 
     outputs, and so the activations after it, are channels_last."""
     if not isinstance(module, nn.Conv2d):
         raise TypeError(f"expected an nn.Conv2d, got {type(module).__name__}")
-    new = copy_as(module, _subclass(type(module), "conv_channels_last"))
+    new = host_face(module, _subclass(type(unpatched(module)), "conv_channels_last"))
     new.rocm_sd_host_path = host_path
     return new
 
@@ -107,12 +139,44 @@ def copy_as(module: nn.Module, cls: type) -> nn.Module:
     return new
 
 
+def host_face(module: nn.Module, cls: type) -> nn.Module:
+    """`module` as an instance of `cls` (a subclass of its class with slots for its own settings) sharing the module's
+    attribute dictionary: its parameters, children and host bookkeeping are the module's, whenever they are read.
+    `module` is unpatched() first: a copy is never made of a copy."""
+    module = unpatched(module)
+    new = cls.__new__(cls)
+    object.__setattr__(new, "__dict__", module.__dict__)
+    object.__setattr__(new, "rocm_sd_source", module)  # a slot: not registered as a child module
+    return new
+
+
+def unpatched(module):
+    """The host's own module behind a copy made here (or behind fused_away's Identity); anything else as it is."""
+    while True:
+        try:
+            module = object.__getattribute__(module, "rocm_sd_source")
+        except AttributeError:
+            return module
+
+
+class FusedAway(_OwnSettings, nn.Identity):
+    """An activation computed by the norm copy before it (group_norm_copy's act): nothing left to do here."""
+    __slots__ = ("rocm_sd_source",)
+
+
+def fused_away(module: nn.Module) -> nn.Module:
+    """An Identity standing in for `module`, an activation fused into the copy before it (unpatched() gives it back)."""
+    new = FusedAway()
+    object.__setattr__(new, "rocm_sd_source", unpatched(module))
+    return new
+
+
 def group_norm_copy(module: nn.GroupNorm, act: str | None = None,
                     host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
     """`module` followed by `act` (None or "silu") as one rocm_sd::group_norm call, unless host_path(copy)."""
     if not isinstance(module, nn.GroupNorm):
         raise TypeError(f"expected an nn.GroupNorm, got {type(module).__name__}")
-    new = copy_as(module, _subclass(type(module), "group_norm"))
+    new = host_face(module, _subclass(type(unpatched(module)), "group_norm"))
     new.rocm_sd_act, new.rocm_sd_host_path = act, host_path
     return new
 
@@ -122,7 +186,7 @@ def layer_norm_copy(module: nn.LayerNorm, host_path: Callable[[nn.Module], bool]
     `rocm_sd_quantized_output` (None) may name the 8-bit format its every consumer multiplies in."""
     if not isinstance(module, nn.LayerNorm):
         raise TypeError(f"expected an nn.LayerNorm, got {type(module).__name__}")
-    new = copy_as(module, _subclass(type(module), "layer_norm"))
+    new = host_face(module, _subclass(type(unpatched(module)), "layer_norm"))
     new.rocm_sd_host_path, new.rocm_sd_quantized_output = host_path, None
     return new
 
@@ -135,6 +199,11 @@ def quantized_linear_copy(module: nn.Module, format: str,
         raise ValueError(f"quantized_linear_copy: format {format!r} is not one of {', '.join(FORMATS)}")
     if not (isinstance(module, nn.Linear) or is_pointwise(module, any_class=True)):
         raise TypeError(f"expected an nn.Linear or a 1x1 nn.Conv2d, got {type(module).__name__}")
+    module = unpatched(module)
     new = copy_as(module, _subclass(type(module), "quantized_linear"))
+    # A dictionary of its own (the 8-bit weights are buffers of this copy), but the module's parameter slots: the
+    # weight quantized is the one the host installed last, never one captured when the copy was made.
+    new._parameters = module._parameters
+    object.__setattr__(new, "rocm_sd_source", module)
     new.rocm_sd_format, new.rocm_sd_conv, new.rocm_sd_host_path = format, isinstance(module, nn.Conv2d), host_path
     return new

@@ -9,10 +9,11 @@ by one pixel, and the "pixel shuffle" puts each parity's pixels in place and add
 rocm_sd::parity_shuffle (one pass) for channels_last activations, its PyTorch reference otherwise. The folded
 kernels are summed in fp32 and cached per weight version; results differ from diffusers' by rounding.
 
-Covered: diffusers' Upsample2D with a 3x3, stride 1, padding 1 convolution after nearest 2x interpolation
+Covered: diffusers' Upsample2D with a 3x3, stride 1, zero padding 1 convolution after nearest 2x interpolation
 (the SD UNet's and the VAE decoder's up blocks), and ComfyUI's VAE Upsample through patch/comfy.py. Anything
-else (an explicit output size other than 2x, norms, transposed convolutions, torch.compile tracing)
-runs the host's own forward.
+else (an explicit output size other than 2x, norms, transposed convolutions, torch.compile tracing, another
+padding mode: the fold assumes zeros outside the image, so a convolution set to "circular" after patching, as the
+webui's tiling and ComfyUI's seamless-tiling nodes do, is checked at every call) runs the host's own forward.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def upsample_forward(self, hidden_states: torch.Tensor, output_size=None, *args,
     conv = _conv_of(self)
     h, w = hidden_states.shape[-2:] if hidden_states.dim() == 4 else (0, 0)
     if (args or kwargs or hidden_states.dim() != 4 or (output_size is not None and tuple(output_size) != (2 * h, 2 * w))
-            or not (isinstance(conv, nn.Conv2d) and called_plainly(conv))
+            or not (conv_foldable(conv) and called_plainly(conv))  # at call time: a padding mode set since
             or hidden_states.dtype != conv.weight.dtype
             or torch.compiler.is_compiling()):  # the weight cache cannot be traced; the compiler fuses its own way
         return type(self).forward(self, hidden_states, output_size, *args, **kwargs)

@@ -45,20 +45,12 @@ def webui_host_path(module: nn.Module) -> bool:
     return False
 
 
-def _sync_back(copy: nn.Module, original: nn.Module) -> None:
-    """Hand the webui's per-module bookkeeping, set on the copy while it ran (LoRA's network_current_names and weight
-    backups), back to the original, so that the webui's next LoRA change restores the right weights."""
-    for name, value in copy.__dict__.items():
-        if name.startswith("network_"):
-            original.__dict__[name] = value
-
-
 def _install(record: PatchRecord, root: nn.Module, swaps: dict[str, nn.Module], count: str) -> None:
     for path, new in swaps.items():
         parent_path, _, name = path.rpartition(".")
         parent = root.get_submodule(parent_path) if parent_path else root
-        old = getattr(parent, name)
-        record.on_revert(_sync_back, new, old)
+        # The copies share the original's attribute dictionary (modules/host_copies.py): what the webui sets on them
+        # while they run (LoRA's network_current_names and weight backups) is the original's when it comes back.
         record.replace_child(parent, name, new)
         record.counts[count] += 1
 

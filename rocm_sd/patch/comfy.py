@@ -28,19 +28,36 @@ def _host_casts(module) -> bool:
 
 # ---- which modules are which: patch/ldm_swaps.py, with ComfyUI's own path for weights it casts per call -------
 
-def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True) -> dict[str, object]:
+def model_paths(patcher, prefix: str = "") -> ldm_swaps.Resolve:
+    """ldm_swaps' `resolve` for the ModelPatcher `patcher` (`prefix`: its object patches' path of the root walked,
+    "diffusion_model." for a UNet): the module the MODEL's own object patches put at a path; else the model's own
+    module, which ComfyUI keeps in object_patches_backup (shared by all clones) while the object patch of another,
+    loaded clone holds the path; else the module there. The node runs when ComfyUI says, often while another clone
+    of the model is loaded (a LoRA'd MODEL, the previous run's optimized one): what the model shows then is that
+    clone's."""
+    patches = getattr(patcher, "object_patches", {})
+    backups = getattr(patcher, "object_patches_backup", {})
+
+    def resolve(path: str, module):
+        key = prefix + path if path else prefix.rstrip(".")
+        return patches[key] if key in patches else backups.get(key, module)
+    return resolve
+
+
+def norm_swaps(root, group_norm: bool = True, layer_norm: bool = True,
+               resolve: ldm_swaps.Resolve | None = None) -> dict[str, object]:
     """ldm_swaps.norm_swaps for a ComfyUI UNet or VAE."""
-    return ldm_swaps.norm_swaps(root, group_norm, layer_norm, host_path=_host_casts)
+    return ldm_swaps.norm_swaps(root, group_norm, layer_norm, host_path=_host_casts, resolve=resolve)
 
 
-def upsample_swaps(root) -> dict[str, object]:
+def upsample_swaps(root, resolve: ldm_swaps.Resolve | None = None) -> dict[str, object]:
     """ldm_swaps.upsample_swaps for a ComfyUI VAE."""
-    return ldm_swaps.upsample_swaps(root, host_path=_host_casts)
+    return ldm_swaps.upsample_swaps(root, host_path=_host_casts, resolve=resolve)
 
 
-def conv_swaps(root, skip: dict | None = None) -> dict[str, object]:
+def conv_swaps(root, skip: dict | None = None, resolve: ldm_swaps.Resolve | None = None) -> dict[str, object]:
     """ldm_swaps.conv_swaps for a ComfyUI UNet or VAE."""
-    return ldm_swaps.conv_swaps(root, skip, host_path=_host_casts)
+    return ldm_swaps.conv_swaps(root, skip, host_path=_host_casts, resolve=resolve)
 
 
 def model_architecture(patcher) -> str:
@@ -139,16 +156,17 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
     not_installed = []
-    swaps = norm_swaps(diffusion_model, group_norm, layer_norm)
+    resolve = model_paths(patcher, "diffusion_model.")
+    swaps = norm_swaps(diffusion_model, group_norm, layer_norm, resolve)
     if channels_last:
-        swaps.update(conv_swaps(diffusion_model))
+        swaps.update(conv_swaps(diffusion_model, resolve=resolve))
     if precision != "fp16":
         fmt, why = precision_patch.number_format(patcher.load_device, precision)
         if why:
             not_installed.append(f"precision={precision} not applied: {why}")
         else:
             swaps.update(quantized_swaps(diffusion_model, fmt, precision_patch.MULTIPLE[precision], swaps,
-                                         measured=precision_layers == "measured"))
+                                         measured=precision_layers == "measured", resolve=resolve))
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
     fp8_format = None
@@ -174,16 +192,17 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
 
 
 def quantized_swaps(diffusion_model, format: str, multiple: int, norms: dict[str, object],
-                    measured: bool = True) -> dict[str, object]:
+                    measured: bool = True, resolve: ldm_swaps.Resolve | None = None) -> dict[str, object]:
     """ldm_swaps.quantized_linear_swaps for a ComfyUI UNet. The transformer blocks' LayerNorm copies among `norms`
     (norm_swaps' output: none when layer_norm is off) whose every consumer is quantized write their output quantized
     too. A layer whose weights ComfyUI streams or patches per call (low-VRAM mode) runs ComfyUI's own forward; one
     whose weights ComfyUI stores in fp8 itself (weight_dtype fp8_e4m3fn) is quantized from them. With `measured`
     (precision_layers="measured") each layer goes back to ComfyUI's own forward at its first call where the tuning
     database measured fp16 faster (QuantizedHostCopy.rocm_sd_offer_fp16)."""
-    swaps = ldm_swaps.quantized_linear_swaps(diffusion_model, format, multiple, host_path=_host_patches_per_call)
+    swaps = ldm_swaps.quantized_linear_swaps(diffusion_model, format, multiple, host_path=_host_patches_per_call,
+                                             resolve=resolve)
     sharers, producers = dict.fromkeys(swaps, 1), {path: [] for path in swaps}
-    for norm, paths, all_quantized in ldm_swaps.quantized_input_groups(diffusion_model, swaps):
+    for norm, paths, all_quantized in ldm_swaps.quantized_input_groups(diffusion_model, swaps, resolve):
         writes = all_quantized and hasattr(norms.get(norm), "rocm_sd_quantized_output")
         if writes:
             norms[norm].rocm_sd_quantized_output = format

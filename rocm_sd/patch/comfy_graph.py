@@ -193,6 +193,22 @@ def _install_wrapper(patcher, wrapper) -> str | None:
     return None
 
 
+def installed_step_cache(patcher) -> ComfyStepCache | None:
+    """The step cache every evaluation of `patcher` runs through (install_graphs' or install_step_cache's), or None."""
+    wrapper = patcher.model_options.get("model_function_wrapper")
+    return wrapper.step_cache if isinstance(wrapper, GraphedModelFunction) else \
+        wrapper if isinstance(wrapper, ComfyStepCache) else None
+
+
+def step_cache_notice(step_cache: ComfyStepCache) -> str:
+    """What the node says of an active step cache: that it is on, its setting, and that images change."""
+    schedule = step_cache.schedule
+    setting = (f"one full evaluation in {schedule.interval}" if schedule.mode == "deepcache"
+               else f"a full evaluation when the input moved by {schedule.threshold:g}")
+    return (f"step cache '{schedule.mode}' active ({setting}, cache_branch {step_cache.branch}): the other "
+            f"evaluations reuse cached deep features, so images differ from the model's own (docs/step_cache.md)")
+
+
 def graph_stats(patcher) -> Counter:
     """The statistics of the wrapper install_graphs or install_step_cache put on `patcher` (empty when it has none):
     graph captures, replays and eager calls, and the step cache's counts."""
