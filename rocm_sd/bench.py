@@ -25,7 +25,9 @@ row saying so, not fp16 numbers under its name.
 Per engine: the first call (compilation or capture included), then the median of --repeats calls,
 peak memory, and agreement with the eager engine: PSNR of the image and max |difference| of the final
 latents. Prints the table and appends the run to <out>/data/<model>-<device>.jsonl (see "Result files" below;
-`python bench/render_results.py` renders the markdown), with a chart of it in <out>/<model>-<device>.png.
+`python bench/render_results.py` renders the markdown), with a chart of it in <out>/<model>-<device>.png. <out> is
+a folder of the user's unless asked (results_folder()): the repository's bench/results takes a run only with --out
+bench/results.
 """
 from __future__ import annotations
 
@@ -60,6 +62,10 @@ MODES = {
     "rocm_sd-attnfp8": {"attention_precision": "fp8"},
 }
 PROMPT = "a watercolor painting of a lighthouse at dawn"
+# Said under the times of a run on a CPU (here and by `demo`): they vary by tens of percent from run to run of the
+# same code, and rocm_sd's kernels are not in them.
+CPU_TIMES = ("On a CPU every op runs PyTorch's code (rocm_sd's kernels run on GPUs): these times and their ratios "
+             "say nothing about GPU speed; the run checks that the optimized pipeline gives the same image.")
 
 
 def _optimize_flags() -> dict[str, bool | None]:
@@ -153,10 +159,21 @@ def _profile_table(generate, device: torch.device, rows: int = 30) -> str:
     return prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=120)
 
 
+def results_folder() -> Path:
+    """Where runs are appended unless the caller names a folder: the user's cache folder, not the current one (run
+    inside a clone, a relative bench/results would add files the repository's tests reject as not rendered)."""
+    from .files import user_cache_dir
+
+    return user_cache_dir() / "bench"
+
+
 def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: int = 1, repeats: int = 3,
-        warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool = False, out_dir: str = "bench/results",
+        warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool = False, out_dir: str | None = None,
         seed: int = 0, profile: bool = False) -> list[dict]:
+    """out_dir: the results folder (default results_folder(); '' writes none)."""
     from tqdm import tqdm
+
+    out_dir = str(results_folder()) if out_dir is None else out_dir
 
     on_gpu = platform.gpu_available()
     device = torch.device("cuda" if on_gpu else "cpu")
@@ -246,6 +263,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int = 50, batch: in
     for label, text in profiles.items():
         table += f"\n\nProfile of one generation, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
+    if not on_gpu:
+        print(f"\n{CPU_TIMES}")
     if out_dir:
         _write(rows, profiles, model, device, out_dir, size, steps, batch)
     return rows

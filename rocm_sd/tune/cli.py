@@ -49,9 +49,8 @@ HARVEST_STEPS = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rocm_sd.tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli_args.command(parser, tune)
+    parser = argparse.ArgumentParser(prog="python -m rocm_sd.tune", description=__doc__)
+    cli_args.command(parser, tune)  # its help formatter: the description as written, each option's default
     parser.add_argument("--model", default="sd15", type=cli_args.tunable_model,
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}), a local "
                              "diffusers model folder, or a .safetensors checkpoint as ComfyUI and A1111 load them "
