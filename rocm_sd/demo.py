@@ -51,6 +51,12 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
     size = size or models.default_size(arch)
     print(f"rocm_sd demo: {arch} architecture (random weights), {size}x{size}, {steps} steps, {dtype}, "
           f"on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'}", flush=True)
+    if not on_gpu:
+        from .cli import torch_mismatch
+
+        mismatch = torch_mismatch()
+        if mismatch:
+            print(f"WARNING: {mismatch}", flush=True)
 
     pipe = models.build_sd_pipeline(arch, device, dtype, seed=seed)
     conditioning = models.prompt_kwargs(pipe, prompt)

@@ -129,3 +129,20 @@ def test_bench_writes_to_a_user_folder_unless_told(tmp_path, monkeypatch):
     result = run_cli_in_process(*common, "--out", "bench/results")
     assert result.returncode == 0, result.stderr
     assert list((tmp_path / "bench" / "results" / "data").glob("tiny-*.jsonl"))
+
+
+@pytest.mark.parametrize("hip, cuda, files, vendor", [
+    (None, "12.8", {"/dev/kfd"}, "AMD"),        # pip's default CUDA torch on an AMD machine
+    (None, None, {"/dev/nvidiactl"}, "NVIDIA"),  # a CPU torch on an NVIDIA machine
+    ("6.4", None, {"/dev/kfd"}, None),           # the ROCm torch where it belongs
+    (None, None, set(), None),                   # no GPU: a CPU torch is right
+])
+def test_info_warns_when_torch_cannot_use_the_gpu_present(monkeypatch, hip, cuda, files, vendor):
+    from rocm_sd import cli
+
+    monkeypatch.setattr(cli.torch.version, "hip", hip)
+    monkeypatch.setattr(cli.torch.version, "cuda", cuda)
+    why = cli.torch_mismatch(exists=files.__contains__)
+    assert (why is None) == (vendor is None)
+    if vendor:
+        assert f"{vendor} GPU" in why and "install the" in why
