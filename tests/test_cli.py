@@ -146,3 +146,15 @@ def test_info_warns_when_torch_cannot_use_the_gpu_present(monkeypatch, hip, cuda
     assert (why is None) == (vendor is None)
     if vendor:
         assert f"{vendor} GPU" in why and "install the" in why
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="what a listing on a CPU says")
+def test_tune_list_on_a_cpu_says_what_it_lists(capsys):
+    """A CPU runs the model in float32: the listing says that these are not a GPU's problems, and that it writes
+    no database."""
+    from rocm_sd.tune.cli import main as tune_main
+
+    assert tune_main(["--model", "tiny", "--list", "--ops", "geglu"]) == 0
+    out = capsys.readouterr().out
+    assert "geglu|float32|" in out and "(not written by --list / --dry-run)" in out
+    assert "--dtype float16 is the GPU's" in out and "not the problems a GPU tunes" in out

@@ -158,7 +158,10 @@ def tune(args) -> int:
             first, total = by_key.get(layer_call.key, (layer_call, 0))
             by_key[layer_call.key] = (first, total + count // HARVEST_STEPS or 1)
     print(f"{len(by_key)} problems from {sum(calls.values()) + sum(layer_calls.values())} op calls ({args.model}, "
-          f"{HARVEST_STEPS} steps); database {db.path}")
+          f"{HARVEST_STEPS} steps); database {db.path}" + ("" if measuring else " (not written by --list / --dry-run)"))
+    if not on_gpu:
+        print(f"  on a CPU: the model ran in float32 on the CPU (--dtype {args.dtype} is the GPU's), so these are not "
+              "the problems a GPU tunes (dtypes, the GPU-only paths and 8-bit layers differ); list on the GPU")
     for note in db.notes + (notes or []):
         print(f"  {note}")
     if not measuring:
