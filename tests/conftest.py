@@ -55,15 +55,18 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no GPU visible to torch")
     skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or ROCM_SD_RUN_SLOW=1 (.ci/run does)")
     slow, emulation = run_slow(config), build_emulation(config)
+    skip_cold = not emulation and build.compiler() is not None  # without clang++, emulated.MARKS say why
     built = {}
     for item in items:
         if "gpu" in item.keywords and not HAVE_GPU:
             item.add_marker(skip_gpu)
         elif item.get_closest_marker("slow") and not slow:
             item.add_marker(skip_slow)
-        elif not emulation and build.compiler() is not None:
+        elif skip_cold:
             for arch, families in emulated_libraries(item):
-                if built.setdefault((arch, families), build.is_built(arch, list(families))):
+                if (arch, families) not in built:  # is_built hashes the sources: once per library
+                    built[arch, families] = build.is_built(arch, list(families))
+                if built[arch, families]:
                     continue
                 item.add_marker(pytest.mark.skip(reason=(
                     f"the AMD emulation's {arch} {'+'.join(families)} library is not built yet: --run-slow, "
