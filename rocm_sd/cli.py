@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="denoising steps (default: 20 on a GPU, 4 on a CPU)")
     demo.add_argument("--size", type=cli_args.image_size,
                       help="image height and width in pixels (default: the model's)")
-    demo.add_argument("--repeats", type=cli_args.positive_int, default=3, help="timed calls per engine (the median)")
+    demo.add_argument("--repeats", type=cli_args.positive_int, default=3, help="timed calls per pipeline (the median)")
     bench_parser = cli_args.command(sub.add_parser(
         "bench", help="eager, torch.compile and rocm_sd side by side (docs/performance.md protocol)"), _bench)
     bench_parser.add_argument("--model", default=None, choices=sorted(models.ARCHITECTURES),
