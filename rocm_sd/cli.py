@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import os
 
 import torch
 
@@ -39,22 +38,8 @@ def _tuning_summary(device: torch.device) -> str:
     return f"{db.path}: {state}" + "".join(f"; {note}" for note in db.notes)
 
 
-# The device files of each vendor's kernel driver, and the torch build that can use that GPU.
-GPU_DRIVERS = {"AMD": ("/dev/kfd", "hip", "ROCm"), "NVIDIA": ("/dev/nvidiactl", "cuda", "CUDA")}
-
-
-def torch_mismatch(exists=os.path.exists) -> str | None:
-    """Why this torch cannot use the GPU this machine has (a driver's device file is there, but torch is not built for
-    it: e.g. the CUDA torch pip installs by default, ~3 GB, on an AMD machine), or None."""
-    for vendor, (device_file, build, runtime) in GPU_DRIVERS.items():
-        if exists(device_file) and getattr(torch.version, build, None) is None:
-            return (f"this machine has an {vendor} GPU ({device_file}) but this torch has no {runtime} support: "
-                    f"install the {runtime} build of torch (pytorch.org), then reinstall rocm_sd")
-    return None
-
-
 def info() -> int:
-    mismatch = torch_mismatch()
+    mismatch = platform.torch_mismatch()
     rows = [("rocm_sd", __version__), ("torch", f"{torch.__version__} ({platform.runtime_version()})"
                                                 + (f"; WARNING: {mismatch}" if mismatch else "")),
             ("diffusers", _version("diffusers")), ("transformers", _version("transformers"))]

@@ -52,9 +52,7 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
     print(f"rocm_sd demo: {arch} architecture (random weights), {size}x{size}, {steps} steps, {dtype}, "
           f"on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'}", flush=True)
     if not on_gpu:
-        from .cli import torch_mismatch
-
-        mismatch = torch_mismatch()
+        mismatch = platform.torch_mismatch()
         if mismatch:
             print(f"WARNING: {mismatch}", flush=True)
 

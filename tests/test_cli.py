@@ -138,11 +138,13 @@ def test_bench_writes_to_a_user_folder_unless_told(tmp_path, monkeypatch):
     (None, None, set(), None),                   # no GPU: a CPU torch is right
 ])
 def test_info_warns_when_torch_cannot_use_the_gpu_present(monkeypatch, hip, cuda, files, vendor):
-    from rocm_sd import cli
+    import torch
 
-    monkeypatch.setattr(cli.torch.version, "hip", hip)
-    monkeypatch.setattr(cli.torch.version, "cuda", cuda)
-    why = cli.torch_mismatch(exists=files.__contains__)
+    from rocm_sd import platform
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    why = platform.torch_mismatch(exists=files.__contains__)
     assert (why is None) == (vendor is None)
     if vendor:
         assert f"{vendor} GPU" in why and "install the" in why
