@@ -29,8 +29,10 @@ row saying so, not fp16 numbers under its name.
 Per engine: the first call (compilation or capture included), then the median of --repeats calls,
 peak memory, and agreement with the eager engine: PSNR of the image and max |difference| of the final
 latents; and the median time of one call of the denoiser (UNet or transformer) on the inputs the eager engine gave
-it at its first step (ms/step), with its share of device time by kind of kernel under --profile. Prints the table and appends the run to <out>/data/<model>-<device>.jsonl (see "Result files" below;
-`python bench/render_results.py` renders the markdown), with a chart of it in <out>/<model>-<device>.png.
+it at its first step (ms/step), with its share of device time by kind of kernel under --profile. Prints the table and
+appends the run to <out>/data/<model>-<device>.jsonl (see "Result files" below; `python bench/render_results.py`
+renders the markdown), with a chart of it in <out>/<model>-<device>.png. <out> is a folder of the user's unless asked
+(results_folder()): the repository's bench/results takes a run only with --out bench/results.
 """
 from __future__ import annotations
 
@@ -69,6 +71,10 @@ MODES = {
 }
 log = logging.getLogger("rocm_sd")
 PROMPT = "a watercolor painting of a lighthouse at dawn"
+# Said under the times of a run on a CPU (here and by `demo`): they vary by tens of percent from run to run of the
+# same code, and rocm_sd's kernels are not in them.
+CPU_TIMES = ("On a CPU every op runs PyTorch's code (rocm_sd's kernels run on GPUs): these times and their ratios "
+             "say nothing about GPU speed; the run checks that the optimized pipeline gives the same image.")
 
 
 def _optimize_flags() -> dict[str, bool | None]:
@@ -271,10 +277,21 @@ def _step_ms(pipe, step_args, device: torch.device, repeats: int) -> float:
     return statistics.median(times[2:])
 
 
+def results_folder() -> Path:
+    """Where runs are appended unless the caller names a folder: the user's cache folder, not the current one (run
+    inside a clone, a relative bench/results would add files the repository's tests reject as not rendered)."""
+    from .files import user_cache_dir
+
+    return user_cache_dir() / "bench"
+
+
 def run(model: str = "sd15", size: int | None = None, steps: int | None = None, batch: int = 1, repeats: int = 3,
-        warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool | tuple[str, ...] = False, out_dir: str = "bench/results",
-        seed: int = 0, profile: bool = False) -> list[dict]:
+        warmup: int = 2, engines: tuple[str, ...] = ENGINES, ablation: bool | tuple[str, ...] = False,
+        out_dir: str | None = None, seed: int = 0, profile: bool = False) -> list[dict]:
+    """out_dir: the results folder (default results_folder(); '' writes none)."""
     from tqdm import tqdm
+
+    out_dir = str(results_folder()) if out_dir is None else out_dir
 
     on_gpu = platform.gpu_available()
     device = torch.device("cuda" if on_gpu else "cpu")
@@ -400,6 +417,8 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
         what = "one transformer step" if models.is_transformer(model) and kept["step_args"] else "one generation"
         table += f"\n\nProfile of {what}, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
+    if not on_gpu:
+        print(f"\n{CPU_TIMES}")
     if out_dir:
         _write(rows, profiles, model, device, out_dir, size, steps, batch)
     return rows

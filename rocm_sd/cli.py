@@ -39,7 +39,9 @@ def _tuning_summary(device: torch.device) -> str:
 
 
 def info() -> int:
-    rows = [("rocm_sd", __version__), ("torch", f"{torch.__version__} ({platform.runtime_version()})"),
+    mismatch = platform.torch_mismatch()
+    rows = [("rocm_sd", __version__), ("torch", f"{torch.__version__} ({platform.runtime_version()})"
+                                                + (f"; WARNING: {mismatch}" if mismatch else "")),
             ("diffusers", _version("diffusers")), ("transformers", _version("transformers"))]
     if platform.gpu_available():
         for i in range(torch.cuda.device_count()):
@@ -167,7 +169,7 @@ def _add_quality(sub) -> None:
                              "cache_branch_id (default 0: its last up layer only; docs/step_cache.md)")
     parser.add_argument("--prompts", type=cli_args.positive_int, default=4,
                         help=f"how many images (prompts from a fixed list of {len(PROMPTS)}, in turn)")
-    parser.add_argument("--steps", type=cli_args.positive_int, default=20)
+    parser.add_argument("--steps", type=cli_args.positive_int, default=20, help="denoising steps")
     parser.add_argument("--size", type=cli_args.image_size,
                         help="image height and width in pixels (default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
@@ -192,20 +194,24 @@ def build_parser() -> argparse.ArgumentParser:
                             _demo)
     demo.add_argument("--out", default="rocm_sd_demo", type=cli_args.output_folder, help="folder for the two PNGs")
     demo.add_argument("--arch", choices=sorted(models.ARCHITECTURES), help="default: sd15 on a GPU, tiny on a CPU")
-    demo.add_argument("--steps", type=cli_args.positive_int)
-    demo.add_argument("--size", type=cli_args.image_size, help="image height and width in pixels")
-    demo.add_argument("--repeats", type=cli_args.positive_int, default=3)
+    demo.add_argument("--steps", type=cli_args.positive_int,
+                      help="denoising steps (default: 20 on a GPU, 4 on a CPU)")
+    demo.add_argument("--size", type=cli_args.image_size,
+                      help="image height and width in pixels (default: the model's)")
+    demo.add_argument("--repeats", type=cli_args.positive_int, default=3, help="timed calls per pipeline (the median)")
     bench_parser = cli_args.command(sub.add_parser(
         "bench", help="eager, torch.compile and rocm_sd side by side (docs/performance.md protocol)"), _bench)
     bench_parser.add_argument("--model", default=None, choices=sorted(models.ARCHITECTURES),
                               help="architecture, random weights (default: sd15 on a GPU, tiny on a CPU)")
-    bench_parser.add_argument("--size", type=cli_args.image_size, help="image height and width in pixels")
+    bench_parser.add_argument("--size", type=cli_args.image_size,
+                              help="image height and width in pixels (default: the model's)")
     bench_parser.add_argument("--steps", type=cli_args.positive_int,
-                              help="default: 50 for the UNet models, the model card's for the diffusion transformers "
-                                   "(28; 40 for sd35m; 4 for sd35-turbo and flux-schnell)")
+                              help="denoising steps (default: 50 for the UNet models, the model card's for the "
+                                   "diffusion transformers: 28; 40 for sd35m; 4 for sd35-turbo and flux-schnell)")
     bench_parser.add_argument("--batch", type=cli_args.positive_int, default=1,
                               help="images per prompt (the UNet sees 2x with CFG)")
-    bench_parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
+    bench_parser.add_argument("--repeats", type=cli_args.positive_int, default=3,
+                              help="timed calls per engine (the median is reported)")
     bench_parser.add_argument("--warmup", type=cli_args.non_negative_int, default=2,
                               help="untimed calls after the first")
     bench_parser.add_argument("--engines", type=cli_args.subset_of(bench.ENGINES + tuple(bench.MODES), "engines"),
@@ -216,8 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
                               type=cli_args.subset_of(FLAG_NAMES, "flags"),
                               help="one more rocm_sd row per optimize() flag toggled (FLAG,FLAG: those flags only)")
     bench_parser.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
-    bench_parser.add_argument("--out", default="bench/results", type=cli_args.optional_output_folder,
-                              help="results folder: the run is appended to <out>/data/<model>-<device>.jsonl ('' to skip)")
+    bench_parser.add_argument("--out", default=None, type=cli_args.optional_output_folder,
+                              help="results folder: the run is appended to <out>/data/<model>-<device>.jsonl ('' to "
+                                   f"skip; default: {bench.results_folder()}, a folder of yours; the repository's "
+                                   "results: --out bench/results)")
     _add_quality(sub)
     generate.add_arguments(cli_args.command(sub.add_parser(
         "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"),

@@ -8,6 +8,7 @@ A failure while running is one line and exit status 1; --debug lets its tracebac
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import sys
@@ -192,9 +193,24 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> None:
                         help="let a failure's Python traceback through (by default it is one line)")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help (the description as written) with each option's default: "(default: X)" after the help of
+    an option whose default is a value (not None, not a flag's False, not "") and whose help does not say it."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        no_default = action.default is None or action.default is False or action.default in ("", argparse.SUPPRESS)
+        if (action.option_strings and not no_default and action.help is not argparse.SUPPRESS
+                and "default" not in (action.help or "")):
+            action = copy.copy(action)
+            action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+        super().add_argument(action)
+
+
 def command(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-    """`parser` runs `run(args)`, and reports bad arguments found by it in its own name."""
+    """`parser` runs `run(args)`, and reports bad arguments found by it in its own name; its --help gives each
+    option's default."""
     parser.set_defaults(run=run, command_parser=parser)
+    parser.formatter_class = HelpFormatter
     add_debug_flag(parser)
     return parser
 

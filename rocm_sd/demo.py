@@ -12,8 +12,8 @@ import time
 import numpy as np
 import torch
 
-from . import dispatch, models, patch, platform
-from .bench import psnr
+from . import config, dispatch, models, patch, platform
+from .bench import CPU_TIMES, psnr
 
 
 def _sync(device: torch.device) -> None:
@@ -27,6 +27,20 @@ def _save_png(image: np.ndarray, path: str) -> None:
     Image.fromarray((np.clip(image, 0, 1) * 255).round().astype(np.uint8)).save(path)
 
 
+def _print_fallbacks(seen: dict[str, list[str]]) -> None:
+    """The ops that fell back to PyTorch. The dispatcher logs each (op, reason) the first time (unless ROCM_SD_LOG=0),
+    so then the ops are named here, not their reasons again; otherwise one line per reason, naming its ops."""
+    if seen and config.current.log_fallbacks:
+        print(f"fell back to PyTorch: {', '.join(seen)} (the reasons are in the log)")
+        return
+    by_reason: dict[str, list[str]] = {}
+    for op, reasons in seen.items():
+        for reason in reasons:
+            by_reason.setdefault(reason, []).append(op)
+    for reason, ops in by_reason.items():
+        print(f"{', '.join(ops)} fell back to PyTorch because: {reason}")
+
+
 def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | None = None, size: int | None = None,
         repeats: int = 3, prompt: str = "a watercolor painting of a lighthouse at dawn", seed: int = 0) -> dict:
     on_gpu = platform.gpu_available()
@@ -37,6 +51,10 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
     size = size or models.default_size(arch)
     print(f"rocm_sd demo: {arch} architecture (random weights), {size}x{size}, {steps} steps, {dtype}, "
           f"on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'}", flush=True)
+    if not on_gpu:
+        mismatch = platform.torch_mismatch()
+        if mismatch:
+            print(f"WARNING: {mismatch}", flush=True)
 
     pipe = models.build_sd_pipeline(arch, device, dtype, seed=seed)
     conditioning = models.prompt_kwargs(pipe, prompt)
@@ -74,14 +92,16 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
     print("| pipeline  | first call s | median s | speed-up | max abs diff | PSNR dB |")
     print("|-----------|-------------:|---------:|---------:|-------------:|--------:|")
     print(f"| reference | {ref_first:12.3f} | {ref_s:8.3f} |    1.00x |            - |       - |")
-    print(f"| rocm_sd   | {opt_first:12.3f} | {opt_s:8.3f} | {ref_s / opt_s:7.2f}x | {max_diff:12.2e} | {psnr_db:7.1f} |")
+    speedup = f"{ref_s / opt_s:7.2f}x" if on_gpu else "       -"  # a CPU's ratio is noise (CPU_TIMES)
+    print(f"| rocm_sd   | {opt_first:12.3f} | {opt_s:8.3f} | {speedup} | {max_diff:12.2e} | {psnr_db:7.1f} |")
+    if not on_gpu:
+        print(f"\n{CPU_TIMES}")
     print()
     print("report (what optimize() replaced; how graphed calls ran):")
     for component, counts in replaced.items():
         print(f"  {component}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     print(f"op calls by backend: {backend_calls}")
-    for op, reasons in dispatch.fallback_reasons_seen().items():
-        print(f"{op} fell back to PyTorch because: {'; '.join(reasons)}")
+    _print_fallbacks(dispatch.fallback_reasons_seen())
     print(f"images: {ref_path}, {opt_path}")
     return {"arch": arch, "reference_s": ref_s, "rocm_sd_s": opt_s, "max_diff": max_diff, "psnr_db": psnr_db,
             "calls": backend_calls, "replaced": replaced}

@@ -27,21 +27,68 @@ def pytest_addoption(parser):
 
 def run_slow(config) -> bool:
     """The default run (the README's `python -m pytest`) skips the `slow` tests, to finish in minutes on two cores:
-    whole-hip/ compile lanes, torchrun jobs beyond one of each kind, subprocess twins of in-process CLI tests. They
-    run with --run-slow, ROCM_SD_RUN_SLOW=1 (CI), or a -m expression that names slow (`-m slow`)."""
+    whole-hip/ compile lanes, torchrun jobs beyond one of each kind, subprocess twins of in-process CLI tests, nvcc
+    drivers, and the AMD emulation's tests whose host library is not built yet (see build_emulation). They run with
+    --run-slow, ROCM_SD_RUN_SLOW=1 (CI), or a -m expression that names slow (`-m slow`)."""
     return (config.getoption("--run-slow") or os.environ.get("ROCM_SD_RUN_SLOW", "") not in ("", "0")
             or "slow" in (config.getoption("markexpr") or ""))
 
 
+def build_emulation(config) -> bool:
+    """Whether this run compiles the AMD emulation's host libraries it lacks (27, minutes of clang++ on two cores):
+    in the slow lane and when asked for by `-m amd_emulation`. Otherwise the tests of a library not built yet are
+    skipped, and those of a built one (cached outside the clone, tests/amd_emulation/build.py) run."""
+    return run_slow(config) or "amd_emulation" in (config.getoption("markexpr") or "")
+
+
+def emulated_libraries(item) -> list[tuple[str, tuple[str, ...]]]:
+    """(arch, kernel families) of each emulated library the test loads: its module's LIBRARIES (fixture name ->
+    families) for the fixtures it uses, each parametrized by the architecture."""
+    libraries = getattr(getattr(item, "module", None), "LIBRARIES", {})
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return [(params[name], tuple(families)) for name, families in libraries.items() if name in params]
+
+
 def pytest_collection_modifyitems(config, items):
+    from tests.amd_emulation import build
+
     skip_gpu = pytest.mark.skip(reason="no GPU visible to torch")
     skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or ROCM_SD_RUN_SLOW=1 (.ci/run does)")
-    slow = run_slow(config)
+    slow, emulation = run_slow(config), build_emulation(config)
+    skip_cold = not emulation and build.compiler() is not None  # without clang++, emulated.MARKS say why
+    built = {}
     for item in items:
         if "gpu" in item.keywords and not HAVE_GPU:
             item.add_marker(skip_gpu)
         elif item.get_closest_marker("slow") and not slow:
             item.add_marker(skip_slow)
+        elif skip_cold:
+            for arch, families in emulated_libraries(item):
+                if (arch, families) not in built:  # is_built hashes the sources: once per library
+                    built[arch, families] = build.is_built(arch, list(families))
+                if built[arch, families]:
+                    continue
+                item.add_marker(pytest.mark.skip(reason=(
+                    f"the AMD emulation's {arch} {'+'.join(families)} library is not built yet: --run-slow, "
+                    f"ROCM_SD_RUN_SLOW=1 or -m amd_emulation builds it (into {build.cache_root()})")))
+                break
+
+
+def pytest_collection_finish(session):
+    """Builds the emulated libraries the selected tests need, in parallel, before the first test, saying what it
+    compiles and where it caches it."""
+    from tests.amd_emulation import build
+
+    config = session.config
+    if config.option.collectonly or not build_emulation(config) or build.compiler() is None:
+        return
+    needed = {}
+    for item in session.items:
+        if not item.get_closest_marker("skip"):
+            needed.update(dict.fromkeys(emulated_libraries(item)))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter else print
+    build.build_all([(arch, list(families)) for arch, families in needed], len(os.sched_getaffinity(0)), say)
 
 
 @pytest.fixture(autouse=True)

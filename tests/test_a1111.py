@@ -61,14 +61,27 @@ def test_preload_adds_the_flag(webui):
 
 
 def test_install_builds_rocm_sd_only_when_missing(webui):
+    """Only when rocm_sd is missing; the build requirements first where the webui's Python lacks them (a build
+    without isolation finds no scikit-build-core or pybind11 of its own)."""
+    import ast
+    import re
+
     import launch
 
+    editable = f'install --no-build-isolation -e "{ROOT}"'
     launch.installed = {"rocm_sd"}
     _load(os.path.join(EXTENSION, "install.py"), "rocm_sd_a1111_install")
     assert launch.pip_calls == []
-    launch.installed = set()
+    launch.installed = {"scikit-build-core", "pybind11"}
     _load(os.path.join(EXTENSION, "install.py"), "rocm_sd_a1111_install")
-    assert len(launch.pip_calls) == 1 and launch.pip_calls[0] == f'install --no-build-isolation -e "{ROOT}"'
+    assert launch.pip_calls == [editable]
+    launch.pip_calls.clear()
+    launch.installed = set()
+    install = _load(os.path.join(EXTENSION, "install.py"), "rocm_sd_a1111_install")
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:  # [build-system]'s one-line list
+        requires = ast.literal_eval(re.search(r"^requires = (\[.*\])$", f.read(), re.M).group(1))
+    assert sorted(install.BUILD_REQUIRES.values()) == sorted(requires)
+    assert launch.pip_calls == ["install " + " ".join(f'"{spec}"' for spec in requires), editable]
 
 
 def _hypernetwork(device, dtype):

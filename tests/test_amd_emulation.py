@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.amd_emulation,
 # would run the same CDNA code paths as gfx942's again).
 ARCHS = ["gfx942", "gfx1100", "gfx1201"]
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# Each fixture's kernel families (tests/conftest.py builds the libraries ahead, or skips their tests while cold)
+LIBRARIES = {"emulated": ["layer_norm"], "emulated_attention": ["attention", "attention_wide"],
+             "emulated_attention_fp8": ["attention_fp8"]}
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +150,7 @@ def test_launch_rewrite_finds_every_kernel_expression():
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
     """(arch, the emulated layer_norm library) for one architecture; built once per source state (cached)."""
-    library = ctypes.CDLL(str(build.build(request.param, ["layer_norm"])))
+    library = ctypes.CDLL(str(build.build(request.param, LIBRARIES["emulated"])))
     library.rsd_emu_layer_norm.restype = ctypes.c_char_p
     library.rsd_emu_layer_norm.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
                                                                    ctypes.c_int64, ctypes.c_float]
@@ -157,7 +160,7 @@ def emulated(request):
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated_attention(request):
     """(arch, the emulated attention library: narrow and wide families)."""
-    library = ctypes.CDLL(str(build.build(request.param, ["attention", "attention_wide"])))
+    library = ctypes.CDLL(str(build.build(request.param, LIBRARIES["emulated_attention"])))
     library.rsd_emu_attention.restype = ctypes.c_char_p
     library.rsd_emu_attention.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 5 + [
         ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_char_p]
@@ -256,7 +259,7 @@ FP8_ATTENTION_SHAPES = [(1, 130, 97, 2, 40), (2, 33, 77, 1, 64), (1, 20, 20, 1, 
 
 @pytest.fixture(scope="module", params=list(FP8_ARCHS))
 def emulated_attention_fp8(request):
-    library = ctypes.CDLL(str(build.build(request.param, ["attention_fp8"])))
+    library = ctypes.CDLL(str(build.build(request.param, LIBRARIES["emulated_attention_fp8"])))
     library.rsd_emu_attention_fp8.restype = ctypes.c_char_p
     library.rsd_emu_attention_fp8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 5 + [
         ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_int]

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rocm_sd import bench
 from tests.conftest import HAVE_GPU
 
 
@@ -50,6 +51,25 @@ def test_demo_on_cpu_writes_two_images_and_a_table(tmp_path, rocm_sd_command):
     assert "| rocm_sd   |" in result.stdout and "PSNR" in result.stdout
     for name in ("reference.png", "rocm_sd.png"):
         assert os.path.getsize(tmp_path / name) > 0
+    # a CPU's times are noise: no speed-up, and the sentence that says why
+    assert "|        - |" in result.stdout.split("| rocm_sd   |")[1].splitlines()[0]
+    assert bench.CPU_TIMES in result.stdout
+
+
+@pytest.mark.parametrize("logged", [True, False])
+def test_demo_names_each_fallback_reason_once(monkeypatch, capsys, logged):
+    """The dispatcher logs each op's fallback reason: the demo's summary then names the ops only; without the log
+    (ROCM_SD_LOG=0) one line per reason, naming its ops."""
+    from rocm_sd import config, demo
+
+    monkeypatch.setattr(config, "current", config.Config(**{**config.current.__dict__, "log_fallbacks": logged}))
+    demo._print_fallbacks({"geglu": ["not built"], "layer_norm": ["not built"], "attention": ["head_dim 999"]})
+    out = capsys.readouterr().out
+    if logged:
+        assert "not built" not in out and "head_dim" not in out and "geglu, layer_norm, attention" in out
+    else:
+        assert out.count("not built") == 1 and "geglu, layer_norm fell back to PyTorch because: not built" in out
+        assert out.count("head_dim 999") == 1
 
 
 def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path, rocm_sd_command):
@@ -66,6 +86,7 @@ def test_bench_writes_rows_for_each_engine_and_ablation(tmp_path, rocm_sd_comman
     for row in data["results"]:
         assert row["median_s"] > 0 and row["psnr_db"] > 40, row
     assert "| rocm_sd |" in result.stdout
+    assert (bench.CPU_TIMES in result.stdout) != HAVE_GPU
     from PIL import Image
 
     with Image.open(tmp_path / (data_path.stem + ".png")) as chart:
@@ -93,3 +114,49 @@ def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [])
     cli.info()
     assert "none (built on ROCm when Composable Kernel headers are found)" in capsys.readouterr().out
+
+
+def test_bench_writes_to_a_user_folder_unless_told(tmp_path, monkeypatch):
+    """Run inside a clone, the default --out must not add files to the repository's bench/results (its tests reject
+    runs that are not rendered): the run goes to the user's cache folder; --out bench/results writes there."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    common = ["bench", "--model", "tiny", "--engines", "eager", "--steps", "1", "--repeats", "1", "--warmup", "0"]
+    result = run_cli_in_process(*common)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "bench").exists()
+    assert list((tmp_path / "cache" / "rocm_sd" / "bench" / "data").glob("tiny-*.jsonl"))
+    result = run_cli_in_process(*common, "--out", "bench/results")
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "bench" / "results" / "data").glob("tiny-*.jsonl"))
+
+
+@pytest.mark.parametrize("hip, cuda, files, vendor", [
+    (None, "12.8", {"/dev/kfd"}, "AMD"),        # pip's default CUDA torch on an AMD machine
+    (None, None, {"/dev/nvidiactl"}, "NVIDIA"),  # a CPU torch on an NVIDIA machine
+    ("6.4", None, {"/dev/kfd"}, None),           # the ROCm torch where it belongs
+    (None, None, set(), None),                   # no GPU: a CPU torch is right
+])
+def test_info_warns_when_torch_cannot_use_the_gpu_present(monkeypatch, hip, cuda, files, vendor):
+    import torch
+
+    from rocm_sd import platform
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    why = platform.torch_mismatch(exists=files.__contains__)
+    assert (why is None) == (vendor is None)
+    if vendor:
+        assert f"{vendor} GPU" in why and "install the" in why
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="what a listing on a CPU says")
+def test_tune_list_on_a_cpu_says_what_it_lists(capsys):
+    """A CPU runs the model in float32: the listing says that these are not a GPU's problems, and that it writes
+    no database."""
+    from rocm_sd.tune.cli import main as tune_main
+
+    assert tune_main(["--model", "tiny", "--list", "--ops", "geglu"]) == 0
+    out = capsys.readouterr().out
+    assert "geglu|float32|" in out and "(not written by --list / --dry-run)" in out
+    assert "--dtype float16 is the GPU's" in out and "not the problems a GPU tunes" in out

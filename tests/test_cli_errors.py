@@ -175,7 +175,7 @@ def test_valid_arguments_reach_the_model(program, argv, paths):
 
 def test_valid_arguments_parse_to_their_values(paths):
     args = cli.build_parser().parse_args(["bench", "--size", "512", "--steps", "1", "--engines", "rocm_sd,eager"])
-    assert (args.size, args.steps, args.engines, args.out) == (512, 1, ("rocm_sd", "eager"), "bench/results")
+    assert (args.size, args.steps, args.engines, args.out) == (512, 1, ("rocm_sd", "eager"), None)
     args = cli.build_parser().parse_args(["bench", "--out", "", "--engines", ""])
     assert (args.out, args.engines) == ("", ())  # no results written; the default engines
     args = cli.build_parser().parse_args(["generate", "--prompts", f"{paths['tmp']}/file.txt", "--out", "o",

@@ -14,7 +14,7 @@ from rocm_sd.jit import plans
 from rocm_sd.jit.launch import FastDiv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.slow]  # an nvcc driver a test (a minute each on two cores)
 
 SMS = (1, 80, 132, 304)
 WAVES = (32, 64)

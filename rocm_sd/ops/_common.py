@@ -11,6 +11,15 @@ DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 NCHW, NHWC = 0, 1
 
 
+def constant_under_compile(fn):
+    """torch.compiler.assume_constant_result's mark (torch.compile treats a call of `fn` as a constant, not tracing
+    into it), set without importing torch._dynamo: that import doubles the time and memory of `import rocm_sd` in
+    every process that never compiles (a --help, an argument error). tests/test_imports.py checks that the mark is
+    still the one torch sets."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def dtype_reasons(dtype: torch.dtype) -> list[str]:
     """Why the elementwise / normalisation kernels cannot take `dtype` (they take every rsd::DType): [] or one reason."""
     return [] if dtype in DTYPE_CODES else [f"dtype {dtype} (supported: float16, bfloat16, float32)"]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import NHWC, ck_listing, layout_of, output_like, stream_handle
+from ._common import NHWC, ck_listing, constant_under_compile, layout_of, output_like, stream_handle
 from .bias_residual import bias_residual, bias_residual_ref
 from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key, tensor_key
 
@@ -70,7 +70,7 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residu
     return torch.promote_types(torch.promote_types(x.dtype, residual.dtype), bias.dtype)
 
 
-@torch.compiler.assume_constant_result  # asked inside patched forwards: torch.compile must not trace into _C
+@constant_under_compile  # asked inside patched forwards: torch.compile must not trace into _C
 def hosts_ck() -> bool:
     """Whether this build has CK instances for the op (for any of its GPU targets): the patched modules route
     through it only then (on a GPU none of them is built for, the op runs its composed default)."""

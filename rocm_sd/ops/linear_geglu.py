@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .. import _ext, dispatch
 from ._checks import check_floating, check_same_device, fail
-from ._common import ck_listing, stream_handle
+from ._common import ck_listing, constant_under_compile, stream_handle
 from .geglu import geglu, geglu_ref
 from .spec import OpSpec, as_meta, ck_hosted_plan, device_of, dtype_name, layout_name, problem_key, tensor_key
 
@@ -42,7 +42,7 @@ def ck_instances(device: torch.device | None = None) -> tuple[str, ...]:
     return tuple(ck_listing("ck_linear_geglu_instances", device))
 
 
-@torch.compiler.assume_constant_result  # asked inside patched forwards: torch.compile must not trace into _C
+@constant_under_compile  # asked inside patched forwards: torch.compile must not trace into _C
 def hosts_ck() -> bool:
     """Whether this build has CK instances for the op (for any of its GPU targets): the patched modules route
     through it only then (on a GPU none of them is built for, the op runs its composed default)."""

@@ -49,9 +49,8 @@ HARVEST_STEPS = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rocm_sd.tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli_args.command(parser, tune)
+    parser = argparse.ArgumentParser(prog="python -m rocm_sd.tune", description=__doc__)
+    cli_args.command(parser, tune)  # its help formatter: the description as written, each option's default
     parser.add_argument("--model", default="sd15", type=cli_args.tunable_model,
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}), a local "
                              "diffusers model folder, or a .safetensors checkpoint as ComfyUI and A1111 load them "
@@ -159,7 +158,10 @@ def tune(args) -> int:
             first, total = by_key.get(layer_call.key, (layer_call, 0))
             by_key[layer_call.key] = (first, total + count // HARVEST_STEPS or 1)
     print(f"{len(by_key)} problems from {sum(calls.values()) + sum(layer_calls.values())} op calls ({args.model}, "
-          f"{HARVEST_STEPS} steps); database {db.path}")
+          f"{HARVEST_STEPS} steps); database {db.path}" + ("" if measuring else " (not written by --list / --dry-run)"))
+    if not on_gpu:
+        print(f"  on a CPU: the model ran in float32 on the CPU (--dtype {args.dtype} is the GPU's), so these are not "
+              "the problems a GPU tunes (dtypes, the GPU-only paths and 8-bit layers differ); list on the GPU")
     for note in db.notes + (notes or []):
         print(f"  {note}")
     if not measuring:

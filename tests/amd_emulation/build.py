@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -102,36 +104,81 @@ def source(stem: str) -> Path:
     return path
 
 
-def build(arch: str, families: list[str]) -> Path:
-    """The shared library of the emulated kernels `families` (the sources hip/<family>/<name>.hip, by name) for
-    `arch`; built once."""
+def _sources(families: list[str]) -> list[Path]:
+    return [HIP / "runtime.hip"] + [source(f) for f in families]
+
+
+def _compiler() -> str:
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no clang++ found")
-    sources = [HIP / "runtime.hip"] + [source(f) for f in families]
-    out_dir = cache_root() / f"{arch}-{families[0]}-{_digest(arch, sources, cxx)}"
-    library = out_dir / "kernels.so"
+    return cxx
+
+
+def library_path(arch: str, families: list[str]) -> Path:
+    """Where the library of `families` for `arch` is cached for the current sources (there or not yet)."""
+    cxx = _compiler()
+    return cache_root() / f"{arch}-{families[0]}-{_digest(arch, _sources(families), cxx)}" / "kernels.so"
+
+
+def is_built(arch: str, families: list[str]) -> bool:
+    return compiler() is not None and library_path(arch, families).exists()
+
+
+def build(arch: str, families: list[str]) -> Path:
+    """The shared library of the emulated kernels `families` (the sources hip/<family>/<name>.hip, by name) for
+    `arch`; built once."""
+    cxx = _compiler()
+    library = library_path(arch, families)
     if library.exists():
         return library
+    out_dir = library.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     flags = [cxx, "-std=c++17", "-O1", "-g0", "-fPIC", "-pthread", "-w", f"-I{INCLUDE}", f"-I{HIP / 'include'}",
              "-D__HIP_PLATFORM_AMD__", f'-DRSD_EMU_ARCH="{arch}"'] + [f"-D{d}" for d in ARCHS[arch]["defines"]]
     units = [HERE / "runtime.cpp"] + [HERE / f"entry_{f}.cpp" for f in families if (HERE / f"entry_{f}.cpp").exists()]
-    for src in sources:
+    for src in _sources(families):
         rewritten = out_dir / f"hip_{src.stem}.cpp"
         rewritten.write_text(f'#line 1 "{src}"\n' + rewrite_launches(src.read_text()))
         units.append(rewritten)
     objects = []
     for unit in units:
         obj = out_dir / f"{unit.stem}.o"
-        subprocess.run(["nice", "-n", "10", *flags, "-c", str(unit), "-o", str(obj)], check=True,
-                       capture_output=True, text=True)
+        subprocess.run([*flags, "-c", str(unit), "-o", str(obj)], check=True, capture_output=True, text=True)
         objects.append(str(obj))
     tmp = out_dir / f"kernels.{os.getpid()}.so"
     subprocess.run([*flags, "-shared", *objects, "-o", str(tmp)], check=True, capture_output=True, text=True)
     tmp.replace(library)
     _prune(arch, families[0], keep=out_dir)
     return library
+
+
+def build_all(libraries: list[tuple[str, list[str]]], jobs: int, say) -> None:
+    """Builds the libraries (arch, families) not built yet, `jobs` at a time, and says (through `say`, one line
+    each) what it compiles, where it caches it, and how each build ended. A failed build is only reported: the test
+    that loads the library builds it again and fails with the compiler's message."""
+    cold = [(arch, families) for arch, families in libraries if not is_built(arch, families)]
+    if not cold:
+        return
+    say(f"AMD emulation: compiling {len(cold)} host libraries ({', '.join(f'{a} {f[0]}' for a, f in cold)}), "
+        f"{jobs} at a time, into {cache_root()} (once per source state; the tests that use them wait)")
+    started = time.monotonic()
+
+    def one(arch, families):
+        t = time.monotonic()
+        build(arch, families)
+        return time.monotonic() - t
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(one, arch, families): (arch, families) for arch, families in cold}
+        for done, future in enumerate(as_completed(futures), 1):
+            arch, families = futures[future]
+            try:
+                outcome = f"built in {future.result():.0f} s"
+            except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
+                outcome = f"FAILED ({type(e).__name__}; the test reports the compiler's message)"
+            say(f"AMD emulation [{done}/{len(cold)}] {arch} {'+'.join(families)}: {outcome}")
+    say(f"AMD emulation: {len(cold)} libraries in {time.monotonic() - started:.0f} s")
 
 
 def _prune(arch: str, family: str, keep: Path, newest: int = 6) -> None:

@@ -1,5 +1,9 @@
 """What the tests of the emulated kernel families share: their marks, the architectures, and loading a family's
-library with its C entry points (tests/amd_emulation/entry_<family>.cpp)."""
+library with its C entry points (tests/amd_emulation/entry_<family>.cpp).
+
+Each test module names its libraries in LIBRARIES (fixture name -> kernel families; the fixture is parametrized by
+the architecture): tests/conftest.py reads it to build the libraries ahead, in parallel, or to skip their tests in
+the default run while the libraries are not built."""
 
 import ctypes
 import os

@@ -11,11 +11,12 @@ from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, r
 from tests.ops.test_bias_residual import make
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["bias_residual"]}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["bias_residual"], rsd_emu_bias_residual=[ctypes.c_void_p] * 4 + [
+    return request.param, library(request.param, LIBRARIES["emulated"], rsd_emu_bias_residual=[ctypes.c_void_p] * 4 + [
         ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_float])
 
 

@@ -11,11 +11,12 @@ from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, r
 from tests.ops.test_geglu import GEGLU_AWKWARD, make_input
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["geglu"]}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["geglu"], rsd_emu_geglu=[ctypes.c_void_p] * 2 + [
+    return request.param, library(request.param, LIBRARIES["emulated"], rsd_emu_geglu=[ctypes.c_void_p] * 2 + [
         ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
 
 

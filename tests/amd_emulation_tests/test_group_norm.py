@@ -14,7 +14,7 @@ from tests.ops.test_group_norm import make_inputs
 
 pytestmark = MARKS
 
-SOURCES = ["group_norm", "group_norm_resident", "group_norm_resident_nhwc", "group_norm_split"]
+LIBRARIES = {"emulated": ["group_norm", "group_norm_resident", "group_norm_resident_nhwc", "group_norm_split"]}
 EPS = 1e-6
 
 
@@ -22,7 +22,7 @@ EPS = 1e-6
 def emulated(request):
     """(arch, the emulated group_norm library: every path)."""
     i64, i32 = ctypes.c_int64, ctypes.c_int
-    lib = library(request.param, SOURCES,
+    lib = library(request.param, LIBRARIES["emulated"],
                   rsd_emu_group_norm=[ctypes.c_void_p] * 4 + [i32] * 3 + [i64] * 3 + [i32, ctypes.c_float, i32, i32,
                                                                                        ctypes.c_void_p],
                   rsd_emu_group_norm_describe=[ctypes.c_void_p] * 2 + [i32] * 2 + [i64] * 3 + [i32] * 2)

@@ -15,11 +15,13 @@ from tests.ops.test_im2col_quantize import SHAPES, channels_last
 from tests.ops.test_quantize_rows import same_codes
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["im2col_quantize"]}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["im2col_quantize"], rsd_emu_im2col_quantize=[ctypes.c_void_p] * 3 + [
+    return request.param, library(request.param, LIBRARIES["emulated"],
+                                  rsd_emu_im2col_quantize=[ctypes.c_void_p] * 3 + [
         ctypes.c_int, ctypes.c_int] + [ctypes.c_int64] * 4 + [ctypes.c_int] * 6 + [ctypes.c_float])
 
 

@@ -11,11 +11,12 @@ from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, r
 from tests.ops.test_parity_shuffle import make
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["parity_shuffle"]}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["parity_shuffle"], rsd_emu_parity_shuffle=[ctypes.c_void_p] * 3 + [
+    return request.param, library(request.param, LIBRARIES["emulated"], rsd_emu_parity_shuffle=[ctypes.c_void_p] * 3 + [
         ctypes.c_int] + [ctypes.c_int64] * 4)
 
 

@@ -12,11 +12,12 @@ from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, r
 from tests.ops.test_quantize_rows import QUANTIZE_SHAPES, every_fp16_value, make_rows, same_codes
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["quantize_rows"]}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["quantize_rows"], rsd_emu_quantize_rows=[ctypes.c_void_p] * 3 + [
+    return request.param, library(request.param, LIBRARIES["emulated"], rsd_emu_quantize_rows=[ctypes.c_void_p] * 3 + [
         ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
 
 

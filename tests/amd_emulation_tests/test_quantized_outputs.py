@@ -13,6 +13,7 @@ from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, r
 from tests.ops.test_quantize_rows import rows_within_a_code, same_codes
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["layer_norm", "geglu"]}
 
 DTYPES = {torch.float16: 1, torch.bfloat16: 2}
 LAYER_NORM_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
@@ -21,7 +22,7 @@ LAYER_NORM_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_int, ctypes.c_
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
     return request.param, library(
-        request.param, ["layer_norm", "geglu"], rsd_emu_layer_norm=LAYER_NORM_ARGS,
+        request.param, LIBRARIES["emulated"], rsd_emu_layer_norm=LAYER_NORM_ARGS,
         rsd_emu_layer_norm_quantize_rows=LAYER_NORM_ARGS + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                                             ctypes.c_float],
         rsd_emu_geglu=[ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int64],
