@@ -166,7 +166,7 @@ def run_section(run: dict, page_kind: str) -> str:
         render = {"pipeline": engine_table, "kernel": kernel_table, "attention": attention_table}.get(page_kind)
         lines += ["", render(rows) if render else plain_table(rows, BASELINES.get(run["bench"]))]
     for label, text in run.get("profiles", {}).items():
-        lines += ["", f"<details><summary>Profile of one generation, {label}</summary>", "", "```", text, "```", "",
+        lines += ["", f"<details><summary>Profile of {run.get('profiled', 'one generation')}, {label}</summary>", "", "```", text, "```", "",
                   "</details>"]
     return "\n".join(lines)
 

@@ -261,19 +261,22 @@ class _StepRecorder:
         self.handle.remove()
 
 
-def _step_ms(pipe, step_args, device: torch.device, repeats: int) -> float:
-    """Median wall milliseconds of one denoiser call on `step_args`, synchronised (graph replay or compiled code
-    included, as the pipeline would call it)."""
-    model = models.denoiser(pipe)
+def _one_step(pipe, step_args) -> None:
+    """One call of the denoiser on `step_args` (graph replay or compiled code included, as the pipeline calls it)."""
     args, kwargs = step_args
-    times = []
     with torch.no_grad():
-        for _ in range(repeats + 2):
-            torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            model(*args, **kwargs)
-            torch.cuda.synchronize(device)
-            times.append(1000 * (time.perf_counter() - start))
+        models.denoiser(pipe)(*args, **kwargs)
+
+
+def _step_ms(pipe, step_args, device: torch.device, repeats: int) -> float:
+    """Median wall milliseconds of _one_step, synchronised, after two untimed calls."""
+    times = []
+    for _ in range(repeats + 2):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        _one_step(pipe, step_args)
+        torch.cuda.synchronize(device)
+        times.append(1000 * (time.perf_counter() - start))
     return statistics.median(times[2:])
 
 
@@ -357,11 +360,11 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
                 times.append(generate()[0])
                 progress.update()
             step_ms = _step_ms(pipe, step_args, device, repeats) if step_args is not None else None
-            split = _device_time_split(lambda: _step_ms(pipe, step_args, device, 1), device) \
+            split = _device_time_split(lambda: _one_step(pipe, step_args), device) \
                 if profile and step_args is not None else None
             if profile:  # the transformers: one step (their generations are long); the UNets: one generation
                 profiles[label] = _profile_table(
-                    (lambda: _step_ms(pipe, step_args, device, 1)) if models.is_transformer(model) and step_args
+                    (lambda: _one_step(pipe, step_args)) if models.is_transformer(model) and step_args
                     else generate, device)
         if kept["eager"] is None and engine == "eager":
             kept["eager"] = (images, latents)
@@ -414,13 +417,13 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
         table += "\n\nDevice time of one denoiser step by kind of kernel (%):\n\n" + "\n".join(
             f"- {r['label']}: " + ", ".join(f"{k} {v}" for k, v in r["step_device_time_pct"].items()) for r in splits)
     for label, text in profiles.items():
-        what = "one transformer step" if models.is_transformer(model) and kept["step_args"] else "one generation"
+        what = profiled(model, kept["step_args"])
         table += f"\n\nProfile of {what}, {label} (sorted by device time):\n\n```\n{text}\n```"
     print(table)
     if not on_gpu:
         print(f"\n{CPU_TIMES}")
     if out_dir:
-        _write(rows, profiles, model, device, out_dir, size, steps, batch)
+        _write(rows, profiles, model, device, out_dir, size, steps, batch, profiled(model, kept["step_args"]))
     return rows
 
 
@@ -482,10 +485,15 @@ def chart_title(run: dict) -> str:
             f"{r.get('batch')}: median seconds ({run['device']}, {run['commit'][:7]}, {run['date']})")
 
 
-def _write(rows, profiles, model, device, out_dir, size, steps, batch) -> None:
+def profiled(model: str, step_args) -> str:
+    """What --profile's tables cover: one transformer step, or one generation (the UNets; any model on a CPU)."""
+    return "one transformer step" if models.is_transformer(model) and step_args else "one generation"
+
+
+def _write(rows, profiles, model, device, out_dir, size, steps, batch, what_profiled: str) -> None:
     command = ("python -m rocm_sd " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("__main__.py")
                else f"rocm_sd.bench.run(model={model!r}, size={size}, steps={steps}, batch={batch})")
-    extra = {"profiles": profiles} if profiles else {}
+    extra = {"profiles": profiles, "profiled": what_profiled} if profiles else {}
     path, run = append_run(out_dir, model, run_meta(device_name(device), command), rows, **extra)
     chart = Path(out_dir) / (path.stem + ".png")
     if any("median_s" in r for r in rows):

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .prompt_ids import input_device, prompt_token_ids
+
 # Text encoders as released: CLIP-L and OpenCLIP bigG with projections (SD3), T5 v1.1 XXL's encoder.
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
               max_position_embeddings=77, hidden_act="quick_gelu", vocab_size=49408, projection_dim=768)
@@ -143,10 +145,8 @@ def build_pipeline(arch: str, device="cpu", dtype=torch.float32, seed: int = 0):
 @torch.no_grad()
 def _encode(pipe, prompt: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(prompt_embeds, pooled_prompt_embeds) as the pipelines' encode_prompt builds them, from hashed token ids."""
-    from .models import _input_device, prompt_token_ids
-
     def ids(encoder, length=77):
-        return prompt_token_ids(prompt, encoder.config.vocab_size, length).to(_input_device(pipe, encoder))
+        return prompt_token_ids(prompt, encoder.config.vocab_size, length).to(input_device(pipe, encoder))
 
     if hasattr(pipe, "text_encoder_3"):  # SD3: both CLIPs' penultimate states, zero-padded to T5's width, then T5's
         states, pooled = [], []

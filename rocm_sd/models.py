@@ -7,13 +7,13 @@ sd35, sd35-turbo, flux, flux-schnell, tiny-sd3, tiny-flux) from rocm_sd/dit_mode
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 
 import torch
 
 from . import checkpoints, dit_models
+from .prompt_ids import input_device, prompt_token_ids
 
 # CLIP text encoders (hidden size, depth, heads, MLP width, activation), as in the released models.
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
@@ -187,28 +187,11 @@ def load_pipeline(model: str, device, dtype):
     return pipe.to(device)
 
 
-def prompt_token_ids(prompt: str, vocab_size: int, length: int = 77) -> torch.Tensor:
-    """Deterministic token ids for a prompt (no tokenizer files can be downloaded here): one id per word
-    from its hash, between CLIP's begin and end markers, padded with the end marker."""
-    bos, eos = vocab_size - 2, vocab_size - 1
-    words = [int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little") % (vocab_size - 2)
-             for w in prompt.lower().split()][: length - 2]
-    ids = [bos] + words + [eos] * (length - 1 - len(words))
-    return torch.tensor([ids])
-
-
-def _input_device(pipe, module) -> torch.device:
-    """Where `module`'s inputs go: the pipeline's execution device when diffusers knows one (with CPU offload the
-    weights sit on the CPU or the meta device between calls and accelerate's hooks bring them to it)."""
-    device = getattr(pipe, "_execution_device", None)
-    return torch.device(device) if device is not None else module.device
-
-
 @torch.no_grad()
 def encode_prompt(pipe, prompt: str) -> torch.Tensor:
     """The first text encoder's last hidden state for `prompt` (SD1.x/2.x conditioning)."""
     te = pipe.text_encoder
-    ids = prompt_token_ids(prompt, te.config.vocab_size).to(_input_device(pipe, te))
+    ids = prompt_token_ids(prompt, te.config.vocab_size).to(input_device(pipe, te))
     return te(ids)[0]
 
 
@@ -218,7 +201,7 @@ def _encode_xl(pipe, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
     # and the second encoder's projected pooled output.
     states = []
     for te in (pipe.text_encoder, pipe.text_encoder_2):
-        out = te(prompt_token_ids(prompt, te.config.vocab_size).to(_input_device(pipe, te)), output_hidden_states=True)
+        out = te(prompt_token_ids(prompt, te.config.vocab_size).to(input_device(pipe, te)), output_hidden_states=True)
         states.append(out.hidden_states[-2])
     return torch.cat(states, dim=-1), out.text_embeds
 
