@@ -45,8 +45,8 @@ def run(out_dir: str = "rocm_sd_demo", arch: str | None = None, steps: int | Non
         repeats: int = 3, prompt: str = "a watercolor painting of a lighthouse at dawn", seed: int = 0) -> dict:
     on_gpu = platform.gpu_available()
     device = torch.device("cuda" if on_gpu else "cpu")
-    dtype = torch.float16 if on_gpu else torch.float32
     arch = arch or ("sd15" if on_gpu else "tiny")
+    dtype = models.gpu_dtype(arch) if on_gpu else torch.float32
     steps = steps or (20 if on_gpu else 4)
     size = size or models.default_size(arch)
     print(f"rocm_sd demo: {arch} architecture (random weights), {size}x{size}, {steps} steps, {dtype}, "

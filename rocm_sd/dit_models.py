@@ -163,9 +163,9 @@ def _encode(pipe, prompt: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def prompt_kwargs(pipe, prompt: str, negative: str = "", batch: int = 1) -> dict:
-    """Pipeline keyword arguments for `batch` images of `prompt` on a pipeline build_pipeline made: embeddings,
-    guidance, the T5 length. SD3 runs CFG against `negative` where its guidance scale is above 1; Flux dev takes its
-    guidance as an embedding (no CFG)."""
+    """Pipeline keyword arguments for `batch` images of `prompt` on a pipeline build_pipeline made: embeddings, the
+    model card's guidance, the T5 length. SD3 runs CFG against `negative` where the guidance scale is above 1 (its
+    embeddings are always given: a caller may change the scale); Flux dev takes its guidance as an embedding."""
     spec = ARCHITECTURES[pipe.rocm_sd_architecture]
 
     def rep(t):
@@ -174,7 +174,7 @@ def prompt_kwargs(pipe, prompt: str, negative: str = "", batch: int = 1) -> dict
     embeds, pooled = _encode(pipe, prompt, spec.t5_tokens)
     kwargs = {"prompt_embeds": rep(embeds), "pooled_prompt_embeds": rep(pooled), "guidance_scale": spec.guidance,
               "max_sequence_length": spec.t5_tokens}
-    if spec.family == "sd3" and spec.guidance > 1:
+    if spec.family == "sd3":
         negative_embeds, negative_pooled = _encode(pipe, negative, spec.t5_tokens)
         kwargs.update(negative_prompt_embeds=rep(negative_embeds), negative_pooled_prompt_embeds=rep(negative_pooled))
     return kwargs

@@ -208,12 +208,13 @@ def _encode_xl(pipe, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def conditioning(pipe, prompts: list[str], negative: str = "") -> dict:
     """Pipeline keyword arguments for one image per prompt: the prompts themselves when the pipeline has
-    a tokenizer (a real model), else embeddings of hashed token ids (random-weight architectures)."""
+    a tokenizer (a real model), else embeddings of hashed token ids (random-weight architectures). The guidance is
+    the caller's."""
     if getattr(pipe, "tokenizer", None) is not None:
         return {"prompt": list(prompts), "negative_prompt": [negative] * len(prompts)}
     per_prompt = [prompt_kwargs(pipe, p, negative) for p in prompts]
-    return {key: torch.cat([kw[key] for kw in per_prompt]) if isinstance(value, torch.Tensor) else value
-            for key, value in per_prompt[0].items()}
+    return {key: torch.cat([kw[key] for kw in per_prompt]) for key, value in per_prompt[0].items()
+            if isinstance(value, torch.Tensor)}
 
 
 def prompt_kwargs(pipe, prompt: str, negative: str = "", batch: int = 1) -> dict:

@@ -249,8 +249,8 @@ def run(model: str | None = None, precision: str | None = None, cache: str | Non
     options = mode_options(precision, cache, cache_interval, cache_threshold, cache_branch, precision_layers,
                            attention_precision, precision_convs)
     device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
     model = model or ("sd15" if device.type == "cuda" else "tiny")
+    dtype = models.gpu_dtype(model) if device.type == "cuda" else torch.float32
     random_weights = model in models.ARCHITECTURES
     size = size or (models.default_size(model) if random_weights else None)  # None: the pipeline's own default
     texts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts)]

@@ -187,3 +187,37 @@ def test_bench_times_a_transformer_and_keeps_the_rows_of_an_engine_that_fails(mo
     assert by_label["compile"]["skipped"] == "failed: RuntimeError: dynamo could not trace this"
     assert by_label["rocm_sd"]["median_s"] > 0 and by_label["rocm_sd"]["psnr_db"] > 40
     assert (tmp_path / "data" / "tiny-flux-cpu.jsonl").exists()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_img2img_pipelines_patch_and_revert(arch):
+    from diffusers import FluxImg2ImgPipeline, StableDiffusion3Img2ImgPipeline
+
+    text2img = models.build_sd_pipeline(arch, "cpu", torch.float32)
+    cls = StableDiffusion3Img2ImgPipeline if arch == "tiny-sd3" else FluxImg2ImgPipeline
+    pipe = cls(**text2img.components)
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = models.prompt_kwargs(text2img, "a lighthouse at dawn")
+    image = torch.rand(1, 3, 64, 64)
+
+    def run():
+        with torch.no_grad():
+            return pipe(**kwargs, image=image, strength=0.75, num_inference_steps=4, height=64, width=64,
+                        generator=torch.Generator().manual_seed(0), output_type="latent").images
+
+    reference = run()
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe)
+        assert rocm_sd.report(pipe)["transformer"]["attention processor"] > 0
+        assert torch.allclose(run(), reference, rtol=1e-4, atol=1e-4)
+    rocm_sd.revert(pipe)
+    assert torch.equal(run(), reference)
+
+
+def test_tune_lists_the_transformers_problems(capsys):
+    from rocm_sd.tune.cli import main as tune_main
+
+    assert tune_main(["--model", "tiny-flux", "--list", "--ops", "ada_layer_norm,add_ada_layer_norm,rms_norm"]) == 0
+    out = capsys.readouterr().out
+    for op in ("ada_layer_norm|float32|", "add_ada_layer_norm|float32|", "rms_norm|float32|"):
+        assert op in out, out

@@ -63,7 +63,7 @@ def to_uint8(images: np.ndarray) -> np.ndarray:
 
 def call_pipeline(pipe, job: Job, indices: range, steps: int | None = None) -> np.ndarray:
     """Images for prompts `indices` of the job: [n, H, W, 3] uint8."""
-    device = pipe.unet.device
+    device = models.denoiser(pipe).device
     generators = [torch.Generator(device).manual_seed(job.seed + i) for i in indices]
     with torch.inference_mode():
         out = pipe(**models.conditioning(pipe, [job.prompts[i] for i in indices], job.negative),
@@ -75,7 +75,7 @@ def call_pipeline(pipe, job: Job, indices: range, steps: int | None = None) -> n
 def weights_fingerprint(pipe) -> float:
     """A sum over the UNet's weights: equal on every rank, or the ranks would make different pictures."""
     with torch.no_grad():
-        return float(sum(p.detach().double().sum() for p in pipe.unet.parameters()))
+        return float(sum(p.detach().double().sum() for p in models.denoiser(pipe).parameters()))
 
 
 def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool):
@@ -180,7 +180,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=cli_args.positive_int, default=1, help="prompts per pipeline call")
     parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
-                        help="default: float16 on a GPU, float32 on a CPU")
+                        help="default: float16 on a GPU (bfloat16 for the diffusion transformers), float32 on a CPU")
     parser.add_argument("--no-optimize", action="store_true", help="plain diffusers (to compare)")
     parser.add_argument("--no-warmup", action="store_true", help="time the first calls too")
     parser.add_argument("--timeout-s", type=cli_args.positive_float, default=DEFAULT_TIMEOUT_S,
@@ -212,7 +212,7 @@ def main(args) -> int:
         mesh = with_lookout(mesh)
     on_gpu = mesh.device.type == "cuda"
     model = args.model or ("sd15" if on_gpu else "tiny")
-    dtype = getattr(torch, args.dtype or ("float16" if on_gpu else "float32"))
+    dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(model) if on_gpu else torch.float32
     try:
         pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize)
         setup_s = time.perf_counter() - start

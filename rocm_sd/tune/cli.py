@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--width", type=cli_args.image_size)
     parser.add_argument("--batch", type=cli_args.positive_int, default=1,
                         help="images per call (the UNet sees twice as many with CFG)")
-    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                        help="default: bfloat16 for the diffusion transformers (sd3, sd35*, flux*), else float16")
     parser.add_argument("--precision", default="fp16", choices=("fp16", "fp8", "int8"),
                         help="run the model with optimize(precision=...) and also time each 8-bit layer against fp16 "
                              "(the linear_8bit problems)")
@@ -112,7 +113,8 @@ def tune(args) -> int:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    dtype = getattr(torch, args.dtype) if on_gpu else torch.float32
+    gpu_dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(args.model)
+    dtype = gpu_dtype if on_gpu else torch.float32
     wanted = set(args.ops or (*problems.OPS, linear_8bit.OP, conv_8bit.OP))
     if args.ops and linear_8bit.OP in wanted and args.precision == "fp16":
         raise cli_args.UsageError(f"argument --ops: {linear_8bit.OP} needs --precision fp8 or int8")
@@ -137,7 +139,8 @@ def tune(args) -> int:
     conditioning = models.conditioning(pipe, ["a photograph of a lighthouse at dawn"] * args.batch)
     folder = db.path.parent
     with vendor_tuning(folder, key.file_stem) if measuring else nullcontext([]) as notes, \
-            linear_8bit.recording(pipe.unet) as layer_calls, conv_8bit.recording(pipe.unet) as conv_calls:
+            linear_8bit.recording(models.denoiser(pipe)) as layer_calls, \
+            conv_8bit.recording(models.denoiser(pipe)) as conv_calls:
         calls = harvest(lambda: pipe(**conditioning, height=args.height, width=args.width,
                                      num_inference_steps=HARVEST_STEPS, output_type="np"))
     del pipe
@@ -160,7 +163,8 @@ def tune(args) -> int:
     print(f"{len(by_key)} problems from {sum(calls.values()) + sum(layer_calls.values())} op calls ({args.model}, "
           f"{HARVEST_STEPS} steps); database {db.path}" + ("" if measuring else " (not written by --list / --dry-run)"))
     if not on_gpu:
-        print(f"  on a CPU: the model ran in float32 on the CPU (--dtype {args.dtype} is the GPU's), so these are not "
+        gpu = str(gpu_dtype).removeprefix("torch.")
+        print(f"  on a CPU: the model ran in float32 on the CPU (--dtype {gpu} is the GPU's), so these are not "
               "the problems a GPU tunes (dtypes, the GPU-only paths and 8-bit layers differ); list on the GPU")
     for note in db.notes + (notes or []):
         print(f"  {note}")
