@@ -97,6 +97,12 @@ def mode_text(options: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in options.items())
 
 
+def _apply_mode(name: str, pipe, flags: dict, device: torch.device) -> str | None:
+    """optimize() with mode `name`'s options; why they did not apply on `device`, else None."""
+    skipped = optimize_with_options(pipe, MODES[name], **flags)
+    return f"{mode_text(MODES[name])} not applied on {device_name(device)}: {'; '.join(skipped)}" if skipped else None
+
+
 def _compile_transformer(pipe) -> None:
     """The diffusers docs' torch.compile recipe for the pipeline's transformer: regional compilation of the repeated
     blocks where the model declares them (Flux), else the whole model, fullgraph."""
@@ -122,9 +128,7 @@ def _transformer_engine(name: str, pipe, flags: dict[str, bool | None], device: 
     why_not = None
     try:
         if name in MODES:
-            skipped = optimize_with_options(pipe, MODES[name], **flags)
-            if skipped:
-                why_not = f"{mode_text(MODES[name])} not applied on {device_name(device)}: {'; '.join(skipped)}"
+            why_not = _apply_mode(name, pipe, flags, device)
         elif name == "compile":
             _compile_transformer(pipe)
         elif name == "rocm_sd":
@@ -156,9 +160,7 @@ def _engine(name: str, pipe, flags: dict[str, bool | None], device: torch.device
     why_not = None
     try:
         if name in MODES:
-            skipped = optimize_with_options(pipe, MODES[name], **flags)
-            if skipped:
-                why_not = f"{mode_text(MODES[name])} not applied on {device_name(device)}: {'; '.join(skipped)}"
+            why_not = _apply_mode(name, pipe, flags, device)
         elif name == "compile":
             pipe.unet = torch.compile(unet, fullgraph=True)
         elif name == "compile-reduce-overhead":

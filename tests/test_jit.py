@@ -294,7 +294,9 @@ def _nvrtc():
 
 
 @pytest.mark.build
-@pytest.mark.parametrize("arch", [pytest.param("sm_80", marks=pytest.mark.slow), "sm_90"])
+# Both in the slow lane (CI): every unit compiled by NVRTC is about a quarter hour on two cores.
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_every_source(arch):
     compiler = _nvrtc()
     root = sources.source_root()
