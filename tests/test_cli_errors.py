@@ -106,7 +106,8 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
     ("rocm_sd", [*GENERATE, "--mode", "cfg"], 2, "argument --mode: cfg mode splits each step over a pair of GPUs: it "
                                                  "needs an even number of processes, got 1 (torchrun"),
     ("rocm_sd", [*GENERATE, "--model", "sd16"], 2, "argument --model: 'sd16' is neither an architecture nor an "
-                                                   "existing file or folder; accepted: an architecture (sd15, sd21"),
+                                                   "existing file or folder; accepted: an architecture (flux, "
+                                                   "flux-schnell, sd15, sd21, sd3"),
     ("rocm_sd", [*GENERATE, "--model", "{tmp}/no-such-model"], 2,
      "argument --model: '{tmp}/no-such-model' is neither an architecture nor an existing file or folder"),
     ("rocm_sd", [*GENERATE, "--model", "{tmp}/model.ckpt"], 2,
@@ -121,7 +122,8 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
      "argument --out: cannot write in {read_only}: "),
     ("tune", [*TUNE, "--model", "{tmp}/missing.safetensors"], 2,
      "python -m rocm_sd.tune: error: argument --model: '{tmp}/missing.safetensors' is neither an architecture nor "
-     "an existing file or folder; accepted: an architecture (sd15, sd21, sdxl, tiny, tiny-xl), a local diffusers "
+     "an existing file or folder; accepted: an architecture (flux, flux-schnell, sd15, sd21, sd3, sd35, sd35-turbo, "
+     "sd35m, sdxl, tiny, tiny-flux, tiny-sd3, tiny-xl), a local diffusers "
      "model folder or a .safetensors checkpoint file"),
     ("tune", [*TUNE, "--model", "sd16"], 2, "argument --model: 'sd16' is neither an architecture"),
     ("tune", [*TUNE, "--model", "{tmp}/model.ckpt"], 2,
