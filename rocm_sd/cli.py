@@ -1,4 +1,4 @@
-"""`python -m rocm_sd {info,demo,bench,quality,generate}`."""
+"""`python -m rocm_sd {info,demo,bench,quality,generate,prepare}`."""
 from __future__ import annotations
 
 import argparse
@@ -179,6 +179,38 @@ def _add_quality(sub) -> None:
                         help="folder for <model>-<mode>.json, .md and .png (the side-by-side grid)")
 
 
+def _prepare(args) -> int:
+    from . import prepare
+
+    on_gpu = platform.gpu_available()
+    model = cli_args.checkpoint_architecture(args.model or ("sd15" if on_gpu else "tiny"), "preparing")
+    dtype = getattr(torch, args.dtype) if args.dtype and on_gpu else None
+    flags = {} if args.vae_tiles is None else {"vae_tiles": args.vae_tiles == "on"}
+    prepare.run(model, args.sizes, batch=args.batch, dtype=dtype, **flags)
+    return 0
+
+
+def _add_prepare(sub) -> None:
+    parser = cli_args.command(sub.add_parser(
+        "prepare", help="run every convolution and GEMM problem of a model at the given sizes once, so that MIOpen's "
+                        "first-run search (find) is done before the first image (docs/amd.md)"), _prepare)
+    parser.add_argument("--model", default=None, type=cli_args.tunable_model,
+                        help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}), a local "
+                             "diffusers model folder, or a .safetensors checkpoint (its architecture's shapes; default: "
+                             "sd15 on a GPU, tiny on a CPU)")
+    parser.add_argument("--sizes", type=cli_args.image_sizes,
+                        help="comma-separated WIDTHxHEIGHT image sizes in pixels, e.g. 1024x1024,832x1216 (default: "
+                             "the model's square size)")
+    parser.add_argument("--batch", type=cli_args.positive_int, default=1,
+                        help="images per call (the UNet sees twice as many with CFG)")
+    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                        help="on a GPU; default: bfloat16 for the diffusion transformers (sd3, sd35*, flux*), else "
+                             "float16")
+    parser.add_argument("--vae-tiles", choices=("on", "off"),
+                        help="the VAE decode in fixed-shape tiles, as optimize(vae_tiles=...) (default: on with ROCm's "
+                             "torch, off elsewhere); 'off' prepares the untiled decode at each size")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .patch.pipeline import FLAG_NAMES
 
@@ -227,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"skip; default: {bench.results_folder()}, a folder of yours; the repository's "
                                    "results: --out bench/results)")
     _add_quality(sub)
+    _add_prepare(sub)
     generate.add_arguments(cli_args.command(sub.add_parser(
         "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"),
         generate.main))

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import models
+from . import checkpoints, models
 
 USAGE_ERROR, FAILURE, INTERRUPTED = 2, 1, 130
 
@@ -60,6 +60,22 @@ def image_size(text: str) -> int:
     if value % SIZE_MULTIPLE:
         raise argparse.ArgumentTypeError(f"{text} is not {accepted}")
     return value
+
+
+def image_sizes(text: str) -> list[tuple[int, int]]:
+    """Comma-separated WIDTHxHEIGHT image sizes in pixels (width first, as ComfyUI and A1111 give them)."""
+    sizes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        width, sep, height = item.lower().partition("x")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{item} is not WIDTHxHEIGHT (e.g. 1024x1024,832x1216)")
+        try:
+            sizes.append((image_size(width.strip()), image_size(height.strip())))
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"{item}: {error}") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError("no sizes given; accepted: WIDTHxHEIGHT, comma-separated")
+    return list(dict.fromkeys(sizes))
 
 
 def finite_float(text: str) -> float:
@@ -169,6 +185,20 @@ def tunable_model(model: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return model
+
+
+def checkpoint_architecture(model: str, doing: str) -> str:
+    """`model`, or for a single-file checkpoint the architecture its header names (random weights of its shapes do
+    what `doing` needs: the weights' values change no problem); a UsageError where it names none rocm_sd knows."""
+    if not checkpoints.is_checkpoint_file(model):
+        return model
+    try:
+        arch = checkpoints.architecture_of(model)
+    except ValueError as error:  # its header names no architecture rocm_sd knows: read before anything is built
+        raise UsageError(f"argument --model: {error}") from None
+    print(f"{model}: {arch} architecture; {doing} its shapes with random weights (the weights' values do not "
+          "change which kernel is fastest)")
+    return arch
 
 
 def subset_of(choices, what: str) -> Callable[[str], tuple[str, ...]]:

@@ -37,6 +37,7 @@ from ..modules.mmdit import (RocmGELU, flux_block_forward, flux_block_fusable, f
                              flux_single_block_fusable, joint_block_forward, joint_block_fusable)
 from ..modules.rms_norm import RocmRMSNorm
 from ..modules.text_kv import TextKV, text_attentions
+from ..modules.vae_tiles import tiled_decode
 from .core import PatchRecord, eight_bit
 
 def _replace_children(model: nn.Module, record: PatchRecord, matches, make, count: str) -> None:
@@ -180,6 +181,13 @@ def patch_attention(model: nn.Module, record: PatchRecord) -> None:
         module.set_processor(replacement(old))
         record.on_revert(module.set_processor, old)
         record.counts["attention processor"] += 1
+
+
+def tile_vae_decode(model: nn.Module, record: PatchRecord) -> None:
+    """AutoencoderKL's _decode (which decode calls per latent batch or slice) decodes in fixed-shape tiles."""
+    if type(model).__name__ == "AutoencoderKL":
+        record.bind(model, "_decode", tiled_decode)
+        record.counts["decode in fixed-shape tiles"] += 1
 
 
 # The calls graph capture wraps per model class: (method, keyword arguments the method ignores).

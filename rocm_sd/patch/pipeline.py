@@ -8,6 +8,7 @@ from typing import Callable
 
 from torch import nn
 
+from .. import platform
 from ..graphs import GraphPool
 from ..modules.fusing import accelerate_hooked
 from . import attention_fp8, diffusers, precision, step_cache
@@ -52,8 +53,8 @@ def _untouched(target) -> dict[str, nn.Module]:
 @dataclass(frozen=True)
 class Flag:
     """One optimize() keyword: what it turns on (its patcher, patch/diffusers.py), whether it is on by default (and,
-    where that differs, with an 8-bit `precision`), the flag it needs on too, and whether it also applies to the CLIP
-    text encoders."""
+    where that differs, with an 8-bit `precision` or with ROCm's torch), the flag it needs on too, and whether it also
+    applies to the CLIP text encoders."""
     name: str
     patch: Callable[[nn.Module, PatchRecord], None] | None
     doc: str
@@ -61,20 +62,30 @@ class Flag:
     needs: str | None = None
     text_encoders: bool = False
     default_8bit: bool | None = None
+    default_rocm: bool | None = None
+
+    @property
+    def default_varies(self) -> bool:
+        """Whether the default depends on the precision or the platform (the flag then also takes None)."""
+        return self.default_8bit is not None or self.default_rocm is not None
 
     def default_for(self, options: dict) -> bool:
-        """The flag's default given optimize()'s options."""
-        return self.default_8bit if eight_bit(options) and self.default_8bit is not None else self.default
+        """The flag's default given optimize()'s options, on this platform."""
+        if eight_bit(options) and self.default_8bit is not None:
+            return self.default_8bit
+        if self.default_rocm is not None and platform.torch_gpu_platform() == "hip":
+            return self.default_rocm
+        return self.default
 
     def value(self, keywords: dict, options: dict) -> bool:
         """The flag as applied: the caller's value, else its default (None asks for the default too where the
         precision decides it, as the signature says). Anything but True / False (and that None) is a ValueError:
         bool() would read "no", "off" or 0.5 as on."""
         given = keywords.get(self.name)
-        if self.name not in keywords or (given is None and self.default_8bit is not None):
+        if self.name not in keywords or (given is None and self.default_varies):
             return self.default_for(options)
         if not isinstance(given, bool):
-            accepted = "True, False or None" if self.default_8bit is not None else "True or False"
+            accepted = "True, False or None" if self.default_varies else "True or False"
             raise ValueError(f"optimize(): {self.name}={given!r} is not one of {accepted}")
         return given
 
@@ -82,6 +93,8 @@ class Flag:
         text = "on" if self.default else "off"
         if self.default_8bit is not None and self.default_8bit != self.default:
             text += f" ({'on' if self.default_8bit else 'off'} with precision fp8 / int8)"
+        if self.default_rocm is not None and self.default_rocm != self.default:
+            text += f" ({'on' if self.default_rocm else 'off'} with ROCm's torch)"
         return text
 
 
@@ -140,6 +153,13 @@ FLAGS = (
          "Flux's FluxAttnProcessor -> RocmJointAttnProcessor / RocmFluxAttnProcessor (modules/joint_attention.py): "
          "the RMSNorm of Q and K, the joining of the text and image rows and Flux's rotary embedding as one "
          "rocm_sd::rms_norm each for Q and K, then the same attention."),
+    Flag("vae_tiles", diffusers.tile_vae_decode,
+         "AutoencoderKL's decode, for latents of 64 or more on a side (512 pixels for SD's VAEs), one image at a time "
+         "in tiles of 64, 96 or 128 latents a side, overlapping and blended (modules/vae_tiles.py): every image size "
+         "then runs the same nine tile shapes' convolutions, so MIOpen's first-run search (find), which takes minutes "
+         "at each new size, runs once per tile shape (`python -m rocm_sd prepare` runs it ahead). Tiles differ from "
+         "the untiled decode as diffusers' own tiled decode does (their GroupNorms see a tile's statistics).",
+         default=False, default_rocm=True),
     Flag("text_encoder", None,
          "The text encoders (CLIP, and T5 for SD3 / Flux) too: their norms (with layer_norm) and a graphed forward "
          "(with cuda_graph). Their attention stays transformers' own."),
@@ -322,8 +342,8 @@ optimize.__doc__ = optimize.__doc__.format(flags=_flags_doc())
 optimize.__signature__ = inspect.Signature(
     [inspect.Parameter("target", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     + [inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY,
-                         default=flag.default if flag.default_8bit is None else None,  # None: the precision decides
-                         annotation=bool if flag.default_8bit is None else bool | None) for flag in FLAGS]
+                         default=None if flag.default_varies else flag.default,  # None: precision / platform decide
+                         annotation=bool | None if flag.default_varies else bool) for flag in FLAGS]
     + [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
                          annotation=option.number or object) for option in OPTIONS])
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .. import checkpoints, cli_args, models, patch, platform
+from .. import cli_args, models, patch, platform
 from . import active, conv_8bit, linear_8bit, problems
 from .db import TuningDB, default_location
 from .device_key import device_key, validators
@@ -98,14 +98,7 @@ def main(argv=None) -> int:
 
 
 def tune(args) -> int:
-    if checkpoints.is_checkpoint_file(args.model):
-        try:
-            arch = checkpoints.architecture_of(args.model)
-        except ValueError as error:  # its header names no architecture rocm_sd knows: read before anything is built
-            raise cli_args.UsageError(f"argument --model: {error}") from None
-        print(f"{args.model}: {arch} architecture; tuning its shapes with random weights (the weights' values do not "
-              "change which kernel is fastest)")
-        args.model = arch
+    args.model = cli_args.checkpoint_architecture(args.model, "tuning")
     measuring = not (args.list or args.dry_run)
     on_gpu = platform.gpu_available()
     if measuring and not on_gpu:
