@@ -160,3 +160,13 @@ def test_tune_list_on_a_cpu_says_what_it_lists(capsys):
     out = capsys.readouterr().out
     assert "geglu|float32|" in out and "(not written by --list / --dry-run)" in out
     assert "--dtype float16 is the GPU's" in out and "not the problems a GPU tunes" in out
+
+
+def test_prepare_on_a_cpu_runs_each_size_and_says_there_is_no_search(rocm_sd_command):
+    result = rocm_sd_command("prepare", "--model", "tiny", "--sizes", "32x32,48x32", "--vae-tiles", "on")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("rocm_sd prepare: tiny, float32, batch 1") and "VAE decode in fixed-shape tiles" in line
+               for line in lines), result.stdout
+    assert [line.split(":")[0].strip() for line in lines if "new convolution" in line] == ["32x32", "48x32"]
+    assert "on a CPU: no convolution or GEMM search to fill" in lines[-1] and lines[-1].startswith("prepared 2 sizes")

@@ -120,6 +120,17 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
      "argument --out: {tmp}/file.txt/images: {tmp}/file.txt is a file, not a folder"),
     ("rocm_sd", ["generate", "--prompt", "a fox", "--out", "{read_only}/images"], 2,
      "argument --out: cannot write in {read_only}: "),
+    ("rocm_sd", ["prepare", "--sizes", "1024"], 2, "python -m rocm_sd prepare: error: argument --sizes: 1024 is not "
+                                                   "WIDTHxHEIGHT (e.g. 1024x1024,832x1216)"),
+    ("rocm_sd", ["prepare", "--sizes", "1024x1024,832x36"], 2, "argument --sizes: 832x36: 36 is not a positive "
+                                                               "multiple of 8"),
+    ("rocm_sd", ["prepare", "--sizes", "0x512"], 2, "argument --sizes: 0x512: 0 is not a positive multiple of 8"),
+    ("rocm_sd", ["prepare", "--sizes", " , "], 2, "argument --sizes: no sizes given; accepted: WIDTHxHEIGHT"),
+    ("rocm_sd", ["prepare", "--batch", "0"], 2, "argument --batch: 0 is not a positive integer"),
+    ("rocm_sd", ["prepare", "--vae-tiles", "yes"], 2, "argument --vae-tiles: invalid choice: 'yes'"),
+    ("rocm_sd", ["prepare", "--model", "sd16"], 2, "argument --model: 'sd16' is neither an architecture"),
+    ("rocm_sd", ["prepare", "--model", "{tmp}/model.ckpt"], 2,
+     "argument --model: '{tmp}/model.ckpt' is a single-file checkpoint; accepted: an architecture"),
     ("tune", [*TUNE, "--model", "{tmp}/missing.safetensors"], 2,
      "python -m rocm_sd.tune: error: argument --model: '{tmp}/missing.safetensors' is neither an architecture nor "
      "an existing file or folder; accepted: an architecture (flux, flux-schnell, sd15, sd21, sd3, sd35, sd35-turbo, "
@@ -164,6 +175,8 @@ VALID = [  # arguments that pass every check: the command goes on to build its m
     ("rocm_sd", ["--debug", "generate", "--prompts", "{tmp}/file.txt", "--prompt", "a fox", "--out", "{tmp}",
                  "--height", "64", "--width", "72", "--steps", "1", "--guidance", "-1.5", "--timeout-s", "0.5"]),
     ("rocm_sd", [*GENERATE, "--model", "tiny-xl", "--debug"]),
+    ("rocm_sd", ["prepare", "--model", "tiny-flux", "--sizes", "64x64, 832X1216", "--batch", "2", "--vae-tiles", "off",
+                 "--dtype", "bfloat16"]),
     ("tune", [*TUNE, "--model", "tiny", "--height", "64", "--width", "64", "--batch", "2", "--ops",
               "group_norm,geglu", "--budget-s", "10"]),
 ]
@@ -183,6 +196,8 @@ def test_valid_arguments_parse_to_their_values(paths):
     args = cli.build_parser().parse_args(["generate", "--prompts", f"{paths['tmp']}/file.txt", "--out", "o",
                                           "--guidance", "7.5"])
     assert args.prompts == ["a lighthouse at dawn"] and args.guidance == 7.5 and args.model is None
+    args = cli.build_parser().parse_args(["prepare", "--sizes", "832x1216,1024x1024,832x1216"])
+    assert args.sizes == [(832, 1216), (1024, 1024)] and args.model is None and args.vae_tiles is None
     args = tune_cli.build_parser().parse_args(["--height", "1216", "--width", "832", "--ops", "geglu"])
     assert (args.height, args.width, args.ops, args.model) == (1216, 832, ("geglu",), "sd15")
 

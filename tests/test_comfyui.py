@@ -321,7 +321,7 @@ def test_tune_node_contract_and_architecture(comfy, nodes):
     assert required["model"] == ("MODEL",) and cls.RETURN_TYPES == ("MODEL",) and cls.CATEGORY == "rocm_sd"
     assert {name: spec[0] for name, spec in required.items() if name != "model"} == {
         "width": "INT", "height": "INT", "batch_size": "INT", "budget_minutes": "INT", "resume": "BOOLEAN"}
-    assert list(cls.INPUT_TYPES()["optional"]) == ["precision"]
+    assert list(cls.INPUT_TYPES()["optional"]) == ["precision", "prepare"]
     patcher = standin_model(comfy)
     for unet_config, arch in (({"context_dim": 768, "adm_in_channels": None}, "sd15"),
                               ({"context_dim": 1024}, "sd21"),
@@ -334,18 +334,25 @@ def test_tune_node_contract_and_architecture(comfy, nodes):
 
 
 def test_tune_node_runs_the_tuner_for_the_model_and_passes_it_through(comfy, nodes, monkeypatch):
+    from rocm_sd import platform, prepare
     from rocm_sd.tune import cli as tune_cli
 
-    runs = []
+    runs, prepared = [], []
     monkeypatch.setattr(tune_cli, "main", lambda argv: runs.append(argv) or 0)
+    monkeypatch.setattr(prepare, "run", lambda *args, **kwargs: prepared.append((args, kwargs)))
+    monkeypatch.setattr(platform, "gpu_available", lambda: True)
     patcher = standin_model(comfy)
     patcher.model.model_config = _Config(context_dim=2048, adm_in_channels=2816)
     (out,) = nodes.RocmSDTune().tune(patcher, width=832, height=1216, batch_size=2, budget_minutes=5, resume=True)
     assert out is patcher
     assert runs == [["--model", "sdxl", "--width", "832", "--height", "1216", "--batch", "2", "--resume",
                      "--budget-s", "300"]]
-    nodes.RocmSDTune().tune(patcher, width=1024, height=1024, budget_minutes=0, resume=False, precision="fp8")
+    # its problems run once at the node's size, the VAE untiled as ComfyUI decodes it
+    assert prepared == [(("sdxl", [(832, 1216)]), {"batch": 2, "vae_tiles": False})]
+    nodes.RocmSDTune().tune(patcher, width=1024, height=1024, budget_minutes=0, resume=False, precision="fp8",
+                            prepare=False)
     assert runs[-1] == ["--model", "sdxl", "--width", "1024", "--height", "1024", "--batch", "1", "--precision", "fp8"]
+    assert len(prepared) == 1
 
     del patcher.model.model_config  # not a Stable Diffusion model rocm_sd knows: nothing tuned, passed through
     assert nodes.RocmSDTune().tune(patcher)[0] is patcher and len(runs) == 2
@@ -358,6 +365,7 @@ def test_tune_node_on_a_machine_without_gpu_passes_through(comfy, nodes, caplog)
     # The real tuner: it refuses to measure without a GPU (exit 2), the node says so and passes the model on.
     assert nodes.RocmSDTune().tune(patcher, width=64, height=64)[0] is patcher
     assert "tuning stopped" in caplog.text and "exited 2" in caplog.text
+    assert "nothing prepared: no GPU" in caplog.text
 
 
 def test_vae_node_follows_a_circular_padding_set_later(comfy, nodes):

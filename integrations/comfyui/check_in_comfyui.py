@@ -263,11 +263,13 @@ def check_requeue_orders(torch, comfy, nodes, device, dtype):
 
 def check_tune_node(torch, comfy, nodes):
     """"rocm_sd Tune" reads the architecture from ComfyUI's own model config objects (SD1.5 and SDXL, small
-    channel counts, real context widths) and asks the tuner for it; the tuning itself is not run here."""
+    channel counts, real context widths) and asks the tuner and rocm_sd.prepare for it; neither is run here."""
+    from rocm_sd import prepare
     from rocm_sd.tune import cli as tune_cli
 
-    runs, real_main = [], tune_cli.main
+    runs, prepared, real_main, real_prepare = [], [], tune_cli.main, prepare.run
     tune_cli.main = lambda argv: runs.append(argv[1]) or 0
+    prepare.run = lambda arch, *args, **kwargs: prepared.append(arch)
     try:
         for name, config in (("SD15", {"context_dim": 768}),
                              ("SDXL", {"context_dim": 2048, "adm_in_channels": 2816, "num_classes": "sequential",
@@ -276,9 +278,9 @@ def check_tune_node(torch, comfy, nodes):
             patcher = small_model(torch, comfy, torch.device("cpu"), torch.float32, name, **config)
             nodes["RocmSDTune"]().tune(patcher, width=512, height=512)
     finally:
-        tune_cli.main = real_main
-    print(f"tune node: architectures asked for {runs}")
-    return runs == ["sd15", "sdxl"]
+        tune_cli.main, prepare.run = real_main, real_prepare
+    print(f"tune node: architectures asked for {runs}, prepared {prepared}")
+    return runs == ["sd15", "sdxl"] and prepared == (runs if torch.cuda.is_available() else [])
 
 
 def check_vae(torch, comfy, nodes):

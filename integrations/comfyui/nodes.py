@@ -1,5 +1,6 @@
 """ComfyUI nodes: "rocm_sd Optimize Model" (MODEL -> MODEL), "rocm_sd Optimize VAE" (VAE -> VAE) and
-"rocm_sd Tune" (MODEL -> MODEL, unchanged: tunes the kernels for the model's shapes).
+"rocm_sd Tune" (MODEL -> MODEL, unchanged: tunes the kernels for the model's shapes, and runs its convolution and GEMM
+problems once so that MIOpen's first-run search is done before the first image).
 
 A thin shim (docs/design.md, convention 10): node definitions around rocm_sd.patch.comfy, which the
 AUTOMATIC1111 extension's Forge path shares. The norm modules become kernel-backed copies of themselves
@@ -167,8 +168,9 @@ class RocmSDOptimizeVAE:
 class RocmSDTune:
     """MODEL -> MODEL (unchanged): tunes rocm_sd's kernels on this GPU for the model's architecture at one size,
     as `python -m rocm_sd.tune` does (random weights of the same shapes; results written to the tuning
-    database the other nodes read, as they come). ComfyUI's loaded models are unloaded first to give the
-    tuner the GPU. Progress is shown in the console."""
+    database the other nodes read, as they come); then, with `prepare`, runs every convolution and GEMM problem of the
+    model at that size once in this process (rocm_sd.prepare: MIOpen's find, TunableOp, cuDNN's benchmark mode).
+    ComfyUI's loaded models are unloaded first to give the tuner the GPU. Progress is shown in the console."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -185,6 +187,9 @@ class RocmSDTune:
             "precision": (["fp16", "fp8", "int8"], {"default": "fp16", "tooltip": (
                 "fp8 / int8: tune the model as the Optimize node's precision runs it, and time each 8-bit layer "
                 "against fp16 (what its precision_layers 'measured' follows)")}),
+            "prepare": ("BOOLEAN", {"default": True, "tooltip": (
+                "also run every convolution and GEMM problem of the model at this size once, so that MIOpen's "
+                "first-run search (minutes on ROCm) is done before the first image (docs/amd.md)")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
@@ -192,7 +197,8 @@ class RocmSDTune:
     CATEGORY = CATEGORY
     DESCRIPTION = "Tunes rocm_sd's kernels for this model's shapes on this GPU, once (minutes); later runs use it."
 
-    def tune(self, model, width=1024, height=1024, batch_size=1, budget_minutes=10, resume=True, precision="fp16"):
+    def tune(self, model, width=1024, height=1024, batch_size=1, budget_minutes=10, resume=True, precision="fp16",
+             prepare=True):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; nothing tuned")
             return (model,)
@@ -210,7 +216,22 @@ class RocmSDTune:
         status = tune_cli.main(argv)
         if status:
             _say([f"tuning stopped (python -m rocm_sd.tune {' '.join(argv)} exited {status}); see the log above"])
+        if prepare:
+            _prepare(arch, width, height, batch_size)
         return (model,)
+
+
+def _prepare(arch: str, width: int, height: int, batch_size: int) -> None:
+    from rocm_sd import platform
+    from rocm_sd import prepare
+
+    if not platform.gpu_available():
+        _say(["nothing prepared: no GPU, so no convolution search to run ahead"])
+        return
+    try:  # ComfyUI decodes its VAE itself, untiled: its decode's problems at this size
+        prepare.run(arch, [(width, height)], batch=batch_size, vae_tiles=False)
+    except Exception as error:  # noqa: BLE001 - a failed warm-up must not stop the workflow
+        _say([f"prepare stopped ({type(error).__name__}: {error}); the first image will search as usual"])
 
 
 def _free_the_gpu() -> None:

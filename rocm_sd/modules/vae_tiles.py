@@ -3,19 +3,19 @@ convolution problems.
 
 A convolution library searches its algorithms once per problem (MIOpen's find, cuDNN's benchmark mode), and every
 new image size brings new problems to the VAE decoder: on ROCm that search takes minutes at the first decode of
-each size. Here a latent that is at least the smallest tile on one side is decoded one image at a time (batch 1,
-whatever the pipeline's batch) in tiles whose sides are taken from TILE_SIZES, so the decoder only ever sees
-len(TILE_SIZES)**2 input shapes. Smaller latents (images below 512 pixels on both sides for SD's VAEs) decode as
-they are: their searches are the cheapest, and padding them up would cost most of their fidelity.
+each size. Here a latent at least as large as the smallest tile on both sides (images of 512 pixels or more a side
+for SD's VAEs) is decoded one image at a time (batch 1, whatever the pipeline's batch) in tiles whose sides are taken
+from TILE_SIZES, so the decoder only ever sees len(TILE_SIZES)**2 input shapes. Narrower latents decode as they are:
+a tile would have to be padded past the image, and padding changes what the decoder's GroupNorms average, where
+diffusers' own tiled decode shrinks the tile instead (tests/test_vae_tiles.py measured both on the same input).
 
 Per axis the tiles are all of one side, the one that decodes the fewest latent rows with overlaps of at least
 MIN_OVERLAP (ties: the larger side, fewer seams). The first tile starts at 0 and the last ends at the edge, the
-overlaps spread evenly between: no tile reaches past the image, so none is padded, except on an axis shorter than
-the smallest tile, which is padded (replicate) up to it and cropped after. diffusers' tiled_decode keeps fixed
-overlaps and lets the last row and column of tiles shrink (new shapes at every size), and its blend keeps each tile
-up to where the next begins, which needs overlaps of at most half a tile; here the last tile's overlap can be most
-of a tile, so the tiles are blended as a weighted sum: each tile's weight ramps linearly from its inner edges over
-its overlap with each neighbour (the pixels nearest a cut, where the decoder saw the cut's zero padding, count
+overlaps spread evenly between: no tile reaches past the image, so none is padded. diffusers' tiled_decode keeps
+fixed overlaps and lets the last row and column of tiles shrink (new shapes at every size), and its blend keeps each
+tile up to where the next begins, which needs overlaps of at most half a tile; here the last tile's overlap can be
+most of a tile, so the tiles are blended as a weighted sum: each tile's weight ramps linearly from its inner edges
+over its overlap with each neighbour (the pixels nearest a cut, where the decoder saw the cut's zero padding, count
 least), normalised by the sum of weights.
 
 Each tile's GroupNorms see that tile's statistics, not the whole image's: tiles differ from the untiled decode as
@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 # Tile sides in latents: 64, 96 and 128 (512, 768 and 1024 pixels for SD's VAEs) are the native sizes of SD1.5,
 # SD2.x and SDXL / SD3 / Flux, which therefore decode as one tile (the untiled result, at batch 1); nine tile shapes.
@@ -36,10 +35,7 @@ MIN_OVERLAP = 16
 
 
 def axis_tiles(length: int, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP) -> tuple[int, list[int]]:
-    """(tile side, tile starts) along an axis of `length` latents; a side above `length` means the axis is padded."""
-    smallest = min(sizes)
-    if length <= smallest:
-        return smallest, [0]
+    """(tile side, tile starts) along an axis of `length` latents, at least the smallest side."""
     best = None
     for side in sorted((s for s in sizes if s <= length), reverse=True):
         count = 1 if side == length else math.ceil((length - min_overlap) / max(1, side - min_overlap))
@@ -50,8 +46,8 @@ def axis_tiles(length: int, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP) ->
 
 
 def tiled(height: int, width: int, sizes=TILE_SIZES) -> bool:
-    """Whether a latent of height x width is decoded in tiles: at least the smallest tile on one side."""
-    return max(height, width) >= min(sizes)
+    """Whether a latent of height x width is decoded in tiles: at least the smallest tile on both sides."""
+    return min(height, width) >= min(sizes)
 
 
 def tile_shapes(height: int, width: int, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP) -> set[tuple[int, int]]:
@@ -61,7 +57,7 @@ def tile_shapes(height: int, width: int, sizes=TILE_SIZES, min_overlap: int = MI
     return {(axis_tiles(height, sizes, min_overlap)[0], axis_tiles(width, sizes, min_overlap)[0])}
 
 
-def _ramps(starts: list[int], side: int, scale: int, length: int, device) -> list[torch.Tensor]:
+def _ramps(starts: list[int], side: int, scale: int, device) -> list[torch.Tensor]:
     """Per tile, its blending weight along one axis in output pixels: rising over the overlap with the tile before,
     falling over the overlap with the tile after, never zero."""
     position = torch.arange(side * scale, device=device, dtype=torch.float32) + 0.5
@@ -72,7 +68,7 @@ def _ramps(starts: list[int], side: int, scale: int, length: int, device) -> lis
             weight = torch.minimum(weight, position / ((starts[k - 1] + side - start) * scale))
         if k + 1 < len(starts):
             weight = torch.minimum(weight, position.flip(0) / ((start + side - starts[k + 1]) * scale))
-        weights.append(weight[:max(0, min(side, length - start)) * scale])
+        weights.append(weight)
     return weights
 
 
@@ -84,7 +80,7 @@ def _decode_tile(vae, tile: torch.Tensor) -> torch.Tensor:
 
 
 def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP):
-    """AutoencoderKL._decode(z, return_dict) in fixed-shape tiles (the module's docstring); latents below the
+    """AutoencoderKL._decode(z, return_dict) in fixed-shape tiles (the module's docstring); latents narrower than the
     smallest tile go to AutoencoderKL's own _decode."""
     from diffusers.models.autoencoders.vae import DecoderOutput
 
@@ -93,7 +89,6 @@ def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_S
         return type(vae)._decode(vae, z, return_dict=return_dict)
     side_y, rows = axis_tiles(height, sizes, min_overlap)
     side_x, cols = axis_tiles(width, sizes, min_overlap)
-    z = F.pad(z, (0, max(0, side_x - width), 0, max(0, side_y - height)), mode="replicate")
     images, weights_y, weights_x = [], None, None
     for latent in z.split(1):
         out = total = None
@@ -102,15 +97,14 @@ def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_S
                 tile = _decode_tile(vae, latent[:, :, top:top + side_y, left:left + side_x].contiguous())
                 if out is None:  # the decoder's upscaling, read off the first tile
                     scale = tile.shape[-1] // side_x
-                    weights_y = _ramps(rows, side_y, scale, height, z.device)
-                    weights_x = _ramps(cols, side_x, scale, width, z.device)
+                    weights_y = _ramps(rows, side_y, scale, z.device)
+                    weights_x = _ramps(cols, side_x, scale, z.device)
                     out = torch.zeros(tile.shape[1], height * scale, width * scale, device=z.device)
                     total = torch.zeros(1, height * scale, width * scale, device=z.device)
-                wy, wx = weights_y[i], weights_x[j]
-                weight = wy[:, None] * wx[None, :]
-                region = (slice(None), slice(top * scale, top * scale + len(wy)),
-                          slice(left * scale, left * scale + len(wx)))
-                out[region] += tile[0, :, :len(wy), :len(wx)].float() * weight
+                weight = weights_y[i][:, None] * weights_x[j][None, :]
+                region = (slice(None), slice(top * scale, (top + side_y) * scale),
+                          slice(left * scale, (left + side_x) * scale))
+                out[region] += tile[0].float() * weight
                 total[region] += weight
         images.append((out / total).to(tile.dtype))
     decoded = torch.stack(images)
