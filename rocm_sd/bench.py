@@ -80,7 +80,7 @@ CPU_TIMES = ("On a CPU every op runs PyTorch's code (rocm_sd's kernels run on GP
 def _optimize_flags() -> dict[str, bool | None]:
     """optimize()'s on/off flags and their defaults, read from its signature: the ablation follows new flags (its
     options, which take values, are the modes, even a True / False one such as precision_convs). None: the flag's
-    default depends on the mode (fuse_qkv: on with an 8-bit precision)."""
+    default depends on the mode or the platform (fuse_qkv: on with an 8-bit precision; vae_tiles: on with ROCm)."""
     return {name: p.default for name, p in inspect.signature(patch.optimize).parameters.items()
             if p.kind is inspect.Parameter.KEYWORD_ONLY and name in pipeline.FLAG_NAMES}
 

@@ -170,3 +170,16 @@ def test_prepare_on_a_cpu_runs_each_size_and_says_there_is_no_search(rocm_sd_com
                for line in lines), result.stdout
     assert [line.split(":")[0].strip() for line in lines if "new convolution" in line] == ["32x32", "48x32"]
     assert "on a CPU: no convolution or GEMM search to fill" in lines[-1] and lines[-1].startswith("prepared 2 sizes")
+
+
+@pytest.mark.gpu
+def test_prepare_on_a_gpu_searches_each_size_and_restores_the_benchmark_setting():
+    import torch
+
+    from rocm_sd import prepare
+
+    before = torch.backends.cudnn.benchmark
+    result = prepare.run("tiny", [(128, 128), (192, 128)], vae_tiles=True, progress=False)
+    assert torch.backends.cudnn.benchmark is before
+    assert list(result.sizes) == [(128, 128), (192, 128)] and result.count("convolution") > 0
+    assert ("MIOpen find" if torch.version.hip else "cuDNN benchmark mode") in result.searched
