@@ -45,6 +45,35 @@ def test_tiles_cover_an_axis_flush_with_its_edges(length):
     assert all(b - a <= side - OVERLAP for a, b in zip(starts, starts[1:]))  # neighbours overlap by OVERLAP or more
 
 
+@pytest.mark.parametrize("length", [17, 23, 40, 61])
+def test_neighbours_cross_fade_linearly_over_their_overlap(length):
+    side, starts = vae_tiles.axis_tiles(length, SIZES, OVERLAP)
+    scale, total = 2, torch.zeros(length * 2)
+    ramps = vae_tiles._ramps(starts, side, scale, "cpu")
+    for start, ramp in zip(starts, ramps):
+        total[start * scale:(start + side) * scale] += ramp
+    torch.testing.assert_close(total, torch.ones_like(total))  # the weights of the tiles over a pixel sum to one
+    for (a, ramp_a), (b, ramp_b) in zip(zip(starts, ramps), zip(starts[1:], ramps[1:])):
+        overlap = (a + side - b) * scale
+        steps = ramp_b[:overlap].diff()
+        torch.testing.assert_close(steps, torch.full_like(steps, 1 / overlap))  # linear, from the cut inwards
+
+
+class _Upscaler(torch.nn.Module):
+    """A 'VAE' whose decoder is a position-wise map (no receptive field, no statistics): tiles change nothing."""
+    post_quant_conv = None
+
+    def decoder(self, z):
+        return torch.nn.functional.interpolate(z[:, :3], scale_factor=4).sin()
+
+
+@pytest.mark.parametrize("height, width", [(8, 8), (9, 23), (24, 17), (31, 45)])
+def test_the_blend_of_a_decoder_without_context_is_the_untiled_image(height, width):
+    """Every output pixel covered, each tile put back where it was cut, the weights normalised."""
+    z = torch.randn(2, 4, height, width)
+    torch.testing.assert_close(_tiled(_Upscaler(), z), _Upscaler().decoder(z), rtol=1e-6, atol=1e-6)
+
+
 def test_no_resolution_brings_a_convolution_problem_the_tile_shapes_did_not():
     vae, prepared, tiled = _vae(), VendorProblems(), VendorProblems()
     with torch.no_grad():
