@@ -125,7 +125,8 @@ def main() -> None:
     parser.add_argument("--model", default="sdxl", choices=sorted(models.ARCHITECTURES),
                         help="whose VAE config (sd15 / sd21 / sdxl: 4 channels; sd3* / flux*: 16)")
     parser.add_argument("--optimize", action="store_true",
-                        help="both engines with rocm_sd.optimize()'s other defaults (kernels, channels_last; no graphs)")
+                        help="both engines with rocm_sd.optimize()'s other defaults (kernels, channels_last; no "
+                             "graphs)")
     parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)  # the child process's
     parser.add_argument("--images", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -196,8 +196,8 @@ def _add_prepare(sub) -> None:
                         "first-run search (find) is done before the first image (docs/amd.md)"), _prepare)
     parser.add_argument("--model", default=None, type=cli_args.tunable_model,
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}), a local "
-                             "diffusers model folder, or a .safetensors checkpoint (its architecture's shapes; default: "
-                             "sd15 on a GPU, tiny on a CPU)")
+                             "diffusers model folder, or a .safetensors checkpoint (its architecture's shapes; "
+                             "default: sd15 on a GPU, tiny on a CPU)")
     parser.add_argument("--sizes", type=cli_args.image_sizes,
                         help="comma-separated WIDTHxHEIGHT image sizes in pixels, e.g. 1024x1024,832x1216 (default: "
                              "the model's square size)")

@@ -154,8 +154,8 @@ FLAGS = (
          "the RMSNorm of Q and K, the joining of the text and image rows and Flux's rotary embedding as one "
          "rocm_sd::rms_norm each for Q and K, then the same attention."),
     Flag("vae_tiles", diffusers.tile_vae_decode,
-         "AutoencoderKL's decode, for latents of 64 or more on both sides (images of 512 pixels or more a side for SD's "
-         "VAEs), one image at a time in tiles of 64, 96 or 128 latents a side, overlapping and blended "
+         "AutoencoderKL's decode, for latents of 64 or more on both sides (images of 512 pixels or more a side for "
+         "SD's VAEs), one image at a time in tiles of 64, 96 or 128 latents a side, overlapping and blended "
          "(modules/vae_tiles.py): every image size "
          "then runs the same nine tile shapes' convolutions, so MIOpen's first-run search (find), which takes minutes "
          "at each new size, runs once per tile shape (`python -m rocm_sd prepare` runs it ahead). Tiles differ from "
