@@ -50,10 +50,11 @@ def default_scale(q: torch.Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
 
 
-# ROCm builds of PyTorch have long had no fused SDPA kernel above head dim 256 (pytorch/pytorch#148850), so SDPA
-# takes its math path there and materialises every score: 2.4 GB at the VAE mid-block of a 1024x1024 decode,
-# ~24 GB at 2048x2048 (ComfyUI turns PyTorch attention off for AMD VAEs for this reason). There the PyTorch
-# path runs in query chunks whose scores (and their fp32 softmax) stay within SCORE_BUDGET_BYTES.
+# ROCm builds of PyTorch have long had no fused SDPA kernel above head dim 256 (pytorch/pytorch#148850; AOTriton
+# 0.9 and later take 512, except on gfx11 with AOTriton 0.11), so SDPA takes its math path there and materialises
+# every score: 2.4 GB at the VAE mid-block of a 1024x1024 decode, ~24 GB at 2048x2048 (ComfyUI turns PyTorch
+# attention off for AMD VAEs for this reason). Where rocm_sd's kernel does not run such a call (module docstring),
+# the PyTorch path runs in query chunks whose scores (and their fp32 softmax) stay within SCORE_BUDGET_BYTES.
 CHUNKED_ABOVE_HEAD_DIM = 256
 SCORE_BUDGET_BYTES = 256 << 20
 
@@ -363,8 +364,8 @@ _kernel_chosen = PlanCache()  # device -> whether its tuning database chose anyt
 def kernel_may_run(device: torch.device) -> bool:
     """Whether any attention call on `device` could run something other than SDPA with its own backend pick: rocm_sd's
     kernel is asked for by name, or the tuning database chose it, a CK instance or one SDPA backend for some
-    attention problem (its nearest-shape lookup may then pick it for other shapes too). When not, every call is
-    PyTorch's SDPA by this op's policy."""
+    attention problem (its nearest-shape lookup may then pick it for other shapes too). When not, every call that
+    SDPA has a fused kernel for is PyTorch's SDPA by this op's policy (may_replace_sdpa_math answers for the rest)."""
     forced = dispatch.forced_backend(OP)
     if forced is not None:
         return forced == dispatch.KERNEL
