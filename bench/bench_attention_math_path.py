@@ -15,7 +15,6 @@ the memory one call allocates beyond its inputs (scores, softmax, output), MB. O
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
@@ -25,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import rocm_sd  # noqa: E402
 from bench.harness import device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
 from rocm_sd.ops.attention import SCORE_BUDGET_BYTES, attention_ref, sdpa_fused_backends  # noqa: E402
+from tests.sdpa_switches import sdpa_switched  # noqa: E402
 
 # (model, (batch, q_len, kv_len, heads, head_dim)): tests/shapes.py's ATTENTION_SD, the self- and cross-attentions.
 SHAPES = [
@@ -34,21 +34,6 @@ SHAPES = [
     ("SDXL 1024", (2, 1024, 1024, 20, 64)), ("SDXL 1024", (2, 1024, 154, 20, 64)),
     ("VAE mid-block 512", (1, 4096, 4096, 1, 512)), ("VAE mid-block 1024", (1, 16384, 16384, 1, 512)),
 ]
-FUSED = ("flash", "mem_efficient", "cudnn")
-
-
-@contextlib.contextmanager
-def fused_sdpa(enabled: bool):
-    """SDPA's fused backends on or off inside the block, as they were after it."""
-    cuda = torch.backends.cuda
-    saved = {name: getattr(cuda, f"{name}_sdp_enabled")() for name in FUSED}
-    for name in FUSED:
-        getattr(cuda, f"enable_{name}_sdp")(enabled)
-    try:
-        yield
-    finally:
-        for name, was in saved.items():
-            getattr(cuda, f"enable_{name}_sdp")(was)
 
 
 def make_inputs(shape, dtype):
@@ -121,7 +106,7 @@ def main() -> None:
         inputs = make_inputs(shape, dtype)
         q, k, v, _ = inputs[0]
         fused_ms, _ = measure(attention_ref, inputs)
-        with fused_sdpa(False):
+        with sdpa_switched(False):
             if sdpa_fused_backends(q, k, v) != ():
                 raise SystemExit(f"{shape}: SDPA still has a fused kernel with its backends off")
             math_ms, math_mb = measure(attention_ref, inputs)

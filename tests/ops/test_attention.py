@@ -15,6 +15,7 @@ from rocm_sd.ops._common import within_tolerance
 from rocm_sd.ops.attention import (attention_kernel, attention_ref, describe, host_call_uses_op, input_reasons,
                                    instance_fits, instances, sdpa_fused_backends, supports, untuned_path)
 from rocm_sd.ops.spec import PlanCache
+from tests.sdpa_switches import sdpa_switched
 from tests.shapes import ATTENTION_AWKWARD, ATTENTION_SD
 
 
@@ -196,21 +197,6 @@ def fake_gpu(monkeypatch, tmp_path):
     yield SimpleNamespace(module=module, launches=launches, fused=fused)
     PlanCache.clear_all()
     attention_self_check.forget()
-
-
-@contextlib.contextmanager
-def sdpa_switched(enabled: bool, backends=("flash", "mem_efficient", "cudnn")):
-    """SDPA's fused backends switched on or off inside the block (torch.backends.cuda.enable_<backend>_sdp), as they
-    were after it. Off on an NVIDIA GPU, SDPA takes its math path, as on the ROCm GPUs where AOTriton is off."""
-    cuda = torch.backends.cuda
-    saved = {name: getattr(cuda, f"{name}_sdp_enabled")() for name in backends}
-    for name in backends:
-        getattr(cuda, f"enable_{name}_sdp")(enabled)
-    try:
-        yield
-    finally:
-        for name, was in saved.items():
-            getattr(cuda, f"enable_{name}_sdp")(was)
 
 
 def test_sdpa_is_asked_once_per_shape_about_the_calls_views(fake_gpu, monkeypatch):
