@@ -9,12 +9,12 @@ view. The PyTorch path is scaled_dot_product_attention (cuDNN / flash on NVIDIA,
 
 Which runs: a forced backend, then the tuning database's measured choice for the shape. An untuned call runs
 PyTorch's SDPA with its own backend pick where SDPA has a fused kernel for it. Where it has none, SDPA would take
-its math path and materialise every score: ROCm builds above head dim 256, and on the GPUs where AOTriton's fused
-kernels are experimental (off unless TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1: gfx1100, gfx1101, gfx1151,
-gfx1200 in recent releases; docs/amd.md). There rocm_sd's kernel runs untuned, once its self-check on that GPU
-passed (ops/attention_self_check.py: a few shapes of the call's head dim against a float64 truth, cached per
-GPU, build and kernel sources); where the check failed or the kernel cannot take the call, SDPA's math path runs,
-in query chunks above head dim 256 on ROCm. PyTorch says per call whether it has a fused kernel
+its math path and materialise every score: on ROCm above AOTriton's head dim limit (256 in older releases), and on
+the GPUs where AOTriton's fused kernels are experimental (off unless TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1:
+gfx1100, gfx1101, gfx1151, gfx1200 in recent releases; docs/amd.md). There rocm_sd's kernel runs untuned, once its
+self-check on that GPU passed (ops/attention_self_check.py: a few shapes of the call's head dim against a float64
+truth, cached per GPU, build and kernel sources); where the check failed or the kernel cannot take the call, SDPA's
+math path runs, in query chunks above head dim 256 on ROCm. PyTorch says per call whether it has a fused kernel
 (torch.backends.cuda.can_use_flash_attention / _efficient_ / _cudnn_, asked once per shape).
 ROCM_SD_REPLACE_SDPA_MATH=0 keeps those calls on SDPA too.
 
