@@ -466,3 +466,14 @@ def test_untuned_call_runs_the_kernel_where_sdpa_has_no_fused_kernel(shape):
                                         attention_ref(q, k, v, scale))
     assert ok, f"{shape}: max err {err:.3g} > {allowed:.3g}"
     PlanCache.clear_all()
+
+
+@pytest.mark.gpu
+def test_info_names_the_untuned_path_on_this_gpu():
+    device = torch.device("cuda")
+    PlanCache.clear_all()
+    assert untuned_path(device, 80).startswith("PyTorch SDPA, fused (")
+    with sdpa_switched(False):
+        assert untuned_path(device, 80) == ("rocm_sd kernel: SDPA has no fused kernel for it (it would take its math "
+                                            "path); self-check passed")
+    PlanCache.clear_all()
