@@ -69,6 +69,7 @@ def info() -> int:
         else:
             state = f"rocm_sd kernel ({source})" if not reasons else "PyTorch fallback: " + "; ".join(reasons)
         rows.append((f"op {op}", state))
+    rows.extend(_untuned_attention(device))
     rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in REGISTRY)))
     rows.append(("precision='fp8'", _eight_bit(device, "fp8")))
     rows.append(("precision='int8'", _eight_bit(device, "int8")))
@@ -77,6 +78,20 @@ def info() -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+# Head dims of the models rocm_sd runs: SD1.5 / SD2 (40, 80, 160, 64), SDXL and the transformers (64, 128), the VAE's
+# mid-block (512), and 256, the largest AOTriton's fused kernels take on some GPUs.
+ATTENTION_HEAD_DIMS = (40, 64, 80, 128, 160, 256, 512)
+
+
+def _untuned_attention(device: torch.device) -> list[tuple[str, str]]:
+    """Per head dim, the path an untuned, unmasked fp16 attention call takes on this GPU, and why."""
+    if device.type != "cuda":
+        return [("untuned attention", "not applicable on a CPU (SDPA's CPU kernels run every call)")]
+    from .ops.attention import untuned_path
+
+    return [(f"attention d={dim} fp16", untuned_path(device, dim)) for dim in ATTENTION_HEAD_DIMS]
 
 
 def _kernel_source() -> str:

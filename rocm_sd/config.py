@@ -11,6 +11,8 @@ ROCM_SD_KERNELS=auto|built|jit   where kernels come from: auto (default) takes _
                             and compiles the shipped sources at run time elsewhere (rocm_sd/jit/); built: _C only;
                             jit: always compile at run time (tests the JIT path on a GPU that _C covers)
 ROCM_SD_JIT_CACHE=PATH      folder of the runtime-compiled kernels (default: the cache folder's rocm_sd/jit)
+ROCM_SD_REPLACE_SDPA_MATH=0 untuned attention calls that SDPA has no fused kernel for stay on SDPA's math path
+                            (default: rocm_sd's kernel runs them, after its self-check on the GPU: ops/attention.py)
 
 Switches take 1/true/yes/on or 0/false/no/off (any case); empty is the default. A value that is none of these,
 or a ROCM_SD_BACKEND that is not op:backend entries, gets one warning naming the variable and is ignored: the
@@ -38,6 +40,7 @@ class Config:
     tune_defaults: bool = True  # read the shipped default databases (rocm_sd/tune/defaults/) beneath the user's
     kernels: str = "auto"  # KERNEL_SOURCES: where kernels come from (_ext.py)
     jit_cache: str | None = None
+    replace_sdpa_math: bool = True  # rocm_sd's attention kernel where SDPA would take its math path (ops/attention.py)
 
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -112,6 +115,7 @@ def _from_env() -> Config:
         tune_defaults=_flag("ROCM_SD_TUNE_DEFAULTS", True),
         kernels=_kernel_source(),
         jit_cache=os.environ.get("ROCM_SD_JIT_CACHE") or None,
+        replace_sdpa_math=_flag("ROCM_SD_REPLACE_SDPA_MATH", True),
     )
 
 

@@ -118,6 +118,19 @@ def _private_tuning_database(tmp_path_factory):
     active.reload()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_self_check_cache(tmp_path_factory):
+    """Tests never read or write the user's record of the attention kernel's self-check (ops/attention_self_check.py):
+    a passed check kept there would spare a GPU test the check it means to run."""
+    from rocm_sd.ops import attention_self_check
+
+    saved = attention_self_check.cache_path
+    path = tmp_path_factory.mktemp("self_check") / "attention_self_check.json"
+    attention_self_check.cache_path = lambda: path
+    yield
+    attention_self_check.cache_path = saved
+
+
 # ---- the ComfyUI node tests: ComfyUI's interfaces from tests/standins, the node package loaded as ComfyUI does
 
 @pytest.fixture(scope="module")

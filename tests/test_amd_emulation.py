@@ -30,8 +30,9 @@ pytestmark = [pytest.mark.amd_emulation,
 # would run the same CDNA code paths as gfx942's again).
 ARCHS = ["gfx942", "gfx1100", "gfx1201"]
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-# Each fixture's kernel families (tests/conftest.py builds the libraries ahead, or skips their tests while cold)
-LIBRARIES = {"emulated": ["layer_norm"], "emulated_attention": ["attention", "attention_wide"],
+# Each fixture's kernel families (tests/conftest.py builds the libraries ahead, or skips their tests while cold).
+# layer_norm comes with geglu: the library tests/amd_emulation_tests/test_quantized_outputs.py loads too, one build.
+LIBRARIES = {"emulated": ["layer_norm", "geglu"], "emulated_attention": ["attention", "attention_wide"],
              "emulated_attention_fp8": ["attention_fp8"]}
 
 

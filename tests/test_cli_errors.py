@@ -233,7 +233,8 @@ def test_a_malformed_backend_variable_warns_at_import_instead_of_raising():
 
 
 SWITCHES = [("ROCM_SD_STRICT", "strict", False), ("ROCM_SD_LOG", "log_fallbacks", True),
-            ("ROCM_SD_TUNE_ACCEPT_STALE", "tune_accept_stale", False), ("ROCM_SD_TUNE_DEFAULTS", "tune_defaults", True)]
+            ("ROCM_SD_TUNE_ACCEPT_STALE", "tune_accept_stale", False), ("ROCM_SD_TUNE_DEFAULTS", "tune_defaults", True),
+            ("ROCM_SD_REPLACE_SDPA_MATH", "replace_sdpa_math", True)]
 
 
 @pytest.mark.parametrize("name, field, default", SWITCHES)

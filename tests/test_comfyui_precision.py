@@ -92,6 +92,35 @@ def test_each_copy_is_the_8bit_layer_of_the_current_weight(comfy, int8_here):
         assert copy.rocm_sd_weight_q is not first
 
 
+def test_copies_read_the_hosts_flags_from_the_module_and_formats_do_not_clash():
+    """ComfyUI sets its load flags (low-VRAM casting, weight functions, patched-weights) on whichever face its path
+    holds when it loads, and wipes them on the other when it unloads: an 8-bit copy must see the module's flags as
+    they are now, or it quantizes a weight the host has not patched yet (wrong images). Two copies of one module in
+    two formats keep apart 8-bit weights; a weight swapped back is quantized again by either copy."""
+    linear = nn.Linear(16, 32)
+    copy = quantized_linear_copy(linear, "int8")
+    other = quantized_linear_copy(linear, "e4m3fn")
+    x = torch.randn(3, 16)
+    with config.override(log_fallbacks=False):
+        linear.weight_function = [lambda w: w * 2]  # a LoRA applied per call, set on the module after the copy
+        linear.comfy_cast_weights = True
+        assert copy.weight_function is linear.weight_function and copy.comfy_cast_weights
+        copy.comfy_cast_weights = False  # and set through the copy: the module's own flag
+        assert linear.comfy_cast_weights is False
+        del linear.weight_function, linear.comfy_cast_weights
+
+        expected = RocmQuantizedLinear.from_module(linear, "int8")(x)
+        assert torch.equal(copy(x), expected)
+        assert torch.equal(other(x), RocmQuantizedLinear.from_module(linear, "e4m3fn")(x))
+        assert torch.equal(copy(x), expected)  # the fp8 copy's weights did not overwrite the int8 ones
+
+        original = linear.weight
+        linear.weight = nn.Parameter(original * 3, requires_grad=False)  # another clone's patch, through one copy
+        tripled = copy(x)
+        linear.weight = original  # restored through the module, the other copy never called in between
+        assert torch.equal(copy(x), expected) and not torch.equal(tripled, expected)
+
+
 def test_copies_take_empty_and_nan_inputs_and_leave_other_dtypes_to_the_host():
     with config.override(log_fallbacks=False):
         linear = quantized_linear_copy(nn.Linear(16, 32), "e4m3fn")
@@ -172,7 +201,7 @@ def test_layers_go_back_to_comfyuis_forward_where_measured_faster(comfy, nodes, 
             second = run_model(optimized, x, ctx)
     finally:
         optimized.unpatch_model()
-    kept = {k for k, m in layers.items() if m.__dict__.get("rocm_sd_fp16")}
+    kept = {k for k, m in layers.items() if getattr(m, "rocm_sd_fp16", False)}
     assert kept == self_attention and kept
     assert all(layers[k].rocm_sd_weight_q is None for k in kept)
     assert asked == len(layers) == len(database.asked)
@@ -197,7 +226,7 @@ def test_layers_go_back_to_comfyuis_forward_where_measured_faster(comfy, nodes, 
     finally:
         every.unpatch_model()
     assert database.asked == []
-    assert not any(m.__dict__.get("rocm_sd_fp16") for m in every.object_patches.values())
+    assert not any(getattr(m, "rocm_sd_fp16", False) for m in every.object_patches.values())
 
 
 def test_layers_comfyui_patches_per_call_take_its_own_forward(comfy, nodes, int8_here):
@@ -296,7 +325,7 @@ def test_measured_choice_on_the_gpu_settles_before_the_graph(comfy, nodes, monke
                 torch.testing.assert_close(sampler_call(optimized, x, ctx), eager_call(optimized, x, ctx))
     finally:
         optimized.unpatch_model()
-    kept = {k for k, m in layers.items() if m.__dict__.get("rocm_sd_fp16")}
+    kept = {k for k, m in layers.items() if getattr(m, "rocm_sd_fp16", False)}
     assert kept == {k for k in layers if k.endswith(("attn1.to_q", "attn1.to_k", "attn1.to_v"))} and kept
     assert all(layers[k].rocm_sd_weight_q is None for k in kept)
     stats = graph_stats(optimized)

@@ -31,7 +31,8 @@ _SLOTS = {"group_norm": ("rocm_sd_act", "rocm_sd_host_path"),
           "upsample": ("rocm_sd_host_path", "rocm_sd_folded"),
           "conv_channels_last": ("rocm_sd_host_path",),
           "layer_norm": ("rocm_sd_host_path", "rocm_sd_quantized_output"),
-          "quantized_linear": ()}
+          "quantized_linear": ("rocm_sd_format", "rocm_sd_conv", "rocm_sd_host_path", "rocm_sd_fp16",
+                               "rocm_sd_fp16_offer")}
 
 
 def _never(module: nn.Module) -> bool:
@@ -89,7 +90,7 @@ def _subclass(base: type, kind: str) -> type:
                 return self._conv_forward(x, self.weight.contiguous(memory_format=torch.channels_last), self.bias)
         elif kind == "quantized_linear":  # the forward is QuantizedHostCopy's
             _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (_OwnSettings, QuantizedHostCopy, base),
-                                    {"__module__": __name__, "__slots__": ("rocm_sd_source",)})
+                                    {"__module__": __name__, "__slots__": ("rocm_sd_source",) + _SLOTS[kind]})
             return _SUBCLASSES[key]
         else:
             def forward(self, x):
@@ -199,11 +200,7 @@ def quantized_linear_copy(module: nn.Module, format: str,
         raise ValueError(f"quantized_linear_copy: format {format!r} is not one of {', '.join(FORMATS)}")
     if not (isinstance(module, nn.Linear) or is_pointwise(module, any_class=True)):
         raise TypeError(f"expected an nn.Linear or a 1x1 nn.Conv2d, got {type(module).__name__}")
-    module = unpatched(module)
-    new = copy_as(module, _subclass(type(module), "quantized_linear"))
-    # A dictionary of its own (the 8-bit weights are buffers of this copy), but the module's parameter slots: the
-    # weight quantized is the one the host installed last, never one captured when the copy was made.
-    new._parameters = module._parameters
-    object.__setattr__(new, "rocm_sd_source", module)
+    new = host_face(module, _subclass(type(unpatched(module)), "quantized_linear"))
     new.rocm_sd_format, new.rocm_sd_conv, new.rocm_sd_host_path = format, isinstance(module, nn.Conv2d), host_path
+    new.rocm_sd_fp16, new.rocm_sd_fp16_offer = False, None
     return new

@@ -333,29 +333,50 @@ class QuantizedHostCopy:
     """Mixed into a copy of a host app's own Linear or 1x1 Conv2d (modules/host_copies.quantized_linear_copy): its
     forward as the 8-bit GEMM of the module's weight as the host has it now.
 
+    Like the other host copies, it shares the module's attribute dictionary: the host's per-module bookkeeping
+    (ComfyUI's patched-weights and low-VRAM flags, its weight functions) is read from the module at call time,
+    whichever face the host set it through. The copy's own settings are slots.
+
     The host keeps its weights its own way: ComfyUI patches LoRA into them (a new Parameter on this copy), offloads
     and reloads them, may store them in fp8 itself. So the weight is quantized from the current Parameter, again
-    whenever the host has replaced it or changed it in place (rocm_sd_refresh), into non-persistent buffers: they
-    move with the module when the host offloads it, stay out of its state_dict (saved checkpoints) and of its LoRA
-    key maps, and are part of a graph's signature (graphs.py refreshes them before each call, so a graph never
-    replays a quantization of other weights). Weights a host changes in place inside inference mode carry no version
-    and go unnoticed until they are replaced. Calls the host takes on its own path (rocm_sd_host_path: weights
-    cast or streamed per call, LoRA applied in the forward) and inputs the GEMM does not take run the host's forward."""
+    whenever the host has replaced it or changed it in place (rocm_sd_refresh), into non-persistent buffers of the
+    module, one pair per 8-bit format (two copies of one module in different formats do not clash), with the record
+    of which weight they hold beside them: they move with the module when the host offloads it, stay out of its
+    state_dict (saved checkpoints) and of its LoRA key maps, and are part of a graph's signature (graphs.py refreshes
+    them before each call, so a graph never replays a quantization of other weights). Weights a host changes in
+    place inside inference mode carry no version and go unnoticed until they are replaced. Calls the host takes on
+    its own path (rocm_sd_host_path: weights cast or streamed per call, LoRA applied in the forward) and inputs the
+    GEMM does not take run the host's forward."""
 
     rocm_sd_format: str
     rocm_sd_conv: bool
+    rocm_sd_fp16: bool  # the tuning database measured fp16 faster at this copy's first call: the host's forward
+
+    @property
+    def _rocm_sd_names(self) -> tuple[str, str, str]:
+        """The module's buffer names of this format's 8-bit weight and scale, and its dictionary key of their source."""
+        fmt = self.rocm_sd_format
+        return f"rocm_sd_weight_q_{fmt}", f"rocm_sd_weight_scale_{fmt}", f"_rocm_sd_source_{fmt}"
+
+    @property
+    def rocm_sd_weight_q(self) -> torch.Tensor | None:
+        return self._buffers.get(self._rocm_sd_names[0])
+
+    @property
+    def rocm_sd_weight_scale(self) -> torch.Tensor | None:
+        return self._buffers.get(self._rocm_sd_names[1])
 
     def rocm_sd_refresh(self) -> None:
         """graphs.GraphedCall's hook, before it compares signatures."""
         if (not self.rocm_sd_host_path(self) and quantizable_weight(self.weight)  # else the host's forward runs
-                and not self.__dict__.get("rocm_sd_fp16")):
+                and not self.rocm_sd_fp16):
             self._rocm_sd_quantize_if_stale()
 
     def rocm_sd_offer_fp16(self, sharers: int, producers: list[nn.Module]) -> None:
         """RocmQuantizedLinear.offer_fp16 for a host's layer: at the first call it takes, if the tuning database
         measured fp16 faster for the call's shape, the layer runs the host's own forward from then on (its 8-bit
         weight freed) and the `producers` writing its input quantized stop (`rocm_sd_quantized_output`)."""
-        self.__dict__["_rocm_sd_fp16_offer"] = (sharers, producers)
+        object.__setattr__(self, "rocm_sd_fp16_offer", (sharers, producers))
 
     @property
     def _rocm_sd_features(self) -> tuple[int, int]:
@@ -367,23 +388,26 @@ class QuantizedHostCopy:
                                       "norm" if producers else "rows")
         if not fp16_measured_faster(x, problem):
             return
-        self.__dict__["rocm_sd_fp16"] = True
-        self.__dict__.pop("_rocm_sd_source", None)
-        for name in ("rocm_sd_weight_q", "rocm_sd_weight_scale"):
+        object.__setattr__(self, "rocm_sd_fp16", True)
+        q_name, scale_name, source_key = self._rocm_sd_names
+        self.__dict__.pop(source_key, None)
+        for name in (q_name, scale_name):
             self.register_buffer(name, None, persistent=False)  # freed; a registration: graphs walk the model again
         for producer in producers:
             producer.rocm_sd_quantized_output = None
 
     def _rocm_sd_quantize_if_stale(self) -> None:
         weight = self.weight
-        source = self.__dict__.get("_rocm_sd_source")
-        if source is not None and source[0]() is weight and source[1] == _version(weight):
+        q_name, scale_name, source_key = self._rocm_sd_names
+        source = self.__dict__.get(source_key)
+        if (source is not None and source[0]() is weight and source[1] == _version(weight)
+                and self._buffers.get(q_name) is not None):
             return
         q, scale = quantize_weight(weight, self.rocm_sd_format)
         # New tensors, not copies into the old ones: a graph captured on the old quantization must not match.
-        self.register_buffer("rocm_sd_weight_q", q, persistent=False)
-        self.register_buffer("rocm_sd_weight_scale", scale, persistent=False)
-        self.__dict__["_rocm_sd_source"] = (weakref.ref(weight), _version(weight))
+        self.register_buffer(q_name, q, persistent=False)
+        self.register_buffer(scale_name, scale, persistent=False)
+        self.__dict__[source_key] = (weakref.ref(weight), _version(weight))
 
     def _rocm_sd_takes(self, x: torch.Tensor) -> bool:
         if (self.rocm_sd_host_path(self) or torch.compiler.is_compiling() or not quantizable_weight(self.weight)
@@ -396,9 +420,11 @@ class QuantizedHostCopy:
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or kwargs or not self._rocm_sd_takes(x):  # arguments of a host's own forward: its own path
             return super().forward(x, *args, **kwargs)
-        if "_rocm_sd_fp16_offer" in self.__dict__ and x.numel() and not _scope(x)[1]:  # never inside a capture
-            self._rocm_sd_choose(x, *self.__dict__.pop("_rocm_sd_fp16_offer"))
-        if self.__dict__.get("rocm_sd_fp16"):
+        offer = self.rocm_sd_fp16_offer
+        if offer is not None and x.numel() and not _scope(x)[1]:  # never inside a capture
+            object.__setattr__(self, "rocm_sd_fp16_offer", None)
+            self._rocm_sd_choose(x, *offer)
+        if self.rocm_sd_fp16:
             return super().forward(x)
         self._rocm_sd_quantize_if_stale()
         return forward_8bit(x, self.rocm_sd_conv, self._rocm_sd_features[0], self.rocm_sd_weight_q,

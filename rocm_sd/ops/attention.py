@@ -7,23 +7,34 @@ the projections' outputs viewed per head, packed QKV or KV included, so nothing 
 out comes back contiguous [batch, q_len, heads, head_dim], which the output projection takes as a free
 view. The PyTorch path is scaled_dot_product_attention (cuDNN / flash on NVIDIA, AOTriton on ROCm).
 
-Which runs: a forced backend, then the tuning database's measured choice for the shape; untuned shapes
-use PyTorch's SDPA with its own backend pick. The tuner also measures each SDPA backend on its own
-("torch:flash", "torch:efficient", "torch:cudnn": on ROCm the AOTriton flash and efficient kernels), because
-SDPA's pick is a fixed priority order, not a measurement. The kernel is the default nowhere without a
-measurement because vendors' attention is strong (bench/results/attention-h200.md) and because on AMD the
-kernel is compile-checked only by its authors: `python -m rocm_sd.tune` validates it against a float64
-truth on the user's GPU before it is ever chosen there. On ROCm builds with Composable Kernel headers the
-tuner also measures CK's batched GEMM-softmax-GEMM instances (fp16, "ck:<instance>" choices).
+Which runs: a forced backend, then the tuning database's measured choice for the shape. An untuned call runs
+PyTorch's SDPA with its own backend pick where SDPA has a fused kernel for it. Where it has none, SDPA would take
+its math path and materialise every score: on ROCm above AOTriton's head dim limit (256 in older releases), and on
+the GPUs where AOTriton's fused kernels are experimental (off unless TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1:
+gfx1100, gfx1101, gfx1151, gfx1200 in recent releases; docs/amd.md). There rocm_sd's kernel runs untuned, once its
+self-check on that GPU passed (ops/attention_self_check.py: a few shapes of the call's head dim against a float64
+truth, cached per GPU, build and kernel sources); where the check failed or the kernel cannot take the call, SDPA's
+math path runs, in query chunks above head dim 256 on ROCm. PyTorch says per call whether it has a fused kernel
+(torch.backends.cuda.can_use_flash_attention / _efficient_ / _cudnn_, asked once per shape).
+ROCM_SD_REPLACE_SDPA_MATH=0 keeps those calls on SDPA too.
+
+Elsewhere the kernel is the default nowhere without a measurement, because vendors' fused attention is strong
+(bench/results/attention-h200.md): `python -m rocm_sd.tune` validates it against a float64 truth on the user's
+GPU and times it. The tuner also measures each SDPA backend on its own ("torch:flash", "torch:efficient",
+"torch:cudnn": on ROCm the AOTriton flash and efficient kernels), because SDPA's pick is a fixed priority order,
+not a measurement. On ROCm builds with Composable Kernel headers the tuner also measures CK's batched
+GEMM-softmax-GEMM instances (fp16, "ck:<instance>" choices).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 
-from .. import _ext, dispatch
+from .. import _ext, config, dispatch
+from . import attention_self_check
 from ._checks import check_floating, check_same_device, fail
 from ._common import DTYPE_CODES, ck_listing, stream_handle
 from .spec import (OpSpec, Plan, PlanCache, as_meta, device_of, dispatcher_needed, dtype_name, kernel_reasons,
@@ -39,10 +50,11 @@ def default_scale(q: torch.Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
 
 
-# ROCm builds of PyTorch have long had no fused SDPA kernel above head dim 256 (pytorch/pytorch#148850), so SDPA
-# takes its math path there and materialises every score: 2.4 GB at the VAE mid-block of a 1024x1024 decode,
-# ~24 GB at 2048x2048 (ComfyUI turns PyTorch attention off for AMD VAEs for this reason). There the PyTorch
-# path runs in query chunks whose scores (and their fp32 softmax) stay within SCORE_BUDGET_BYTES.
+# ROCm builds of PyTorch have long had no fused SDPA kernel above head dim 256 (pytorch/pytorch#148850; AOTriton
+# 0.9 and later take 512, except on gfx11 with AOTriton 0.11), so SDPA takes its math path there and materialises
+# every score: 2.4 GB at the VAE mid-block of a 1024x1024 decode, ~24 GB at 2048x2048 (ComfyUI turns PyTorch
+# attention off for AMD VAEs for this reason). Where rocm_sd's kernel does not run such a call (module docstring),
+# the PyTorch path runs in query chunks whose scores (and their fp32 softmax) stay within SCORE_BUDGET_BYTES.
 CHUNKED_ABOVE_HEAD_DIM = 256
 SCORE_BUDGET_BYTES = 256 << 20
 
@@ -224,14 +236,136 @@ def attention_ck(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     return y
 
 
+# ---- where SDPA has no fused kernel: rocm_sd's kernel, untuned (module docstring) ------------------------------
+
+# The fused SDPA backends and the torch.backends.cuda functions that say whether one can take a call.
+FUSED_SDPA_CHECKS = {"flash": "can_use_flash_attention", "efficient": "can_use_efficient_attention",
+                     "cudnn": "can_use_cudnn_attention"}
+
+
+def _off() -> bool:
+    return False
+
+
+# torch.backends.cuda.{flash,mem_efficient,cudnn}_sdp_enabled without their Python wrappers (asked on every call).
+_FLASH_ON, _EFFICIENT_ON, _CUDNN_ON = (getattr(torch._C, f"_get_{name}_sdp_enabled", _off)
+                                       for name in ("flash", "mem_efficient", "cudnn"))
+
+
+def sdpa_enabled() -> tuple[bool, bool, bool]:
+    """Which fused SDPA backends are switched on (torch.backends.cuda.enable_*_sdp, sdpa_kernel): they change what
+    PyTorch answers, so every cached answer is keyed by them."""
+    return _FLASH_ON(), _EFFICIENT_ON(), _CUDNN_ON()
+
+
+def _sdpa_params(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """torch.backends.cuda.SDPAParams of an unmasked, non-causal call without dropout on [B, H, L, D] views: query,
+    key, value, mask, dropout, causal and (torch >= 2.5) enable_gqa; None where this torch builds them otherwise."""
+    params = getattr(torch.backends.cuda, "SDPAParams", None)
+    for gqa in ((False,), ()):
+        try:
+            return params(q, k, v, None, 0.0, False, *gqa)
+        except TypeError:  # the other signature, or no SDPAParams at all (None is not callable)
+            continue
+    return None
+
+
+def _ask_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[str, ...] | None:
+    params = _sdpa_params(q, k, v)
+    if params is None:
+        return None
+    checks = {name: getattr(torch.backends.cuda, check, None) for name, check in FUSED_SDPA_CHECKS.items()}
+    # PyTorch asks the current device (its architecture, AOTriton's check_gpu): make it the tensors'.
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+        try:
+            return tuple(name for name, can_use in checks.items() if can_use is not None and can_use(params, False))
+        except RuntimeError:
+            return None
+
+
+_fused_sdpa = PlanCache()  # (q, k, v keys, enabled backends) -> [the fused backends that can take the call, or None]
+
+
+def sdpa_fused_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[str, ...] | None:
+    """The fused SDPA backends PyTorch could run for this unmasked call on [B, L, H, D] views ("flash",
+    "efficient", "cudnn"): () where SDPA would take its math path, None where this torch cannot say (its
+    SDPAParams differ). Asked once per shape, strides, dtype, device and set of enabled backends."""
+    key = (tensor_key(q), tensor_key(k), tensor_key(v), sdpa_enabled())
+    return _fused_sdpa.get_or_compute(key, lambda: [_ask_sdpa(q.transpose(1, 2), k.transpose(1, 2),
+                                                              v.transpose(1, 2))])[0]
+
+
+def _replacing_sdpa_math() -> bool:
+    """Whether untuned calls SDPA has no fused kernel for may run the kernel at all: not with a backend forced by
+    name (it decides), nor with ROCM_SD_REPLACE_SDPA_MATH=0."""
+    return config.current.replace_sdpa_math and dispatch.forced_backend(OP) is None
+
+
+def self_check(q: torch.Tensor) -> dict:
+    """The kernel's self-check on q's GPU at q's dtype and head dim (ops/attention_self_check.py): run once, cached."""
+    return attention_self_check.result(q.device, q.dtype, q.shape[-1], attention_kernel, attention_ref)
+
+
+def replaces_sdpa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether this untuned call, which the kernel can take (supports() gave no reason), runs the kernel because
+    SDPA has no fused kernel for it: asked of PyTorch, then of the kernel's self-check on this GPU."""
+    return _replacing_sdpa_math() and sdpa_fused_backends(q, k, v) == () and self_check(q)["ok"]
+
+
+_host_math = PlanCache()  # (device, dtype, head dim, enabled backends) -> [whether SDPA would take its math path]
+
+
+def _probe_math(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    q, k, v = torch.empty(3, 1, 64, 1, head_dim, device=device, dtype=dtype).unbind(0)
+    return sdpa_fused_backends(q, k, v) == ()
+
+
+def may_replace_sdpa_math(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether an untuned unmasked call of this dtype and head dim on `device` may run the kernel because SDPA has
+    no fused kernel for it, for the host entry points, which decide before the op sees the call's views (the op's
+    plan then decides per call): PyTorch is asked about contiguous views of 64 tokens."""
+    if not _replacing_sdpa_math() or dtype not in SUPPORTED_DTYPES or head_dim % 8 or not 0 < head_dim <= MAX_HEAD_DIM:
+        return False
+    if _ext.unavailable_reason(device) is not None or attention_self_check.failed(device, dtype, head_dim):
+        return False
+    key = (device, dtype, head_dim, sdpa_enabled())
+    return _host_math.get_or_compute(key, lambda: [_probe_math(device, dtype, head_dim)])[0]
+
+
+def untuned_path(device: torch.device, head_dim: int, dtype: torch.dtype = torch.float16) -> str:
+    """Which path an untuned unmasked call of this head dim takes on GPU `device`, and why (`python -m rocm_sd
+    info`); runs the kernel's self-check where that decides."""
+    forced = dispatch.forced_backend(OP)
+    if forced is not None:
+        return f"{'rocm_sd kernel' if forced == dispatch.KERNEL else 'PyTorch SDPA'}, forced by name (ROCM_SD_BACKEND)"
+    q, k, v = torch.empty(3, 2, 256, 2, head_dim, device=device, dtype=dtype).unbind(0)
+    fused = sdpa_fused_backends(q, k, v)
+    if fused:
+        return f"PyTorch SDPA, fused ({', '.join(fused)})"
+    if fused is None:
+        return "PyTorch SDPA with its own pick (this torch's SDPAParams differ: it cannot be asked for a fused kernel)"
+    reasons = supports(q, k, v, default_scale(q))
+    if not config.current.replace_sdpa_math:
+        why = "ROCM_SD_REPLACE_SDPA_MATH=0"
+    elif reasons:
+        why = "the kernel cannot take it: " + "; ".join(reasons)
+    else:
+        check = self_check(q)
+        if check["ok"]:
+            return "rocm_sd kernel: SDPA has no fused kernel for it (it would take its math path); self-check passed"
+        why = f"the kernel failed its self-check: {check['error']}"
+    chunked = default_score_budget(head_dim, device.type, torch.version.hip is not None) is not None
+    return f"PyTorch SDPA's {'chunked ' if chunked else ''}math path: no fused SDPA kernel, and {why}"
+
+
 _kernel_chosen = PlanCache()  # device -> whether its tuning database chose anything but SDPA's own pick anywhere
 
 
 def kernel_may_run(device: torch.device) -> bool:
     """Whether any attention call on `device` could run something other than SDPA with its own backend pick: rocm_sd's
     kernel is asked for by name, or the tuning database chose it, a CK instance or one SDPA backend for some
-    attention problem (its nearest-shape lookup may then pick it for other shapes too). When not, every call is
-    PyTorch's SDPA by this op's policy."""
+    attention problem (its nearest-shape lookup may then pick it for other shapes too). When not, every call that
+    SDPA has a fused kernel for is PyTorch's SDPA by this op's policy (may_replace_sdpa_math answers for the rest)."""
     forced = dispatch.forced_backend(OP)
     if forced is not None:
         return forced == dispatch.KERNEL
@@ -245,14 +379,15 @@ def kernel_may_run(device: torch.device) -> bool:
 def host_call_uses_op(q: torch.Tensor, head_dim: int, mask: torch.Tensor | None) -> bool:
     """Whether a host app's attention call (a diffusers processor, ComfyUI's override, A1111's optimization) goes
     to this op rather than straight to SDPA. Masked calls go to SDPA. So does every call where the op would run
-    SDPA with its own pick anyway (untuned: the common case), unless something watches the op (the tuner's
-    harvest, torch.compile, the profiler): that saves the op's host cost in eager hosts. The ROCm chunking of
-    large head dims always goes through the op."""
+    SDPA with its own pick anyway (untuned, with a fused SDPA kernel: the common case), unless something watches
+    the op (the tuner's harvest, torch.compile, the profiler): that saves the op's host cost in eager hosts. Calls
+    SDPA has no fused kernel for (may_replace_sdpa_math) and the ROCm chunking of large head dims go through it."""
     if mask is not None:
         return False
     if default_score_budget(head_dim, q.device.type, torch.version.hip is not None) is not None or dispatcher_needed():
         return True
-    return q.dtype in SUPPORTED_DTYPES and kernel_may_run(q.device)
+    return q.dtype in SUPPORTED_DTYPES and (kernel_may_run(q.device)
+                                            or may_replace_sdpa_math(q.device, q.dtype, head_dim))
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -271,12 +406,18 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def _plan(q, k, v, scale) -> Plan:
     """Reasons against the kernel, the choice, and as detail the kernel instance (a rocm_sd instance name, or
     "ck:<name>"). Untuned shapes take the vendor's SDPA (module docstring): a policy, counted as torch with no
-    notice. A tuned CK instance this build or call cannot run gives way to rocm_sd's own kernel."""
-    choice = SPEC.tuned_choice(q, k, v, scale) or dispatch.TORCH
+    notice; except where SDPA has no fused kernel for the call and the kernel can take it and passed its
+    self-check: then the kernel, untuned. A tuned CK instance this build or call cannot run gives way to rocm_sd's
+    own kernel."""
+    tuned = SPEC.tuned_choice(q, k, v, scale)
+    choice = tuned or dispatch.TORCH
     if dispatch.ck_instance(choice) in ck_instances(q.device) and not ck_reasons(q, k, v, scale):
         return Plan([], choice, choice)
     instance = choice.partition(":")[2] if choice.startswith(dispatch.KERNEL + ":") else ""
-    return Plan(supports(q, k, v, scale, instance), choice, instance)
+    reasons = supports(q, k, v, scale, instance)
+    if tuned is None and not reasons and replaces_sdpa_math(q, k, v):
+        return Plan([], None, "")
+    return Plan(reasons, choice, instance)
 
 
 def _launch(plan: Plan, q, k, v, scale):
@@ -295,6 +436,13 @@ def _tuned_torch_path(plan: Plan, q, k, v, scale):
         except RuntimeError:  # a backend tuned at a nearby shape that cannot take this one: SDPA's own pick from now
             plan.tuned, plan.detail = dispatch.TORCH, ""
     return attention_ref(q, k, v, scale)
+
+
+def _plan_key(q, k, v, scale) -> tuple:
+    """The arguments' keys, and what else decides an untuned call's plan: a backend forced by name,
+    ROCM_SD_REPLACE_SDPA_MATH, the enabled SDPA backends."""
+    return (tensor_key(q), tensor_key(k), tensor_key(v), scale, dispatch.forced_backend(OP),
+            config.current.replace_sdpa_math, sdpa_enabled())
 
 
 def _fake(q, k, v, scale):
@@ -336,7 +484,7 @@ def _samples(device, dtype) -> list[tuple]:
 SPEC = OpSpec(OP, reference=attention_ref, check_args=lambda q, k, v, scale: check_args(q, k, v), fake=_fake,
               supports=supports, plan=_plan, launch=_launch, torch_path=attention_ref,
               tuned_torch_path=_tuned_torch_path,
-              plan_key=lambda q, k, v, scale: (tensor_key(q), tensor_key(k), tensor_key(v), scale), key=_key,
+              plan_key=_plan_key, key=_key,
               candidates=_candidates, samples=_samples, kernel=attention_kernel, ck_instances=ck_instances)
 
 

@@ -149,7 +149,8 @@ FLAGS = (
     Flag("attention", diffusers.patch_attention,
          "diffusers' AttnProcessor2_0 (and its fused-QKV variant) -> RocmAttnProcessor: the same steps, the attention "
          "through rocm_sd::attention on [B, L, H, D] views (no transpose copies). Per shape it runs rocm_sd's kernel "
-         "where `python -m rocm_sd.tune` measured it faster, else PyTorch's SDPA. SD3's JointAttnProcessor2_0 and "
+         "where `python -m rocm_sd.tune` measured it faster, and untuned where SDPA has no fused kernel for the call "
+         "(after a self-check on the GPU), else PyTorch's SDPA. SD3's JointAttnProcessor2_0 and "
          "Flux's FluxAttnProcessor -> RocmJointAttnProcessor / RocmFluxAttnProcessor (modules/joint_attention.py): "
          "the RMSNorm of Q and K, the joining of the text and image rows and Flux's rotary embedding as one "
          "rocm_sd::rms_norm each for Q and K, then the same attention."),

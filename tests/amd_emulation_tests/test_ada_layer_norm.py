@@ -13,13 +13,14 @@ from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, r
 from tests.ops.test_ada_layer_norm import make, truth
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["ada_layer_norm"]}  # built before the first test, with the others (tests/conftest.py)
 
 STRIDES = ctypes.c_int64 * 2
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["ada_layer_norm"], rsd_emu_ada_layer_norm=[ctypes.c_void_p] * 7 + [
+    return request.param, library(request.param, LIBRARIES["emulated"], rsd_emu_ada_layer_norm=[ctypes.c_void_p] * 7 + [
         ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)] * 3 + [ctypes.c_float])
 
 

@@ -11,11 +11,12 @@ from tests.amd_emulation_tests.emulated import ARCHS, MARKS, library, pointer, r
 from tests.ops.test_rms_norm import _judge, _poisoned, make
 
 pytestmark = MARKS
+LIBRARIES = {"emulated": ["rms_norm"]}  # built before the first test, with the others (tests/conftest.py)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
-    return request.param, library(request.param, ["rms_norm"], rsd_emu_rms_norm=[ctypes.c_void_p] * 7 + [
+    return request.param, library(request.param, LIBRARIES["emulated"], rsd_emu_rms_norm=[ctypes.c_void_p] * 7 + [
         ctypes.c_int] * 2 + [ctypes.c_int64] * 11 + [ctypes.c_float])
 
 

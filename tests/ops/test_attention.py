@@ -1,4 +1,7 @@
+import contextlib
+import importlib
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -7,9 +10,12 @@ import torch.nn.functional as F
 from rocm_sd.modules.attention import heads_last
 from rocm_sd.ops.attention import scaled_dot_product_attention
 from rocm_sd import config, dispatch
+from rocm_sd.ops import attention_self_check
 from rocm_sd.ops._common import within_tolerance
-from rocm_sd.ops.attention import (attention_kernel, attention_ref, describe, input_reasons, instance_fits, instances,
-                                   supports)
+from rocm_sd.ops.attention import (attention_kernel, attention_ref, describe, host_call_uses_op, input_reasons,
+                                   instance_fits, instances, sdpa_fused_backends, supports, untuned_path)
+from rocm_sd.ops.spec import PlanCache
+from tests.sdpa_switches import sdpa_switched
 from tests.shapes import ATTENTION_AWKWARD, ATTENTION_SD
 
 
@@ -164,6 +170,184 @@ def test_op_runs_a_tuned_sdpa_backend_and_gives_up_one_that_cannot_run(monkeypat
     module.SPEC.plans.clear()
 
 
+# ---- untuned calls where SDPA has no fused kernel (CPU: a stand-in GPU) -----------------------------------------
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """CPU tensors stand in for a GPU's: _C is "available" and the kernel takes every call (supports() gives no
+    reason), its launch is a fake kernel (SDPA in the call's dtype: within tolerance, so the self-check passes), and
+    SDPA has the fused backends in `fused` (none unless a test adds one: it would take its math path). Plans,
+    PyTorch's answers and the self-check's results start empty; the self-check's file is the test's own."""
+    module = importlib.import_module("rocm_sd.ops.attention")
+    launches, fused = [], set()
+
+    def kernel(q, k, v, scale, out=None, instance=""):
+        launches.append(tuple(q.shape))
+        y = attention_ref(q, k, v, scale)
+        return y if out is None else out.copy_(y)
+
+    monkeypatch.setattr(module, "supports", lambda *args, **kwargs: [])
+    monkeypatch.setattr(module, "attention_kernel", kernel)
+    monkeypatch.setattr(module._ext, "unavailable_reason", lambda device: None)
+    for name, check in module.FUSED_SDPA_CHECKS.items():
+        monkeypatch.setattr(torch.backends.cuda, check, lambda params, debug=False, _name=name: _name in fused)
+    monkeypatch.setattr(attention_self_check, "cache_path", lambda: tmp_path / "attention_self_check.json")
+    PlanCache.clear_all()
+    attention_self_check.forget()
+    yield SimpleNamespace(module=module, launches=launches, fused=fused)
+    PlanCache.clear_all()
+    attention_self_check.forget()
+
+
+def test_sdpa_is_asked_once_per_shape_about_the_calls_views(fake_gpu, monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention",
+                        lambda params, debug=False: asked.append((tuple(params.query.shape), params.is_causal)) or True)
+    q, k, v = make_qkv(2, 16, 9, 3, 40, torch.float16, "cpu")
+    assert sdpa_fused_backends(q, k, v) == ("flash",) and sdpa_fused_backends(q, k, v) == ("flash",)
+    assert asked == [((2, 3, 16, 40), False)]  # [B, H, L, D] as SDPA sees them, asked once
+    assert sdpa_fused_backends(*make_qkv(2, 32, 9, 3, 40, torch.float16, "cpu")) == ("flash",) and len(asked) == 2
+    with sdpa_switched(False, ["flash"]):  # the switches change PyTorch's answer: part of the key
+        sdpa_fused_backends(q, k, v)
+    assert len(asked) == 3
+    fake_gpu.fused.clear()
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention", lambda params, debug=False: False)
+    PlanCache.clear_all()
+    assert sdpa_fused_backends(q, k, v) == ()  # no fused backend: the math path
+
+
+def test_sdpa_params_of_this_torch_and_of_others(monkeypatch):
+    """torch 2.13's SDPAParams (query, key, value, mask, dropout, causal, enable_gqa) is built, and asked: CPU
+    tensors have no fused GPU kernel. An older torch's six arguments are built too; a torch whose SDPAParams
+    takes neither cannot be asked (None: the op keeps SDPA's own pick)."""
+    q, k, v = make_qkv(1, 8, 8, 2, 64, torch.float16, "cpu")
+    PlanCache.clear_all()
+    assert sdpa_fused_backends(q, k, v) == ()
+
+    class Torch24Params:
+        def __init__(self, query, key, value, attn_mask, dropout, is_causal):
+            self.query = query
+
+    seen = []
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", Torch24Params)
+    for check in ("can_use_flash_attention", "can_use_efficient_attention"):
+        monkeypatch.setattr(torch.backends.cuda, check, lambda params, debug=False: seen.append(type(params)) or False)
+    monkeypatch.delattr(torch.backends.cuda, "can_use_cudnn_attention")  # older torch: no cuDNN attention to ask
+    PlanCache.clear_all()
+    assert sdpa_fused_backends(q, k, v) == () and seen == [Torch24Params, Torch24Params]
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", lambda query, key, value: None)
+    PlanCache.clear_all()
+    assert sdpa_fused_backends(q, k, v) is None
+    PlanCache.clear_all()
+
+
+@pytest.mark.parametrize("fused, replace, forced, tuned, expected", [
+    ((), True, None, None, "rocm_sd"),        # SDPA would take its math path: the kernel, untuned, after its check
+    (("efficient",), True, None, None, "torch"),  # a fused SDPA kernel: SDPA's own pick, as before
+    ((), False, None, None, "torch"),         # ROCM_SD_REPLACE_SDPA_MATH=0
+    ((), True, "torch", None, "torch"),       # a backend forced by name decides
+    ((), True, None, "torch", "torch"),       # a measured choice decides
+], ids=["math-path", "fused", "switched-off", "forced", "tuned"])
+def test_untuned_plan_runs_the_kernel_only_where_sdpa_has_no_fused_kernel(fake_gpu, monkeypatch, fused, replace,
+                                                                         forced, tuned, expected):
+    fake_gpu.fused.update(fused)
+    if tuned:
+        monkeypatch.setattr(dispatch, "tuned_choice", lambda device, key_fn: tuned)
+    q, k, v = make_qkv(2, 16, 9, 2, 40, torch.float16, "cpu")
+    forcing = dispatch.force_backend("attention", forced) if forced else contextlib.nullcontext()
+    with config.override(strict=True, replace_sdpa_math=replace), forcing:  # a policy, not a fallback: no error
+        out = torch.ops.rocm_sd.attention(q, k, v, 0.125)
+        assert torch.equal(torch.ops.rocm_sd.attention(q, k, v, 0.125), out)
+    assert dispatch.stats()["attention"] == {expected: 2}
+    assert torch.equal(out, attention_ref(q, k, v, 0.125))
+    checked = len(attention_self_check.CASES)
+    assert len(fake_gpu.launches) == (checked + 2 if expected == "rocm_sd" else 0)  # no check where it cannot decide
+
+
+def test_the_plan_follows_the_sdpa_switches(fake_gpu, monkeypatch):
+    """Switching SDPA's backends changes the plan of a shape already planned (the switches are in its key)."""
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention",
+                        lambda params, debug=False: torch.backends.cuda.flash_sdp_enabled())
+    q, k, v = make_qkv(1, 16, 16, 2, 64, torch.float16, "cpu")
+    torch.ops.rocm_sd.attention(q, k, v, 0.125)
+    with sdpa_switched(False, ["flash"]):
+        torch.ops.rocm_sd.attention(q, k, v, 0.125)
+    torch.ops.rocm_sd.attention(q, k, v, 0.125)
+    assert dispatch.stats()["attention"] == {"torch": 2, "rocm_sd": 1}
+
+
+def test_a_failed_self_check_keeps_sdpa_with_one_warning(fake_gpu, monkeypatch, caplog):
+    def wrong(q, k, v, scale, out=None, instance=""):
+        fake_gpu.launches.append(tuple(q.shape))
+        return attention_ref(q, k, v, scale * 1.5)
+
+    monkeypatch.setattr(fake_gpu.module, "attention_kernel", wrong)
+    q, k, v = make_qkv(2, 16, 9, 2, 40, torch.float16, "cpu")
+    assert host_call_uses_op(q.transpose(1, 2), 40, None)  # not checked yet: the op's plan will check
+    with config.override(strict=True):
+        for lengths in ((16, 9), (16, 9), (33, 77)):  # a second shape of the same head dim is not checked again
+            q, k, v = make_qkv(2, *lengths, 2, 40, torch.float16, "cpu")
+            assert torch.equal(torch.ops.rocm_sd.attention(q, k, v, 0.125), attention_ref(q, k, v, 0.125))
+    assert dispatch.stats()["attention"] == {"torch": 3}
+    assert len(fake_gpu.launches) == 1  # the check's first case failed
+    warnings = [r.getMessage() for r in caplog.records if "self-check" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "GPU 0" in warnings[0] and "head dim 40 (float16)" in warnings[0] and "max error" in warnings[0]
+    assert not host_call_uses_op(q.transpose(1, 2), 40, None)  # known to have failed: straight to SDPA
+    assert host_call_uses_op(q[..., :32].transpose(1, 2), 32, None)  # another head dim has its own check
+
+
+def test_host_calls_go_to_the_op_where_sdpa_has_no_fused_kernel(fake_gpu):
+    q, k, v = (t.transpose(1, 2) for t in make_qkv(2, 64, 77, 8, 40, torch.float16, "cpu"))  # [B, H, L, D] views
+    assert host_call_uses_op(q, 40, None)
+    assert not host_call_uses_op(q, 40, torch.ones(2, 1, 64, 77, dtype=torch.bool))  # masked: SDPA
+    assert not host_call_uses_op(q.float(), 40, None)  # a dtype the kernel does not take
+    assert not host_call_uses_op(q[..., :36], 36, None) and not host_call_uses_op(q, 520, None)
+    out = scaled_dot_product_attention(q, k, v)
+    assert dispatch.stats()["attention"] == {"rocm_sd": 1}
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+    with config.override(replace_sdpa_math=False):
+        assert not host_call_uses_op(q, 40, None)
+    fake_gpu.fused.add("cudnn")
+    PlanCache.clear_all()
+    assert not host_call_uses_op(q, 40, None)  # SDPA has a fused kernel: straight to it, as before
+    scaled_dot_product_attention(q, k, v)
+    assert dispatch.stats()["attention"] == {"rocm_sd": 1, "torch": 1}
+
+
+def test_info_says_which_path_and_why(fake_gpu, monkeypatch):
+    device = torch.device("cpu")  # the stand-in GPU
+    fake_gpu.fused.update({"flash", "efficient"})
+    assert untuned_path(device, 64) == "PyTorch SDPA, fused (flash, efficient)"
+    fake_gpu.fused.clear()
+    PlanCache.clear_all()
+    assert untuned_path(device, 64) == ("rocm_sd kernel: SDPA has no fused kernel for it (it would take its math "
+                                        "path); self-check passed")
+    with config.override(replace_sdpa_math=False):
+        assert untuned_path(device, 64).endswith("math path: no fused SDPA kernel, and ROCM_SD_REPLACE_SDPA_MATH=0")
+    with dispatch.force_backend("attention", "torch"):
+        assert untuned_path(device, 64) == "PyTorch SDPA, forced by name (ROCM_SD_BACKEND)"
+    monkeypatch.setattr(fake_gpu.module, "supports", lambda *args, **kwargs: ["head dim 520 (the kernel takes ...)"])
+    assert untuned_path(device, 520).endswith("the kernel cannot take it: head dim 520 (the kernel takes ...)")
+    monkeypatch.setattr(fake_gpu.module, "supports", lambda *args, **kwargs: [])
+    monkeypatch.setattr(fake_gpu.module, "attention_kernel", lambda *args, **kwargs: (_ for _ in ()).throw(
+        RuntimeError("invalid device function")))
+    assert "the kernel failed its self-check: (batch, q_len, kv_len, heads, head_dim) (1, 2048, 197, 1, 80): " \
+           "RuntimeError: invalid device function" in untuned_path(device, 80)
+
+
+def test_info_lists_the_untuned_path_per_head_dim(monkeypatch):
+    from rocm_sd import cli
+
+    assert cli._untuned_attention(torch.device("cpu")) == [
+        ("untuned attention", "not applicable on a CPU (SDPA's CPU kernels run every call)")]
+    monkeypatch.setattr(importlib.import_module("rocm_sd.ops.attention"), "untuned_path",
+                        lambda device, dim: f"path of {dim} on {device}")
+    rows = cli._untuned_attention(torch.device("cuda", 0))
+    assert list(cli.ATTENTION_HEAD_DIMS) == [40, 64, 80, 128, 160, 256, 512]
+    assert rows == [(f"attention d={dim} fp16", f"path of {dim} on cuda:0") for dim in cli.ATTENTION_HEAD_DIMS]
+
+
 # ------------------------------------------------------------------------------------------- GPU
 
 def check_kernel(shape, dtype, packed=False, instance=""):
@@ -251,3 +435,45 @@ def test_host_entry_point_runs_the_kernel_on_head_views_without_copies():
     ok, err, allowed = within_tolerance(out, F.scaled_dot_product_attention(*(t.double() for t in heads_first)),
                                         F.scaled_dot_product_attention(*heads_first))
     assert ok, (err, allowed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1024, 77, 8, 40), (2, 1024, 1024, 10, 64), (1, 1024, 1024, 1, 512)], ids=str)
+def test_untuned_call_runs_the_kernel_where_sdpa_has_no_fused_kernel(shape):
+    """NVIDIA stands in for the ROCm GPUs without AOTriton: with SDPA's fused backends on, an untuned call stays
+    SDPA's; with them off (SDPA would take its math path), the same call runs the kernel, after its self-check on
+    this GPU, and matches the float64 truth; the host entry point goes to the op for it."""
+    batch, q_len, kv_len, heads, dim = shape
+    q, k, v = make_qkv(batch, q_len, kv_len, heads, dim, torch.float16, "cuda")
+    scale = 1.0 / math.sqrt(dim)
+    attention_self_check.forget()
+    PlanCache.clear_all()
+    with config.override(strict=True):
+        with sdpa_switched(True):
+            assert sdpa_fused_backends(q, k, v), "this GPU's SDPA has no fused kernel for the shape"
+            torch.ops.rocm_sd.attention(q, k, v, scale)
+            assert dispatch.stats()["attention"] == {"torch": 1}
+            assert attention_self_check.known(q.device, q.dtype, dim) is None  # no reason to check
+        with sdpa_switched(False):
+            assert sdpa_fused_backends(q, k, v) == ()
+            y = torch.ops.rocm_sd.attention(q, k, v, scale)
+            host = scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=scale)
+    assert dispatch.stats()["attention"] == {"torch": 1, "rocm_sd": 2}
+    check = attention_self_check.known(q.device, q.dtype, dim)
+    assert check is not None and check["ok"], check
+    assert torch.equal(y, attention_kernel(q, k, v, scale)) and torch.equal(heads_last(host), y.flatten(2))
+    ok, err, allowed = within_tolerance(y, attention_ref(q.double(), k.double(), v.double(), scale),
+                                        attention_ref(q, k, v, scale))
+    assert ok, f"{shape}: max err {err:.3g} > {allowed:.3g}"
+    PlanCache.clear_all()
+
+
+@pytest.mark.gpu
+def test_info_names_the_untuned_path_on_this_gpu():
+    device = torch.device("cuda")
+    PlanCache.clear_all()
+    assert untuned_path(device, 80).startswith("PyTorch SDPA, fused (")
+    with sdpa_switched(False):
+        assert untuned_path(device, 80) == ("rocm_sd kernel: SDPA has no fused kernel for it (it would take its math "
+                                            "path); self-check passed")
+    PlanCache.clear_all()
