@@ -92,23 +92,30 @@ def _vendor_searches(device: torch.device):
     return vendor_tuning(TuningDB(key, validators(device)).path.parent, key.file_stem)
 
 
+def _default_size(pipe) -> int:
+    """A model folder's pipeline's own image size: its denoiser's sample size in latents (SDXL, SD3 and Flux
+    pipelines keep it as default_sample_size), times the VAE's scale."""
+    latents = getattr(pipe, "default_sample_size", None) or models.denoiser(pipe).config.sample_size
+    return latents * pipe.vae_scale_factor
+
+
 def run(model: str = "sd15", sizes=None, batch: int = 1, dtype: torch.dtype | None = None,
         device: str | torch.device | None = None, progress: bool = True, **flags) -> Prepared:
     """Runs every convolution and GEMM problem of `model` (an architecture name, random weights, or a local diffusers
-    folder) at each (width, height) of `sizes` (default: the architecture's own square size), `batch` images per
+    folder) at each (width, height) of `sizes` (default: the model's own square size), `batch` images per
     call, once, with the vendors' searches on. `flags`: optimize() flags, as the later runs will use them (e.g.
     vae_tiles=False where the host decodes the VAE itself). Prints a line per size and the total."""
     device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dtype = dtype or (models.gpu_dtype(model) if device.type == "cuda" else torch.float32)
-    sizes = list(sizes or [(models.default_size(model),) * 2])
     result = Prepared(model, searched=_searches(device))
     built = time.perf_counter()
     pipe = patch.optimize(models.load_pipeline(model, device, dtype), **{"cuda_graph": False, **flags})
     tiles = ("VAE decode in fixed-shape tiles" if "decode in fixed-shape tiles" in patch.report(pipe).get("vae", {})
              else "VAE decode untiled")
     conditioning = models.conditioning(pipe, [PROMPT] * batch)
+    sizes = list(sizes or [(models.default_size(model) if model in models.ARCHITECTURES else _default_size(pipe),) * 2])
     built = time.perf_counter() - built
     recorder = VendorProblems()
     with _vendor_searches(device) as notes, torch.no_grad():
