@@ -89,8 +89,8 @@ def mode_options(precision: str | None = None, cache: str | None = None, cache_i
         raise cli_args.UsageError("argument --cache-interval: applies to --cache deepcache only")
     if cache_threshold is not None and cache not in THRESHOLD_MODES:
         raise cli_args.UsageError(f"argument --cache-threshold: applies to --cache {', '.join(THRESHOLD_MODES)} only")
-    if cache_branch is not None and cache is None:
-        raise cli_args.UsageError("argument --cache-branch: applies with --cache only")
+    if cache_branch is not None and cache not in ("deepcache", "adaptive"):
+        raise cli_args.UsageError("argument --cache-branch: applies with --cache deepcache or adaptive only")
     if precision_layers is not None and precision is None:
         raise cli_args.UsageError("argument --precision-layers: applies with --precision only")
     if precision_convs is not None and precision != "fp8":
