@@ -411,8 +411,8 @@ def skipped_options(target, options: dict) -> list[str]:
 
 
 def invalidate_graphs(target):
-    """Drop the captured graphs of `target`'s models, and the text keys and values kept (text_kv); the next calls
-    capture and compute again."""
+    """Drop the captured graphs of `target`'s models, the text keys and values kept (text_kv) and the step cache's
+    cached features (the next call is a full one); the next calls capture and compute again."""
     for model in _models(target).values():
         record = getattr(model, RECORD_ATTR, None)
         if record is not None:

@@ -67,4 +67,5 @@ def cache_steps(model: nn.Module, record: PatchRecord, options: dict) -> None:
         setting += f", branch {options['cache_branch']}"
     record.set_attr(model, "forward", controller)
     record.on_revert(controller.forget)  # the cached features go with revert(), not with a later gc
+    record.on_invalidate(controller.forget)  # features of weights changed since (a LoRA scale) are stale too
     record.counts[f"step cache: {mode} ({setting})"] += 1
