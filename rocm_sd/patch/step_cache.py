@@ -18,10 +18,10 @@ from .core import PatchRecord
 
 log = logging.getLogger("rocm_sd")
 
-ADAPTIVE_THRESHOLD = 0.15  # cache='adaptive''s default (docs/step_cache.md has what it measured)
+ADAPTIVE_THRESHOLD = 0.15  # the default threshold of cache='adaptive' (docs/step_cache.md has what it measured)
 
 
-def threshold(mode: str, model_class: str, given: float | None) -> float:
+def threshold(mode: str, model_class: str, given: float | None) -> float | None:
     """cache_threshold as applied: the one given, else the mode's default for the model class (None for a
     transformer mode on another class)."""
     if given is not None:
