@@ -21,6 +21,8 @@ after the other engines, with a rocm_sd row added before them if none was asked 
   rocm_sd-int8             rocm_sd.optimize(pipe, precision="int8")
   rocm_sd-deepcache        rocm_sd.optimize(pipe, cache="deepcache", cache_interval=3, cache_branch=0)
   rocm_sd-adaptive         rocm_sd.optimize(pipe, cache="adaptive") (cache_threshold 0.15)
+  rocm_sd-fbcache          rocm_sd.optimize(pipe, cache="fbcache") (the diffusion transformers; the published threshold)
+  rocm_sd-teacache         rocm_sd.optimize(pipe, cache="teacache") (the diffusion transformers; the published threshold)
   rocm_sd-attnfp8          rocm_sd.optimize(pipe, attention_precision="fp8")
 Their rows add PSNR against the rocm_sd (fp16) image (psnr_vs_fp16_db) and the table a speed-up against the rocm_sd
 row. A mode that optimize() could not apply here (report() or the log says why: no FP8 on this GPU, a CPU) is a
@@ -67,6 +69,8 @@ MODES = {
     "rocm_sd-int8": {"precision": "int8"},
     "rocm_sd-deepcache": {"cache": "deepcache", "cache_interval": 3, "cache_branch": 0},
     "rocm_sd-adaptive": {"cache": "adaptive"},
+    "rocm_sd-fbcache": {"cache": "fbcache"},
+    "rocm_sd-teacache": {"cache": "teacache"},
     "rocm_sd-attnfp8": {"attention_precision": "fp8"},
 }
 log = logging.getLogger("rocm_sd")

@@ -121,11 +121,16 @@ def _eight_bit(device: torch.device, precision: str) -> str:
 
 def _bench(args) -> int:
     from . import bench
+    from .quality import cache_mode_problem
 
     on_gpu = platform.gpu_available()
     model = args.model or ("sd15" if on_gpu else "tiny")
     all_engines = bench.TRANSFORMER_ENGINES if models.is_transformer(model) else bench.ENGINES
     engines = args.engines or (all_engines if on_gpu else ("eager", "rocm_sd"))
+    for engine in engines:
+        why = cache_mode_problem(bench.MODES.get(engine, {}).get("cache"), model)
+        if why:
+            raise cli_args.UsageError(f"argument --engines: {engine}: {why}")
     bench.run(model=model, size=args.size, steps=args.steps, batch=args.batch,
               repeats=args.repeats, warmup=args.warmup, engines=engines, ablation=args.ablation, out_dir=args.out,
               profile=args.profile)
@@ -178,7 +183,9 @@ def _add_quality(sub) -> None:
                         help="with --cache deepcache: one full UNet call per this many steps (default 3)")
     parser.add_argument("--cache-threshold", type=cli_args.non_negative_float,
                         help="with --cache adaptive: the summed relative input change that triggers a full UNet call "
-                             "(default 0.15)")
+                             "(default 0.15); with fbcache / teacache (the diffusion transformers): the change of the "
+                             "first block's residual / modulated input that does (default: the published value for "
+                             "the model; docs/step_cache.md)")
     parser.add_argument("--cache-branch", type=cli_args.non_negative_int,
                         help="with --cache: how much of the outermost block the partial UNet calls run, as DeepCache's "
                              "cache_branch_id (default 0: its last up layer only; docs/step_cache.md)")

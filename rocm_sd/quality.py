@@ -1,5 +1,5 @@
 """`python -m rocm_sd quality`: how far a mode of optimize() (precision='fp8' / 'int8', attention_precision='fp8',
-cache='deepcache' / 'adaptive') moves the images from the reference, rocm_sd.optimize(pipe) with its defaults (fp16).
+cache='deepcache' / 'adaptive' / 'fbcache' / 'teacache') moves the images from the reference, rocm_sd.optimize(pipe) with its defaults (fp16).
 
 One pipeline, built once. N prompts (PROMPTS, in turn), image i from seed `seed + i`: first every image with the
 reference, then, after revert, every image with the mode. Per image: PSNR and SSIM against the reference image,
@@ -25,7 +25,9 @@ import torch.nn.functional as F
 
 from . import cli_args, models, patch, platform
 from .bench import device_name, git_commit, mode_text, optimize_with_options, psnr
-from .patch import pipeline
+from .patch import pipeline, step_cache
+
+THRESHOLD_MODES = ("adaptive", "fbcache", "teacache")  # the cache modes that take --cache-threshold
 
 # Varied on purpose: subjects, styles, scenes, text, faces, fine texture. Image i uses PROMPTS[i % len(PROMPTS)].
 PROMPTS = (
@@ -85,10 +87,10 @@ def mode_options(precision: str | None = None, cache: str | None = None, cache_i
     for a cache setting without its cache mode."""
     if cache_interval is not None and cache != "deepcache":
         raise cli_args.UsageError("argument --cache-interval: applies to --cache deepcache only")
-    if cache_threshold is not None and cache != "adaptive":
-        raise cli_args.UsageError("argument --cache-threshold: applies to --cache adaptive only")
-    if cache_branch is not None and cache is None:
-        raise cli_args.UsageError("argument --cache-branch: applies with --cache only")
+    if cache_threshold is not None and cache not in THRESHOLD_MODES:
+        raise cli_args.UsageError(f"argument --cache-threshold: applies to --cache {', '.join(THRESHOLD_MODES)} only")
+    if cache_branch is not None and cache not in ("deepcache", "adaptive"):
+        raise cli_args.UsageError("argument --cache-branch: applies with --cache deepcache or adaptive only")
     if precision_layers is not None and precision is None:
         raise cli_args.UsageError("argument --precision-layers: applies with --precision only")
     if precision_convs is not None and precision != "fp8":
@@ -104,21 +106,31 @@ def mode_options(precision: str | None = None, cache: str | None = None, cache_i
     if options.get("cache") == "deepcache":
         options.setdefault("cache_interval", defaults["cache_interval"])
     if options.get("cache") == "adaptive":
-        options.setdefault("cache_threshold", defaults["cache_threshold"])
+        options.setdefault("cache_threshold", step_cache.ADAPTIVE_THRESHOLD)
     return options
+
+
+def cache_mode_problem(cache: str | None, model: str) -> str | None:
+    """Why cache mode `cache` cannot apply to the architecture `model` (a UNet mode on a diffusion transformer, or the
+    other way round), or None (also for a model folder: optimize() says so when it loads)."""
+    if cache is None or model not in models.ARCHITECTURES:
+        return None
+    transformer = models.is_transformer(model)
+    why = step_cache.other_kind(cache, transformer)
+    return f"{why}, and {model} is {'a diffusion transformer' if transformer else 'a UNet model'}" if why else None
 
 
 def mode_slug(options: dict) -> str:
     """'fp8', 'fp8all' (precision_layers "all"), 'fp8noconv' (precision_convs False), 'attentionfp8', 'deepcache3',
-    'int8-adaptive0.15', 'deepcache3-branch1': a file name part."""
+    'int8-adaptive0.15', 'deepcache3-branch1', 'fbcache' (its default threshold), 'teacache0.2': a file name part."""
     noconv = "noconv" if options.get("precision_convs") is False else ""
     parts = [options["precision"] + options.get("precision_layers", "") + noconv] if "precision" in options else []
     if "attention_precision" in options:
         parts.append(f"attention{options['attention_precision']}")
     if options.get("cache") == "deepcache":
         parts.append(f"deepcache{options['cache_interval']}")
-    elif options.get("cache") == "adaptive":
-        parts.append(f"adaptive{options['cache_threshold']:g}")
+    elif options.get("cache") in THRESHOLD_MODES:  # a transformer mode's default threshold depends on the model
+        parts.append(options["cache"] + (f"{options['cache_threshold']:g}" if "cache_threshold" in options else ""))
     if "cache_branch" in options:
         parts.append(f"branch{options['cache_branch']}")
     return "-".join(parts)
@@ -250,6 +262,9 @@ def run(model: str | None = None, precision: str | None = None, cache: str | Non
                            attention_precision, precision_convs)
     device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
     model = model or ("sd15" if device.type == "cuda" else "tiny")
+    why = cache_mode_problem(cache, model)
+    if why:
+        raise cli_args.UsageError(f"argument --cache: {why}")
     dtype = models.gpu_dtype(model) if device.type == "cuda" else torch.float32
     random_weights = model in models.ARCHITECTURES
     size = size or (models.default_size(model) if random_weights else None)  # None: the pipeline's own default

@@ -75,6 +75,12 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
     ("rocm_sd", ["bench", "--warmup", "-1"], 2, "argument --warmup: -1 is not a non-negative integer"),
     ("rocm_sd", ["bench", "--engines", "eager,tensorrt"], 2, "argument --engines: unknown engines ['tensorrt']; "
                                                              "choose from eager, compile"),
+    ("rocm_sd", ["bench", "--model", "tiny", "--engines", "rocm_sd-fbcache"], 2,
+     "argument --engines: rocm_sd-fbcache: cache='fbcache' is for the diffusion transformers (SD3 / SD3.5, Flux); "
+     "UNets take 'deepcache' or 'adaptive', and tiny is a UNet model"),
+    ("rocm_sd", ["bench", "--model", "tiny-sd3", "--engines", "rocm_sd,rocm_sd-adaptive"], 2,
+     "argument --engines: rocm_sd-adaptive: cache='adaptive' is for UNets; the diffusion transformers take 'fbcache' "
+     "or 'teacache', and tiny-sd3 is a diffusion transformer"),
     ("rocm_sd", ["bench", "--out", "{tmp}/file.txt/results"], 2,
      "argument --out: {tmp}/file.txt/results: {tmp}/file.txt is a file, not a folder"),
     ("rocm_sd", ["bench", "--out", "{tmp}/file.txt"], 2, "argument --out: {tmp}/file.txt is a file, not a folder"),

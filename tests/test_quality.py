@@ -220,12 +220,21 @@ ARGUMENT_ERRORS = [  # (arguments after `quality`, exit status, what the last li
     (["--precision", "int8", "--cache-interval", "2"], 2,
      "argument --cache-interval: applies to --cache deepcache only"),
     (["--cache", "deepcache", "--cache-threshold", "0.1"], 2,
-     "argument --cache-threshold: applies to --cache adaptive only"),
+     "argument --cache-threshold: applies to --cache adaptive, fbcache, teacache only"),
+    (["--cache", "fbcache", "--model", "tiny"], 2,
+     "argument --cache: cache='fbcache' is for the diffusion transformers (SD3 / SD3.5, Flux); UNets take "
+     "'deepcache' or 'adaptive', and tiny is a UNet model"),
+    (["--cache", "deepcache", "--model", "tiny-flux"], 2,
+     "argument --cache: cache='deepcache' is for UNets; the diffusion transformers take 'fbcache' or 'teacache', and "
+     "tiny-flux is a diffusion transformer"),
+    (["--cache", "teacache", "--cache-branch", "1", "--model", "tiny-sd3"], 2,
+     "argument --cache-branch: applies with --cache deepcache or adaptive only"),
     (["--cache", "deepcache", "--cache-interval", "0"], 2, "argument --cache-interval: 0 is not a positive integer"),
     (["--cache", "adaptive", "--cache-threshold", "-0.5"], 2,
      "argument --cache-threshold: -0.5 is not a non-negative number"),
     (["--cache", "adaptive", "--cache-threshold", "nan"], 2, "argument --cache-threshold: nan is not a finite number"),
-    (["--precision", "fp8", "--cache-branch", "1"], 2, "argument --cache-branch: applies with --cache only"),
+    (["--precision", "fp8", "--cache-branch", "1"], 2,
+     "argument --cache-branch: applies with --cache deepcache or adaptive only"),
     (["--cache", "deepcache", "--precision-layers", "all"], 2,
      "argument --precision-layers: applies with --precision only"),
     (["--precision", "fp8", "--precision-layers", "some"], 2, "argument --precision-layers: invalid choice: 'some'"),
@@ -271,6 +280,9 @@ def test_a_bad_quality_argument_is_one_line_and_builds_nothing(argv, status, mes
     (["--cache", "adaptive", "--cache-threshold", "0"], {"cache": "adaptive", "cache_threshold": 0.0}),
     (["--cache", "deepcache", "--cache-branch", "1"], {"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}),
     (["--cache", "adaptive", "--cache-branch", "0"], {"cache": "adaptive", "cache_threshold": 0.15}),
+    (["--cache", "fbcache", "--model", "tiny-flux"], {"cache": "fbcache"}),
+    (["--cache", "teacache", "--cache-threshold", "0.2", "--model", "tiny-sd3"],
+     {"cache": "teacache", "cache_threshold": 0.2}),
     (["--precision", "fp8", "--precision-convs", "off"], {"precision": "fp8", "precision_convs": False}),
     (["--precision", "fp8", "--precision-convs", "on"], {"precision": "fp8"}),
     (["--attention-precision", "fp8"], {"attention_precision": "fp8"}),
@@ -293,6 +305,8 @@ def test_mode_file_names():
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3}) == "deepcache3"
     assert quality.mode_slug({"cache": "deepcache", "cache_interval": 3, "cache_branch": 1}) == "deepcache3-branch1"
     assert quality.mode_slug({"precision": "fp8", "attention_precision": "fp8"}) == "fp8-attentionfp8"
+    assert quality.mode_slug({"cache": "fbcache"}) == "fbcache"  # the default threshold: the model's published one
+    assert quality.mode_slug({"cache": "teacache", "cache_threshold": 0.2}) == "teacache0.2"
 
 
 # ---- the bench's mode engines --------------------------------------------------------------------------------------

@@ -57,9 +57,11 @@ MODES = ("deepcache", "adaptive")
 @dataclass
 class Slot:
     """One cache slot: the k-th call of each step."""
-    feature: torch.Tensor | None = None    # the hidden state a partial call starts from (from the slot's last full call)
-    previous: torch.Tensor | None = None   # adaptive: the slot's input sample at its previous call
-    change: float = 0.0                    # adaptive: summed relative change since the slot's last full call
+    feature: torch.Tensor | None = None    # from the slot's last full call: the hidden state a partial call starts
+                                           # from (a UNet's), the residual a cached call adds (a transformer's)
+    previous: torch.Tensor | None = None   # what the next call compares with: the slot's input sample at its previous
+                                           # call (adaptive), the transformer's probe (modules/dit_cache.py)
+    change: float = 0.0                    # summed relative change since the slot's last full call
 
 
 def relative_l1(sample: torch.Tensor, previous: torch.Tensor) -> float:
@@ -68,13 +70,11 @@ def relative_l1(sample: torch.Tensor, previous: torch.Tensor) -> float:
     return ((sample - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()
 
 
-class Schedule:
-    """Groups calls into generations, steps and slots, and decides which are full (the module doc)."""
+class Steps:
+    """Groups calls into generations, steps and slots (the module doc's grouping); the transformers' step cache
+    (modules/dit_cache.py) shares it."""
 
-    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15):
-        if mode not in MODES:
-            raise ValueError(f"step cache mode {mode!r} is not one of {', '.join(MODES)}")
-        self.mode, self.interval, self.threshold = mode, int(interval), float(threshold)
+    def __init__(self):
         self.reset()
 
     def reset(self) -> None:
@@ -84,8 +84,8 @@ class Schedule:
         self.call = 0                        # calls of the current step so far, less one: the slot of the latest
         self.slots: list[Slot] = []
 
-    def plan(self, timestep: float, key, sample: torch.Tensor | None = None) -> tuple[Slot, bool]:
-        """The slot of this call and whether the schedule wants it full. `sample`: the UNet's input (adaptive)."""
+    def locate(self, timestep: float, key) -> Slot:
+        """The slot of a call at `timestep` with inputs of `key`, starting a new step or generation where it does."""
         if self.timestep is None or key != self.key or timestep > self.timestep:
             self.reset()
             self.key = key
@@ -96,7 +96,21 @@ class Schedule:
         self.timestep = timestep
         while len(self.slots) <= self.call:
             self.slots.append(Slot())
-        slot = self.slots[self.call]
+        return self.slots[self.call]
+
+
+class Schedule(Steps):
+    """Groups calls into generations, steps and slots, and decides which are full (the module doc)."""
+
+    def __init__(self, mode: str, interval: int = 3, threshold: float = 0.15):
+        if mode not in MODES:
+            raise ValueError(f"step cache mode {mode!r} is not one of {', '.join(MODES)}")
+        self.mode, self.interval, self.threshold = mode, int(interval), float(threshold)
+        super().__init__()
+
+    def plan(self, timestep: float, key, sample: torch.Tensor | None = None) -> tuple[Slot, bool]:
+        """The slot of this call and whether the schedule wants it full. `sample`: the UNet's input (adaptive)."""
+        slot = self.locate(timestep, key)
         if self.mode == "deepcache":
             return slot, self.step % self.interval == 0
         full = self.step == 0 or slot.previous is None or self.threshold <= 0
@@ -146,10 +160,12 @@ class HostTimesteps:
         return float(t.reshape(-1)[0])
 
     def view_value(self, t: torch.Tensor) -> float | None:
-        """The value of `t`, one element of a one-dimensional tensor, from a host copy of that tensor (taken now
-        if this one has none of it as it is); None where `t` is not such a view."""
+        """The value of `t`, one element of a one-dimensional tensor (or that element expanded, as diffusers' SD3
+        pipeline passes `t.expand(batch)`), from a host copy of that tensor (taken now if this one has none of it as
+        it is); None where `t` is not such a view."""
         base = t._base
-        if base is None or t.numel() != 1 or base.dim() != 1 or base.stride() != (1,) or base.dtype != t.dtype:
+        if (base is None or t.numel() == 0 or any(stride for stride in t.stride()) and t.numel() != 1
+                or base.dim() != 1 or base.stride() != (1,) or base.dtype != t.dtype):
             return None
         if self._base is None or self._base() is not base or self._version != base._version:
             self._values = base.tolist()

@@ -193,9 +193,12 @@ class Option:
     minimum: float | None = None
     patch: Callable[[nn.Module, PatchRecord, dict], None] | None = None
     models: frozenset = frozenset({"UNet2DConditionModel"})
+    optional: bool = False                      # a `number` option that also takes None (its default then depends)
 
     def check(self, value):
         """The value as applied, or a ValueError naming the option, the value and what it accepts."""
+        if value is None and self.optional:
+            return None
         if self.values:
             if value not in self.values:
                 raise ValueError(f"optimize(): {self.name}={value!r} is not one of "
@@ -244,16 +247,25 @@ OPTIONS = (
            "quality`.",
            values=("fp16", "fp8"), patch=attention_fp8.attention_in_fp8),
     Option("cache", None,
-           "Step caching: None (off); 'deepcache': every `cache_interval`-th UNet call runs in full and the calls "
-           "between reuse its deep features, running only the outermost blocks; 'adaptive': a full call whenever the "
-           "UNet's input has changed by `cache_threshold` (relative L1, summed since the last full call). Changes "
-           "images: check with `python -m rocm_sd quality`.",
-           values=(None, "deepcache", "adaptive"), patch=step_cache.cache_steps),
+           "Step caching: None (off). For UNets: 'deepcache': every `cache_interval`-th UNet call runs in full and the "
+           "calls between reuse its deep features, running only the outermost blocks; 'adaptive': a full call whenever "
+           "the UNet's input has changed by `cache_threshold` (relative L1, summed since the last full call). For the "
+           "diffusion transformers (SD3 / SD3.5, Flux): 'fbcache' (First Block Cache): every call runs the first "
+           "block, and the rest of the network only when that block's residual has changed by `cache_threshold` since "
+           "the last full call, else adds the rest's residual kept from then; 'teacache': the same skip, decided by "
+           "the first block's modulated input changing (rescaled relative L1, summed) before any block runs. A mode "
+           "of the other kind of model is not applied (report() says why). Changes images: check with `python -m "
+           "rocm_sd quality`.",
+           values=(None, "deepcache", "adaptive", "fbcache", "teacache"), patch=step_cache.cache_steps,
+           models=frozenset({"UNet2DConditionModel", "SD3Transformer2DModel", "FluxTransformer2DModel"})),
     Option("cache_interval", 3, "With cache='deepcache': one full UNet call per this many steps.",
            number=int, minimum=1),
-    Option("cache_threshold", 0.15,
-           "With cache='adaptive': the summed relative change of the UNet's input that triggers a full call.",
-           number=float, minimum=0.0),
+    Option("cache_threshold", None,
+           "With cache='adaptive', 'fbcache' or 'teacache': the change that triggers a full call. None: the mode's "
+           "default: 0.15 for 'adaptive'; as published, 'fbcache' 0.08 on Flux (diffusers' ParaAttention guide) and "
+           "0.12 on SD3 / SD3.5 (Comfy-WaveSpeed's, for SD3.5 Large), 'teacache' 0.4 on Flux (ComfyUI-TeaCache's) "
+           "and 0.3 on SD3 / SD3.5 (PaddleMIX's SD3 port; none is recommended for SD3). 0: every call full.",
+           number=float, minimum=0.0, optional=True),
     Option("cache_branch", 0,
            "With a step cache: how much of the outermost block a partial call runs (DeepCache's cache_branch_id). 0: "
            "only the last layer of the last up block (DeepCache's default, the fastest); 1: also the first layer of "
@@ -274,7 +286,7 @@ def flags_table() -> str:
     rows += ["", "| option | default | values | what it does |", "|---|---|---|---|"]
     for option in OPTIONS:
         values = (", ".join(f"`{v!r}`" for v in option.values) if option.values
-                  else f"{option.number.__name__} >= {option.minimum}")
+                  else f"{option.number.__name__} >= {option.minimum}" + (" or `None`" if option.optional else ""))
         rows.append(f"| `{option.name}` | `{option.default!r}` | {values} | {option.doc} |")
     return "\n".join(rows)
 
@@ -283,7 +295,8 @@ def _flags_doc() -> str:
     flags = [f"      {flag.name}{'' if flag.default_text() == 'on' else ' (' + flag.default_text() + ' by default)'}: "
              f"{flag.doc}" for flag in FLAGS]
     options = [f"      {option.name}={option.default!r}: {option.doc}" for option in OPTIONS]
-    return "\n".join(flags + ["", "    Options (the UNet only; applied after the flags, before cuda_graph):"] + options)
+    return "\n".join(flags + ["", "    Options (the diffusion models they name; applied after the flags, before "
+                                   "cuda_graph):"] + options)
 
 
 def optimize(target, **keywords):
@@ -420,8 +433,8 @@ def skipped_options(target, options: dict) -> list[str]:
 
 
 def invalidate_graphs(target):
-    """Drop the captured graphs of `target`'s models, and the text keys and values kept (text_kv); the next calls
-    capture and compute again."""
+    """Drop the captured graphs of `target`'s models, the text keys and values kept (text_kv) and the step cache's
+    cached features (the next call is a full one); the next calls capture and compute again."""
     for model in _models(target).values():
         record = getattr(model, RECORD_ATTR, None)
         if record is not None:

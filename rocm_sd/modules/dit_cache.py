@@ -1,0 +1,256 @@
+"""Step caching of the diffusion transformers (diffusers' SD3Transformer2DModel: SD3 / SD3.5; FluxTransformer2DModel):
+First Block Cache and TeaCache.
+
+Adjacent denoising steps change a transformer's output little. Both modes put a boundary into the block stack. A full
+call runs every block after it and keeps the residual of the rest of the network on the image stream: the hidden
+state entering norm_out minus the one at the boundary. A cached call adds the kept residual to the hidden state at the
+boundary and goes on to norm_out / proj_out. The text stream's residual is not kept: after the last block both models
+read the image stream only (norm_out(hidden_states, temb)).
+
+- 'fbcache' (First Block Cache: ParaAttention's; diffusers' hooks/first_block_cache.py): the boundary is after
+  transformer_blocks[0] (SD3's first joint block, Flux's first double block), which every call runs. The probe is that
+  block's residual on the image stream (its output minus its input). A call is cached when the probe's relative L1
+  change, mean|p - p_full| / mean|p_full|, against the probe of its slot's last full call is below the threshold.
+- 'teacache' (TeaCache, arXiv 2411.19108): the boundary is before the first block. The probe is the first block's
+  AdaLN-modulated input, norm1(hidden_states, temb)[0]. Each slot sums the probe's relative L1 change against its
+  previous call's, rescaled by TeaCache's polynomial (TEACACHE_POLYNOMIAL); a call is cached while the sum stays below
+  the threshold, and a full call sets it back to 0.
+Threshold 0: every call is full (and computes what the uncached model does, bit for bit). A slot's first call of a
+generation is full in both modes.
+
+Which calls share a cache: modules/step_cache.py's grouping (Steps). A lower timestep is the next step; an equal one is
+another call of the same step, with its own slot (CFG run as separate calls: Flux's true CFG); a timestep that does
+not go down, inputs of another shape, dtype or device (batch, resolution, text length), or a timestep from another
+scheduler.timesteps tensor start a new generation, whose calls are full until their slot has a residual. A batched
+CFG call (SD3's [uncond, cond]) is one call: one decision for the whole batch, one residual of the batch's shape.
+Flux's guidance embedding goes into temb, so the probe and norm_out see it as the model does. Calls run uncached (the
+model's own forward, the cache untouched) with ControlNet residuals, SD3's skip_layers (skip-layer guidance calls),
+or gradient checkpointing under autograd.
+
+Calls (GRAPHED_CALLS; patch/diffusers.py's install_graphs graphs each on its own): `head` (the embeddings and the
+first block or its norm: the streams at the boundary and the probe), `rest` (the blocks after the boundary and the
+output layers: the output and the new residual) and `skip` (the output layers on hidden + residual). Each runs the
+model's own forward, with the model's block lists standing aside for one stand-in module for the call, so what the
+forward does around the blocks happens as usual: embeddings, LoRA scaling from joint_attention_kwargs, IP-Adapter
+projections, norm_out, proj_out, SD3's unpatchify. `rest` and `skip` compute the embeddings again (a few small GEMMs)
+rather than take them from `head`. The deciding between them is plain Python, and reads the relative change on the
+host: one sync per call (no sync with threshold 0). Reading the timestep costs another where it is not a view of
+scheduler.timesteps (Flux's pipeline divides it by 1000).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from collections import Counter
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from .step_cache import HostTimesteps, Slot, Steps, relative_l1
+
+MODES = ("fbcache", "teacache")
+# The model classes, and their block lists in the order their forward runs them.
+BLOCK_LISTS = {"SD3Transformer2DModel": ("transformer_blocks",),
+               "FluxTransformer2DModel": ("transformer_blocks", "single_transformer_blocks")}
+# The default thresholds, per mode and model class, as published (quality on random weights cannot be judged here).
+THRESHOLDS = {
+    # diffusers' docs, optimization/para_attn.md: "0.08 is the default residual difference value for FLUX models"
+    ("fbcache", "FluxTransformer2DModel"): 0.08,
+    # Comfy-WaveSpeed's README (ParaAttention's authors): sd3.5_large, 30 steps, residual_diff_threshold 0.12
+    ("fbcache", "SD3Transformer2DModel"): 0.12,
+    # ComfyUI-TeaCache's README: rel_l1_thresh 0.4 for FLUX (~2x); ali-vilab/TeaCache's TeaCache4FLUX: 0.4 -> 1.8x
+    ("teacache", "FluxTransformer2DModel"): 0.4,
+    # No recommendation is published for SD3. PaddleMIX's TeaCache for SD3 Medium (ppdiffusers/examples/Fast-Diffusers/
+    # Training-Free/teacache) measured 0.3 -> 1.8x on an A100, the speed-up TeaCache4FLUX reports at Flux's 0.4.
+    ("teacache", "SD3Transformer2DModel"): 0.3,
+}
+# TeaCache's rescaling of the probe's relative change, fitted on FLUX.1 (highest power first): ali-vilab/TeaCache's
+# TeaCache4FLUX/teacache_flux.py, the same numbers in ComfyUI-TeaCache's nodes.py. No polynomial was fitted for SD3;
+# PaddleMIX's SD3 port applies this one unchanged, and so does rocm_sd.
+TEACACHE_POLYNOMIAL = (4.98651651e+02, -2.83781631e+02, 5.58554382e+01, -3.82021401e+00, 2.64230861e-01)
+
+
+def teacache_rescale(change: float) -> float:
+    """TEACACHE_POLYNOMIAL at `change` (Horner's rule)."""
+    return functools.reduce(lambda total, coefficient: total * change + coefficient, TEACACHE_POLYNOMIAL, 0.0)
+
+
+def dit_problem(model: nn.Module) -> str | None:
+    """Why the step cache cannot serve `model`, or None when it can."""
+    names = BLOCK_LISTS.get(type(model).__name__)
+    if names is None or not type(model).__module__.startswith("diffusers."):
+        return f"{type(model).__name__} is not diffusers' {' / '.join(BLOCK_LISTS)}"
+    lists = [model._modules.get(name) for name in names]
+    if not all(isinstance(blocks, nn.ModuleList) for blocks in lists):
+        return f"its {' / '.join(names)} are not ModuleLists"
+    if not lists[0] or sum(len(blocks) for blocks in lists) < 2:
+        return "fewer than two transformer blocks"
+    if not hasattr(lists[0][0], "norm1"):
+        return f"its first block ({type(lists[0][0]).__name__}) has no norm1"
+    return None
+
+
+class _Stop(Exception):
+    """Carries the head call's result out of the model's forward (which it stops at the blocks)."""
+
+    def __init__(self, result):
+        super().__init__("head call done")
+        self.result = result
+
+
+class _StandIn(nn.Module):
+    """The model's blocks for one call: `run(**block_kwargs)` in their place. The blocks stay beneath it, so that a walk
+    over the model's modules during the call (diffusers' LoRA scaling) still reaches them."""
+
+    def __init__(self, run, blocks):
+        super().__init__()
+        self.run = run
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, **block_kwargs):
+        return self.run(**block_kwargs)
+
+
+@contextmanager
+def _blocks_standing_aside(model: nn.Module, run):
+    """The model's block lists hold `run` as their one block, then their blocks again."""
+    names = BLOCK_LISTS[type(model).__name__]
+    lists = {name: model._modules[name] for name in names}
+    stand_in = _StandIn(run, [block for name in names for block in lists[name]])
+    # In _modules directly: setattr would register new modules on the model, which graphs.py takes for a change of the
+    # model's structure (a capture again).
+    model._modules.update({name: nn.ModuleList([stand_in] if i == 0 else []) for i, name in enumerate(names)})
+    try:
+        yield
+    finally:
+        model._modules.update(lists)
+
+
+class DiTStepCache:
+    """Installed as a transformer's `forward`: groups the call (Steps), runs `head`, decides, then runs `rest` or
+    `skip` (the module doc), counting into `counts` (the model's PatchRecord counts)."""
+
+    GRAPHED_CALLS = ("head", "rest", "skip")
+
+    def __init__(self, model: nn.Module, mode: str, threshold: float, counts: Counter | None = None):
+        if mode not in MODES:
+            raise ValueError(f"transformer step cache mode {mode!r} is not one of {', '.join(MODES)}")
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+            raise ValueError(f"step cache threshold {threshold!r} is not a number >= 0")
+        self.model, self.mode, self.threshold = model, mode, float(threshold)
+        self.counts = counts if counts is not None else Counter()
+        self.inner = model.__dict__.get("forward")   # an instance forward in place (accelerate's), else the class's
+        self.steps = Steps()
+        self.timesteps = HostTimesteps()
+        self._parameters = list(inspect.signature(type(model).forward).parameters)[1:]
+        self.head, self.rest, self.skip = self.head_call, self.rest_call, self.skip_call
+
+    def __getstate__(self) -> dict:
+        """A copy gets its settings and calls, never the cached residuals of this one's generation."""
+        return dict(self.__dict__, steps=Steps())
+
+    def forget(self) -> None:
+        """Drops the cached residuals and probes (revert: at once, not at a later cycle collection)."""
+        self.steps.reset()
+
+    def forward(self, **kwargs):
+        """The forward that was in place before the step cache."""
+        if self.inner is not None:
+            return self.inner(**kwargs)
+        return type(self.model).forward(self.model, **kwargs)
+
+    # -- the call -----------------------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        kwargs.update(zip(self._parameters, args))
+        why = self._uncached(kwargs)
+        if why is not None:
+            self.counts[f"step cache: uncached call: {why}"] += 1
+            return self.forward(**kwargs)
+        sample, text = kwargs["hidden_states"], kwargs.get("encoder_hidden_states")
+        timestep = self.timesteps.value(kwargs["timestep"])
+        key = (tuple(sample.shape), sample.dtype, sample.device, None if text is None else tuple(text.shape),
+               self.timesteps.copies)
+        slot = self.steps.locate(timestep, key)
+        hidden, encoder, probe = self.head(**kwargs)
+        if self._cached(slot, probe):
+            self.counts["step cache: cached calls"] += 1
+            return self.skip(hidden, slot.feature, **kwargs)
+        output, slot.feature = self.rest(hidden, encoder, **kwargs)
+        self.counts["step cache: full calls"] += 1
+        return output
+
+    def _uncached(self, kwargs: dict) -> str | None:
+        if any(kwargs.get(name) is not None for name in
+               ("block_controlnet_hidden_states", "controlnet_block_samples", "controlnet_single_block_samples")):
+            return "ControlNet residuals"
+        if kwargs.get("skip_layers"):
+            return "skip_layers (skip-layer guidance)"
+        if torch.is_grad_enabled() and getattr(self.model, "gradient_checkpointing", False):
+            return "gradient checkpointing"
+        return None
+
+    def _cached(self, slot: Slot, probe: torch.Tensor) -> bool:
+        """Whether this call adds the slot's residual (the module doc's rule of each mode); keeps the probe."""
+        ready = slot.feature is not None and slot.previous is not None and self.threshold > 0
+        if self.mode == "fbcache":
+            cached = ready and relative_l1(probe, slot.previous) < self.threshold
+            if not cached:
+                slot.previous = probe   # compared with until the slot's next full call
+            return cached
+        if ready:
+            slot.change += teacache_rescale(relative_l1(probe, slot.previous))
+        cached = ready and slot.change < self.threshold
+        slot.previous = probe
+        if not cached:
+            slot.change = 0.0
+        return cached
+
+    # -- the three calls (graph capture replaces them with graphed ones) ---------------------------------------
+    def _blocks(self) -> list[nn.Module]:
+        return [block for name in BLOCK_LISTS[type(self.model).__name__] for block in self.model._modules[name]]
+
+    def head_call(self, **kwargs):
+        """The model's forward up to its blocks, then the first block (fbcache) or its norm1 (teacache): (the image
+        and text streams at the boundary, the probe)."""
+        first = self._blocks()[0]
+
+        def run(hidden_states, encoder_hidden_states, **block_kwargs):
+            if self.mode == "fbcache":
+                encoder, hidden = first(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
+                                        **block_kwargs)
+                raise _Stop((hidden, encoder, hidden - hidden_states))
+            probe = first.norm1(hidden_states, emb=block_kwargs["temb"])[0]
+            raise _Stop((hidden_states, encoder_hidden_states, probe))
+
+        with _blocks_standing_aside(self.model, run):
+            try:
+                self.forward(**kwargs)
+            except _Stop as stop:
+                return stop.result
+        raise RuntimeError("step cache: the transformer's forward returned without calling its blocks")
+
+    def rest_call(self, hidden: torch.Tensor, encoder: torch.Tensor, **kwargs):
+        """The model's forward with the blocks after the boundary run on `hidden` / `encoder` (head's): (its output,
+        the residual of those blocks on the image stream)."""
+        blocks = self._blocks()[1 if self.mode == "fbcache" else 0:]
+        kept = []
+
+        def run(hidden_states, encoder_hidden_states, **block_kwargs):
+            h, e = hidden, encoder
+            for block in blocks:
+                e, h = block(hidden_states=h, encoder_hidden_states=e, **block_kwargs)
+            kept.append(h - hidden)
+            return e, h
+
+        with _blocks_standing_aside(self.model, run):
+            output = self.forward(**kwargs)
+        return output, kept[0]
+
+    def skip_call(self, hidden: torch.Tensor, residual: torch.Tensor, **kwargs):
+        """The model's forward with its blocks replaced by adding `residual` to `hidden` (head's)."""
+        def run(hidden_states, encoder_hidden_states, **block_kwargs):
+            return encoder_hidden_states, hidden + residual
+
+        with _blocks_standing_aside(self.model, run):
+            return self.forward(**kwargs)

@@ -1,0 +1,273 @@
+"""optimize(cache='fbcache' / 'teacache'): step caching of the diffusion transformers (rocm_sd/modules/dit_cache.py),
+on tiny-sd3 / tiny-flux (dit_models.py) in fp32 on the CPU; on a GPU, strictly, with graph capture."""
+import copy
+
+import pytest
+import torch
+
+import rocm_sd
+from rocm_sd import config, dit_models, models
+from rocm_sd.modules.dit_cache import TEACACHE_POLYNOMIAL, DiTStepCache, teacache_rescale
+from rocm_sd.modules.step_cache import HostTimesteps, Slot
+
+ARCHS = ["tiny-sd3", "tiny-flux"]
+# The patches that round differently from diffusers' own forward are off where a test compares with the untouched model.
+EXACT = dict(channels_last=False, fuse_transformer=False, linear_gelu=False, attention=False, layer_norm=False,
+             text_encoder=False)
+HUGE = 1e9  # a threshold no change reaches: every call that can be cached is
+
+
+def generate(pipe, steps=3, seed=0):
+    with torch.no_grad():
+        return pipe(**models.prompt_kwargs(pipe, "a lighthouse at dawn"), num_inference_steps=steps, height=64,
+                    width=64, generator=torch.Generator(pipe._execution_device).manual_seed(seed),
+                    output_type="latent").images
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request):
+    return request.param, models.build_sd_pipeline(request.param, "cpu", torch.float32)
+
+
+def tiny_transformer(arch: str):
+    """The tiny architecture's transformer alone (no text encoders, no VAE)."""
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    cls = SD3Transformer2DModel if arch == "tiny-sd3" else FluxTransformer2DModel
+    return cls(**dit_models.ARCHITECTURES[arch].transformer).eval()
+
+
+def cache_counts(pipe) -> dict:
+    return {k: v for k, v in rocm_sd.report(pipe)["transformer"].items() if k.startswith("step cache")}
+
+
+# ---- optimize / revert / pipelines -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["fbcache", "teacache"])
+def test_threshold_zero_is_the_uncached_model_a_large_one_caches_and_revert_restores(tiny, mode):
+    arch, pipe = tiny
+    untouched = generate(pipe)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, cache=mode, cache_threshold=0.0, **EXACT)
+        every_call_full = generate(pipe)
+        full_report = cache_counts(pipe)
+        rocm_sd.revert(pipe)
+        rocm_sd.optimize(pipe, cache=mode, cache_threshold=HUGE, **EXACT)
+        cached = [generate(pipe), generate(pipe)]  # two pipeline calls: the second starts with a full step again
+        cached_report = cache_counts(pipe)
+        rocm_sd.revert(pipe)
+    # SD3's CFG is one call of batch 2 per step; Flux dev's guidance is an embedding: one call per step either way
+    assert full_report == {f"step cache: {mode} (threshold 0)": 1, "step cache: full calls": 3}
+    assert torch.equal(every_call_full, untouched)
+    assert cached_report == {f"step cache: {mode} (threshold 1e+09)": 1, "step cache: full calls": 2,
+                             "step cache: cached calls": 4}
+    assert torch.equal(cached[0], cached[1]) and torch.isfinite(cached[0]).all()
+    assert not torch.equal(cached[0], untouched)
+    assert "forward" not in vars(pipe.transformer)
+    assert torch.equal(generate(pipe), untouched)
+
+
+def test_with_every_patch_threshold_zero_equals_the_optimized_uncached_pipeline(tiny):
+    arch, pipe = tiny
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe)
+        optimized = generate(pipe)
+        rocm_sd.revert(pipe)
+        rocm_sd.optimize(pipe, cache="fbcache", cache_threshold=0.0)
+        cached = generate(pipe)
+        rocm_sd.revert(pipe)
+    assert torch.equal(cached, optimized)
+
+
+def test_default_thresholds_are_the_published_ones_per_model(tiny):
+    arch, pipe = tiny
+    expected = {"tiny-sd3": {"fbcache": 0.12, "teacache": 0.3}, "tiny-flux": {"fbcache": 0.08, "teacache": 0.4}}[arch]
+    for mode, threshold in expected.items():
+        with config.override(log_fallbacks=False):
+            rocm_sd.optimize(pipe, cache=mode, cuda_graph=False)
+        report = cache_counts(pipe)
+        assert pipe.transformer.forward.threshold == threshold
+        rocm_sd.revert(pipe)
+        assert report == {f"step cache: {mode} (threshold {threshold:g})": 1}
+
+
+# ---- the deciding ----------------------------------------------------------------------------------------------
+
+def positive(seed: int, shape=(2, 8, 4)) -> torch.Tensor:
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) + 0.5  # |x (1+c) - x| = c|x|
+
+
+def test_fbcache_compares_with_the_probe_of_the_slots_last_full_call():
+    cache = DiTStepCache(tiny_transformer("tiny-flux"), "fbcache", 0.1)
+    slot, probe = Slot(), positive(0)
+    assert not cache._cached(slot, probe)                  # nothing cached yet: full, and its probe kept
+    slot.feature = torch.zeros(1)
+    decisions = [cache._cached(slot, probe * (1 + c)) for c in (0.05, 0.09, 0.12, 0.05)]
+    # 0.05 and 0.09 against the first probe: cached; 0.12: full (its probe kept); then 0.05 against that one: cached
+    assert decisions == [True, True, False, True]
+    assert torch.equal(slot.previous, probe * 1.12)
+
+
+def test_teacache_sums_the_rescaled_change_of_the_modulated_input():
+    assert teacache_rescale(0.0) == TEACACHE_POLYNOMIAL[-1]
+    assert teacache_rescale(0.1) == pytest.approx(sum(c * 0.1 ** (4 - i) for i, c in enumerate(TEACACHE_POLYNOMIAL)))
+    cache = DiTStepCache(tiny_transformer("tiny-flux"), "teacache", 0.4)
+    slot, x = Slot(feature=torch.zeros(1)), positive(1)
+    changes = [0.05, 0.05, 0.05, 0.3, 0.05]
+    inputs = [x]
+    for c in changes:
+        inputs.append(inputs[-1] * (1 + c))
+    decisions = [cache._cached(slot, probe) for probe in inputs]
+    sums, total, expected = [], 0.0, [False]
+    for c in changes:  # rescaled: about 0.18 for a 5% change, 0.52 for 30%
+        total += teacache_rescale(c)
+        expected.append(total < 0.4)
+        total = total if total < 0.4 else 0.0
+    assert decisions == expected == [False, True, True, False, False, True]
+    assert torch.equal(slot.previous, inputs[-1])
+
+
+def make_inputs(transformer, batch=1, tokens=16, size=8, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    config_ = transformer.config
+    if type(transformer).__name__ == "SD3Transformer2DModel":
+        return dict(hidden_states=torch.randn(batch, config_.in_channels, size, size, generator=generator),
+                    encoder_hidden_states=torch.randn(batch, tokens, config_.joint_attention_dim, generator=generator),
+                    pooled_projections=torch.randn(batch, config_.pooled_projection_dim, generator=generator))
+    return dict(hidden_states=torch.randn(batch, size * size, config_.in_channels, generator=generator),
+                encoder_hidden_states=torch.randn(batch, tokens, config_.joint_attention_dim, generator=generator),
+                pooled_projections=torch.randn(batch, config_.pooled_projection_dim, generator=generator),
+                img_ids=torch.zeros(size * size, 3), txt_ids=torch.zeros(tokens, 3),
+                guidance=torch.full((batch,), 3.5))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_split_cfg_calls_have_their_own_slots_and_other_shapes_start_a_new_generation(arch):
+    transformer = tiny_transformer(arch)
+    cond, uncond = make_inputs(transformer, seed=0), make_inputs(transformer, seed=1)
+    with config.override(log_fallbacks=False), torch.no_grad():
+        rocm_sd.optimize(transformer, cache="fbcache", cache_threshold=HUGE, **EXACT)
+        for t in (1.0, 0.9, 0.8):  # true CFG as separate calls (Flux's): two slots per step
+            outputs = [transformer(**inputs, timestep=torch.full((1,), t), return_dict=False)[0]
+                       for inputs in (cond, uncond)]
+        slots = transformer.forward.steps.slots
+        assert len(slots) == 2 and not torch.equal(slots[0].feature, slots[1].feature)
+        assert not torch.equal(*outputs)
+        # a batch of 2 at the next timestep: another shape, a new generation (a full call), its residual of batch 2
+        batched = make_inputs(transformer, batch=2)
+        transformer(**batched, timestep=torch.full((2,), 0.7))
+        assert len(transformer.forward.steps.slots) == 1 and transformer.forward.steps.slots[0].feature.shape[0] == 2
+        transformer(**batched, timestep=torch.full((2,), 0.6))
+        # another resolution at a lower timestep: a new generation too
+        small = make_inputs(transformer, size=4)
+        transformer(**small, timestep=torch.full((1,), 0.5))
+        rocm_sd.invalidate_graphs(transformer)  # drops the residuals: the next call, which would be cached, is full
+        transformer(**small, timestep=torch.full((1,), 0.4))
+        report = rocm_sd.report(transformer)[type(transformer).__name__]
+    rocm_sd.revert(transformer)
+    assert report["step cache: full calls"] == 2 + 1 + 1 + 1 and report["step cache: cached calls"] == 4 + 1
+
+
+def test_calls_with_skip_layers_or_controlnet_residuals_run_uncached_and_leave_the_cache_alone():
+    transformer = tiny_transformer("tiny-sd3")
+    inputs = dict(make_inputs(transformer), timestep=torch.full((1,), 1.0), return_dict=False)
+    with torch.no_grad():
+        reference = transformer(**inputs, skip_layers=[1])[0]
+        with config.override(log_fallbacks=False):
+            rocm_sd.optimize(transformer, cache="fbcache", cache_threshold=HUGE, **EXACT)
+        transformer(**inputs)
+        out = transformer(**inputs, skip_layers=[1])[0]
+        residuals = [torch.zeros(1, 16, 32)]
+        transformer(**inputs, block_controlnet_hidden_states=residuals)
+        report = rocm_sd.report(transformer)["SD3Transformer2DModel"]
+    rocm_sd.revert(transformer)
+    assert torch.equal(out, reference)
+    assert report["step cache: full calls"] == 1 and "step cache: cached calls" not in report
+    assert report["step cache: uncached call: skip_layers (skip-layer guidance)"] == 1
+    assert report["step cache: uncached call: ControlNet residuals"] == 1
+
+
+def test_the_expanded_timestep_of_sd3s_pipeline_is_read_from_the_host_copy():
+    timesteps = torch.tensor([1000.0, 750.0, 500.0])
+    host = HostTimesteps()
+    assert [host.view_value(t.expand(2)) for t in timesteps] == [1000.0, 750.0, 500.0]
+    assert host.copies == 1 and host.view_value(torch.tensor([3.0, 4.0])) is None
+
+
+def test_a_copy_of_a_cached_transformer_is_cached_on_its_own():
+    transformer = tiny_transformer("tiny-flux")
+    inputs = dict(make_inputs(transformer), timestep=torch.full((1,), 1.0), return_dict=False)
+    with torch.no_grad():
+        reference = transformer(**inputs)[0]
+        with config.override(log_fallbacks=False):
+            rocm_sd.optimize(transformer, cache="fbcache", cache_threshold=HUGE, **EXACT)
+        transformer(**inputs)
+        twin = copy.deepcopy(transformer)
+        cache = twin.forward
+        assert cache.model is twin and cache.steps.slots == [] and cache.head.fn.__self__ is cache
+        assert torch.equal(twin(**inputs)[0], reference)  # its first call is full: nothing cached came along
+        rocm_sd.revert(twin)
+        assert "forward" not in vars(twin) and isinstance(transformer.forward, DiTStepCache)
+    rocm_sd.revert(transformer)
+
+
+# ---- bad values ------------------------------------------------------------------------------------------------
+
+def test_bad_values_and_modes_of_the_other_kind_of_model_are_refused_with_the_reason():
+    from rocm_sd.patch.pipeline import skipped_options
+
+    pipe = models.build_sd_pipeline("tiny-flux", "cpu", torch.float32)
+    with pytest.raises(ValueError, match=r"cache_threshold=-0.1 is below its minimum 0.0"):
+        rocm_sd.optimize(pipe, cache="fbcache", cache_threshold=-0.1)
+    with pytest.raises(ValueError, match=r"cache='firstblock' is not one of None, 'deepcache', 'adaptive', "
+                                         r"'fbcache', 'teacache'"):
+        rocm_sd.optimize(pipe, cache="firstblock")
+    with pytest.raises(ValueError, match="threshold -1 is not a number >= 0"):
+        DiTStepCache(pipe.transformer, "fbcache", -1)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, cache="deepcache", text_encoder=False)
+    why = skipped_options(pipe, {"cache": "deepcache"})
+    rocm_sd.revert(pipe)
+    assert why == ["transformer: step cache not applied: cache='deepcache' is for UNets; the diffusion transformers "
+                   "take 'fbcache' or 'teacache'"]
+    unet = models.build_sd_pipeline("tiny", "cpu", torch.float32).unet
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(unet, cache="teacache")
+    report = rocm_sd.report(unet)["UNet2DConditionModel"]
+    rocm_sd.revert(unet)
+    assert [k for k in report if k.startswith("step cache")] == [
+        "step cache not applied: cache='teacache' is for the diffusion transformers (SD3 / SD3.5, Flux); UNets take "
+        "'deepcache' or 'adaptive'"]
+
+
+# ---- graphs ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["fbcache", "teacache"])
+def test_graphed_head_rest_and_skip_replay_and_equal_the_eager_step_cache(arch, mode):
+    pipe = models.build_sd_pipeline(arch, "cuda", torch.bfloat16)
+    rocm_sd.optimize(pipe, cache=mode, cache_threshold=HUGE, cuda_graph=False, text_encoder=False)
+    eager = [generate(pipe, steps=4, seed=s) for s in (0, 1)]
+    rocm_sd.revert(pipe)
+    rocm_sd.optimize(pipe, cache=mode, cache_threshold=HUGE, text_encoder=False)
+    with config.override(strict=True):
+        graphed = [generate(pipe, steps=4, seed=s) for s in (0, 1)]
+    report = rocm_sd.report(pipe)["transformer"]
+    rocm_sd.revert(pipe)
+    assert report["step cache: full calls"] == 2 and report["step cache: cached calls"] == 6, report
+    for call, replays in (("head", 8), ("rest", 2), ("skip", 6)):
+        assert report[f"forward ({call}): graph captures"] == 1, (call, report)
+        assert report[f"forward ({call}): graph replays"] == replays, (call, report)
+    for e, g in zip(eager, graphed):
+        assert torch.isfinite(g).all()
+        assert torch.equal(e, g)
+    rocm_sd.optimize(pipe, text_encoder=False)
+    uncached = generate(pipe, steps=4)
+    rocm_sd.revert(pipe)
+    rocm_sd.optimize(pipe, cache=mode, cache_threshold=0.0, text_encoder=False)
+    with config.override(strict=True):
+        every_call_full = generate(pipe, steps=4)
+    rocm_sd.revert(pipe)
+    assert torch.equal(every_call_full, uncached)
