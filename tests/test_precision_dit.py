@@ -76,16 +76,25 @@ def test_the_blocks_linears_become_8bit_and_revert_restores(fp8_here, arch, prec
     assert not _eight_bit(pipe.transformer) and torch.equal(generate(pipe), reference)
 
 
-def test_no_call_reads_the_replaced_weights(fp8_here):
+def _concatenated(self, x):
+    raise AssertionError("the fused single block built the concatenation for proj_out")
+
+
+def test_no_call_reads_the_replaced_weights(fp8_here, monkeypatch):
     """The fused forwards (the single block's split proj_out, the GELU projection's epilogue, fused QKV) multiply the
-    8-bit layers, never the fp16 weights they replaced: with those turned to NaN the images do not change."""
+    8-bit layers, never the fp16 weights they replaced nor the projections fused QKV replaced: with all of those
+    turned to NaN the images do not change. The single blocks stay fused: proj_out's halves take the attention and
+    MLP outputs as they are, never their concatenation (diffusers' forward)."""
+    monkeypatch.setattr(RocmQuantizedSplitLinear, "forward", _concatenated)
     pipe = models.build_sd_pipeline("tiny-flux", "cpu", torch.float32)
     linears = [m for m in pipe.transformer.modules() if type(m) is nn.Linear]
     with config.override(log_fallbacks=False):
         rocm_sd.optimize(pipe, precision="fp8", precision_layers="all")
         out = generate(pipe)
-        replaced = [m for m in linears if not any(m is k for k in pipe.transformer.modules())]
-        assert len(replaced) > len(_eight_bit(pipe.transformer)) // 2  # fuse_qkv's parked projections too
+        in_model = list(pipe.transformer.modules())
+        unused = [m for attn in in_model for m in fused_away(attn)]  # beside fuse_qkv's projections, parked
+        replaced = [m for m in linears if not any(m is k for k in in_model)] + unused
+        assert len(unused) == 3 * 2 * 2 + 3 * 2 and len(replaced) > len(unused)  # q, k, v (and the text's) per block
         kept = [m.weight.clone() for m in replaced]
         for m in replaced:
             m.weight.data.fill_(float("nan"))
