@@ -154,16 +154,6 @@ def test_layers_go_back_to_the_models_dtype_where_measured_faster(fp8_here, monk
     rocm_sd.revert(pipe)
 
 
-def test_the_tuner_lists_the_transformers_8bit_layers(fp8_here, capsys):
-    from rocm_sd.tune.cli import main as tune_main
-
-    assert tune_main(["--model", "tiny-flux", "--list", "--precision", "fp8", "--ops", "linear_8bit"]) == 0
-    out = capsys.readouterr().out
-    for layer in ("K=32,N=96,shared=2,input=rows", "K=32,N=128,shared=2,input=rows",  # to_qkv and proj_mlp
-                  "K=128,N=32,shared=1,input=rows"):  # the split proj_out's MLP half
-        assert f"linear_8bit|float32|e4m3fn|{layer}|" in out, out
-
-
 def test_on_a_cpu_the_transformer_keeps_its_layers_and_says_why():
     pipe = models.build_sd_pipeline("tiny-sd3", "cpu", torch.float32)
     with config.override(log_fallbacks=False):
