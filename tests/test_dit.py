@@ -214,10 +214,17 @@ def test_img2img_pipelines_patch_and_revert(arch):
     assert torch.equal(run(), reference)
 
 
-def test_tune_lists_the_transformers_problems(capsys):
+def test_tune_lists_the_transformers_problems(capsys, monkeypatch):
+    """Its ops, and with --precision fp8 (the device check answered for the CPU) its 8-bit layers: to_qkv and
+    proj_mlp sharing the single block's one quantization, and the MLP half of its split proj_out."""
+    from rocm_sd.patch import precision
     from rocm_sd.tune.cli import main as tune_main
 
-    assert tune_main(["--model", "tiny-flux", "--list", "--ops", "ada_layer_norm,add_ada_layer_norm,rms_norm"]) == 0
+    monkeypatch.setattr(precision, "number_format", lambda device, p: ("e4m3fn", None))
+    assert tune_main(["--model", "tiny-flux", "--list", "--precision", "fp8",
+                      "--ops", "ada_layer_norm,add_ada_layer_norm,rms_norm,linear_8bit"]) == 0
     out = capsys.readouterr().out
     for op in ("ada_layer_norm|float32|", "add_ada_layer_norm|float32|", "rms_norm|float32|"):
         assert op in out, out
+    for layer in ("K=32,N=96,shared=2,input=rows", "K=32,N=128,shared=2,input=rows", "K=128,N=32,shared=1,input=rows"):
+        assert f"linear_8bit|float32|e4m3fn|{layer}|" in out, out

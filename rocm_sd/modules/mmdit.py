@@ -20,6 +20,7 @@ from torch import nn
 
 from ..ops.ada_layer_norm import ada_layer_norm, add_ada_layer_norm
 from .layer_norm import RocmLayerNorm
+from .quantized_linear import RocmQuantizedLinear, RocmQuantizedSplitLinear
 
 def _is_plain_layer_norm(norm) -> bool:
     """A LayerNorm over the last dimension without weight or bias (or the layer_norm flag's copy of one)."""
@@ -161,7 +162,8 @@ def flux_single_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_
     """FluxSingleTransformerBlock.forward with the AdaLN fused, the MLP's bias and GELU in its GEMM's epilogue, and
     proj_out applied to the attention and MLP outputs as two GEMMs into one output instead of over their
     concatenation."""
-    if joint_attention_kwargs or type(self.proj_out) is not nn.Linear or type(self.proj_mlp) is not nn.Linear:
+    if (joint_attention_kwargs or type(self.proj_out) not in (nn.Linear, RocmQuantizedSplitLinear)
+            or type(self.proj_mlp) not in (nn.Linear, RocmQuantizedLinear)):
         # a LoRA layer installed since: its own forwards (the split proj_out reads the base weight only)
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                                joint_attention_kwargs)
@@ -172,23 +174,32 @@ def flux_single_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_
     mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states)
     attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb)
 
-    width = attn_output.shape[-1]
-    weight = self.proj_out.weight
-    rows = attn_output.reshape(-1, width)
-    projected = torch.addmm(self.proj_out.bias, rows, weight[:, :width].t()) if self.proj_out.bias is not None \
-        else rows @ weight[:, :width].t()
-    projected.addmm_(mlp_hidden_states.reshape(-1, mlp_hidden_states.shape[-1]), weight[:, width:].t())
-    hidden_states = _clip_fp16(_gated(residual, gate, projected.view(residual.shape)))
+    hidden_states = _clip_fp16(_gated(residual, gate, _split_proj_out(self.proj_out, attn_output,
+                                                                      mlp_hidden_states).view(residual.shape)))
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _split_proj_out(proj_out: nn.Module, attn_output: torch.Tensor, mlp_hidden_states: torch.Tensor) -> torch.Tensor:
+    """proj_out of cat([attn_output, mlp_hidden_states], -1) as two GEMMs into one output, as (rows, out) or
+    (..., out): a Linear's over its weight's column blocks, an 8-bit one's (precision="fp8" / "int8") by its halves."""
+    if type(proj_out) is RocmQuantizedSplitLinear:
+        return proj_out.forward_parts(attn_output, mlp_hidden_states)
+    width = attn_output.shape[-1]
+    weight = proj_out.weight
+    rows = attn_output.reshape(-1, width)
+    projected = torch.addmm(proj_out.bias, rows, weight[:, :width].t()) if proj_out.bias is not None \
+        else rows @ weight[:, :width].t()
+    return projected.addmm_(mlp_hidden_states.reshape(-1, mlp_hidden_states.shape[-1]), weight[:, width:].t())
 
 
 # ---- the feed-forward's projection + GELU(tanh) ----------------------------------------------------------------
 
 def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """gelu(linear(x), approximate="tanh") as one GEMM with the bias and GELU in the vendor's epilogue (cuBLASLt /
-    hipBLASLt through torch._addmm_activation, whose GELU is the tanh approximation); on other devices, or
-    without a bias, as PyTorch's two steps."""
-    if linear.bias is None or x.device.type != "cuda" or torch.is_grad_enabled() and x.requires_grad:
+    hipBLASLt through torch._addmm_activation, whose GELU is the tanh approximation); on other devices, without a
+    bias, or for any layer but a plain Linear (an 8-bit layer, a LoRA layer: its own forward), as two steps."""
+    if (type(linear) is not nn.Linear or linear.bias is None or x.device.type != "cuda"
+            or torch.is_grad_enabled() and x.requires_grad):
         return F.gelu(linear(x), approximate="tanh")
     rows = x.reshape(-1, x.shape[-1])
     return torch._addmm_activation(linear.bias, rows, linear.weight.t(), use_gelu=True).view(
@@ -209,6 +220,4 @@ class RocmGELU(nn.Module):
         return cls(gelu)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if type(self.proj) is not nn.Linear:  # a LoRA layer or quantized copy installed since: its own forward
-            return F.gelu(self.proj(hidden_states), approximate=self.approximate)
-        return linear_gelu_tanh(self.proj, hidden_states)
+        return linear_gelu_tanh(self.proj, hidden_states)  # a LoRA or 8-bit layer installed since: its own forward

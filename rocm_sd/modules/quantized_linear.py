@@ -173,18 +173,31 @@ class RocmQuantizedLinear(nn.Module):
         super().__init__()
         if format not in FORMATS:
             raise ValueError(f"RocmQuantizedLinear: format {format!r} is not one of {', '.join(FORMATS)}")
-        self.format = format
         self.conv = conv  # a 1x1 convolution: (N, C, H, W) in and out
-        self.out_features, self.in_features = weight.shape[0], weight.shape[1]
-        q, scale = quantize_weight(weight, format)
-        self.register_buffer("weight_q", q)
-        self.register_buffer("weight_scale", scale)  # (1, N): the GEMM's column scales
+        self._hold(*quantize_weight(weight, format), bias, format)
+
+    def _hold(self, weight_q: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+              format: str) -> None:
+        self.format = format
+        self.out_features, self.in_features = weight_q.shape
+        self.register_buffer("weight_q", weight_q)
+        self.register_buffer("weight_scale", weight_scale)  # (1, N): the GEMM's column scales
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.fp16_layer: nn.Module | None = None  # the original layer, once measured faster (offer_fp16)
 
     @classmethod
     def from_module(cls, module: nn.Module, format: str) -> "RocmQuantizedLinear":
         return cls(module.weight, module.bias, format, conv=isinstance(module, nn.Conv2d))
+
+    @classmethod
+    def from_quantized(cls, weight_q: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                       format: str) -> "RocmQuantizedLinear":
+        """A layer of an already quantized weight: weight_q (N, K) (made contiguous), its column scales (1, N)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.conv = False
+        layer._hold(weight_q.contiguous(), weight_scale, bias, format)
+        return layer
 
     def extra_repr(self) -> str:
         kind = "conv1x1" if self.conv else "linear"
@@ -244,6 +257,45 @@ class RocmQuantizedLinear(nn.Module):
         kind = "conv1x1" if self.conv else "linear"
         counts[f"{kind} -> {self.format} GEMM"] -= 1
         counts[f"{kind} kept in {dtype_name(x)} (measured faster than {self.format})"] += 1
+
+
+class RocmQuantizedSplitLinear(nn.Module):
+    """A Linear whose input is two tensors side by side (Flux's single blocks' proj_out takes the attention output
+    and the MLP's, concatenated) as two 8-bit layers over its weight's column blocks, `first` (with the bias) and
+    `second`: their outputs' sum is the layer's, and no concatenation is written. The weight is quantized once, per
+    output channel over the whole row, then split, so each block dequantizes to the original's columns exactly; each
+    input is quantized per row on its own. Each half is a RocmQuantizedLinear of its own, with its own measured fp16
+    fallback (offer_fp16) and tuning problem."""
+
+    def __init__(self, linear: nn.Linear, width: int, format: str):
+        super().__init__()
+        if not 0 < width < linear.in_features:
+            raise ValueError(f"RocmQuantizedSplitLinear: split at {width} is not inside {linear.in_features} features")
+        self.width, self.in_features, self.out_features = width, linear.in_features, linear.out_features
+        q, scale = quantize_weight(linear.weight, format)
+        self.first = RocmQuantizedLinear.from_quantized(q[:, :width], scale, linear.bias, format)
+        self.second = RocmQuantizedLinear.from_quantized(q[:, width:], scale, None, format)
+
+    def originals(self, linear: nn.Linear) -> tuple[nn.Linear, nn.Linear]:
+        """The halves of `linear` (the layer this one replaced) as Linear layers: the fp16 layers each half can go
+        back to (offer_fp16). Views of its weight, so they cost no memory until one is chosen."""
+        first = nn.Linear(self.width, self.out_features, bias=linear.bias is not None, device="meta")
+        second = nn.Linear(self.in_features - self.width, self.out_features, bias=False, device="meta")
+        first.weight = nn.Parameter(linear.weight.detach()[:, :self.width], requires_grad=False)
+        second.weight = nn.Parameter(linear.weight.detach()[:, self.width:], requires_grad=False)
+        if linear.bias is not None:
+            first.bias = nn.Parameter(linear.bias.detach(), requires_grad=False)
+        return first, second
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features} split at {self.width}, out={self.out_features}"
+
+    def forward_parts(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """The layer of cat([first, second], -1), without the concatenation."""
+        return self.first(first).add_(self.second(second))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_parts(x[..., :self.width], x[..., self.width:])
 
 
 def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.Tensor, weight_scale: torch.Tensor,

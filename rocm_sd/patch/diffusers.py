@@ -271,10 +271,13 @@ def _unfuse_qkv(model: nn.Module, added: list[tuple[nn.Module, str]]) -> None:
 
 def fused_away(attn: nn.Module) -> list[nn.Module]:
     """The projections of a fused attention module that no call reaches while it is fused: to_q, to_k and to_v beside
-    to_qkv (self-attention), to_k and to_v beside to_kv (cross-attention)."""
+    to_qkv (self-attention), to_k and to_v beside to_kv (cross-attention), add_q_proj, add_k_proj and add_v_proj
+    beside to_added_qkv (the diffusion transformers' joint attention)."""
     if not getattr(attn, "fused_projections", False):
         return []
     names = ("to_q", "to_k", "to_v") if hasattr(attn, "to_qkv") else ("to_k", "to_v") if hasattr(attn, "to_kv") else ()
+    if hasattr(attn, "to_added_qkv"):  # the diffusion transformers' text stream
+        names += ("add_q_proj", "add_k_proj", "add_v_proj")
     return [getattr(attn, name) for name in names]
 
 
@@ -287,8 +290,8 @@ def park_in_cpu_memory(module: nn.Module, record: PatchRecord) -> None:
 
 
 def _fusing_then_parking(attn: nn.Module, record: PatchRecord):
-    def fuse_projections(fuse: bool = True):
-        type(attn).fuse_projections(attn, fuse)
+    def fuse_projections(*args, **kwargs):  # Attention's takes `fuse`, AttentionModuleMixin's (Flux's) nothing
+        type(attn).fuse_projections(attn, *args, **kwargs)
         for module in fused_away(attn):
             park_in_cpu_memory(module, record)
     return fuse_projections

@@ -216,11 +216,14 @@ class Option:
 OPTIONS = (
     Option("precision", "fp16",
            "Number format of the UNet's linear layers (attention projections, feed-forward, proj_in/out, 1x1 "
-           "convolutions). 'fp16': the model's own dtype. 'fp8': FP8 GEMMs (e4m3fnuz on gfx942, OCP e4m3fn on gfx950, "
+           "convolutions) and of the diffusion transformers' (SD3 / SD3.5, Flux: their blocks' attention projections, "
+           "feed-forward and single-block projections; not the AdaLN modulation or the embedders). 'fp16': the "
+           "model's own dtype. 'fp8': FP8 GEMMs (e4m3fnuz on gfx942, OCP e4m3fn on gfx950, "
            "gfx12 and NVIDIA sm_89+), weights quantized once per output channel, activations per row. 'int8': int8 "
            "GEMMs, the same scaling. Where the device or build cannot, the layers stay in the model's dtype and the "
            "log says why once. Changes images: check with `python -m rocm_sd quality` (docs/quality.md).",
-           values=("fp16", "fp8", "int8"), patch=precision.quantize_linears),
+           values=("fp16", "fp8", "int8"), patch=precision.quantize_linears,
+           models=frozenset({"UNet2DConditionModel", "SD3Transformer2DModel", "FluxTransformer2DModel"})),
     Option("precision_layers", "measured",
            "With precision 'fp8' / 'int8': 'measured': a layer goes back to the model's dtype at its first call where "
            "the tuning database measured its fp16 GEMM faster than the 8-bit GEMM plus its share of quantizing the "
@@ -231,7 +234,8 @@ OPTIONS = (
            "With precision 'fp8': 'tensor': the layers whose input a LayerNorm or the feed-forward's GEGLU writes "
            "take one scale for that input, from a bound on its values derived from the weights (nothing to calibrate, "
            "nothing saturates), and one for their weight: the per-tensor FP8 GEMM, faster than the row-wise one on "
-           "narrow layers. 'row': a scale per row and per output channel everywhere. int8 is always row-wise.",
+           "narrow layers. 'row': a scale per row and per output channel everywhere. int8 is always row-wise, and so are "
+           "the diffusion transformers (their AdaLN's output has no bound: its scale and shift change per call).",
            values=("tensor", "row")),
     Option("precision_convs", True,
            "With precision 'fp8': the resnets' convolutions whose input a GroupNorm writes (both 3x3 convolutions of "

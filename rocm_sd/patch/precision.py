@@ -32,6 +32,7 @@ from ..modules.resnet import plain_time_embedding
 from ..ops.quantize import dequantize_rows, fp8_format
 from .core import PatchRecord
 from .diffusers import fused_away, park_in_cpu_memory
+from .precision_dit import is_diffusion_transformer, quantize_transformer
 
 log = logging.getLogger("rocm_sd")
 
@@ -95,6 +96,10 @@ def quantize_linears(model: nn.Module, record: PatchRecord, options: dict) -> No
                     type(model).__name__, why)
         return
     unused = _fused_away(model, record)
+    if is_diffusion_transformer(model):
+        quantize_transformer(model, record, fmt, device, MULTIPLE[precision], unused,
+                             measured=options["precision_layers"] == "measured")
+        return
     targets = [(name, module) for name, module in model.named_modules()
                if module not in unused and _eligible(name, module, MULTIPLE[precision])]
     parents = dict(model.named_modules())
