@@ -148,6 +148,20 @@ def test_launch_rewrite_finds_every_kernel_expression():
         "::rsd_emu::launch(apply, dim3(unsigned(p.splits), 2u), p.threads, 0, stream)(q);")
 
 
+def test_shared_rewrite_poisons_every_declaration():
+    text = ("  // __shared__ in a comment stays\n"
+            "  __shared__ __align__(16) uint16_t storage[2 * kTile];\n"
+            "  __shared__ float tile[64][kMaxHeadDim + 1];\n"
+            "  __shared__ unsigned ticket_shared;  // one; __shared__ in a comment stays\n")
+    assert build.rewrite_shared(text) == (
+        "  // __shared__ in a comment stays\n"
+        "  thread_local __align__(16) uint16_t storage[2 * kTile]; "
+        "::rsd_emu::declare_shared(&storage, sizeof(storage));\n"
+        "  thread_local float tile[64][kMaxHeadDim + 1]; ::rsd_emu::declare_shared(&tile, sizeof(tile));\n"
+        "  thread_local unsigned ticket_shared; ::rsd_emu::declare_shared(&ticket_shared, sizeof(ticket_shared));"
+        "  // one; __shared__ in a comment stays\n")
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
     """(arch, the emulated layer_norm library) for one architecture; built once per source state (cached)."""

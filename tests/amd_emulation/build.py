@@ -1,11 +1,13 @@
 """Builds rocm_sd's kernel sources as host C++ for the CPU emulation of one AMD architecture.
 
-The .hip files are compiled unchanged except for one textual rewrite: no C++ compiler parses a triple-chevron
-launch, so `kernel<<<grid, block, shmem, stream>>>(args)` becomes `::rsd_emu::launch(kernel, grid, block, shmem,
-stream)(args)`. The architecture is chosen the way the real compiler announces it, by the target macros
-(__GFX9__, __gfx942__, __gfx1100__...), so compat.h and wave_mma.h select their AMD branches and wave size by
-their own rules. Builds are cached by a hash of every input under ROCM_SD_EMU_CACHE (default
-~/.cache/rocm_sd/amd_emulation), outside the clone.
+The .hip files (and the emulation's entry_*.cpp) are compiled unchanged except for two textual rewrites: no C++
+compiler parses a triple-chevron launch, so `kernel<<<grid, block, shmem, stream>>>(args)` becomes
+`::rsd_emu::launch(kernel, grid, block, shmem, stream)(args)`; and each `__shared__` declaration is followed by a
+call that poisons the variable for the running block (rewrite_shared). The architecture is chosen the way the real
+compiler announces it, by the target macros (__GFX9__, __gfx942__, __gfx1100__...), and the code is compiled as
+hipcc's device pass (__HIP_DEVICE_COMPILE__), so compat.h, common.h and wave_mma.h select the branches the GPU
+runs and the wave size by their own rules. Builds are cached by a hash of every input under ROCM_SD_EMU_CACHE
+(default ~/.cache/rocm_sd/amd_emulation), outside the clone.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ ARCHS = {
 }
 
 CHEVRON = re.compile(r"<<<(.*?)>>>\s*\(", re.S)
+# `__shared__ [attributes] type name[dims]...;` on one line (HIP allows no initializer): the declared name.
+SHARED = re.compile(r"\b__shared__\b(?P<declaration>[^;{}\n]*?\b(?P<name>[A-Za-z_]\w*)\s*(?:\[[^;\]\n]*\]\s*)*);")
 
 
 def compiler() -> str | None:
@@ -83,6 +87,20 @@ def rewrite_launches(text: str) -> str:
         pos = m.end()
     out.append(text[pos:])
     return "".join(out)
+
+
+def rewrite_shared(text: str) -> str:
+    """Each `__shared__ T name[N];` becomes a thread_local (a block runs on one OS thread: one copy per running
+    block) followed by ::rsd_emu::declare_shared, which fills it with 0xff bytes (NaN in every float format) the
+    first time a lane of the running block declares it. A read of a slot no lane of the block wrote then gives NaN,
+    as stale LDS on the GPU may. The call makes a declaration at namespace scope fail to compile, and an
+    unrewritten `__shared__` (in a header) is an error of rsd_emu's hip_runtime.h: neither escapes the poisoning."""
+    return SHARED.sub(lambda m: f"thread_local{m['declaration']}; "
+                                f"::rsd_emu::declare_shared(&{m['name']}, sizeof({m['name']}));", text)
+
+
+def rewrite(text: str) -> str:
+    return rewrite_shared(rewrite_launches(text))
 
 
 def _digest(arch: str, sources: list[Path], cxx: str) -> str:
@@ -134,12 +152,16 @@ def build(arch: str, families: list[str]) -> Path:
         return library
     out_dir = library.parent
     out_dir.mkdir(parents=True, exist_ok=True)
+    # The device pass of hipcc (__HIP_DEVICE_COMPILE__): the kernels' device-only branches are what the GPU runs.
+    # The host launchers are compiled in the same pass, as they share the source.
     flags = [cxx, "-std=c++17", "-O1", "-g0", "-fPIC", "-pthread", "-w", f"-I{INCLUDE}", f"-I{HIP / 'include'}",
-             "-D__HIP_PLATFORM_AMD__", f'-DRSD_EMU_ARCH="{arch}"'] + [f"-D{d}" for d in ARCHS[arch]["defines"]]
-    units = [HERE / "runtime.cpp"] + [HERE / f"entry_{f}.cpp" for f in families if (HERE / f"entry_{f}.cpp").exists()]
-    for src in _sources(families):
-        rewritten = out_dir / f"hip_{src.stem}.cpp"
-        rewritten.write_text(f'#line 1 "{src}"\n' + rewrite_launches(src.read_text()))
+             "-D__HIP_PLATFORM_AMD__", "-D__HIP_DEVICE_COMPILE__=1", f'-DRSD_EMU_ARCH="{arch}"'] + [
+                 f"-D{d}" for d in ARCHS[arch]["defines"]]
+    entries = [HERE / f"entry_{f}.cpp" for f in families if (HERE / f"entry_{f}.cpp").exists()]
+    units = [HERE / "runtime.cpp"]
+    for src in entries + _sources(families):
+        rewritten = out_dir / (src.name if src.suffix == ".cpp" else f"hip_{src.stem}.cpp")
+        rewritten.write_text(f'#line 1 "{src}"\n' + rewrite(src.read_text()))
         units.append(rewritten)
     objects = []
     for unit in units:

@@ -1,9 +1,14 @@
 // C entry points of the emulated group_norm (see rsd_emu/entry_point.h): the automatic choice of
 // hip/group_norm/group_norm.hip, and the resident (group_norm_resident*.hip) and split (group_norm_split.hip)
-// paths forced through GroupNormArgs::path, as the GPU tests force them.
+// paths forced through GroupNormArgs::path, as the GPU tests force them. Then three checks of the emulation on
+// what these kernels are built from (tests/amd_emulation_tests/test_emulation.py): the bf16 conversion of
+// rocm_sd/common.h as the device pass compiles it, __shared__ poisoned for every block, and a failing block ending
+// the blocks that wait for it through rocm_sd/grid_sync.h.
 #include <cstdint>
 #include <vector>
 
+#include "rocm_sd/common.h"
+#include "rocm_sd/grid_sync.h"
 #include "rocm_sd/group_norm/api.h"
 #include "rocm_sd/runtime.h"  // rsd_emu_device_l2_bytes
 #include "rsd_emu/entry_point.h"
@@ -17,6 +22,46 @@ rsd::GroupNormArgs args_of(const void* x, void* y, const void* gamma, const void
   return rsd::GroupNormArgs{x, y, gamma, beta, rsd::DType(dtype), rsd::DType(param_dtype), rsd::Layout(layout),
                             n, c, hw, groups, eps, silu != 0, nullptr, nullptr, 0, rsd::GroupNormPath(path),
                             input_bias};
+}
+
+const char* launch_error() {
+  const hipError_t e = hipGetLastError();
+  return rsd_emu::answer(e == hipSuccess ? "" : hipGetErrorString(e));
+}
+
+__global__ void bf16_from_float(const float* x, uint16_t* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = rsd::from_float<rsd::bf16>(x[i]).bits;
+}
+
+// Lane 0 reads slot 0 before any lane of its block wrote it, then writes it; after the barrier the last lane reads
+// lane 0's value and slot 1, which no lane writes. Per block: poison, its own index, poison.
+__global__ void shared_poison_reads(uint32_t* seen) {
+  __shared__ uint32_t slots[2];
+  uint32_t* mine = seen + 3 * blockIdx.x;
+  if (threadIdx.x == 0) {
+    mine[0] = slots[0];
+    slots[0] = blockIdx.x;
+  }
+  __syncthreads();
+  if (threadIdx.x == blockDim.x - 1) {
+    mine[1] = slots[0];
+    mine[2] = slots[1];
+  }
+}
+
+// Block 0 traps once every other block waits for a count it never gives (as the resident GroupNorm's blocks wait
+// for each other's statistics); a waiting block that reaches grid_sync.h's bound says so in timed_out.
+__global__ void wait_for_failed_block(unsigned* counters, unsigned* timed_out) {
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0) {
+      if (rsd::wait_at_least(&counters[0], gridDim.x - 1)) __builtin_trap();
+    } else {
+      rsd::arrive_release(&counters[0]);
+      if (!rsd::wait_at_least(&counters[1], 1)) timed_out[blockIdx.x] = 1;
+    }
+  }
+  __syncthreads();
 }
 }  // namespace
 
@@ -50,6 +95,24 @@ const char* rsd_emu_group_norm_describe(const void* x, void* y, int dtype, int l
 int rsd_emu_device_l2_bytes() {
   rsd::DeviceInfo info{};
   return rsd::device_info(0, &info).empty() ? info.l2_bytes : -1;
+}
+
+// y[i]: the bits of from_float<bf16>(x[i]), n elements.
+const char* rsd_emu_bf16_from_float(const float* x, uint16_t* y, int64_t n) {
+  bf16_from_float<<<unsigned((n + 255) / 256), 256, 0, nullptr>>>(x, y, n);
+  return launch_error();
+}
+
+// seen: 3 words per block, `blocks` blocks of 64 lanes (shared_poison_reads).
+const char* rsd_emu_shared_poison_reads(uint32_t* seen, int blocks) {
+  shared_poison_reads<<<unsigned(blocks), 64, 0, nullptr>>>(seen);
+  return launch_error();
+}
+
+// counters: 2 words, zero; timed_out: `blocks` words, zero; at most the emulated device's 8 resident blocks.
+const char* rsd_emu_wait_for_failed_block(unsigned* counters, unsigned* timed_out, int blocks) {
+  wait_for_failed_block<<<unsigned(blocks), 64, 0, nullptr>>>(counters, timed_out);
+  return launch_error();
 }
 
 }  // extern "C"

@@ -62,6 +62,10 @@ std::string describe_deadlock(const Block& block) {
   return what;
 }
 
+// What run_block returns for a block left unfinished because another block of its launch failed (that one's
+// message is the launch's).
+const char* const kAborted = "aborted: another block of the launch failed";
+
 // Runs every lane of one block to completion; returns the failure message or "".
 std::string run_block(Block& block, unsigned char* stacks) {
   current_block = &block;
@@ -81,6 +85,7 @@ std::string run_block(Block& block, unsigned char* stacks) {
       swapcontext(&block.scheduler, &block.lanes[i].context);
       ran = true;
       if (!block.error.empty()) return block.error;
+      if (block.launch_failed->load(std::memory_order_relaxed)) return kAborted;
     }
     for (const Lane& lane : block.lanes) all_done = all_done && lane.state == LaneState::done;
     if (all_done) return "";
@@ -122,6 +127,13 @@ void block_barrier() {
   block.barrier_arrived = 0;
 }
 
+void declare_shared(void* storage, size_t bytes) {
+  Block& block = this_block();
+  if (std::find(block.shared.begin(), block.shared.end(), storage) != block.shared.end()) return;
+  block.shared.push_back(storage);
+  std::memset(storage, 0xff, bytes);
+}
+
 std::string run_grid(Dim3 grid, Dim3 block_dim, const std::function<void()>& body, int resident) {
   const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
   const int threads = int(block_dim.x * block_dim.y * block_dim.z);
@@ -151,9 +163,10 @@ std::string run_grid(Dim3 grid, Dim3 block_dim, const std::function<void()>& bod
       }
       block.wave_arrived.assign((threads + wave_size() - 1) / wave_size(), 0);
       block.live = threads;
+      block.launch_failed = &failed;
       block.body = &body;
       const std::string error = run_block(block, static_cast<unsigned char*>(stacks));
-      if (!error.empty()) {
+      if (!error.empty() && error != kAborted) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (first_error.empty()) first_error = error;
         failed = true;

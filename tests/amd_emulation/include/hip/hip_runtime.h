@@ -32,9 +32,10 @@
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // Shared memory is per block; a block runs on one OS thread from start to end (lanes.h), so a thread_local
-// static is exactly one copy per running block. It keeps its contents from the previous block that ran on the
-// same thread, as real LDS holds garbage.
-#define __shared__ thread_local
+// static is exactly one copy per running block. tests/amd_emulation/build.py rewrites every `__shared__`
+// declaration of the compiled sources into one, poisoned for each block (rsd_emu::declare_shared); one it did not
+// see (in a header) would escape the poisoning, so it does not compile.
+#define __shared__ _Pragma("GCC error \"__shared__ outside the sources build.py rewrites (a header?) is not emulated\"")
 
 using dim3 = rsd_emu::Dim3;
 #define threadIdx (::rsd_emu::this_lane().thread_idx)
@@ -57,6 +58,24 @@ inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
 template <class A, class B>
 inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
 inline uint32_t __umulhi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }
+
+// ---- __bf16, as far as the device pass uses it: a conversion from float ----
+// Host clang before 17 cannot convert to __bf16, and a newer one converts by the host's runtime library. The GPU's
+// conversion, on every target without a bf16 conversion instruction (gfx9 before gfx950, gfx11, gfx12), is what
+// clang 21 emits for static_cast<__bf16>(float): v_bfe_u32 (bit 16), v_add3_u32 (+ 0x7fff + that bit),
+// v_or_b32 (| 0x400000), v_cmp_u_f32 (NaN?), v_cndmask_b32, the upper half kept. Round to nearest even, no
+// denormal flushed; a NaN keeps its sign and payload and gets the quiet bit (so it cannot round to infinity).
+namespace rsd_emu {
+struct Bf16 {
+  uint16_t bits;
+  Bf16(float v) {  // implicit, as a builtin type converts
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    bits = uint16_t((v != v ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+}  // namespace rsd_emu
+#define __bf16 ::rsd_emu::Bf16
 
 // ---- HIP's vector type float2, as far as kernels use it: members x, y, 8-byte aligned ----
 struct alignas(8) float2 {

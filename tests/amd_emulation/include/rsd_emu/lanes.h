@@ -12,11 +12,18 @@
 // that returned early, or lanes waiting at different operations) fails the launch, as does a shuffle that
 // reads a lane that does not exist; rocm_sd's kernels promise full waves at every cross-lane operation
 // (compat.h). Blocks of one launch run on several OS threads at once (the emulated device's co-resident
-// blocks), so kernels whose blocks wait for each other (the resident GroupNorm) make progress.
+// blocks), so kernels whose blocks wait for each other (the resident GroupNorm) make progress. When one block
+// fails, the launch fails: the blocks still running end at their next yield, so a block waiting for the failed
+// one does not spin to its bound.
+//
+// Shared memory (__shared__) starts each block as 0xff bytes (declare_shared), NaN in every float format: a
+// lane that reads a slot no lane of its block wrote reads NaN, where the GPU gives whatever an earlier
+// workgroup left.
 #pragma once
 
 #include <ucontext.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -62,6 +69,8 @@ struct Block {
   int barrier_arrived = 0;
   int live = 0;  // lanes that have not returned
   std::string error;
+  const std::atomic<bool>* launch_failed = nullptr;  // another block of the launch failed: stop at the next yield
+  std::vector<const void*> shared;  // the __shared__ variables the block's lanes declared, poisoned once each
   const std::function<void()>* body = nullptr;
   ucontext_t scheduler;
   int current = 0;
@@ -115,6 +124,10 @@ Out wave_collective(const char* name, const In& in, Combine combine) {
 
 // __syncthreads: waits until every lane of the block that has not returned arrives.
 void block_barrier();
+
+// A lane passed the declaration of the __shared__ variable at `storage` (tests/amd_emulation/build.py puts the
+// call after each): the first lane of the running block to pass it fills it with 0xff bytes.
+void declare_shared(void* storage, size_t bytes);
 
 // Runs `body` once per lane for every block of the grid, on up to `resident` OS threads. Returns the first
 // failure's message, or "" on success.
