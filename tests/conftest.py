@@ -35,7 +35,7 @@ def run_slow(config) -> bool:
 
 
 def build_emulation(config) -> bool:
-    """Whether this run compiles the AMD emulation's host libraries it lacks (27, minutes of clang++ on two cores):
+    """Whether this run compiles the AMD emulation's host libraries it lacks (34, minutes of clang++ on two cores):
     in the slow lane and when asked for by `-m amd_emulation`. Otherwise the tests of a library not built yet are
     skipped, and those of a built one (cached outside the clone, tests/amd_emulation/build.py) run."""
     return run_slow(config) or "amd_emulation" in (config.getoption("markexpr") or "")
