@@ -18,7 +18,11 @@ def git(cwd, *args):
 def recorded_commits(source_root):
     """run_meta()'s commit with rocm_sd imported from source_root, run from there: without $ROCM_SD_COMMIT, with
     it set, and with it empty (one process: importing rocm_sd costs seconds)."""
-    code = ("import os, sys; sys.path.insert(0, os.getcwd()); import rocm_sd, rocm_sd.bench as b\n"
+    # An editable install's finder (pip install -e of a checkout: CI's) answers `import rocm_sd` before sys.path is
+    # searched; without it the copy at the front of sys.path is the one imported.
+    code = ("import os, sys; sys.path.insert(0, os.getcwd())\n"
+            "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__]\n"
+            "import rocm_sd, rocm_sd.bench as b\n"
             "assert rocm_sd.__file__.startswith(os.getcwd()), rocm_sd.__file__\n"
             "for value in (None, '0123abc', ''):\n"
             "    os.environ.pop('ROCM_SD_COMMIT', None) if value is None else os.environ.update(ROCM_SD_COMMIT=value)\n"
