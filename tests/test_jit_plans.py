@@ -14,7 +14,7 @@ from rocm_sd.jit import plans
 from rocm_sd.jit.launch import FastDiv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.build, pytest.mark.slow]  # an nvcc driver a test (a minute each on two cores)
+pytestmark = [pytest.mark.build, pytest.mark.slow]  # an nvcc driver a test
 
 SMS = (1, 80, 132, 304)
 WAVES = (32, 64)
@@ -68,24 +68,38 @@ def compare(cpp: list[str], python: list[str]) -> None:
     assert not mismatches, f"{len(mismatches)} of {len(cpp)} differ:\n" + "\n".join(mismatches[:20])
 
 
+def case_table(fields: str, rows: list[str], name: str = "kCases", struct: str = "Case") -> str:
+    """The cases as a static table the driver loops over: one statement a case makes a main() that nvcc takes many
+    minutes on (past the timeout on a loaded two-core machine), a table compiles in seconds."""
+    return (f"struct {struct} {{ {fields} }};\nstatic const {struct} {name}[] = {{\n" + ",\n".join(rows)
+            + "};\n")
+
+
 def test_shared_helpers_match_launch_h(tmp_path):
-    body, expected = [], []
+    vec_rows, grid_rows, div_rows, expected = [], [], [], []
     for dtype, unit, a, b in itertools.product(DTYPES, (1, 2, 3, 4, 8, 12, 16, 77, 320), POINTERS, POINTERS):
-        body.append(f'out(std::to_string(widest_vec(DType({dtype}), {unit}, {{P({a}), P({b})}})));')
+        vec_rows.append(f"{{{dtype}, {unit}, {a}ULL, {b}ULL}}")
         expected.append(str(plans.widest_vec(dtype, unit, (a, b))))
     for sms, work, threads in itertools.product(SMS, (0, 1, 255, 256, 257, 10**5, 10**8), (64, 256)):
-        body.append(f"g_sms = {sms}; out(std::to_string(grid_stride_blocks(0, {work}LL, {threads})));")
+        grid_rows.append(f"{{{sms}, {work}LL, {threads}}}")
         expected.append(str(plans.grid_stride_blocks(sms, work, threads)))
     for d in (1, 2, 3, 7, 64, 77, 320, 1000, 4096, 65535, 2**31 - 1, 2**31, 2**32 - 1):
-        body.append(f"{{ FastDiv f({d}u); out(std::to_string(f.divisor) + ' ' + std::to_string(f.multiplier) + ' ' + "
-                    f"std::to_string(f.shift)); }}")
+        div_rows.append(f"{{{d}u}}")
         fd = FastDiv.of(d)
         expected.append(f"{fd.divisor} {fd.multiplier} {fd.shift}")
-    compare(run_driver(tmp_path, "geglu/geglu.hip", body), expected)
+    extra = (case_table("int dtype; long long unit; unsigned long long a, b;", vec_rows, "kVecs", "VecCase")
+             + case_table("int sms; long long work; int threads;", grid_rows, "kGrids", "GridCase")
+             + case_table("unsigned d;", div_rows, "kDivisors", "DivisorCase"))
+    body = ["for (const auto& k : kVecs) out(std::to_string(widest_vec(DType(k.dtype), k.unit, {P(k.a), P(k.b)})));",
+            "for (const auto& k : kGrids) { g_sms = k.sms; "
+            "out(std::to_string(grid_stride_blocks(0, k.work, k.threads))); }",
+            "for (const auto& k : kDivisors) { FastDiv f(k.d); out(std::to_string(f.divisor) + ' ' + "
+            "std::to_string(f.multiplier) + ' ' + std::to_string(f.shift)); }"]
+    compare(run_driver(tmp_path, "geglu/geglu.hip", body, extra=extra), expected)
 
 
 def test_layer_norm_plan_matches_its_launcher(tmp_path):
-    body, expected = [], []
+    rows, expected = [], []
     # (q, scale, format, bound): a bound is refused with int8 and when negative
     quantized = ((0, 0, 0, 0.0), (0x60000, 0x70000, 1, 0.0), (0x60004, 0x70000, 2, 0.0), (0x60000, 0, 0, 0.0),
                  (0x60000, 0x70000, 7, 0.0), (0x60000, 0x70000, 0, 2.5), (0x60000, 0x70000, 2, 2.5),
@@ -94,12 +108,8 @@ def test_layer_norm_plan_matches_its_launcher(tmp_path):
             WAVES, DTYPES, (0, 1, 2), (1, 3, 8, 77, 320, 768, 1280, 2048, 4096, 8192, 20000), POINTERS[:4],
             (0, 0x20000, 0x20002), quantized):
         total = res + 0x100000 if res else 0
-        args = f"LayerNormArgs{{P({x}), M({x} + 0x40000), P(0), P(0), DType({dtype}), DType({pdtype}), 7, {c}, 1e-5f, " \
-               f"nullptr, 0, P({res}), M({total}), M({q}), (float*)M({scale}), QuantFormat({fmt}), {bound}f}}"
-        # what the launcher decides: vector width, vectors a lane, and whether the quantizing instance runs
-        body.append(f"{{ g_wave = {wave}; LayerNormArgs a = {args}; std::string why = layer_norm_check(a); "
-                    f"out(why.empty() ? std::to_string(pick_vec(a)) + ' ' + std::to_string(vecs_per_lane(a, "
-                    f"pick_vec(a))) + (a.q && pick_vec(a) == kQuantizeVec ? \" q\" : \"\") : why); }}")
+        rows.append(f"{{{wave}, {dtype}, {pdtype}, {c}LL, {x}ULL, {res}ULL, {total}ULL, {q}ULL, {scale}ULL, {fmt}, "
+                    f"{bound}f}}")
         why = plans.layer_norm_check(x, x + 0x40000, 0, 0, dtype, pdtype, 7, c, 1e-5, wave, res, total, q, scale, fmt,
                                      bound)
         if why:
@@ -110,15 +120,22 @@ def test_layer_norm_plan_matches_its_launcher(tmp_path):
             vec, vecs, _, quantize = launch.expression.rstrip(">").split(", ")[2:6]
             expected.append(f"{vec} {vecs}" + (" q" if quantize == "true" else ""))
             assert launch.args[-1] == (q, scale, fmt, bound)
-    cpp = run_driver(tmp_path, "layer_norm/layer_norm.hip", body)
+    extra = case_table("int wave, dtype, pdtype; long long c; unsigned long long x, res, total, q, scale; int fmt; "
+                       "float bound;", rows)
+    # what the launcher decides: vector width, vectors a lane, and whether the quantizing instance runs
+    body = ["for (const auto& k : kCases) { g_wave = k.wave; LayerNormArgs a{P(k.x), M(k.x + 0x40000), P(0), P(0), "
+            "DType(k.dtype), DType(k.pdtype), 7, k.c, 1e-5f, nullptr, 0, P(k.res), M(k.total), M(k.q), "
+            "(float*)M(k.scale), QuantFormat(k.fmt), k.bound}; std::string why = layer_norm_check(a); "
+            "out(why.empty() ? std::to_string(pick_vec(a)) + ' ' + std::to_string(vecs_per_lane(a, pick_vec(a))) + "
+            "(a.q && pick_vec(a) == kQuantizeVec ? \" q\" : \"\") : why); }"]
+    cpp = run_driver(tmp_path, "layer_norm/layer_norm.hip", body, extra=extra)
     # the C++ prints vecs_per_lane itself (a power of two <= 16 once the check passed): the instance it launches
     compare(cpp, expected)
 
 
 def test_ada_layer_norm_plan_matches_its_launcher(tmp_path):
     """Checks, vector width (rows and every (batch, channel)-strided parameter), vectors a lane, threads a row and
-    rows a block, with and without the gated residual. The cases are a table the driver loops over (one statement
-    per case would take nvcc minutes)."""
+    rows a block, with and without the gated residual."""
     rows, expected = [], []
     strides = ((0, 1), (6 * 2432, 1), (6 * 2432 + 2, 1), (3, 1), (1, 2432), (-1, 1), (1 << 31, 1))
     for wave, dtype, c, x, param, stride, gated in itertools.product(
@@ -138,8 +155,7 @@ def test_ada_layer_norm_plan_matches_its_launcher(tmp_path):
             row_threads = launch.args[-1]
             expected.append(f"{vec} {vecs} {row_threads} {launch.block // row_threads}")
             assert launch.grid == -(-3 * 77 // (launch.block // row_threads))
-    table = ("struct Case { int wave; unsigned long long x, param; int dtype; long long c, s0, s1; int gated; };\n"
-             "static const Case kCases[] = {\n" + ",\n".join(rows) + "};\n")
+    table = case_table("int wave; unsigned long long x, param; int dtype; long long c, s0, s1; int gated;", rows)
     body = ["for (const Case& k : kCases) {",
             "  g_wave = k.wave;",
             "  AdaLayerNormArgs a{P(k.x), M(k.x + 0x100000), P(k.param), P(k.param + 0x200000), DType(k.dtype), 3, 77,",
@@ -157,7 +173,6 @@ def test_ada_layer_norm_plan_matches_its_launcher(tmp_path):
 
 
 def test_rms_norm_plan_matches_its_launcher(tmp_path):
-    # The cases as a table the driver loops over: one statement per case would make a main() nvcc takes minutes on.
     rows, expected = [], []
     for wave, dtype, pdtype, d, x, (weight, cos), lead_len, stride in itertools.product(
             WAVES, DTYPES, (0, 1, 2), (1, 2, 6, 33, 40, 64, 128, 4096, 8192, 65538), POINTERS[:4],
@@ -177,8 +192,8 @@ def test_rms_norm_plan_matches_its_launcher(tmp_path):
             launch = plans.rms_norm_plan(*py, wave)
             vec, vecs = launch.expression.rstrip(">").split(", ")[2:4]
             expected.append(f"{vec} {vecs} {launch.args[9]}")
-    table = ("struct Case { int wave, dtype, pdtype; long long d; unsigned long long x, weight, lead, cos, sin; "
-             "long long lead_len, xs[3], ls[3]; };\nstatic const Case kCases[] = {\n" + ",\n".join(rows) + "};\n")
+    table = case_table("int wave, dtype, pdtype; long long d; unsigned long long x, weight, lead, cos, sin; "
+                       "long long lead_len, xs[3], ls[3];", rows)
     body = ["for (const Case& c : kCases) { g_wave = c.wave; RmsNormArgs a{P(c.x), P(c.weight), P(c.lead), "
             "P(c.weight), (const float*)P(c.cos), (const float*)P(c.sin), M(c.x + 0x400000), DType(c.dtype), "
             "DType(c.pdtype), 2, 7, c.lead_len, 3, c.d, {c.xs[0], c.xs[1], c.xs[2]}, {c.ls[0], c.ls[1], c.ls[2]}, "
@@ -189,7 +204,7 @@ def test_rms_norm_plan_matches_its_launcher(tmp_path):
 
 
 def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
-    body, expected = [], []
+    rows, expected = [], []
     sizes = (1, 3, 8, 320, 1031, 1280, 5120, 8192, 8200, 16384, 16392)
     cases = itertools.chain(  # (..., y): with y, and without it (the kernels writing only the rows, or refusals)
         itertools.product(DTYPES, sizes, POINTERS, POINTERS, (0x80000, 0x80002, 0), (0, 2, 9), (0.0,), (32, 64),
@@ -199,14 +214,7 @@ def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
         itertools.product(DTYPES, sizes, POINTERS[:2], POINTERS[:2], (0x80000, 0), (0, 9), (0.0, 3.5), (32, 64),
                           (0,)))
     for dtype, d, x, q, scale, fmt, bound, wave, y in cases:
-        args = f"GegluArgs{{P({x}), M({y}), DType({dtype}), 5, {d}, nullptr, 0, M({q}), (float*)M({scale}), " \
-               f"QuantFormat({fmt}), {bound}f}}"
-        # geglu_forward's quantized branch narrows the vector width to q's alignment; 0 threads: a wave per row, and
-        # a bound takes the elementwise grid (-1); without y, the kernels writing only the rows
-        body.append(f"{{ g_wave = {wave}; GegluArgs a = {args}; std::string why = geglu_check(a); int vec = "
-                    f"widest_vec(a.dtype, a.d, {{a.x, a.y}}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
-                    f"out(why.empty() ? std::to_string(vec) + \" \" + std::to_string(a.bound > 0.f ? -1 : "
-                    f"geglu_row_block_threads(a.d, vec, {wave})) : why); }}")
+        rows.append(f"{{{dtype}, {d}LL, {x}ULL, {q}ULL, {scale}ULL, {fmt}, {bound}f, {wave}, {y}ULL}}")
         why = plans.geglu_check(x, y, dtype, 5, d, q, scale, fmt, bound, wave)
         if why:
             expected.append(why)
@@ -222,42 +230,52 @@ def test_geglu_quantized_plan_matches_its_launcher(tmp_path):
             block = -1
         assert block or (kernel == "rsd::geglu_rows_quantized" and launch.block == plans.THREADS)
         expected.append(f"{vec} {block}")
-    compare(run_driver(tmp_path, "geglu/geglu.hip", body), expected)
+    extra = case_table("int dtype; long long d; unsigned long long x, q, scale; int fmt; float bound; int wave; "
+                       "unsigned long long y;", rows)
+    # geglu_forward's quantized branch narrows the vector width to q's alignment; 0 threads: a wave per row, and
+    # a bound takes the elementwise grid (-1); without y, the kernels writing only the rows
+    body = ["for (const auto& k : kCases) { g_wave = k.wave; GegluArgs a{P(k.x), M(k.y), DType(k.dtype), 5, k.d, "
+            "nullptr, 0, M(k.q), (float*)M(k.scale), QuantFormat(k.fmt), k.bound}; std::string why = geglu_check(a); "
+            "int vec = widest_vec(a.dtype, a.d, {a.x, a.y}); while (vec > 1 && !aligned(a.q, vec)) vec /= 2; "
+            "out(why.empty() ? std::to_string(vec) + \" \" + std::to_string(a.bound > 0.f ? -1 : "
+            "geglu_row_block_threads(a.d, vec, k.wave)) : why); }"]
+    compare(run_driver(tmp_path, "geglu/geglu.hip", body, extra=extra), expected)
 
 
 def test_quantize_rows_plan_matches_its_launcher(tmp_path):
-    body, expected = [], []
+    rows, expected = [], []
     for dtype, fmt, k, x, q in itertools.product(DTYPES, (0, 1, 2, 5), (1, 3, 8, 64, 320, 5120), POINTERS, POINTERS):
-        args = f"QuantizeRowsArgs{{P({x}), M({q}), (float*)M(0x80000), DType({dtype}), QuantFormat({fmt}), 5, {k}, " \
-               f"nullptr, 0}}"
-        body.append(f"{{ QuantizeRowsArgs a = {args}; std::string why = quantize_rows_check(a); "
-                    f"out(why.empty() ? std::to_string(pick_vec(a)) : why); }}")
+        rows.append(f"{{{dtype}, {fmt}, {k}LL, {x}ULL, {q}ULL}}")
         why = plans.quantize_rows_check(x, q, 0x80000, dtype, fmt, 5, k)
         expected.append(why or plans.quantize_rows_plan(x, q, 0x80000, dtype, fmt, 5, k, 32).expression
                         .rsplit(", ", 1)[1].rstrip(">"))
-    compare(run_driver(tmp_path, "quantize/quantize_rows.hip", body), expected)
+    body = ["for (const auto& c : kCases) { QuantizeRowsArgs a{P(c.x), M(c.q), (float*)M(0x80000), DType(c.dtype), "
+            "QuantFormat(c.fmt), 5, c.k, nullptr, 0}; std::string why = quantize_rows_check(a); "
+            "out(why.empty() ? std::to_string(pick_vec(a)) : why); }"]
+    extra = case_table("int dtype, fmt; long long k; unsigned long long x, q;", rows)
+    compare(run_driver(tmp_path, "quantize/quantize_rows.hip", body, extra=extra), expected)
 
 
 def test_elementwise_checks_match_their_launchers(tmp_path):
-    cases = {
-        "bias_residual/bias_residual.hip": [], "parity_shuffle/parity_shuffle.hip": [], "geglu/geglu.hip": []}
-    expected = {name: [] for name in cases}
+    rows = []
+    expected = {"bias_residual/bias_residual.hip": [], "parity_shuffle/parity_shuffle.hip": [], "geglu/geglu.hip": []}
     for dtype, ptr, n, c, hw in itertools.product(DTYPES, POINTERS, (0, 1, 2), (0, 3, 320), (1, 4096, 2**25)):
-        cases["bias_residual/bias_residual.hip"].append(
-            f"out(bias_residual_check(BiasResidualArgs{{P({ptr}), P(0x30000), P(0x40000), M(0x50000), DType({dtype}), "
-            f"Layout::nchw, {n}, {c}, {hw}, 1.f, nullptr, 0}}));")
+        rows.append(f"{{{dtype}, {ptr}ULL, {n}LL, {c}LL, {hw}LL}}")
         expected["bias_residual/bias_residual.hip"].append(
             plans.bias_residual_check(ptr, 0x30000, 0x40000, 0x50000, dtype, 0, n, c, hw, 1.0))
-        cases["parity_shuffle/parity_shuffle.hip"].append(
-            f"out(parity_shuffle_check(ParityShuffleArgs{{P({ptr}), P(0), M(0x50000), DType({dtype}), {n}, {c}, {c}, "
-            f"{hw}, nullptr, 0}}));")
         expected["parity_shuffle/parity_shuffle.hip"].append(
             plans.parity_shuffle_check(ptr, 0, 0x50000, dtype, n, c, c, hw))
-        cases["geglu/geglu.hip"].append(
-            f"out(geglu_check(GegluArgs{{P({ptr}), M(0x50000), DType({dtype}), {n * c}, {hw}, nullptr, 0}}));")
         expected["geglu/geglu.hip"].append(plans.geglu_check(ptr, 0x50000, dtype, n * c, hw))
-    for source, body in cases.items():
-        compare(run_driver(tmp_path, source, body), expected[source])
+    calls = {
+        "bias_residual/bias_residual.hip": "bias_residual_check(BiasResidualArgs{P(k.ptr), P(0x30000), P(0x40000), "
+                                           "M(0x50000), DType(k.dtype), Layout::nchw, k.n, k.c, k.hw, 1.f, nullptr, 0})",
+        "parity_shuffle/parity_shuffle.hip": "parity_shuffle_check(ParityShuffleArgs{P(k.ptr), P(0), M(0x50000), "
+                                             "DType(k.dtype), k.n, k.c, k.c, k.hw, nullptr, 0})",
+        "geglu/geglu.hip": "geglu_check(GegluArgs{P(k.ptr), M(0x50000), DType(k.dtype), k.n * k.c, k.hw, nullptr, 0})"}
+    extra = case_table("int dtype; unsigned long long ptr; long long n, c, hw;", rows)
+    for source, call in calls.items():
+        body = [f"for (const auto& k : kCases) out({call});"]
+        compare(run_driver(tmp_path, source, body, extra=extra), expected[source])
 
 
 ATTENTION_STUBS = """
