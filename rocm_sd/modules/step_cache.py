@@ -64,10 +64,20 @@ class Slot:
     change: float = 0.0                    # summed relative change since the slot's last full call
 
 
-def relative_l1(sample: torch.Tensor, previous: torch.Tensor) -> float:
-    """mean|sample - previous| / mean|previous|, read on the host (one sync for GPU tensors)."""
+def relative_change(sample: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """mean|sample - previous| / mean|previous|, a 0-d float32 tensor on their device (a graph can compute it)."""
     sample, previous = sample.float(), previous.float()
-    return ((sample - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()
+    return (sample - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)
+
+
+def relative_l1(sample: torch.Tensor, previous: torch.Tensor) -> float:
+    """relative_change read on the host (one sync for GPU tensors)."""
+    return relative_change(sample, previous).item()
+
+
+# Calls of one step at most. One more at the same timestep starts a new generation: a pipeline run of one step,
+# called again, hands the model the same timestep, and must not add a slot (a cached feature) per run.
+MAX_SLOTS = 4
 
 
 class Steps:
@@ -86,7 +96,8 @@ class Steps:
 
     def locate(self, timestep: float, key) -> Slot:
         """The slot of a call at `timestep` with inputs of `key`, starting a new step or generation where it does."""
-        if self.timestep is None or key != self.key or timestep > self.timestep:
+        if self.timestep is None or key != self.key or timestep > self.timestep or (
+                timestep == self.timestep and self.call + 1 >= MAX_SLOTS):
             self.reset()
             self.key = key
         elif timestep < self.timestep:
@@ -135,7 +146,8 @@ class HostTimesteps:
     diffusers' pipelines iterate `scheduler.timesteps`, a GPU tensor: each step's timestep is a view of it. Its
     values are copied to the host once (kept while that tensor lives and is not written; `copies` counts the
     tensors copied), and a view is read by its offset. A GPU timestep of any other kind costs a host sync per call
-    (counted in `syncs`)."""
+    (counted in `syncs`). `position`: where the latest value read stands in its schedule, (index, number of
+    timesteps), or None where it was not a view of one."""
 
     def __init__(self):
         self._base = None       # weak reference to the tensor whose host copy `_values` is
@@ -143,6 +155,7 @@ class HostTimesteps:
         self._values: list = []
         self.syncs = 0
         self.copies = 0         # host copies taken: a new one means a new schedule (set_timesteps ran again)
+        self.position: tuple[int, int] | None = None
 
     def __getstate__(self) -> dict:
         return {}
@@ -151,6 +164,7 @@ class HostTimesteps:
         self.__init__()
 
     def value(self, t) -> float:
+        self.position = None
         if not isinstance(t, torch.Tensor):
             return float(t)
         known = self.view_value(t)
@@ -171,7 +185,9 @@ class HostTimesteps:
             self._values = base.tolist()
             self._base, self._version = weakref.ref(base), base._version
             self.copies += 1
-        return float(self._values[t.storage_offset() - base.storage_offset()])
+        index = t.storage_offset() - base.storage_offset()
+        self.position = (index, len(self._values))
+        return float(self._values[index])
 
 
 # ---- diffusers' UNet2DConditionModel --------------------------------------------------------------------------
