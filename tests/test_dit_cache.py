@@ -4,9 +4,10 @@ import copy
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 import rocm_sd
-from rocm_sd import config, dit_models, models
+from rocm_sd import config, dit_models, graphs, models
 from rocm_sd.modules.dit_cache import TEACACHE_POLYNOMIAL, DiTStepCache, teacache_rescale
 from rocm_sd.modules.step_cache import HostTimesteps, Slot
 
@@ -243,6 +244,106 @@ def test_bad_values_and_modes_of_the_other_kind_of_model_are_refused_with_the_re
 
 
 # ---- graphs ----------------------------------------------------------------------------------------------------
+
+class _Replayed:
+    """A captured call on the CPU: replay runs it again on the graph's inputs and writes the graph's outputs, as a GPU
+    graph reads and writes fixed addresses."""
+
+    def __init__(self, fn, args, kwargs, outputs):
+        self.fn, self.args, self.kwargs, self.outputs = fn, args, kwargs, outputs
+
+    def replay(self):
+        for static, value in zip(self.outputs, pytree.tree_leaves(self.fn(*self.args, **self.kwargs))):
+            if isinstance(static, torch.Tensor):
+                static.copy_(value)
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    """GraphedCall captures and replays CPU calls (graphs._Replayed): its warm-up calls, the graph's own inputs (copies,
+    or the buffers passed in place) and outputs, as on a GPU."""
+    def capture(call, args, kwargs, leaves, spec):
+        for _ in range(graphs.WARMUP_CALLS):
+            call.fn(*pytree.tree_unflatten(leaves, spec)[0], **pytree.tree_unflatten(leaves, spec)[1])
+        static_inputs, static_args, static_kwargs = call._static_arguments(kwargs, leaves, spec)
+        outputs, output_spec = pytree.tree_flatten(call.fn(*static_args, **static_kwargs))
+        return graphs._Graph(_Replayed(call.fn, static_args, static_kwargs, outputs), static_inputs, outputs,
+                             output_spec, not call.static_outputs)
+
+    monkeypatch.setattr(graphs, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(graphs.GraphedCall, "_capture", capture)
+
+
+def held_residuals(transformer) -> int:
+    """The tensors of the residual's shape that the step cache and its graphed calls hold between calls (one per
+    storage)."""
+    cache = transformer.forward
+    shape = cache.steps.slots[0].feature.shape
+    held = [t for buffers in getattr(cache, "buffers", {}).values() for t in buffers]
+    held += [t for slot in cache.steps.slots for t in (slot.feature, slot.previous)]
+    for call in (cache.head, cache.rest, cache.skip):
+        for graph in call.graphs.values():
+            held += graph.static_inputs + graph.static_output_leaves
+    return len({t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor) and t.shape == shape})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["fbcache", "teacache"])
+def test_graphed_calls_keep_no_copy_of_a_slots_residual_or_probe(cpu_graphs, arch, mode):
+    """Per slot between calls: its residual and its probe, which the graphs read and write in place, and for fbcache
+    the stream after the first block (head's graph output, read in place by rest and skip). No graph holds a copy."""
+    transformer = tiny_transformer(arch)
+    # true CFG: two slots; 5 text tokens, so that no text tensor has the residual's shape
+    calls = [make_inputs(transformer, tokens=5, seed=0), make_inputs(transformer, tokens=5, seed=1)]
+    with config.override(log_fallbacks=False), torch.no_grad():
+        rocm_sd.optimize(transformer, cache=mode, cache_threshold=HUGE, **EXACT)
+        for t in (1.0, 0.9):  # a full call, then a cached one, per slot
+            for inputs in calls:
+                transformer(**inputs, timestep=torch.full((1,), t), return_dict=False)
+        report = rocm_sd.report(transformer)[type(transformer).__name__]
+        held = held_residuals(transformer)
+    rocm_sd.revert(transformer)
+    assert report["step cache: full calls"] == 2 and report["step cache: cached calls"] == 2, report
+    assert held == 2 * (3 if mode == "fbcache" else 2)
+    # each slot's calls read and write its own buffers: a graph per call and slot
+    assert all(report[f"forward ({call}): graph captures"] == 2 for call in ("head", "rest", "skip")), report
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["fbcache", "teacache"])
+def test_graphed_calls_equal_the_eager_step_cache_across_generations_shapes_and_invalidation(cpu_graphs, arch, mode):
+    threshold = {"teacache": 0.3, "fbcache": 0.1 if arch == "tiny-sd3" else 0.5}[mode]  # some calls cached, some full
+
+    def run(graphed: bool):
+        transformer = tiny_transformer(arch)
+        large, small = make_inputs(transformer, batch=2), make_inputs(transformer, batch=2, size=4, seed=2)
+        outputs = []
+        with config.override(log_fallbacks=False), torch.no_grad():
+            rocm_sd.optimize(transformer, cache=mode, cache_threshold=threshold, cuda_graph=graphed, **EXACT)
+            for inputs, timesteps in ((large, (1.0, 0.9, 0.8, 0.7)), (large, (1.0, 0.95, 0.9)),  # a new generation
+                                      (small, (0.9, 0.8)), (large, (0.6, 0.5))):                # shapes change
+                for t in timesteps:
+                    outputs.append(transformer(**inputs, timestep=torch.full((2,), t), return_dict=False)[0])
+            rocm_sd.invalidate_graphs(transformer)
+            outputs.append(transformer(**large, timestep=torch.full((2,), 0.4), return_dict=False)[0])
+            report = rocm_sd.report(transformer)[type(transformer).__name__]
+            rocm_sd.revert(transformer)
+            outputs.append(transformer(**large, timestep=torch.full((2,), 0.4), return_dict=False)[0])
+        return outputs, report
+
+    (eager, eager_report), (graphed, graphed_report) = run(False), run(True)
+    # a graph per call and input shape, the large shape's replayed after the small one's (the same slot buffers in a new
+    # generation), and captured again after invalidate_graphs (whose next call is full)
+    assert [graphed_report[f"forward ({call}): graph captures"] for call in ("head", "rest", "skip")] == [3, 3, 2]
+    assert graphed_report["forward (head): graph replays"] == 12
+    assert {k: v for k, v in graphed_report.items() if k.startswith("step cache")} == \
+        {k: v for k, v in eager_report.items() if k.startswith("step cache")}
+    assert eager_report["step cache: cached calls"] > 0 and eager_report["step cache: full calls"] > 0
+    for e, g in zip(eager, graphed):
+        assert torch.equal(e, g)
+
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
