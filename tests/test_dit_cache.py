@@ -9,7 +9,7 @@ from torch.utils import _pytree as pytree
 import rocm_sd
 from rocm_sd import config, dit_models, graphs, models
 from rocm_sd.modules.dit_cache import TEACACHE_POLYNOMIAL, DiTStepCache, teacache_rescale
-from rocm_sd.modules.step_cache import HostTimesteps, Slot
+from rocm_sd.modules.step_cache import MAX_SLOTS, HostTimesteps, Slot
 
 ARCHS = ["tiny-sd3", "tiny-flux"]
 # The patches that round differently from diffusers' own forward are off where a test compares with the untouched model.
@@ -171,6 +171,23 @@ def test_split_cfg_calls_have_their_own_slots_and_other_shapes_start_a_new_gener
     assert report["step cache: full calls"] == 2 + 1 + 1 + 1 and report["step cache: cached calls"] == 4 + 1
 
 
+def test_one_step_runs_called_again_do_not_add_a_slot_per_run():
+    """Flux's pipeline hands over the same timestep in every run of one step (no scheduler.timesteps view to tell the
+    runs apart): each run added a slot, and a residual, for good."""
+    transformer = tiny_transformer("tiny-flux")
+    inputs = dict(make_inputs(transformer), timestep=torch.full((1,), 1.0), return_dict=False)
+    with config.override(log_fallbacks=False), torch.no_grad():
+        rocm_sd.optimize(transformer, cache="fbcache", cache_threshold=HUGE, **EXACT)
+        for _ in range(2 * MAX_SLOTS + 1):
+            transformer(**inputs)
+        cache = transformer.forward
+        slots, buffers = len(cache.steps.slots), len(getattr(cache, "buffers", ()))
+        report = rocm_sd.report(transformer)["FluxTransformer2DModel"]
+    rocm_sd.revert(transformer)
+    assert slots <= MAX_SLOTS and buffers <= MAX_SLOTS
+    assert report["step cache: full calls"] == 2 * MAX_SLOTS + 1
+
+
 def test_calls_with_skip_layers_or_controlnet_residuals_run_uncached_and_leave_the_cache_alone():
     transformer = tiny_transformer("tiny-sd3")
     inputs = dict(make_inputs(transformer), timestep=torch.full((1,), 1.0), return_dict=False)
@@ -188,6 +205,23 @@ def test_calls_with_skip_layers_or_controlnet_residuals_run_uncached_and_leave_t
     assert report["step cache: full calls"] == 1 and "step cache: cached calls" not in report
     assert report["step cache: uncached call: skip_layers (skip-layer guidance)"] == 1
     assert report["step cache: uncached call: ControlNet residuals"] == 1
+
+
+def test_calls_under_autograd_run_uncached_and_keep_no_gradient_history():
+    """A cached residual taken under autograd held the whole network's gradient history until the next full call, and
+    the buffers written in place cannot take part in autograd: such calls are the model's own."""
+    transformer = tiny_transformer("tiny-flux")
+    inputs = dict(make_inputs(transformer), return_dict=False)
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(transformer, cache="fbcache", cache_threshold=HUGE, **EXACT)
+    outputs = [transformer(**inputs, timestep=torch.full((1,), t))[0] for t in (1.0, 0.9)]
+    cache = transformer.forward
+    report = rocm_sd.report(transformer)["FluxTransformer2DModel"]
+    rocm_sd.revert(transformer)
+    reference = [transformer(**inputs, timestep=torch.full((1,), t))[0] for t in (1.0, 0.9)]
+    assert all(torch.equal(o, r) and o.grad_fn is not None for o, r in zip(outputs, reference))
+    assert report["step cache: uncached call: autograd is on"] == 2 and "step cache: full calls" not in report
+    assert cache.steps.slots == []
 
 
 def test_the_expanded_timestep_of_sd3s_pipeline_is_read_from_the_host_copy():

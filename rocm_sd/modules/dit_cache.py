@@ -200,8 +200,8 @@ class DiTStepCache:
             return "ControlNet residuals"
         if kwargs.get("skip_layers"):
             return "skip_layers (skip-layer guidance)"
-        if torch.is_grad_enabled() and getattr(self.model, "gradient_checkpointing", False):
-            return "gradient checkpointing"
+        if torch.is_grad_enabled():  # (gradient checkpointing too) a kept residual would hold the whole network's
+            return "autograd is on"  # gradient history, and the slot's buffers are written in place
         return None
 
     def _buffers(self, shapes: tuple, index: int, sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
