@@ -392,8 +392,10 @@ def test_graphed_head_rest_and_skip_replay_and_equal_the_eager_step_cache(arch, 
         graphed = [generate(pipe, steps=4, seed=s) for s in (0, 1)]
     report = rocm_sd.report(pipe)["transformer"]
     rocm_sd.revert(pipe)
-    assert report["step cache: full calls"] == 2 and report["step cache: cached calls"] == 6, report
-    for call, replays in (("head", 8), ("rest", 2), ("skip", 6)):
+    full = 2 * (2 if mode == "teacache" and arch == "tiny-sd3" else 1)  # TeaCache's last step, where it is known
+    assert report["step cache: full calls"] == full and report["step cache: cached calls"] == 8 - full, report
+    # one graph per call: the second generation's calls read and write the first one's buffers
+    for call, replays in (("head", 8), ("rest", full), ("skip", 8 - full)):
         assert report[f"forward ({call}): graph captures"] == 1, (call, report)
         assert report[f"forward ({call}): graph replays"] == replays, (call, report)
     for e, g in zip(eager, graphed):

@@ -14,7 +14,10 @@ read the image stream only (norm_out(hidden_states, temb)).
 - 'teacache' (TeaCache, arXiv 2411.19108): the boundary is before the first block. The probe is the first block's
   AdaLN-modulated input, norm1(hidden_states, temb)[0]. Each slot sums the probe's relative L1 change against its
   previous call's, rescaled by TeaCache's polynomial (TEACACHE_POLYNOMIAL); a call is cached while the sum stays below
-  the threshold, and a full call sets it back to 0.
+  the threshold, and a full call sets it back to 0. The schedule's last step is full, as in TeaCache's own code
+  (teacache_flux.py: `cnt == num_steps - 1`), where the step is known: a timestep that is a view of
+  scheduler.timesteps (SD3's pipeline passes `t.expand(batch)`). Flux's pipeline passes `timestep / 1000`, a new
+  tensor, and nothing the transformer sees says which step is the last: there the last step is decided like the others.
 Threshold 0: every call is full (and computes what the uncached model does, bit for bit). A slot's first call of a
 generation is full in both modes.
 
@@ -23,19 +26,35 @@ another call of the same step, with its own slot (CFG run as separate calls: Flu
 not go down, inputs of another shape, dtype or device (batch, resolution, text length), or a timestep from another
 scheduler.timesteps tensor start a new generation, whose calls are full until their slot has a residual. A batched
 CFG call (SD3's [uncond, cond]) is one call: one decision for the whole batch, one residual of the batch's shape.
-Flux's guidance embedding goes into temb, so the probe and norm_out see it as the model does. Calls run uncached (the
-model's own forward, the cache untouched) with ControlNet residuals, SD3's skip_layers (skip-layer guidance calls),
-or gradient checkpointing under autograd.
+A step takes at most MAX_SLOTS calls: one more at the same timestep is a new generation (Flux's pipeline gives every
+run of one step the same timestep). Flux's guidance embedding goes into temb, so the probe and norm_out see it as the
+model does. Calls run uncached (the model's own forward, the cache untouched) with ControlNet residuals, SD3's
+skip_layers (skip-layer guidance calls), or autograd on (gradient checkpointing included: a kept residual would hold
+the network's gradient history).
 
 Calls (GRAPHED_CALLS; patch/diffusers.py's install_graphs graphs each on its own): `head` (the embeddings and the
-first block or its norm: the streams at the boundary and the probe), `rest` (the blocks after the boundary and the
-output layers: the output and the new residual) and `skip` (the output layers on hidden + residual). Each runs the
+first block or its norm: the streams at the boundary, and the probe's change against the slot's), `rest` (the blocks
+after the boundary and the output layers: the output; it writes the new residual) and `skip` (the output layers on
+hidden + residual). `head` only reads the slot's probe, so that running it again (graph capture's warm-up calls)
+compares the same two: teacache's `rest` and `skip` compute the probe again to write it (a norm). Each runs the
 model's own forward, with the model's block lists standing aside for one stand-in module for the call, so what the
 forward does around the blocks happens as usual: embeddings, LoRA scaling from joint_attention_kwargs, IP-Adapter
 projections, norm_out, proj_out, SD3's unpatchify. `rest` and `skip` compute the embeddings again (a few small GEMMs)
-rather than take them from `head`. The deciding between them is plain Python, and reads the relative change on the
-host: one sync per call (no sync with threshold 0). Reading the timestep costs another where it is not a view of
-scheduler.timesteps (Flux's pipeline divides it by 1000).
+rather than take them from `head`. The deciding between them is plain Python, and reads the relative change (which
+`head` computes on the device) on the host: one sync per call (none with threshold 0, or while the slot has no
+probe). Reading the timestep costs another where it is not a view of scheduler.timesteps (Flux's pipeline divides it
+by 1000).
+
+Memory: each slot has two tensors of the image stream's shape, the same two in every generation (`buffers`, per
+input shape and slot; those of KEPT_SHAPES shapes kept): its residual, which `rest` writes and `skip` reads, and its
+probe (fbcache: the first block's residual at the slot's last full call, which `rest` writes; teacache: the modulated
+input of the slot's previous call, which `rest` and `skip` write). Graph capture passes both in place (GRAPH_OPTIONS:
+no graph keeps a copy of either, their addresses part of the graphs' signatures), so each slot's calls have their own
+graphs. `head` returns the streams after the first block (fbcache; teacache's `rest` and `skip` start from the
+embeddings they compute) as its graph's own outputs, which `rest` and `skip` read in place: fbcache's third tensor of
+that shape per slot (teacache has none). The probe stays the algorithm's own: both published implementations keep it
+beside the residual. Were `head` to run eagerly while `rest` and `skip` are graphed (its capture failed), the streams
+would come at new addresses every call, and graphs.py's eviction rule would soon run `rest` and `skip` eagerly too.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ joins that step; the k-th call of a step (classifier-free guidance run as separa
 slot k, with its own cached feature. A lower timestep starts the next step; a timestep that is not lower than the
 current step's (or an input sample of another shape, dtype or device) starts a new generation: step 0, every slot
 empty; so does, in a diffusers pipeline, a timestep taken from another scheduler.timesteps tensor (set_timesteps
-ran again). With mode 'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is
+ran again), and a call past the MAX_SLOTS-th of a step (runs of one step, called again, all have the same timestep). With mode 'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is
 full, then a slot's call is full when the relative L1 change of the UNet's input sample, mean|x - x_prev| /
 mean|x_prev| (x_prev: the slot's input at its previous call), summed since the slot's last full call, reaches the
 threshold; else partial. A call also runs in full where a partial one cannot (no cached feature in its slot, a
