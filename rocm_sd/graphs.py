@@ -160,7 +160,8 @@ class GraphedCall:
     time (outputs are cloned, so captures may reuse each other's temporaries).
     in_place: keyword arguments whose tensors the graph reads and writes at their own address: never copied into a
     static buffer, their data pointers part of the signature (another buffer: another graph). For state a caller
-    keeps between calls, which a copy in and out of the graph would double.
+    keeps between calls, which a copy in and out of the graph would double. A capture runs the call WARMUP_CALLS times
+    more on them: what it writes must not depend on what it wrote (a copy, not an accumulation).
     static_outputs: the outputs are the graph's own tensors, not clones: valid until the call's next replay, for a
     caller that reads them at once (or passes them in place to another graphed call).
     """
