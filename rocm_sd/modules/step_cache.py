@@ -13,17 +13,18 @@ block has it), up_blocks[-1] from the mirror layer on with the cached hidden sta
 conv_norm_out / conv_act / conv_out. It calls the model's own modules, so whatever else rocm_sd patched in them runs
 too.
 
-Which calls are full (Schedule): calls are grouped by timestep. A call whose timestep equals the current step's
-joins that step; the k-th call of a step (classifier-free guidance run as separate cond / uncond calls) uses cache
-slot k, with its own cached feature. A lower timestep starts the next step; a timestep that is not lower than the
-current step's (or an input sample of another shape, dtype or device) starts a new generation: step 0, every slot
-empty; so does, in a diffusers pipeline, a timestep taken from another scheduler.timesteps tensor (set_timesteps
-ran again), and a call past the MAX_SLOTS-th of a step (runs of one step, called again, all have the same timestep). With mode 'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is
-full, then a slot's call is full when the relative L1 change of the UNet's input sample, mean|x - x_prev| /
-mean|x_prev| (x_prev: the slot's input at its previous call), summed since the slot's last full call, reaches the
-threshold; else partial. A call also runs in full where a partial one cannot (no cached feature in its slot, a
-T2I-Adapter's residuals); the record's counts say why. The last step is not special: the controller sees calls,
-not the scheduler, and DeepCache does not special-case it either.
+Which calls are full (Schedule): calls are grouped by timestep. A call whose timestep equals the current step's joins
+that step; the k-th call of a step (classifier-free guidance run as separate cond / uncond calls) uses cache slot k,
+with its own cached feature. A lower timestep starts the next step; a timestep that is not lower than the current
+step's (or an input sample of another shape, dtype or device) starts a new generation: step 0, every slot empty; so
+does, in a diffusers pipeline, a timestep taken from another scheduler.timesteps tensor (set_timesteps ran again), and
+a call past the MAX_SLOTS-th of a step (runs of one step, called again, all have the same timestep). With mode
+'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is full, then a slot's call
+is full when the relative L1 change of the UNet's input sample, mean|x - x_prev| / mean|x_prev| (x_prev: the slot's
+input at its previous call), summed since the slot's last full call, reaches the threshold; else partial. A call also
+runs in full where a partial one cannot (no cached feature in its slot, a T2I-Adapter's residuals); the record's
+counts say why. The last step is not special: the controller sees calls, not the scheduler, and DeepCache does not
+special-case it either.
 
 Host syncs: deepcache decides on host values only. A timestep that is a view of a one-dimensional GPU tensor (a
 diffusers pipeline iterating scheduler.timesteps) is read from one host copy of that tensor, taken once per
