@@ -294,11 +294,12 @@ class _Replayed:
 
 @pytest.fixture
 def cpu_graphs(monkeypatch):
-    """GraphedCall captures and replays CPU calls (graphs._Replayed): its warm-up calls, the graph's own inputs (copies,
+    """GraphedCall captures and replays CPU calls (_Replayed): its warm-up calls, the graph's own inputs (copies,
     or the buffers passed in place) and outputs, as on a GPU."""
     def capture(call, args, kwargs, leaves, spec):
-        for _ in range(graphs.WARMUP_CALLS):
-            call.fn(*pytree.tree_unflatten(leaves, spec)[0], **pytree.tree_unflatten(leaves, spec)[1])
+        for _ in range(graphs.WARMUP_CALLS):  # on the caller's tensors, as the GPU's warm-up calls
+            warm_args, warm_kwargs = pytree.tree_unflatten(leaves, spec)
+            call.fn(*warm_args, **warm_kwargs)
         static_inputs, static_args, static_kwargs = call._static_arguments(kwargs, leaves, spec)
         outputs, output_spec = pytree.tree_flatten(call.fn(*static_args, **static_kwargs))
         return graphs._Graph(_Replayed(call.fn, static_args, static_kwargs, outputs), static_inputs, outputs,
