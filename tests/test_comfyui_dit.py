@@ -179,12 +179,12 @@ def test_another_nodes_block_is_left_to_it(comfy):
 
 
 def test_calls_the_fused_forward_does_not_cover_run_comfyuis(comfy):
-    """Flux's per-token modulation (modulation_dims, Chroma-style calls) and unknown arguments: the block's own forward."""
+    """Flux's per-token modulation (modulation_dims, Chroma-style calls), a vec per token: the block's own forward."""
     patcher = dit_model(comfy, "flux")
     block = patcher.model.diffusion_model.double_blocks[0]
     copy = dit_block_copy(block)
     g = torch.Generator().manual_seed(4)
-    img, txt, vec = torch.randn(1, 16, 32, generator=g), torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g)
+    img, txt, vec = (torch.randn(*shape, generator=g) for shape in ((1, 16, 32), (1, 5, 32), (1, 32)))
     dims = [(0, 8, 0)]
     with torch.inference_mode():
         want = block(img.clone(), txt.clone(), vec, None, modulation_dims_img=dims)

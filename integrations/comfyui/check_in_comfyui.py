@@ -86,7 +86,7 @@ def small_model(torch, comfy, device, dtype, model_class="SD15", base=SMALL_UNET
 
 
 def count_override_calls(optimized) -> tuple[list, object]:
-    """(a list that grows by one at every call of the node's attention override on `optimized`, the override or None)."""
+    """(a list that grows by one at every call of the node's attention override on `optimized`, the override)."""
     calls = []
     options = optimized.model_options["transformer_options"]
     override = options.get("optimized_attention_override")

@@ -82,7 +82,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cast(weight: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
-    """A norm's weight in x's dtype on x's device, as comfy.rmsnorm.rms_norm casts it (comfy.model_management.cast_to)."""
+    """A norm's weight in x's dtype on x's device, as comfy.rmsnorm.rms_norm casts it (model_management.cast_to)."""
     return None if weight is None else weight.to(device=x.device, dtype=x.dtype)
 
 
@@ -121,7 +121,7 @@ def _rotary(pe: torch.Tensor | None, rows: int) -> tuple[torch.Tensor, torch.Ten
 # ---- SD3 / SD3.5: JointBlock (a context and an x DismantledBlock) and FinalLayer --------------------------------
 
 def _qk_norm(norm) -> tuple | None:
-    """("rms", eps, weight-or-None) for mmdit's RMSNorm, ("none",) for Identity, None for anything else (qk_norm="ln")."""
+    """("rms", eps) for mmdit's RMSNorm, ("none",) for Identity, None for anything else (qk_norm="ln")."""
     if type(norm) is nn.Identity:
         return ("none",)
     if type(norm).__name__ == "RMSNorm" and type(norm).__module__ == MMDIT:
@@ -237,9 +237,10 @@ _ATTENTION = ("q", "k", "v", "pe", "mask", "transformer_options")
 
 
 def _flux_qk_norm(norm) -> bool:
-    return (type(norm).__name__ == "QKNorm" and all(
-        type(n).__name__ == "RMSNorm" and type(n).__module__ == FLUX and isinstance(getattr(n, "scale", None), torch.Tensor)
-        for n in (getattr(norm, "query_norm", None), getattr(norm, "key_norm", None))))
+    norms = (getattr(norm, "query_norm", None), getattr(norm, "key_norm", None))
+    return type(norm).__name__ == "QKNorm" and all(
+        type(n).__name__ == "RMSNorm" and type(n).__module__ == FLUX and isinstance(getattr(n, "scale", None),
+                                                                                     torch.Tensor) for n in norms)
 
 
 def _flux_mlp(mlp) -> bool:
