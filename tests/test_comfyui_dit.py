@@ -179,7 +179,8 @@ def test_another_nodes_block_is_left_to_it(comfy):
 
 
 def test_calls_the_fused_forward_does_not_cover_run_comfyuis(comfy):
-    """Flux's per-token modulation (modulation_dims, Chroma-style calls), a vec per token: the block's own forward."""
+    """Flux's per-token modulation (modulation_dims, Chroma-style calls), a vec per token, calls with other nodes'
+    transformer patches: the block's own forward."""
     patcher = dit_model(comfy, "flux")
     block = patcher.model.diffusion_model.double_blocks[0]
     copy = dit_block_copy(block)
@@ -191,8 +192,12 @@ def test_calls_the_fused_forward_does_not_cover_run_comfyuis(comfy):
         got = copy(img.clone(), txt.clone(), vec, None, modulation_dims_img=dims)
         rocm_sd.reset_stats()
         copy(img.clone(), txt.clone(), vec[:, None], None)  # a (B, tokens, C) vec: ComfyUI's forward
+        hook = {"patches": {"attn1_patch": [lambda q, k, v, extra: (q, k, v)]}}  # another node's, newer ComfyUI
+        copy(img.clone(), txt.clone(), vec, None, transformer_options=hook)
+        assert not rocm_sd.stats().get("ada_layer_norm")
+        copy(img.clone(), txt.clone(), vec, None)
+        assert rocm_sd.stats().get("ada_layer_norm")  # the same call without them: the fused forward
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert not rocm_sd.stats().get("ada_layer_norm")
     with pytest.raises(TypeError):
         dit_block_copy(torch.nn.Linear(2, 2))
 

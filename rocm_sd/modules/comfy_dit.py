@@ -15,7 +15,8 @@ ComfyUI would run that Linear on the weight it holds (`plain_linear`).
 A copy is a second face of the block (host_copies.host_face): it shares the block's attribute dictionary, so its
 children and parameters (a LoRA'd Q / K norm scale too) are read at call time. Calls this does not cover (per-token
 modulation, modulation_dims, arguments of another ComfyUI version, checkpointing with gradients) run the block's own
-forward; blocks of another structure are never copied (`block_problem`).
+forward, and so do calls with transformer patches (newer ComfyUI runs some inside its blocks); blocks of another
+structure are never copied (`block_problem`).
 """
 from __future__ import annotations
 
@@ -89,6 +90,12 @@ def _cast(weight: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
 def _flux_chunks(out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(shift, scale, gate) of a Flux ModulationOut, each (B, 1, C) -> a (B, C) view."""
     return out.shift[:, 0], out.scale[:, 0], out.gate[:, 0]
+
+
+def _patched(options) -> bool:
+    """Whether the call carries transformer patches (other nodes' Python hooks): newer ComfyUI runs some inside its
+    blocks' forwards, which these copies do not; such calls run the block's own forward."""
+    return bool(isinstance(options, dict) and options.get("patches"))
 
 
 def _signature(function) -> tuple[str, ...]:
@@ -192,7 +199,7 @@ def _joint_block(base: type, self, *args, **kwargs):
     context, x = args if len(args) == 2 else (None, None)
     c = kwargs.get("c")
     if (set(kwargs) - {"c", "use_checkpoint", "transformer_options"} or not isinstance(context, torch.Tensor)
-            or not isinstance(c, torch.Tensor) or c.dim() != 2
+            or not isinstance(c, torch.Tensor) or c.dim() != 2 or _patched(options)
             or kwargs.get("use_checkpoint", True) and torch.is_grad_enabled()):
         return base.forward(self, *args, **kwargs)  # checkpointing for training, or a call of another form
     attention = _host_module(self).optimized_attention
@@ -311,7 +318,7 @@ def _double_block(base: type, self, img, txt, vec, pe, attn_mask=None, modulatio
                   modulation_dims_txt=None, transformer_options={}, **kwargs):
     """DoubleStreamBlock.forward with the chains fused; (img, txt) out, as ComfyUI's."""
     if (kwargs or modulation_dims_img is not None or modulation_dims_txt is not None
-            or not isinstance(vec, torch.Tensor) or vec.dim() != 2):
+            or not isinstance(vec, torch.Tensor) or vec.dim() != 2 or _patched(transformer_options)):
         return base.forward(self, img, txt, vec, pe, attn_mask, modulation_dims_img, modulation_dims_txt,
                             transformer_options, **kwargs)
     host_path = self.rocm_sd_host_path
@@ -343,7 +350,8 @@ def _single_block(base: type, self, x, vec, pe, attn_mask=None, modulation_dims=
                   **kwargs):
     """SingleStreamBlock.forward with the AdaLN and Q / K RMSNorm (+ rope) fused, and linear2 of [attention, MLP] as
     two GEMMs into one output where linear2 is plain."""
-    if kwargs or modulation_dims is not None or not isinstance(vec, torch.Tensor) or vec.dim() != 2:
+    if (kwargs or modulation_dims is not None or not isinstance(vec, torch.Tensor) or vec.dim() != 2
+            or _patched(transformer_options)):
         return base.forward(self, x, vec, pe, attn_mask, modulation_dims, transformer_options, **kwargs)
     mod, _ = self.modulation(vec)
     shift, scale, gate = _flux_chunks(mod)
