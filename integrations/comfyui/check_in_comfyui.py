@@ -388,13 +388,18 @@ def check_transformers(torch, comfy, nodes, device, dtype):
         negative = [[torch.randn(1, 7, 48, generator=g), dict(cond)]]
         before = graph_stats(optimized)
         with torch.inference_mode():
-            reference, got = (comfy.sample.sample(p, noise, 6, cfg, "euler", "normal", positive, negative, latent,
-                                                  seed=0, disable_pbar=True) for p in (patcher, optimized))
+            reference = comfy.sample.sample(patcher, noise, 6, cfg, "euler", "normal", positive, negative, latent,
+                                            seed=0, disable_pbar=True)
+            rocm_sd.reset_stats()
+            got = comfy.sample.sample(optimized, noise, 6, cfg, "euler", "normal", positive, negative, latent, seed=0,
+                                      disable_pbar=True)
+        ran, op_stats = kernels_ran(torch, device, ops)
         stats = graph_stats(optimized) - before
         diff = relative_difference(got, reference)
-        print(f"{what}: KSampler 6 euler steps, CFG {cfg}: max relative difference {diff:.2e}, graphs {dict(stats)}")
+        print(f"{what}: KSampler 6 euler steps, CFG {cfg}: max relative difference {diff:.2e}, graphs {dict(stats)}, "
+              f"op calls {op_stats}")
         graphed = stats["graph captures"] == 1 and stats["graph replays"] == 6 if device.type == "cuda" else True
-        ok = diff <= _tolerance(torch, dtype) and graphed
+        ok = diff <= _tolerance(torch, dtype) and graphed and ran
         if not ok:
             return False
     return ok
