@@ -175,7 +175,7 @@ def flux_single_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_
     attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb)
 
     hidden_states = _clip_fp16(gated(residual, gate, split_proj_out(self.proj_out, attn_output,
-                                                                      mlp_hidden_states).view(residual.shape)))
+                                                                    mlp_hidden_states).view(residual.shape)))
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
 
 
