@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from rocm_sd.parallel.seq import PLANS, heads_problem
 
-from tests.test_parallel import _failed_job
+from tests.test_parallel import PROMPTS, _failed_job, _generate, _images
 
 CASES = [(arch, optimized) for arch in ("tiny-sd3", "tiny-flux") for optimized in (False, True)]
 
@@ -140,8 +140,27 @@ def test_heads_problem_names_the_process_counts_that_work():
 
 # ---- end to end: torchrun -m rocm_sd generate --mode seq ------------------------------------------------------
 
+@pytest.mark.slow  # one more job; the transformer tests above hold the arithmetic, the failure test below the mode
+def test_seq_mode_images_match_one_process(tmp_path):
+    """Two processes splitting each step's tokens make the images one process makes (here, in this one)."""
+    from rocm_sd import models, optimize
+    from rocm_sd.parallel.generate import Job, call_pipeline
+
+    # 64x64: 16 image tokens (the pipeline's default size has 4096, which take a minute on a CPU)
+    proc, out = _generate(tmp_path, "seq", 2, "--mode", "seq", "--height", "64", "--width", "64", model="tiny-flux")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    images = _images(out)
+    pipe = optimize(models.load_pipeline("tiny-flux", torch.device("cpu"), torch.float32))
+    job = Job(prompts=PROMPTS, batch=2, steps=3, height=64, width=64)
+    one = [image.astype("int16") for r in (range(0, 2), range(2, 4), range(4, 5)) for image in call_pipeline(pipe, job, r)]
+    assert len(images) == len(one) == len(PROMPTS)
+    assert all(image.std() > 5 for image in images)  # real pictures, not blanks
+    for i, (a, b) in enumerate(zip(one, images)):
+        assert abs(a - b).max() <= 2, f"image {i}: max difference {abs(a - b).max()}"
+
+
 def test_a_seq_rank_that_raises_ends_the_job_within_seconds(tmp_path):
     """Rank 0 waits in the group's all-to-all of the second step while rank 1 has failed: its lookout ends it."""
-    report, seconds = _failed_job(tmp_path, 2, "seq", "1 round raise", model="tiny-flux")
+    report, seconds = _failed_job(tmp_path, 2, "seq", "1 round raise", model="tiny-flux", size=64)
     assert report.splitlines()[1] == "rank 1 failed during round 0 (item 0): RuntimeError: out of memory on purpose"
     assert seconds < 30, f"the job ended {seconds:.0f} s after the failure"

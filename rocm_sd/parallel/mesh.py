@@ -1,10 +1,12 @@
 """Which device and which share of the work this process has: one process per GPU, launched by torchrun.
 
-Two ways to use N processes (shared/reference/integrations.md section 4):
+Three ways to use N processes (shared/reference/integrations.md section 4):
   data  every rank runs its own pipeline on different prompts (throughput);
   cfg   ranks work in pairs: both run the same images, and each UNet step's batch, the unconditional
         and the conditional half of classifier-free guidance, is split over the pair (latency).
-        With 4 or more ranks the pairs are data parallel among themselves.
+        With 4 or more ranks the pairs are data parallel among themselves;
+  seq   every rank runs the same images, and each step of a diffusion transformer (SD3 / SD3.5, Flux) is
+        split over all of them by image tokens (seq.py; latency).
 Without torchrun (no WORLD_SIZE in the environment) it is one process and no process group.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .. import platform
 if TYPE_CHECKING:
     from .lookout import Lookout
 
-MODES = ("data", "cfg")
+MODES = ("data", "cfg", "seq")
 # How long a collective may wait for a slow or stuck rank before the job ends with an error. The first
 # one waits for every rank to build its pipeline, which for SDXL on a busy host takes minutes.
 DEFAULT_TIMEOUT_S = 600.0
@@ -34,9 +36,11 @@ class Mesh:
     rank: int
     world: int
     local_rank: int
-    cfg: int                      # ranks per image: 2 in cfg mode, else 1
+    cfg: int                      # ranks splitting an image's guidance batch: 2 in cfg mode, else 1
     device: torch.device
     cfg_group: object = None      # the process group of this rank's CFG pair (cfg mode only)
+    seq: int = 1                  # ranks splitting an image's tokens: every rank in seq mode, else 1
+    seq_group: object = None      # the process group that splits this rank's images by tokens (seq mode only)
     lookout: Lookout | None = None  # this rank's watch on the others, where the caller started one
     timeout_s: float = DEFAULT_TIMEOUT_S  # every group's and collective's longest wait for another rank
 
@@ -45,18 +49,23 @@ class Mesh:
         return self.world > 1
 
     @property
+    def per_image(self) -> int:
+        """How many ranks make each image together."""
+        return self.cfg * self.seq
+
+    @property
     def dp(self) -> int:
-        """How many images (batches) are made at once: one per rank, or one per CFG pair."""
-        return self.world // self.cfg
+        """How many images (batches) are made at once: one per rank, per CFG pair, or one in seq mode."""
+        return self.world // self.per_image
 
     @property
     def dp_index(self) -> int:
-        return self.rank // self.cfg
+        return self.rank // self.per_image
 
     @property
     def is_leader(self) -> bool:
-        """The rank that hands in its pair's images (both ranks of a pair make the same ones)."""
-        return self.rank % self.cfg == 0
+        """The rank that hands in its group's images (every rank of a pair or seq group makes the same ones)."""
+        return self.rank % self.per_image == 0
 
 
 def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
@@ -82,7 +91,13 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
-    cfg_group = None
+    cfg_group = seq_group = None
+    if mode == "seq":
+        if world == 1:
+            raise ValueError("seq mode splits each step over several processes, one per GPU: launch with torchrun "
+                             "--nproc-per-node 2 (or more)")
+        # A new group does not inherit the default group's timeout: without one, gloo waits 30 minutes.
+        seq_group = dist.new_group(list(range(world)), timeout=timeout)
     if cfg == 2:
         if world == 1:
             raise ValueError("cfg mode needs 2 processes, one per GPU: launch with torchrun --nproc-per-node 2")
@@ -92,7 +107,7 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
             if rank in (first, first + 1):
                 cfg_group = group
     return Mesh(rank=rank, world=world, local_rank=local_rank, cfg=cfg, device=device, cfg_group=cfg_group,
-                timeout_s=timeout_s)
+                seq=world if mode == "seq" else 1, seq_group=seq_group, timeout_s=timeout_s)
 
 
 def shutdown(wait_s: float = 60.0) -> None:
