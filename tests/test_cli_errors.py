@@ -113,6 +113,9 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
                                                  "needs an even number of processes, got 1 (torchrun"),
     ("rocm_sd", [*GENERATE, "--mode", "seq"], 2, "argument --mode: seq mode splits each step over several processes, "
                                                  "one per GPU: launch with torchrun --nproc-per-node 2"),
+    ("rocm_sd", [*GENERATE, "--mode", "cfg-seq"], 2, "argument --mode: cfg-seq mode splits each step over a pair of "
+                                                     "GPUs: it needs an even number of processes, got 1 (torchrun "
+                                                     "--nproc-per-node 4)"),
     ("rocm_sd", [*GENERATE, "--mode", "seq", "--model", "tiny"], 2,
      "argument --mode: seq splits a diffusion transformer's tokens; tiny is a UNet model: give --model sd3 / sd35m / "
      "sd35 / flux / flux-schnell (or a model folder of one), or --mode cfg"),

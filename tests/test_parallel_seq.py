@@ -140,17 +140,19 @@ def test_heads_problem_names_the_process_counts_that_work():
 
 # ---- end to end: torchrun -m rocm_sd generate --mode seq ------------------------------------------------------
 
-@pytest.mark.slow  # one more job; the transformer tests above hold the arithmetic, the failure test below the mode
-def test_seq_mode_images_match_one_process(tmp_path):
-    """Two processes splitting each step's tokens make the images one process makes (here, in this one)."""
+@pytest.mark.slow  # more jobs; the transformer tests above hold the arithmetic, the failure test below the mode
+@pytest.mark.parametrize("mode,nproc,model", [("seq", 2, "tiny-flux"), ("cfg-seq", 4, "tiny-sd3")])
+def test_seq_mode_images_match_one_process(tmp_path, mode, nproc, model):
+    """Processes splitting each step's tokens (and in cfg-seq the guidance halves) make the images one process
+    makes (here, in this one)."""
     from rocm_sd import models, optimize
     from rocm_sd.parallel.generate import Job, call_pipeline
 
     # 64x64: 16 image tokens (the pipeline's default size has 4096, which take a minute on a CPU)
-    proc, out = _generate(tmp_path, "seq", 2, "--mode", "seq", "--height", "64", "--width", "64", model="tiny-flux")
+    proc, out = _generate(tmp_path, mode, nproc, "--mode", mode, "--height", "64", "--width", "64", model=model)
     assert proc.returncode == 0, proc.stderr[-3000:]
     images = _images(out)
-    pipe = optimize(models.load_pipeline("tiny-flux", torch.device("cpu"), torch.float32))
+    pipe = optimize(models.load_pipeline(model, torch.device("cpu"), torch.float32))
     job = Job(prompts=PROMPTS, batch=2, steps=3, height=64, width=64)
     one = [image.astype("int16") for r in (range(0, 2), range(2, 4), range(4, 5)) for image in call_pipeline(pipe, job, r)]
     assert len(images) == len(one) == len(PROMPTS)
@@ -164,3 +166,11 @@ def test_a_seq_rank_that_raises_ends_the_job_within_seconds(tmp_path):
     report, seconds = _failed_job(tmp_path, 2, "seq", "1 round raise", model="tiny-flux", size=64)
     assert report.splitlines()[1] == "rank 1 failed during round 0 (item 0): RuntimeError: out of memory on purpose"
     assert seconds < 30, f"the job ended {seconds:.0f} s after the failure"
+
+
+def test_cfg_seq_mode_needs_two_ranks_per_guidance_half(monkeypatch):
+    from rocm_sd.parallel.mesh import init
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="cfg-seq mode splits each guidance half's tokens over two or more processes"):
+        init("cfg-seq")
