@@ -103,11 +103,13 @@ def _job(rank: int, world: int, store: str, how: str, results) -> None:
         results[rank] = ("JobFailed", str(exc), time.monotonic() - start)
 
 
-def _launch(world: int, tmp_path, how: str, timeout_s: float = 120) -> dict:
-    """Run _job on `world` spawned processes; a process may die without stopping the others (unlike mp.spawn)."""
+def _launch(world: int, tmp_path, *args, timeout_s: float = 120, target=None) -> dict:
+    """Run target(rank, world, store, *args, results) (default _job) on `world` spawned processes; a process may
+    die without stopping the others (unlike mp.spawn). Each rank's entry in the results is what it put there."""
     ctx = mp.get_context("spawn")
     results = ctx.Manager().dict()
-    procs = [ctx.Process(target=_job, args=(rank, world, str(tmp_path / "store"), how, results)) for rank in range(world)]
+    procs = [ctx.Process(target=target or _job, args=(rank, world, str(tmp_path / "store"), *args, results))
+             for rank in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s

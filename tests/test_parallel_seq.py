@@ -8,18 +8,19 @@ once; the end-to-end failure test reuses test_parallel's torchrun harness.
 from __future__ import annotations
 
 import datetime
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rocm_sd.parallel.seq import PLANS, heads_problem
 
-from tests.test_parallel import PROMPTS, _failed_job, _generate, _images
+from tests.test_parallel import HUNG, PROMPTS, _failed_job, _failed_job_and_root_cause, _generate, _images, _launch
 
 CASES = [(arch, optimized) for arch in ("tiny-sd3", "tiny-flux") for optimized in (False, True)]
+# Attentions per step: tiny-sd3 has two blocks, the first with a second (image-only) attention; tiny-flux two double
+# and two single blocks.
+ATTENTIONS = {"tiny-sd3": 3, "tiny-flux": 4}
 
 
 def _transformer(arch: str, **config):
@@ -88,21 +89,9 @@ def _seq_job(rank: int, world: int, store: str, results) -> None:
 
 @pytest.fixture(scope="module")
 def seq_results(tmp_path_factory):
-    ctx = mp.get_context("spawn")
-    results = ctx.Manager().dict()
-    store = str(tmp_path_factory.mktemp("seq") / "store")
-    procs = [ctx.Process(target=_seq_job, args=(rank, 2, store, results)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + 240
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        p.kill()
-    assert not hung, f"ranks {hung} hung"
-    assert sorted(results.keys()) == [0, 1], "a rank failed (its traceback is above)"
-    return dict(results)
+    results = _launch(2, tmp_path_factory.mktemp("seq"), timeout_s=240, target=_seq_job)
+    assert sorted(results) == [0, 1], "a rank failed (its traceback is above)"
+    return results
 
 
 @pytest.mark.parametrize("arch,optimized", CASES)
@@ -111,8 +100,7 @@ def test_sequence_parallel_transformer_matches_one_process(seq_results, arch, op
         error, scale, stats, reverted = seq_results[rank][arch, optimized]
         assert scale > 0.1  # a real output, not zeros
         assert error <= 1e-5 * max(1.0, scale), f"rank {rank}: max difference {error} (outputs up to {scale})"
-        blocks = 2 if arch == "tiny-sd3" else 4  # SD3: one attention more in its dual-attention block, one less
-        assert stats == {"split": 1, "attention": 3 if arch == "tiny-sd3" else blocks}, stats
+        assert stats == {"split": 1, "attention": ATTENTIONS[arch]}, stats
         assert reverted, "disable_sequence_parallel left the model changed"
 
 
@@ -166,6 +154,16 @@ def test_a_seq_rank_that_raises_ends_the_job_within_seconds(tmp_path):
     report, seconds = _failed_job(tmp_path, 2, "seq", "1 round raise", model="tiny-flux", size=64)
     assert report.splitlines()[1] == "rank 1 failed during round 0 (item 0): RuntimeError: out of memory on purpose"
     assert seconds < 30, f"the job ended {seconds:.0f} s after the failure"
+
+
+@pytest.mark.slow  # the hang waits for --timeout-s; test_parallel's hang tests hold the same path in cfg mode
+def test_a_hung_seq_rank_ends_the_job_at_the_timeout_and_is_named(tmp_path):
+    """Rank 0 waits in the group's all-to-all for a rank that hangs: at --timeout-s the hung rank is named."""
+    report, seconds, root_rank = _failed_job_and_root_cause(tmp_path, 2, "seq", "1 round hang", timeout_s=20,
+                                                            wall_s=150, model="tiny-flux", size=64)
+    assert report.splitlines()[1].startswith(f"rank 1 failed during round 0 (item 0): {HUNG.format(0)}"), report
+    assert root_rank == 1, f"torchrun names rank {root_rank} as the root cause"
+    assert seconds < 20 + 30, f"the job ended {seconds:.0f} s after the rank hung"
 
 
 def test_cfg_seq_mode_needs_two_ranks_per_guidance_half(monkeypatch):

@@ -30,7 +30,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from ..modules.joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor, attend
+from ..modules.joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor
+from ..modules.joint_attention import attend as attend_here
 from .rounds import LostContact, waiting
 
 _WRAPPED_ATTR = "_rocm_sd_seq_parallel"
@@ -86,36 +87,31 @@ class SequenceShard:
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """attend() (modules/joint_attention.py) over the whole image: Q, K, V (B, S, H, D) hold the text rows and
         this rank's image rows, in the model's order; (B, S, H * D) out, the same rows."""
-        batch, rows, heads, dim = query.shape
+        rows, heads, dim = query.shape[1:]
         n, local = self.world, self.local
-        if heads % n:
-            raise ValueError(f"sequence parallelism splits the {heads} attention heads of {self.label} over {n} "
-                             f"ranks, which does not divide them")
-        text = rows - local
+        text, part = rows - local, heads // n
         image_rows, text_rows = ((slice(0, local), slice(local, rows)) if self.image_first
                                  else (slice(text, rows), slice(0, text)))
-        part = heads // n
         # rank r is sent this rank's image rows of head group r: [n, 3, B, l, H/N, D]
         send = torch.stack([t[:, image_rows] for t in (query, key, value)]).unflatten(3, (n, part))
         received = self._all_to_all(send.permute(3, 0, 1, 2, 4, 5))  # [n source ranks, 3, B, l, H/N, D]
-        q, k, v = received.permute(1, 2, 0, 3, 4, 5).flatten(2, 3)  # every image row in order, this head group
+        image = received.permute(1, 2, 0, 3, 4, 5).flatten(2, 3)  # every image row in order, this head group
         mine = slice(self.rank * part, (self.rank + 1) * part)
-        tq, tk, tv = (t[:, text_rows, mine] for t in (query, key, value))
-        if self.image_first:
-            q, k, v = torch.cat([q, tq], 1), torch.cat([k, tk], 1), torch.cat([v, tv], 1)
-        else:
-            q, k, v = torch.cat([tq, q], 1), torch.cat([tk, k], 1), torch.cat([tv, v], 1)
-        out = attend(q, k, v).unflatten(-1, (part, dim))  # (B, text + L, H/N, D)
-        whole_image = slice(0, n * local) if self.image_first else slice(text, text + n * local)
-        text_out = out[:, n * local:] if self.image_first else out[:, :text]
+        q, k, v = (self._joined(image[i], t[:, text_rows, mine]) for i, t in enumerate((query, key, value)))
+        out = attend_here(q, k, v).unflatten(-1, (part, dim))  # (B, joined rows, H/N, D)
+        image_out, text_out = (out[:, :n * local], out[:, n * local:]) if self.image_first else \
+            (out[:, text:], out[:, :text])
         # rank r is sent its image rows and the text, both of this head group: [n, B, l + text, H/N, D]
-        back = torch.cat([out[:, whole_image].unflatten(1, (n, local)).transpose(0, 1),
+        back = torch.cat([image_out.unflatten(1, (n, local)).transpose(0, 1),
                           text_out.unsqueeze(0).expand(n, *text_out.shape)], dim=2)
         received = self._all_to_all(back)  # [n head groups, B, l + text, H/N, D]
         joined = received.permute(1, 2, 0, 3, 4).flatten(2)  # (B, l + text, H * D), heads in order
-        image_out, text_out = joined[:, :local], joined[:, local:]
         self.stats["attention"] += 1
-        return torch.cat([image_out, text_out] if self.image_first else [text_out, image_out], dim=1)
+        return self._joined(joined[:, :local], joined[:, local:])
+
+    def _joined(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """The image and text rows in the model's order."""
+        return torch.cat([image, text] if self.image_first else [text, image], dim=1)
 
     def _all_to_all(self, send: torch.Tensor) -> torch.Tensor:
         """Chunk r of `send` (its first dimension, one per rank) to rank r; chunk r of the result from rank r."""
