@@ -1,11 +1,15 @@
-"""Multi-GPU throughput and CFG-parallel latency of `rocm_sd generate`, each configuration one torchrun job.
+"""Multi-GPU throughput, CFG-parallel and sequence-parallel latency of `rocm_sd generate`, each configuration one
+torchrun job.
 
     python bench/bench_parallel.py [--gpus 1,2,4] [--prompts 32] [--batch 4] [--latency-model sd15 sdxl]
+                                   [--seq-model flux sd35] [--seq-gpus 2,4]
 
 Throughput: --prompts prompts (SD1.5 512x512, 50 steps by default) in data-parallel mode on each GPU count;
 images/s over the generation phase (after each rank's warm-up, which captures the graphs), and whether
 every image equals the one-GPU image. Latency: one image at a time (batch 1), one GPU in data mode against
-two GPUs in cfg mode; median seconds per image, and PSNR of the cfg images against the one-GPU ones.
+two GPUs in cfg mode; median seconds per image, and PSNR of the cfg images against the one-GPU ones. Sequence
+parallelism (--seq-model, none by default): the diffusion transformers at 1024x1024, one image at a time, one GPU
+against seq mode on each of --seq-gpus (where the heads divide) and, for SD3 / SD3.5, cfg-seq mode (2 x N/2).
 Appends the run to bench/results/data/parallel-<device>.jsonl (rows as docs/performance.md asks; the one-GPU
 latency rows also carry the device-time bounds: unet_b2_ms, unet_b1_ms, vae_decode_b1_ms).
 """
@@ -28,6 +32,7 @@ SUBJECTS = ["a lighthouse", "a red fox", "snowy mountains", "a bowl of fruit", "
             "a forest path", "a desert town"]
 STYLES = ["at dawn, watercolor", "in the rain, oil painting", "at night, photograph", "in autumn, ink drawing"]
 LATENCY = {"sd15": dict(steps=50, size=512, prompts=5), "sdxl": dict(steps=30, size=1024, prompts=3)}
+SEQ_MODELS = ("flux", "flux-schnell", "sd3", "sd35m", "sd35")
 
 
 def prompts(n: int) -> list[str]:
@@ -101,6 +106,41 @@ def split_bound(model: str, size: int, repeats: int = 20) -> dict:
     return out
 
 
+def seq_modes(model: str, gpus: int) -> list[str]:
+    """The token-splitting modes `model` can run on `gpus` GPUs: its heads divide over the GPUs of a split."""
+    from rocm_sd.dit_models import ARCHITECTURES
+
+    spec = ARCHITECTURES[model]
+    heads = spec.transformer["num_attention_heads"]
+    cfg = spec.family == "sd3" and spec.guidance > 1
+    return ([] if heads % gpus else ["seq"]) + (["cfg-seq"] if cfg and gpus >= 4 and gpus % 2 == 0
+                                                and heads % (gpus // 2) == 0 else [])
+
+
+def seq_latency(work: str, model: str, gpu_counts: list[int], rows: list, lines: list) -> None:
+    """One GPU against the token-splitting modes, one image at a time; rows and table lines appended."""
+    from rocm_sd.dit_models import ARCHITECTURES
+
+    spec = ARCHITECTURES[model]
+    lat = ["--model", model, "--height", "1024", "--width", "1024", "--steps", str(spec.steps), "--batch", "1",
+           "--guidance", str(spec.guidance)]
+    single, ref = generate(work, f"seq1-{model}", 1, prompts(3), *lat)
+    s1 = single["timings"]["median_round_s"]
+    runs = [(1, "data", s1, None)]
+    for gpus in gpu_counts:
+        for mode in seq_modes(model, gpus):
+            run, got = generate(work, f"{mode}{gpus}-{model}", gpus, prompts(3), *lat, "--mode", mode)
+            runs.append((gpus, mode, run["timings"]["median_round_s"],
+                         min(psnr(a / 255.0, b / 255.0) for a, b in zip(ref, got))))
+    for gpus, mode, s, quality in runs:
+        rows.append({"gpus": gpus, "mode": mode, "model": model, "height": 1024, "width": 1024, "steps": spec.steps,
+                     "batch": 1, "latency_s": round(s, 4), "speedup_vs_1gpu": round(s1 / s, 3),
+                     "psnr_db": None if quality is None else round(quality, 1)})
+        lines.append(f"| {model} | 1024 | {spec.steps} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
+                     + ("-" if quality is None else f"{quality:.1f} (lowest of 3)") + " |")
+        print(lines[-1], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpus", default="1,2,4", help="GPU counts for the throughput rows")
@@ -110,6 +150,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--latency-model", nargs="*", default=["sd15"], choices=sorted(LATENCY))
+    parser.add_argument("--seq-model", nargs="*", default=[], choices=SEQ_MODELS,
+                        help="diffusion transformers for the sequence-parallel latency rows")
+    parser.add_argument("--seq-gpus", default="2,4", help="GPU counts for the sequence-parallel rows")
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args()
 
@@ -168,6 +211,12 @@ def main() -> None:
                 print(lines[-1], flush=True)
         if bounds:
             lines += ["", "One GPU, optimized, device time of a graph replay (what bounds the cfg rows):", ""] + bounds
+        if args.seq_model:
+            lines += ["", "## Latency: one image at a time (batch 1), 1 GPU vs sequence parallelism", "",
+                      "| model | size | steps | GPUs | mode | s per image (median) | vs 1 GPU | PSNR vs 1 GPU dB |",
+                      "|---|---:|---:|---:|---|---:|---:|---:|"]
+            for model in args.seq_model:
+                seq_latency(work, model, [int(g) for g in args.seq_gpus.split(",")], rows, lines)
     print(write_results("parallel", rows, "\n".join(lines), args.out_dir))
 
 

@@ -111,6 +111,14 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
     ("rocm_sd", [*GENERATE, "--timeout-s", "0"], 2, "argument --timeout-s: 0 is not a positive number"),
     ("rocm_sd", [*GENERATE, "--mode", "cfg"], 2, "argument --mode: cfg mode splits each step over a pair of GPUs: it "
                                                  "needs an even number of processes, got 1 (torchrun"),
+    ("rocm_sd", [*GENERATE, "--mode", "seq"], 2, "argument --mode: seq mode splits each step over several processes, "
+                                                 "one per GPU: launch with torchrun --nproc-per-node 2"),
+    ("rocm_sd", [*GENERATE, "--mode", "cfg-seq"], 2, "argument --mode: cfg-seq mode splits each step over a pair of "
+                                                     "GPUs: it needs an even number of processes, got 1 (torchrun "
+                                                     "--nproc-per-node 4)"),
+    ("rocm_sd", [*GENERATE, "--mode", "seq", "--model", "tiny"], 2,
+     "argument --mode: seq splits a diffusion transformer's tokens; tiny is a UNet model: give --model sd3 / sd35m / "
+     "sd35 / flux / flux-schnell (or a model folder of one), or --mode cfg"),
     ("rocm_sd", [*GENERATE, "--model", "sd16"], 2, "argument --model: 'sd16' is neither an architecture nor an "
                                                    "existing file or folder; accepted: an architecture (flux, "
                                                    "flux-schnell, sd15, sd21, sd3"),

@@ -103,11 +103,13 @@ def _job(rank: int, world: int, store: str, how: str, results) -> None:
         results[rank] = ("JobFailed", str(exc), time.monotonic() - start)
 
 
-def _launch(world: int, tmp_path, how: str, timeout_s: float = 120) -> dict:
-    """Run _job on `world` spawned processes; a process may die without stopping the others (unlike mp.spawn)."""
+def _launch(world: int, tmp_path, *args, timeout_s: float = 120, target=None) -> dict:
+    """Run target(rank, world, store, *args, results) (default _job) on `world` spawned processes; a process may
+    die without stopping the others (unlike mp.spawn). Each rank's entry in the results is what it put there."""
     ctx = mp.get_context("spawn")
     results = ctx.Manager().dict()
-    procs = [ctx.Process(target=_job, args=(rank, world, str(tmp_path / "store"), how, results)) for rank in range(world)]
+    procs = [ctx.Process(target=target or _job, args=(rank, world, str(tmp_path / "store"), *args, results))
+             for rank in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s
@@ -191,14 +193,14 @@ _FAULT_AT = "fault injected at unix time "
 
 
 def _generate(tmp_path, name: str, nproc: int, *args: str, fault: str = "", timeout_s: int = 60,
-              wall_s: float = 300) -> tuple[subprocess.CompletedProcess, str]:
+              wall_s: float = 300, model: str = "tiny") -> tuple[subprocess.CompletedProcess, str]:
     """torchrun -m rocm_sd generate, or with a `fault` this module's main, which injects it (_inject_fault).
     A job still running after `wall_s` is killed, torchrun and its ranks, and fails the test."""
     out = tmp_path / name
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "tests.test_parallel" if fault else "rocm_sd", "generate", "--model", "tiny",
+           "-m", "tests.test_parallel" if fault else "rocm_sd", "generate", "--model", model,
            "--prompts", str(prompts), "--out", str(out), "--steps", "3", "--batch", "2",
            "--timeout-s", str(timeout_s), *args]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", _FAULT: fault}
@@ -226,8 +228,8 @@ def _kill_job(launcher: int) -> None:
 
 
 def _inject_fault(rank: str, phase: str, how: str) -> None:
-    """Make `rank` fail in the second UNet step of its first pipeline call of `phase`: its CFG partner has
-    been through one all-gather with it and waits in the next."""
+    """Make `rank` fail in the second UNet (or transformer) step of its first pipeline call of `phase`: its CFG
+    partner (or sequence-parallel group) has been through one step's collectives with it and waits in the next."""
     from rocm_sd.parallel import generate
 
     if os.environ["RANK"] != rank:
@@ -243,7 +245,8 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
 
     def failing_call(pipe, job, indices, steps=None):
         if (steps is not None) == (phase == "warm-up"):  # warm-up calls are the short ones
-            unet_step, count = pipe.unet.forward, itertools.count(1)
+            denoiser = generate.models.denoiser(pipe)
+            unet_step, count = denoiser.forward, itertools.count(1)
 
             def failing_step(*args, **kwargs):
                 if next(count) == 2:
@@ -251,7 +254,7 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
                     _fail(how)
                 return unet_step(*args, **kwargs)
 
-            pipe.unet.forward = failing_step
+            denoiser.forward = failing_step
         return call_pipeline(pipe, job, indices, steps)
 
     generate.call_pipeline = failing_call
@@ -321,17 +324,20 @@ def test_two_cfg_pairs_are_data_parallel_among_themselves(tmp_path, one_process)
 # ---- a rank that fails in the middle of a job: every rank stops within seconds, rank 0 says why -------------
 
 def _failed_job(tmp_path, nproc: int, mode: str, fault: str, timeout_s: int = 120,
-                wall_s: float = 300) -> tuple[str, float]:
+                wall_s: float = 300, model: str = "tiny", size: int | None = None) -> tuple[str, float]:
     """Rank 0's report of the job that `fault` broke, and the seconds from the fault to the job's end. The
     process group's timeout is 120 s: a rank that waited for it would end the job far later than asserted."""
-    report, seconds, _ = _failed_job_and_root_cause(tmp_path, nproc, mode, fault, timeout_s, wall_s)
+    report, seconds, _ = _failed_job_and_root_cause(tmp_path, nproc, mode, fault, timeout_s, wall_s, model, size)
     return report, seconds
 
 
 def _failed_job_and_root_cause(tmp_path, nproc: int, mode: str, fault: str, timeout_s: int = 120,
-                               wall_s: float = 300) -> tuple[str, float, int]:
+                               wall_s: float = 300, model: str = "tiny",
+                               size: int | None = None) -> tuple[str, float, int]:
     """_failed_job's report and seconds, and the rank torchrun names as the root cause (its first failure)."""
-    proc, _ = _generate(tmp_path, "failed", nproc, "--mode", mode, fault=fault, timeout_s=timeout_s, wall_s=wall_s)
+    sizes = ("--height", str(size), "--width", str(size)) if size else ()
+    proc, _ = _generate(tmp_path, "failed", nproc, "--mode", mode, *sizes, fault=fault, timeout_s=timeout_s,
+                        wall_s=wall_s, model=model)
     ended = time.time()
     assert proc.returncode != 0
     assert _FAULT_AT in proc.stderr, proc.stderr[-3000:]

@@ -57,7 +57,7 @@ def _heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
     return t.unflatten(-1, (-1, head_dim))
 
 
-def _attend(query, key, value) -> torch.Tensor:
+def attend(query, key, value) -> torch.Tensor:
     """Attention over [B, L, H, D] (views welcome); (B, L, H * D) out."""
     return heads_last(scaled_dot_product_attention(query.transpose(1, 2), key.transpose(1, 2),
                                                    value.transpose(1, 2))).to(query.dtype)
@@ -68,6 +68,8 @@ class RocmJointAttnProcessor:
 
     def __init__(self, fallback):
         self.fallback = fallback  # the processor this one replaced: gets the calls it does not take
+        # Attention over the joined rows: sequence parallelism (parallel/seq.py) puts its all-to-all around it.
+        self.attend = attend
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, *args, **kwargs):
@@ -94,7 +96,7 @@ class RocmJointAttnProcessor:
             key = _joined_normed(c_key, attn.norm_added_k, key, attn.norm_k)
             value = torch.cat([value, c_value], dim=1)
 
-        hidden = _attend(query, key, value)
+        hidden = self.attend(query, key, value)
         if encoder_hidden_states is None:
             return attn.to_out[1](attn.to_out[0](hidden))
         length = hidden_states.shape[1]
@@ -109,6 +111,7 @@ class RocmFluxAttnProcessor:
 
     def __init__(self, fallback):
         self.fallback = fallback
+        self.attend = attend
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, image_rotary_emb=None, **kwargs):
@@ -136,7 +139,7 @@ class RocmFluxAttnProcessor:
             query = _joined_normed(query, attn.norm_q, rotary=image_rotary_emb)
             key = _joined_normed(key, attn.norm_k, rotary=image_rotary_emb)
 
-        hidden = _attend(query, key, value)
+        hidden = self.attend(query, key, value)
         if not joint:
             return hidden
         text_length = encoder_hidden_states.shape[1]

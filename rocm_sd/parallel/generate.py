@@ -2,6 +2,8 @@
 
     torchrun --nproc-per-node 4 -m rocm_sd generate --prompts prompts.txt --out images/
     torchrun --nproc-per-node 2 -m rocm_sd generate --mode cfg --prompt "a lighthouse at dawn" --out one/
+    torchrun --nproc-per-node 4 -m rocm_sd generate --mode seq --model flux --prompt "a lighthouse at dawn" --out one/
+    torchrun --nproc-per-node 4 -m rocm_sd generate --mode cfg-seq --model sd35 --prompt "a lighthouse" --out one/
 
 Image i (prompt i of the list) is made from seed `--seed + i` with its own generator, in the same batch
 of consecutive prompts whatever the number of GPUs: the images do not depend on how many GPUs made
@@ -25,8 +27,9 @@ from .. import cli_args, models, patch, platform
 from ..files import write_atomically, write_json_atomically
 from .cfg import enable_cfg_parallel
 from .lookout import Lookout
-from .mesh import DEFAULT_TIMEOUT_S, Mesh, init, shutdown
+from .mesh import DEFAULT_TIMEOUT_S, MODES, Mesh, init, shutdown
 from .rounds import JobFailed, all_gather, batches, checked, gather_to_root, run_rounds
+from .seq import enable_sequence_parallel
 
 WARMUP_STEPS = 2   # a short call per batch shape before timing: graph capture and kernel choice happen there
 PNG_THREADS = 4
@@ -79,13 +82,15 @@ def weights_fingerprint(pipe) -> float:
 
 
 def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool):
-    """The pipeline on this rank's device, optimized, split for cfg mode; checked against the other ranks."""
+    """The pipeline on this rank's device, optimized, split for cfg or seq mode; checked against the other ranks."""
     def build():
         pipe = models.load_pipeline(model, mesh.device, dtype)
         if optimize:
             patch.optimize(pipe)
         if mesh.cfg_group is not None:
             enable_cfg_parallel(pipe, mesh.cfg_group, mesh.lookout)
+        if mesh.seq_group is not None:
+            enable_sequence_parallel(pipe, mesh.seq_group, mesh.lookout)
         return pipe, weights_fingerprint(pipe)
 
     pipe, fingerprint = checked(mesh, "pipeline setup", build)
@@ -170,9 +175,13 @@ def add_arguments(parser) -> None:
                         help="folder for <index>.png and run.json (written by rank 0)")
     parser.add_argument("--model", default=None, type=cli_args.pipeline_model,
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
-                             "diffusers model folder (default: sd15 on a GPU, tiny on a CPU)")
-    parser.add_argument("--mode", choices=("data", "cfg"), default="data",
-                        help="data: prompts over all GPUs; cfg: each image's guidance halves on a pair of GPUs")
+                             "diffusers model folder (default: sd15 on a GPU, tiny on a CPU; in seq mode flux, tiny-flux; "
+                             "in cfg-seq mode sd35, tiny-sd3)")
+    parser.add_argument("--mode", choices=MODES, default="data",
+                        help="data: prompts over all GPUs; cfg: each image's guidance halves on a pair of GPUs; seq: "
+                             "each step of a diffusion transformer (SD3 / SD3.5, Flux) split over all GPUs by image "
+                             "tokens; cfg-seq: the guidance halves on two halves of the GPUs, each half's tokens split "
+                             "over its GPUs")
     parser.add_argument("--height", type=cli_args.image_size)
     parser.add_argument("--width", type=cli_args.image_size)
     parser.add_argument("--steps", type=cli_args.positive_int, default=50)
@@ -204,6 +213,11 @@ def main(args) -> int:
     start = time.perf_counter()
     job = Job(prompts=read_prompts(args.prompts, args.prompt), negative=args.negative, seed=args.seed,
               batch=args.batch, height=args.height, width=args.width, steps=args.steps, guidance=args.guidance)
+    splits_tokens = args.mode in ("seq", "cfg-seq")
+    if splits_tokens and args.model in models.ARCHITECTURES and not models.is_transformer(args.model):
+        raise cli_args.UsageError(f"argument --mode: {args.mode} splits a diffusion transformer's tokens; {args.model} "
+                                  "is a UNet model: give --model sd3 / sd35m / sd35 / flux / flux-schnell (or a model "
+                                  "folder of one), or --mode cfg")
     try:
         mesh = init(args.mode, args.timeout_s)
     except ValueError as error:  # cfg mode on an odd number of processes (one without torchrun): init says so
@@ -211,7 +225,8 @@ def main(args) -> int:
     if mesh.distributed:
         mesh = with_lookout(mesh)
     on_gpu = mesh.device.type == "cuda"
-    model = args.model or ("sd15" if on_gpu else "tiny")
+    defaults = {"seq": ("flux", "tiny-flux"), "cfg-seq": ("sd35", "tiny-sd3")}.get(args.mode, ("sd15", "tiny"))
+    model = args.model or defaults[0 if on_gpu else 1]
     dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(model) if on_gpu else torch.float32
     try:
         pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize)

@@ -1,10 +1,13 @@
 """Which device and which share of the work this process has: one process per GPU, launched by torchrun.
 
-Two ways to use N processes (shared/reference/integrations.md section 4):
+Four ways to use N processes (shared/reference/integrations.md section 4):
   data  every rank runs its own pipeline on different prompts (throughput);
   cfg   ranks work in pairs: both run the same images, and each UNet step's batch, the unconditional
         and the conditional half of classifier-free guidance, is split over the pair (latency).
-        With 4 or more ranks the pairs are data parallel among themselves.
+        With 4 or more ranks the pairs are data parallel among themselves;
+  seq   every rank runs the same images, and each step of a diffusion transformer (SD3 / SD3.5, Flux) is
+        split over all of them by image tokens (seq.py; latency);
+  cfg-seq  both: the guidance halves over two groups of N/2 ranks, each half's tokens over its group.
 Without torchrun (no WORLD_SIZE in the environment) it is one process and no process group.
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .. import platform
 if TYPE_CHECKING:
     from .lookout import Lookout
 
-MODES = ("data", "cfg")
+MODES = ("data", "cfg", "seq", "cfg-seq")
 # How long a collective may wait for a slow or stuck rank before the job ends with an error. The first
 # one waits for every rank to build its pipeline, which for SDXL on a busy host takes minutes.
 DEFAULT_TIMEOUT_S = 600.0
@@ -34,9 +37,11 @@ class Mesh:
     rank: int
     world: int
     local_rank: int
-    cfg: int                      # ranks per image: 2 in cfg mode, else 1
+    cfg: int                      # ranks splitting an image's guidance batch: 2 in cfg mode, else 1
     device: torch.device
     cfg_group: object = None      # the process group of this rank's CFG pair (cfg mode only)
+    seq: int = 1                  # ranks splitting an image's tokens: every rank in seq mode, else 1
+    seq_group: object = None      # the process group that splits this rank's images by tokens (seq mode only)
     lookout: Lookout | None = None  # this rank's watch on the others, where the caller started one
     timeout_s: float = DEFAULT_TIMEOUT_S  # every group's and collective's longest wait for another rank
 
@@ -45,18 +50,23 @@ class Mesh:
         return self.world > 1
 
     @property
+    def per_image(self) -> int:
+        """How many ranks make each image together."""
+        return self.cfg * self.seq
+
+    @property
     def dp(self) -> int:
-        """How many images (batches) are made at once: one per rank, or one per CFG pair."""
-        return self.world // self.cfg
+        """How many images (batches) are made at once: one per rank, per CFG pair, or one in seq mode."""
+        return self.world // self.per_image
 
     @property
     def dp_index(self) -> int:
-        return self.rank // self.cfg
+        return self.rank // self.per_image
 
     @property
     def is_leader(self) -> bool:
-        """The rank that hands in its pair's images (both ranks of a pair make the same ones)."""
-        return self.rank % self.cfg == 0
+        """The rank that hands in its group's images (every rank of a pair or seq group makes the same ones)."""
+        return self.rank % self.per_image == 0
 
 
 def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
@@ -66,10 +76,19 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cfg = 2 if mode == "cfg" else 1
+    cfg = 2 if mode in ("cfg", "cfg-seq") else 1
+    seq = world // cfg if mode in ("seq", "cfg-seq") else 1
     if world % cfg:
-        raise ValueError(f"cfg mode splits each step over a pair of GPUs: it needs an even number of processes, "
-                         f"got {world} (torchrun --nproc-per-node 2)")
+        raise ValueError(f"{mode} mode splits each step over a pair of GPUs: it needs an even number of processes, "
+                         f"got {world} (torchrun --nproc-per-node {4 if mode == 'cfg-seq' else 2})")
+    if mode == "cfg" and world == 1:
+        raise ValueError("cfg mode needs 2 processes, one per GPU: launch with torchrun --nproc-per-node 2")
+    if mode == "seq" and seq == 1:
+        raise ValueError("seq mode splits each step over several processes, one per GPU: launch with torchrun "
+                         "--nproc-per-node 2 (or more)")
+    if mode == "cfg-seq" and seq == 1:
+        raise ValueError("cfg-seq mode splits each guidance half's tokens over two or more processes, one per GPU: "
+                         "launch with torchrun --nproc-per-node 4 (or another even number above 2)")
     if platform.gpu_available():
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible: "
@@ -82,17 +101,25 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
-    cfg_group = None
-    if cfg == 2:
-        if world == 1:
-            raise ValueError("cfg mode needs 2 processes, one per GPU: launch with torchrun --nproc-per-node 2")
-        for first in range(0, world, 2):  # every rank creates every group, in the same order
+    # cfg: pairs of neighbours. seq: every rank. cfg-seq: ranks [0, N/2) split the unconditional half's tokens,
+    # [N/2, N) the conditional half's, and rank i pairs with rank i + N/2.
+    pairs = ([[first, first + 1] for first in range(0, world, 2)] if mode == "cfg" else
+             [[i, i + seq] for i in range(seq)] if mode == "cfg-seq" else [])
+    blocks = [list(range(first, first + seq)) for first in range(0, world, seq)] if seq > 1 else []
+
+    def joined(groups: list[list[int]]):
+        """This rank's group of `groups`; every rank creates every group, in the same order."""
+        mine = None
+        for ranks in groups:
             # A new group does not inherit the default group's timeout: without one, gloo waits 30 minutes.
-            group = dist.new_group([first, first + 1], timeout=timeout)
-            if rank in (first, first + 1):
-                cfg_group = group
+            group = dist.new_group(ranks, timeout=timeout)
+            if rank in ranks:
+                mine = group
+        return mine
+
+    cfg_group, seq_group = joined(pairs), joined(blocks)
     return Mesh(rank=rank, world=world, local_rank=local_rank, cfg=cfg, device=device, cfg_group=cfg_group,
-                timeout_s=timeout_s)
+                seq=seq, seq_group=seq_group, timeout_s=timeout_s)
 
 
 def shutdown(wait_s: float = 60.0) -> None:

@@ -136,4 +136,4 @@ def run_rounds(mesh: Mesh, n_items: int, work: Callable[[int], object],
         gathered = gather_to_root(mesh, f"round {k}", result if mesh.is_leader else None)
         if gathered is not None and on_round is not None:
             done = [i for i in row if i is not None]
-            on_round(done, [gathered[j * mesh.cfg] for j in range(len(done))])
+            on_round(done, [gathered[j * mesh.per_image] for j in range(len(done))])
