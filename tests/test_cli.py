@@ -100,7 +100,7 @@ def test_bench_rejects_unknown_engines(rocm_sd_command):
 
 def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
     """The loaded-_C branch of `info`, on a CPU machine: a build that lists CK instances, and one that has none."""
-    from rocm_sd import _ext, cli
+    from rocm_sd import _ext, info
     from rocm_sd.ops import REGISTRY
 
     group_norm = REGISTRY["group_norm"]
@@ -108,11 +108,11 @@ def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
     monkeypatch.setattr(_ext, "built_info", lambda: {"platform": "hip", "targets": "gfx942", "runtime_version": 60400,
                                                      "source_hash": "abc"})
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [("ck_group_norm_swish_f16_b64_c1x64_s1x1_v1", True)])
-    assert cli.info() == 0
+    assert info.run() == 0
     out = capsys.readouterr().out
     assert "built for hip targets gfx942 (runtime 60400, kernel sources abc)" in out and "1 group_norm" in out
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [])
-    cli.info()
+    info.run()
     assert "none (built on ROCm when Composable Kernel headers are found)" in capsys.readouterr().out
 
 

@@ -227,7 +227,7 @@ def test_ranks_with_the_same_gpu_split_the_problems(tmp_path):
     import sys
 
     script = tmp_path / "share.py"
-    script.write_text("import os, sys, torch\nfrom rocm_sd.tune.cli import _rank_share\n"
+    script.write_text("import os, sys, torch\nfrom rocm_sd.tune.run import _rank_share\n"
                       "share = _rank_share(list(range(7)), torch.device('cpu'))\n"
                       "open(os.path.join(sys.argv[1], 'share' + os.environ['RANK']), 'w').write(repr(share))\n"
                       "torch.distributed.destroy_process_group()\n")

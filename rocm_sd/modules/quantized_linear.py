@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import dispatch
+from ..op_names import LINEAR_8BIT
 from ..ops.quantize import FORMATS, MIN_AMAX, dequantize_rows, quantize_rows, quantize_rows_ref
 from ..ops.spec import dtype_name, problem_key
 from .fusing import called_plainly
@@ -56,7 +57,7 @@ WEIGHT_ROWS_AT_ONCE = 256  # quantize_weight(per_tensor=True)'s block of output 
 # the operands' fp8 rounding (at most 2^-4 relative each) and fp16's of the outputs, with room to spare.
 BOUND_MARGIN = 1.25
 
-OP = "linear_8bit"  # the tuning problem: one layer's 8-bit GEMM (and its share of quantizing its input) against fp16
+OP = LINEAR_8BIT  # the tuning problem
 _REMEMBERED = "_rocm_sd_quantized_rows"
 _call = [0]  # which model call a remembered quantization belongs to (new_model_call)
 

@@ -1,11 +1,12 @@
 """Several GPUs through torch.distributed, launched by torchrun: prompts over GPUs (data parallel) or each
 image's guidance halves over a pair of GPUs (cfg). See mesh.py for the two modes, rounds.py for how work
 is dealt and failures stop the job, lookout.py for the failures no collective can carry, cfg.py for the
-split UNet step, generate.py for the command."""
-from .cfg import disable_cfg_parallel, enable_cfg_parallel
-from .generate import Job, prepare, run
-from .mesh import Mesh, init, shutdown
-from .rounds import JobFailed
+split UNet step, generate.py for the command (arguments.py its arguments). The names below are imported at their
+first use: `python -m rocm_sd generate --help` reads arguments.py without importing torch."""
+from .._lazy import lazy_attributes
 
 __all__ = ["Mesh", "init", "shutdown", "Job", "prepare", "run", "JobFailed", "enable_cfg_parallel",
            "disable_cfg_parallel"]
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "Mesh": ".mesh", "init": ".mesh", "shutdown": ".mesh", "Job": ".generate", "prepare": ".generate",
+    "run": ".generate", "JobFailed": ".rounds", "enable_cfg_parallel": ".cfg", "disable_cfg_parallel": ".cfg"})

@@ -38,7 +38,8 @@ from ..modules.mmdit import (RocmGELU, flux_block_forward, flux_block_fusable, f
 from ..modules.rms_norm import RocmRMSNorm
 from ..modules.text_kv import TextKV, text_attentions
 from ..modules.vae_tiles import tiled_decode
-from .core import PatchRecord, eight_bit
+from .core import PatchRecord
+from .flags import eight_bit
 
 def _replace_children(model: nn.Module, record: PatchRecord, matches, make, count: str) -> None:
     """Every child module for which matches(child) becomes make(child), counted as `count`."""
