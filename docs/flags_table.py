@@ -1,4 +1,4 @@
-"""Writes optimize()'s flag table (rocm_sd/patch/pipeline.py's FLAGS, where each flag is documented) into
+"""Writes optimize()'s flag table (rocm_sd/patch/flags.py's FLAGS, where each flag is documented) into
 docs/usage.md between its generated markers:
 
     python docs/flags_table.py

@@ -151,15 +151,17 @@ def test_info_warns_when_torch_cannot_use_the_gpu_present(monkeypatch, hip, cuda
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="what a listing on a CPU says")
-def test_tune_list_on_a_cpu_says_what_it_lists(capsys):
-    """A CPU runs the model in float32: the listing says that these are not a GPU's problems, and that it writes
-    no database."""
+def test_tune_list_on_a_cpu_lists_the_gpus_problems_and_names_no_database(capsys):
+    """Without a GPU the listing runs the model on the meta device in the GPU's dtype (--dtype, default float16 for
+    the UNets): the GPU's problems, not float32 ones, and no database, which nothing here would write."""
     from rocm_sd.tune.cli import main as tune_main
 
     assert tune_main(["--model", "tiny", "--list", "--ops", "geglu"]) == 0
     out = capsys.readouterr().out
-    assert "geglu|float32|" in out and "(not written by --list / --dry-run)" in out
-    assert "--dtype float16 is the GPU's" in out and "not the problems a GPU tunes" in out
+    assert "geglu|float16|" in out and "float32" not in out and "float16 on the meta device: no GPU here" in out
+    assert "database" not in out and ".json" not in out
+    assert tune_main(["--model", "tiny", "--list", "--ops", "geglu", "--dtype", "bfloat16"]) == 0
+    assert "geglu|bfloat16|" in capsys.readouterr().out
 
 
 def test_prepare_on_a_cpu_runs_each_size_and_says_there_is_no_search(rocm_sd_command):

@@ -1,4 +1,4 @@
-"""Where rocm_sd's modules go in diffusers models: one patcher per optimize() flag (patch/pipeline.py's table).
+"""Where rocm_sd's modules go in diffusers models: one patcher per optimize() flag (patch/flags.py's table).
 
 Each patcher finds what it replaces by exact class (subclasses may compute something else) and records how to
 undo every change (core.PatchRecord). What replaces a module lives in rocm_sd/modules/.
@@ -283,9 +283,10 @@ def fused_away(attn: nn.Module) -> list[nn.Module]:
 
 
 def park_in_cpu_memory(module: nn.Module, record: PatchRecord) -> None:
-    """Moves `module` to CPU memory until revert() brings it back to its device."""
+    """Moves `module` to CPU memory until revert() brings it back to its device (a meta module, which holds no
+    memory, stays: the tuner's listing without a GPU)."""
     device = next(module.parameters()).device
-    if device.type != "cpu":
+    if device.type not in ("cpu", "meta"):
         record.on_revert(module.to, device)
         module.to("cpu")
 

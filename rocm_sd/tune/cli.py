@@ -7,7 +7,8 @@
     torchrun --nproc-per-node 8 -m rocm_sd.tune --model sdxl      # ranks with the same GPU share the work
 
 1. Harvest: the optimized pipeline runs once (2 steps) under a recording dispatch mode: every distinct
-   op call, with its shapes, strides and dtypes. The vendor tuners run on the same pass: PyTorch
+   op call, with its shapes, strides and dtypes (without a GPU, --list and --dry-run run it on the meta
+   device in the GPU's dtype: the same calls, in seconds; tune/on_meta.py). The vendor tuners run on the same pass: PyTorch
    TunableOp for the GEMMs and MIOpen find for the convolutions on ROCm (their files beside ours),
    cuDNN's benchmark mode on CUDA (which keeps nothing on disk).
 2. Per problem, every candidate is checked against a float64 truth (a fast wrong kernel is never
@@ -60,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start no new problem after this many seconds")
     parser.add_argument("--resume", action="store_true", help="skip problems the database already holds")
     parser.add_argument("--db", help="database folder or .json file (default: ROCM_SD_TUNE_DB or the cache folder)")
-    parser.add_argument("--list", action="store_true", help="list the harvested problems and stop")
+    parser.add_argument("--list", action="store_true",
+                        help="list the harvested problems and stop (no GPU needed: the GPU's problems, from a run on "
+                             "the meta device)")
     parser.add_argument("--dry-run", action="store_true", help="list problems and candidates, measure nothing")
     return parser
 

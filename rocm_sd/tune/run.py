@@ -19,6 +19,7 @@ from .harvest import harvest
 from ..parallel.mesh import shutdown
 from ..patch.pipeline import skipped_options
 from .measure import measure
+from .on_meta import ShapeOnlyScheduler, gpu_conv_layouts
 from .vendor import vendor_tuning
 
 HARVEST_STEPS = 2
@@ -43,20 +44,21 @@ def tune(args) -> int:
     on_gpu = platform.gpu_available()
     if measuring and not on_gpu:
         raise cli_args.UsageError("tuning measures on a GPU and torch sees none; --list and --dry-run work without one")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu")
+    # Without a GPU (--list, --dry-run) the pipeline runs on the meta device in the GPU's dtype: the calls a GPU run
+    # makes, in seconds, with no memory (on_meta.py)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("meta")
     if on_gpu:
         torch.cuda.set_device(device)
-    gpu_dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(args.model)
-    dtype = gpu_dtype if on_gpu else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(args.model)
     wanted = set(args.ops or (*problems.OPS, linear_8bit.OP, conv_8bit.OP))
     if args.ops and linear_8bit.OP in wanted and args.precision == "fp16":
         raise cli_args.UsageError(f"argument --ops: {linear_8bit.OP} needs --precision fp8 or int8")
     if args.ops and conv_8bit.OP in wanted and args.precision != "fp8":
         raise cli_args.UsageError(f"argument --ops: {conv_8bit.OP} needs --precision fp8")
 
-    key = device_key(device if on_gpu else None)
-    db = TuningDB(key, validators(device if on_gpu else None),
-                  location=default_location() if args.db is None else Path(args.db))
+    if on_gpu:
+        key = device_key(device)
+        db = TuningDB(key, validators(device), location=default_location() if args.db is None else Path(args.db))
     start = time.monotonic()
     # attention=True: the attention calls go through rocm_sd::attention, so the tuner sees and measures them
     # precision_layers="all": every 8-bit layer runs 8-bit and is recorded as such, whatever the database says now
@@ -70,12 +72,14 @@ def tune(args) -> int:
     for why in skipped:
         print(f"--precision {args.precision}: {why}; no {linear_8bit.OP} problems listed")
     conditioning = models.conditioning(pipe, ["a photograph of a lighthouse at dawn"] * args.batch)
-    folder = db.path.parent
-    with vendor_tuning(folder, key.file_stem) if measuring else nullcontext([]) as notes, \
+    if not on_gpu:
+        pipe.scheduler = ShapeOnlyScheduler(pipe.scheduler)
+    with vendor_tuning(db.path.parent, key.file_stem) if measuring else nullcontext([]) as notes, \
             linear_8bit.recording(models.denoiser(pipe)) as layer_calls, \
-            conv_8bit.recording(models.denoiser(pipe)) as conv_calls:
+            conv_8bit.recording(models.denoiser(pipe)) as conv_calls, \
+            nullcontext() if on_gpu else gpu_conv_layouts():
         calls = harvest(lambda: pipe(**conditioning, height=args.height, width=args.width,
-                                     num_inference_steps=HARVEST_STEPS, output_type="np"))
+                                     num_inference_steps=HARVEST_STEPS, output_type="np" if on_gpu else "pt"))
     del pipe
     if on_gpu:
         torch.cuda.empty_cache()
@@ -93,13 +97,11 @@ def tune(args) -> int:
                 continue
             first, total = by_key.get(layer_call.key, (layer_call, 0))
             by_key[layer_call.key] = (first, total + count // HARVEST_STEPS or 1)
+    where = (f"; database {db.path}" + ("" if measuring else " (not written by --list / --dry-run)") if on_gpu
+             else f", {str(dtype).removeprefix('torch.')} on the meta device: no GPU here")
     print(f"{len(by_key)} problems from {sum(calls.values()) + sum(layer_calls.values())} op calls ({args.model}, "
-          f"{HARVEST_STEPS} steps); database {db.path}" + ("" if measuring else " (not written by --list / --dry-run)"))
-    if not on_gpu:
-        gpu = str(gpu_dtype).removeprefix("torch.")
-        print(f"  on a CPU: the model ran in float32 on the CPU (--dtype {gpu} is the GPU's), so these are not "
-              "the problems a GPU tunes (dtypes, the GPU-only paths and 8-bit layers differ); list on the GPU")
-    for note in db.notes + (notes or []):
+          f"{HARVEST_STEPS} steps{where})")
+    for note in (db.notes if on_gpu else _meta_notes()) + (notes or []):
         print(f"  {note}")
     if not measuring:
         for k, (call, count) in by_key.items():
@@ -143,6 +145,14 @@ def tune(args) -> int:
     if stopped:
         print(f"budget reached: {stopped} problems left; run again with --resume to go on")
     return 0
+
+
+def _meta_notes() -> list[str]:
+    """What a listing without a GPU cannot know of the GPU that will tune."""
+    if platform.torch_gpu_platform() == "hip":
+        return []
+    return ["with ROCm's torch, vae_tiles is on by default and the VAE decode's problems are those of its tiles "
+            "(listed with this torch's default: off)"]
 
 
 def _print_table(db: TuningDB, keys: list[str]) -> None:
