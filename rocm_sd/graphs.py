@@ -7,7 +7,10 @@ GraphedCall wraps a callable (a model's forward, the VAE's decode). Per signatur
 structure of the arguments, each tensor's shape, strides, dtype and device, the value of every other
 argument, and the storage of every parameter and buffer of the model) it captures one graph on the
 first call and replays it afterwards: inputs are copied into the graph's static buffers, outputs
-are cloned out of it, so a caller never holds memory the next replay overwrites. It runs the
+are cloned out of it, so a caller never holds memory the next replay overwrites. Two exceptions, asked for per call:
+buffers passed in place (`in_place`: a step cache's kept state, which the graph reads and writes where it lies, the
+buffer's address part of the signature) and outputs handed out as the graph's own (`static_outputs`: read before the
+next replay, as the step cache reads its head call's). It runs the
 callable eagerly, and says why in `stats`, whenever a graph would be wrong or impossible: autograd
 on, torch.compile tracing, inside another capture, no GPU tensor among the inputs, CPU tensors or
 unhashable values among them, signatures changing too often (graphs evicted, least recently used
@@ -50,6 +53,7 @@ MAX_GRAPHS = 8
 THRASH_WINDOW = 32
 THRASH_EVICTIONS = 4
 WARMUP_CALLS = 2    # eager calls on a side stream before capture (lazy init, cuDNN algorithm choice)
+DEVICE_TYPE = "cuda"  # the tensors graphs replay (CPU tests that emulate a capture set "cpu")
 
 
 # Bumped when a module, parameter or buffer is registered on, or an attention processor set on, a
@@ -115,7 +119,7 @@ class _Ineligible(Exception):
 
 def _leaf_key(leaf: Any):
     if isinstance(leaf, torch.Tensor):
-        if leaf.device.type != "cuda":
+        if leaf.device.type != DEVICE_TYPE:
             raise _Ineligible(f"a {leaf.device.type} tensor argument (graphs replay device memory only)")
         return ("tensor", tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device)
     try:
@@ -128,18 +132,22 @@ def _leaf_key(leaf: Any):
 
 
 class _Graph:
-    def __init__(self, graph, static_inputs: list, static_output_leaves: list, output_spec):
+    def __init__(self, graph, static_inputs: list, static_output_leaves: list, output_spec, clone_outputs: bool = True):
         self.graph = graph
-        self.static_inputs = static_inputs        # one static tensor per tensor leaf of the arguments
+        # one static tensor per tensor leaf of the arguments: a copy, or the caller's own buffer where it is passed in
+        # place (kept here, so that no other tensor takes the address the graph reads and writes while it lives)
+        self.static_inputs = static_inputs
         self.static_output_leaves = static_output_leaves
         self.output_spec = output_spec
+        self.clone_outputs = clone_outputs
 
     def replay(self, tensor_leaves: list):
         for static, value in zip(self.static_inputs, tensor_leaves):
             if static.data_ptr() != value.data_ptr():
                 static.copy_(value)
         self.graph.replay()
-        out = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in self.static_output_leaves]
+        out = [leaf.clone() if isinstance(leaf, torch.Tensor) and self.clone_outputs else leaf
+               for leaf in self.static_output_leaves]
         return pytree.tree_unflatten(out, self.output_spec)
 
 
@@ -150,14 +158,22 @@ class GraphedCall:
     `generator` that pipelines pass to AutoencoderKL.decode), so that they do not block capture.
     pool: a graph memory pool shared with other GraphedCalls replayed on the same stream, one at a
     time (outputs are cloned, so captures may reuse each other's temporaries).
+    in_place: keyword arguments whose tensors the graph reads and writes at their own address: never copied into a
+    static buffer, their data pointers part of the signature (another buffer: another graph). For state a caller
+    keeps between calls, which a copy in and out of the graph would double. A capture runs the call WARMUP_CALLS times
+    more on them: what it writes must not depend on what it wrote (a copy, not an accumulation).
+    static_outputs: the outputs are the graph's own tensors, not clones: valid until the call's next replay, for a
+    caller that reads them at once (or passes them in place to another graphed call).
     """
 
     def __init__(self, fn: Callable, module: torch.nn.Module, name: str, ignore_kwargs: tuple[str, ...] = (),
-                 pool_owner: "GraphPool | None" = None):
+                 pool_owner: "GraphPool | None" = None, in_place: tuple[str, ...] = (), static_outputs: bool = False):
         self.fn = fn
         self.module = module
         self.name = name
         self.ignore_kwargs = ignore_kwargs
+        self.in_place = tuple(in_place)
+        self.static_outputs = static_outputs
         self.pool_owner = pool_owner or GraphPool()
         self.graphs: OrderedDict = OrderedDict()  # signature -> graph, least recently replayed first
         self.failed: dict = {}
@@ -179,13 +195,14 @@ class GraphedCall:
         so that a deep copy rebinds it to the copied model and pickle never looks it up by name."""
         fn = (self.fn.__func__, self.fn.__self__) if isinstance(self.fn, types.MethodType) else self.fn
         return {"fn": fn, "module": self.module, "name": self.name, "ignore_kwargs": self.ignore_kwargs,
-                "pool_owner": self.pool_owner}
+                "pool_owner": self.pool_owner, "in_place": self.in_place, "static_outputs": self.static_outputs}
 
     def __setstate__(self, state: dict) -> None:
         fn = state["fn"]
         if isinstance(fn, tuple):
             fn = types.MethodType(*fn)
-        self.__init__(fn, state["module"], state["name"], state["ignore_kwargs"], state["pool_owner"])
+        self.__init__(fn, state["module"], state["name"], state["ignore_kwargs"], state["pool_owner"],
+                      state.get("in_place", ()), state.get("static_outputs", False))
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -239,18 +256,23 @@ class GraphedCall:
         if accelerate_hooked(self.module):
             raise _Ineligible("accelerate hooks (CPU offload) move the weights between calls")
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        if not any(isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" for leaf in leaves):
+        if not any(isinstance(leaf, torch.Tensor) and leaf.device.type == DEVICE_TYPE for leaf in leaves):
             raise _Ineligible("no GPU tensor among the inputs")
         if torch.cuda.is_current_stream_capturing():
             raise _Ineligible("called inside another graph capture")
-        leaf_keys = []
+        leaf_keys, buffers = [], self._buffers(kwargs)
         for index, leaf in enumerate(leaves):
             try:
-                leaf_keys.append(_leaf_key(leaf))
+                leaf_keys.append(_leaf_key(leaf) + ((leaf.data_ptr(),) if id(leaf) in buffers else ()))
             except _Ineligible as why:  # say which argument
                 raise _Ineligible(f"{why} at {_argument_path(args, kwargs, index)}") from None
         key = (spec, tuple(leaf_keys), self._model_key())
         return key, leaves, spec
+
+    def _buffers(self, kwargs: dict) -> set[int]:
+        """The ids of the tensors passed in place (`in_place`)."""
+        return {id(leaf) for name in self.in_place for leaf in pytree.tree_leaves(kwargs.get(name))
+                if isinstance(leaf, torch.Tensor)}
 
     def _model_key(self) -> tuple:
         """(which structure the model has, the storage of each weight): the model as a graph bakes it in.
@@ -327,10 +349,7 @@ class GraphedCall:
                 self.fn(*warm_args, **warm_kwargs)
         torch.cuda.current_stream(device).wait_stream(side)
 
-        static_inputs = [leaf.detach().clone() for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        it = iter(static_inputs)
-        static_leaves = [next(it) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-        static_args, static_kwargs = pytree.tree_unflatten(static_leaves, spec)
+        static_inputs, static_args, static_kwargs = self._static_arguments(kwargs, leaves, spec)
         graph = torch.cuda.CUDAGraph()
         try:
             with graph_capture(graph, pool=self.pool_owner.handle(device)):
@@ -340,7 +359,18 @@ class GraphedCall:
             raise
         self.pool_owner.captured(device, graph)
         output_leaves, output_spec = pytree.tree_flatten(output)
-        return _Graph(graph, static_inputs, output_leaves, output_spec)
+        return _Graph(graph, static_inputs, output_leaves, output_spec, not self.static_outputs)
+
+    def _static_arguments(self, kwargs: dict, leaves: list, spec) -> tuple[list, tuple, dict]:
+        """(the graph's input tensors, the arguments it is captured with): a copy of each tensor leaf, the buffer itself
+        where it is passed in place."""
+        buffers = self._buffers(kwargs)
+        static_inputs = [leaf if id(leaf) in buffers else leaf.detach().clone()
+                         for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        it = iter(static_inputs)
+        static_leaves = [next(it) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        static_args, static_kwargs = pytree.tree_unflatten(static_leaves, spec)
+        return static_inputs, static_args, static_kwargs
 
     def clear(self) -> None:
         """Drop every captured graph (their memory returns to the pool) and the model's weights the signatures compare.

@@ -128,6 +128,31 @@ def test_replay_matches_eager_and_outputs_are_not_aliased():
 
 
 @pytest.mark.gpu
+def test_buffers_passed_in_place_are_read_and_written_where_they_lie_and_static_outputs_are_the_graphs_own():
+    m = Tiny().cuda().half()
+
+    def step(x, *, state, out):  # a caller's state, read by the graph, and a buffer it writes
+        out.copy_(torch.relu(m.proj(x)) + state)
+        return out.sum(dim=0)
+
+    call = graphs.GraphedCall(step, m, "step", in_place=("state", "out"), static_outputs=True)
+    states = [torch.randn(8, 16, device="cuda", dtype=torch.half) for _ in range(2)]
+    outs = [torch.empty(8, 16, device="cuda", dtype=torch.half) for _ in range(2)]
+    sums = []
+    with torch.no_grad():
+        for x in [torch.randn(8, 16, device="cuda", dtype=torch.half) for _ in range(3)]:
+            for state, out in zip(states, outs):
+                state.mul_(0.5)  # changed by the caller between calls: the graph reads it where it lies
+                sums.append(call(x, state=state, out=out))
+                assert torch.equal(out, torch.relu(m.proj(x)) + state)
+                assert torch.equal(sums[-1], out.sum(dim=0))
+    assert call.stats["graph captures"] == 2 and call.stats["graph replays"] == 6  # a graph per pair of buffers
+    held = {id(t) for graph in call.graphs.values() for t in graph.static_inputs}
+    assert all(id(t) in held for t in states + outs)  # the buffers themselves, no copies
+    assert sums[0] is sums[2] is sums[4] and sums[1] is sums[3]  # each graph's own output, not a clone
+
+
+@pytest.mark.gpu
 def test_graphs_dropped_leave_nothing_allocated():
     """torch keeps a BLAS workspace per stream a GEMM ran on, for good: warm-up calls on a new stream per capture
     left one allocated after every capture, which no revert() could return."""

@@ -9,13 +9,17 @@ loaded, and the original model is exactly itself again afterwards; then KSampler
 and without the node and (on a GPU) replays the node's captured graph, also with the node's 8-bit `precision`
 (on a GPU) and a weight patch; the node run while another clone of the model is loaded (a LoRA'd one, the previous
 run's optimized one: re-queues, a LoRA strength or an option changed, the node chained on its own output) gives what
-its input gives; "rocm_sd Tune" reads the architecture from ComfyUI's model configs (the tuning
+its input gives; small random SD3.5-style / SD3-style MMDiTs and a small Flux, built with ComfyUI's own classes,
+agree with and without the node (one evaluation and KSampler's path, graph replay on a GPU) and revert exactly;
+"rocm_sd Tune" reads the architecture from ComfyUI's model configs (the tuning
 itself is not run). Exits non-zero on any failure.
 """
 import argparse
+import contextlib
 import importlib.util
 import os
 import sys
+from collections import Counter
 
 # The check asks that every GroupNorm / LayerNorm ran rocm_sd's kernel; a shipped default database's measured
 # `torch` choice (tune/defaults/, e.g. LayerNorm ties on the H200) would make that a false failure.
@@ -68,16 +72,27 @@ SMALL_UNET = {"model_channels": 32, "in_channels": 4, "out_channels": 4, "num_re
               "legacy": False}
 
 
-def small_model(torch, comfy, device, dtype, model_class="SD15", **unet_config):
+def small_model(torch, comfy, device, dtype, model_class="SD15", base=SMALL_UNET, **unet_config):
     """A ModelPatcher around a small random model of ComfyUI's `model_class` (comfy/supported_models.py) built
-    with ComfyUI's own classes; unet_config entries override SMALL_UNET's."""
-    config = getattr(comfy.supported_models, model_class)(SMALL_UNET | unet_config)
+    with ComfyUI's own classes; unet_config entries override `base`'s."""
+    config = getattr(comfy.supported_models, model_class)(base | unet_config)
     config.set_inference_dtype(dtype, None)
     model = config.get_model({}, device=device)
     torch.manual_seed(0)
-    for p in model.parameters():
-        p.data.normal_(0, 0.1)
+    for p in [*model.parameters(), *model.buffers()]:  # buffers too: SD3's position embedding is torch.empty
+        if p.is_floating_point():
+            p.data.normal_(0, 0.1)
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+
+
+def count_override_calls(optimized) -> tuple[list, object]:
+    """(a list that grows by one at every call of the node's attention override on `optimized`, the override)."""
+    calls = []
+    options = optimized.model_options["transformer_options"]
+    override = options.get("optimized_attention_override")
+    if override is not None:
+        options["optimized_attention_override"] = lambda *a, **k: calls.append(1) or override(*a, **k)
+    return calls, override
 
 
 def check_model(torch, comfy, nodes, device, dtype):
@@ -94,11 +109,7 @@ def check_model(torch, comfy, nodes, device, dtype):
 
     reference = run(patcher)
     (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher)
-    calls = []
-    override = optimized.model_options["transformer_options"].get("optimized_attention_override")
-    if override is not None:
-        optimized.model_options["transformer_options"]["optimized_attention_override"] = \
-            lambda *a, **k: calls.append(1) or override(*a, **k)
+    calls, override = count_override_calls(optimized)
     import rocm_sd
 
     rocm_sd.reset_stats()
@@ -283,6 +294,117 @@ def check_tune_node(torch, comfy, nodes):
     return runs == ["sd15", "sdxl"] and prepared == (runs if torch.cuda.is_available() else [])
 
 
+# Small SD3 / SD3.5 (MMDiT: hidden 64 * depth, heads of 64) and Flux configs, as comfy/model_detection.py reads them
+# from a checkpoint, for comfy/supported_models.py's SD3 and Flux.
+SMALL_MMDIT = {"in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2, "input_size": None,
+               "adm_in_channels": 32, "pos_embed_scaling_factor": None, "num_patches": 64, "pos_embed_max_size": 8,
+               "context_embedder_config": {"target": "torch.nn.Linear",
+                                           "params": {"in_features": 48, "out_features": 128}}}
+SMALL_FLUX = {"image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 32, "context_in_dim": 48,
+              "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 2, "depth": 2, "depth_single_blocks": 2,
+              "axes_dim": [8, 12, 12], "theta": 10000, "patch_size": 2, "qkv_bias": True, "guidance_embed": True}
+TRANSFORMERS = [  # (what, supported_models class, config, the ops its blocks call, KSampler's CFG)
+    ("SD3.5 Medium-style MMDiT (Q / K RMSNorm, a dual-attention block)", "SD3",
+     SMALL_MMDIT | {"qk_norm": "rms", "x_block_self_attn_layers": [0]}, ("ada_layer_norm", "add_ada_layer_norm",
+                                                                         "rms_norm"), 4.5),
+    ("SD3 Medium-style MMDiT (no Q / K norm)", "SD3", SMALL_MMDIT | {"x_block_self_attn_layers": []},
+     ("ada_layer_norm", "add_ada_layer_norm"), 4.5),
+    ("Flux (guidance-distilled, CFG 1)", "Flux", SMALL_FLUX, ("ada_layer_norm", "add_ada_layer_norm", "rms_norm"), 1.0),
+]
+
+
+@contextlib.contextmanager
+def flux_rope_spy(comfy):
+    """The `pe` of every call of ComfyUI's Flux attention function meanwhile: None where the rope was applied before
+    (by rocm_sd::rms_norm), ComfyUI's rope tensor where ComfyUI's attention applies it."""
+    import comfy.ldm.flux.layers as layers
+
+    seen, attention = [], layers.attention
+
+    def spy(*args, pe=None, **kwargs):
+        seen.append(pe)
+        return attention(*args, pe=pe, **kwargs)
+
+    layers.attention = spy
+    try:
+        yield seen
+    finally:
+        layers.attention = attention
+
+
+def check_transformers(torch, comfy, nodes, device, dtype):
+    """The node on ComfyUI's own SD3 / SD3.5 and Flux classes (random weights): one evaluation per batch size (Flux:
+    batch 1 takes rocm_sd's rope, batch 2 ComfyUI's) agrees with ComfyUI's, with the blocks swapped while loaded,
+    the attention override called and the original restored exactly; then KSampler's path agrees, and on a GPU its
+    steps replay the node's graph."""
+    import comfy.sample
+    import rocm_sd
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    ok = True
+    for what, model_class, config, ops, cfg in TRANSFORMERS:
+        patcher = small_model(torch, comfy, device, dtype, model_class, base=config)
+        model = patcher.model
+        (optimized,) = nodes["RocmSDOptimizeModel"]().optimize(patcher)
+        calls, _ = count_override_calls(optimized)
+        for batch in (1, 2):
+            g = torch.Generator().manual_seed(batch)
+            x, ctx, y = (torch.randn(*shape, generator=g).to(device, dtype)
+                         for shape in ((batch, 16, 16, 16), (batch, 7, 48), (batch, 32)))
+            t = torch.linspace(0.4, 0.9, batch, device=device)
+            extra = {"y": y} | ({"guidance": torch.full((batch,), 3.5, device=device)} if model_class == "Flux" else {})
+
+            def run(p):
+                comfy.model_management.load_models_gpu([p])
+                with torch.inference_mode():
+                    return p.model.apply_model(x, t, c_crossattn=ctx,
+                                               transformer_options=p.model_options["transformer_options"], **extra)
+
+            reference = run(patcher)
+            calls.clear()
+            rocm_sd.reset_stats()
+            with flux_rope_spy(comfy) as ropes:
+                got = run(optimized)
+            ran, stats = kernels_ran(torch, device, ops)
+            swapped = [type(m).__name__ for m in optimized.model.modules() if type(m).__name__.startswith("Rocm")]
+            diff = relative_difference(got, reference)
+            again = run(patcher)
+            restored = torch.equal(again, reference) and not any(type(m).__name__.startswith("Rocm")
+                                                                 for m in model.modules())
+            rope = "" if not ropes else f", rope applied by rocm_sd::rms_norm in {ropes.count(None)} of {len(ropes)}"
+            print(f"{what}, batch {batch}: {len(optimized.object_patches)} object patches, rocm_sd blocks while "
+                  f"loaded {dict(Counter(swapped))}, attention override called {len(calls)}x{rope}, max relative "
+                  f"difference {diff:.2e}, original restored: {restored}, op calls {stats}")
+            # rocm_sd's rope takes one table for the batch: ComfyUI's Flux builds one per sample (batch 2: its own)
+            rope_as_said = not ropes or ropes.count(None) == (len(ropes) if batch == 1 else 0)
+            ok = ok and diff <= _tolerance(torch, dtype) and swapped and calls and restored and ran and rope_as_said
+        if not ok:
+            return False
+
+        g = torch.Generator().manual_seed(7)
+        noise, latent = torch.randn(1, 16, 16, 16, generator=g), torch.zeros(1, 16, 16, 16)
+        cond = {"pooled_output": torch.randn(1, 32, generator=g)}
+        positive = [[torch.randn(1, 7, 48, generator=g), dict(cond)]]
+        negative = [[torch.randn(1, 7, 48, generator=g), dict(cond)]]
+        before = graph_stats(optimized)
+        with torch.inference_mode():
+            reference = comfy.sample.sample(patcher, noise, 6, cfg, "euler", "normal", positive, negative, latent,
+                                            seed=0, disable_pbar=True)
+            rocm_sd.reset_stats()
+            got = comfy.sample.sample(optimized, noise, 6, cfg, "euler", "normal", positive, negative, latent, seed=0,
+                                      disable_pbar=True)
+        ran, op_stats = kernels_ran(torch, device, ops)
+        stats = graph_stats(optimized) - before
+        diff = relative_difference(got, reference)
+        print(f"{what}: KSampler 6 euler steps, CFG {cfg}: max relative difference {diff:.2e}, graphs {dict(stats)}, "
+              f"op calls {op_stats}")
+        graphed = stats["graph captures"] == 1 and stats["graph replays"] == 6 if device.type == "cuda" else True
+        ok = diff <= _tolerance(torch, dtype) and graphed and ran
+        if not ok:
+            return False
+    return ok
+
+
 def check_vae(torch, comfy, nodes):
     from comfy.ldm.models.autoencoder import AutoencoderKL
 
@@ -366,7 +488,7 @@ def main():
     nodes = load_nodes()
     ok = (check_model(torch, comfy, nodes, device, dtype) and check_sampler(torch, comfy, nodes, device, dtype)
           and check_requeue_orders(torch, comfy, nodes, device, dtype) and check_precision(torch, comfy, nodes, device, dtype) and check_tune_node(torch, comfy, nodes)
-          and check_vae(torch, comfy, nodes))
+          and check_transformers(torch, comfy, nodes, device, dtype) and check_vae(torch, comfy, nodes))
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

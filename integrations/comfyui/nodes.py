@@ -49,8 +49,8 @@ def _say(messages: list[str]) -> None:
 # ---- the nodes ---------------------------------------------------------------------------------------------
 
 class RocmSDOptimizeModel:
-    """MODEL -> MODEL: rocm_sd's norm kernels and attention on a clone, and its evaluations replayed as
-    captured graphs; optionally step caching (docs/step_cache.md), 8-bit linear layers and FP8 attention
+    """MODEL -> MODEL: rocm_sd's norm kernels (SD3 / SD3.5 and Flux: its fused transformer blocks) and attention on a
+    clone, and its evaluations replayed as captured graphs; optionally step caching (docs/step_cache.md), 8-bit linear layers and FP8 attention
     (docs/precision.md); the input model is not changed."""
 
     @classmethod
@@ -59,7 +59,9 @@ class RocmSDOptimizeModel:
             "model": ("MODEL",),
             "attention": ("BOOLEAN", {"default": True, "tooltip": "attention through rocm_sd"}),
             "group_norm": ("BOOLEAN", {"default": True, "tooltip": "GroupNorm (+ the SiLU after it) as one kernel"}),
-            "layer_norm": ("BOOLEAN", {"default": True, "tooltip": "the transformer blocks' LayerNorms"}),
+            "layer_norm": ("BOOLEAN", {"default": True, "tooltip": (
+                "the transformer blocks' LayerNorms; on SD3 / SD3.5 and Flux, each block's AdaLN, Q / K RMSNorm "
+                "(+ rope) and GELU MLP")}),
             "channels_last": ("BOOLEAN", {"default": True, "tooltip": (
                 "run the convolutions on channels_last views of their weights, so that activations stay NHWC and "
                 "the GPU's convolutions need no layout transposes (ComfyUI keeps models NCHW)")}),
@@ -101,8 +103,8 @@ class RocmSDOptimizeModel:
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "optimize"
     CATEGORY = CATEGORY
-    DESCRIPTION = ("Runs the model's GroupNorm+SiLU, LayerNorm and attention through rocm_sd and replays each "
-                   "model evaluation as a captured GPU graph (AMD GPUs).")
+    DESCRIPTION = ("Runs the model's GroupNorm+SiLU, LayerNorm (SD3 / Flux: AdaLN, Q / K RMSNorm) and attention "
+                   "through rocm_sd and replays each model evaluation as a captured GPU graph (AMD GPUs).")
 
     def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True,
                  cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16", cache_branch=0,

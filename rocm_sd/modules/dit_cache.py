@@ -14,7 +14,10 @@ read the image stream only (norm_out(hidden_states, temb)).
 - 'teacache' (TeaCache, arXiv 2411.19108): the boundary is before the first block. The probe is the first block's
   AdaLN-modulated input, norm1(hidden_states, temb)[0]. Each slot sums the probe's relative L1 change against its
   previous call's, rescaled by TeaCache's polynomial (TEACACHE_POLYNOMIAL); a call is cached while the sum stays below
-  the threshold, and a full call sets it back to 0.
+  the threshold, and a full call sets it back to 0. The schedule's last step is full, as in TeaCache's own code
+  (teacache_flux.py: `cnt == num_steps - 1`), where the step is known: a timestep that is a view of
+  scheduler.timesteps (SD3's pipeline passes `t.expand(batch)`). Flux's pipeline passes `timestep / 1000`, a new
+  tensor, and nothing the transformer sees says which step is the last: there the last step is decided like the others.
 Threshold 0: every call is full (and computes what the uncached model does, bit for bit). A slot's first call of a
 generation is full in both modes.
 
@@ -23,31 +26,47 @@ another call of the same step, with its own slot (CFG run as separate calls: Flu
 not go down, inputs of another shape, dtype or device (batch, resolution, text length), or a timestep from another
 scheduler.timesteps tensor start a new generation, whose calls are full until their slot has a residual. A batched
 CFG call (SD3's [uncond, cond]) is one call: one decision for the whole batch, one residual of the batch's shape.
-Flux's guidance embedding goes into temb, so the probe and norm_out see it as the model does. Calls run uncached (the
-model's own forward, the cache untouched) with ControlNet residuals, SD3's skip_layers (skip-layer guidance calls),
-or gradient checkpointing under autograd.
+A step takes at most MAX_SLOTS calls: one more at the same timestep is a new generation (Flux's pipeline gives every
+run of one step the same timestep). Flux's guidance embedding goes into temb, so the probe and norm_out see it as the
+model does. Calls run uncached (the model's own forward, the cache untouched) with ControlNet residuals, SD3's
+skip_layers (skip-layer guidance calls), or autograd on (gradient checkpointing included: a kept residual would hold
+the network's gradient history).
 
 Calls (GRAPHED_CALLS; patch/diffusers.py's install_graphs graphs each on its own): `head` (the embeddings and the
-first block or its norm: the streams at the boundary and the probe), `rest` (the blocks after the boundary and the
-output layers: the output and the new residual) and `skip` (the output layers on hidden + residual). Each runs the
+first block or its norm: the streams at the boundary, and the probe's change against the slot's), `rest` (the blocks
+after the boundary and the output layers: the output; it writes the new residual) and `skip` (the output layers on
+hidden + residual). `head` only reads the slot's probe, so that running it again (graph capture's warm-up calls)
+compares the same two: teacache's `rest` and `skip` compute the probe again to write it (a norm). Each runs the
 model's own forward, with the model's block lists standing aside for one stand-in module for the call, so what the
 forward does around the blocks happens as usual: embeddings, LoRA scaling from joint_attention_kwargs, IP-Adapter
 projections, norm_out, proj_out, SD3's unpatchify. `rest` and `skip` compute the embeddings again (a few small GEMMs)
-rather than take them from `head`. The deciding between them is plain Python, and reads the relative change on the
-host: one sync per call (no sync with threshold 0). Reading the timestep costs another where it is not a view of
-scheduler.timesteps (Flux's pipeline divides it by 1000).
+rather than take them from `head`. The deciding between them is plain Python, and reads the relative change (which
+`head` computes on the device) on the host: one sync per call (none with threshold 0, or while the slot has no
+probe). Reading the timestep costs another where it is not a view of scheduler.timesteps (Flux's pipeline divides it
+by 1000).
+
+Memory: each slot has two tensors of the image stream's shape, the same two in every generation (`buffers`, per
+input shape and slot; those of KEPT_SHAPES shapes kept): its residual, which `rest` writes and `skip` reads, and its
+probe (fbcache: the first block's residual at the slot's last full call, which `rest` writes; teacache: the modulated
+input of the slot's previous call, which `rest` and `skip` write). Graph capture passes both in place (GRAPH_OPTIONS:
+no graph keeps a copy of either, their addresses part of the graphs' signatures), so each slot's calls have their own
+graphs. `head` returns the streams after the first block (fbcache; teacache's `rest` and `skip` start from the
+embeddings they compute) as its graph's own outputs, which `rest` and `skip` read in place: fbcache's third tensor of
+that shape per slot (teacache has none). The probe stays the algorithm's own: both published implementations keep it
+beside the residual. Were `head` to run eagerly while `rest` and `skip` are graphed (its capture failed), the streams
+would come at new addresses every call, and graphs.py's eviction rule would soon run `rest` and `skip` eagerly too.
 """
 from __future__ import annotations
 
 import functools
 import inspect
-from collections import Counter
+from collections import Counter, OrderedDict
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from .step_cache import HostTimesteps, Slot, Steps, relative_l1
+from .step_cache import HostTimesteps, Slot, Steps, relative_change
 
 MODES = ("fbcache", "teacache")
 # The model classes, and their block lists in the order their forward runs them.
@@ -69,6 +88,10 @@ THRESHOLDS = {
 # TeaCache4FLUX/teacache_flux.py, the same numbers in ComfyUI-TeaCache's nodes.py. No polynomial was fitted for SD3;
 # PaddleMIX's SD3 port applies this one unchanged, and so does rocm_sd.
 TEACACHE_POLYNOMIAL = (4.98651651e+02, -2.83781631e+02, 5.58554382e+01, -3.82021401e+00, 2.64230861e-01)
+
+
+# The input shapes whose slot buffers are kept (a graph captured for a shape reads and writes its buffers in place).
+KEPT_SHAPES = 2
 
 
 def teacache_rescale(change: float) -> float:
@@ -132,6 +155,11 @@ class DiTStepCache:
     `skip` (the module doc), counting into `counts` (the model's PatchRecord counts)."""
 
     GRAPHED_CALLS = ("head", "rest", "skip")
+    # How install_graphs graphs each call (graphs.GraphedCall's options): the slot's residual and probe are read and
+    # written where they lie, and head's streams at the boundary are handed to rest / skip where head's graph left them.
+    GRAPH_OPTIONS = {"head": dict(in_place=("previous",), static_outputs=True),
+                     "rest": dict(in_place=("hidden", "encoder", "residual", "previous")),
+                     "skip": dict(in_place=("hidden", "residual", "previous"))}
 
     def __init__(self, model: nn.Module, mode: str, threshold: float, counts: Counter | None = None):
         if mode not in MODES:
@@ -143,16 +171,18 @@ class DiTStepCache:
         self.inner = model.__dict__.get("forward")   # an instance forward in place (accelerate's), else the class's
         self.steps = Steps()
         self.timesteps = HostTimesteps()
+        self.buffers: OrderedDict = OrderedDict()   # (the inputs' shapes, slot) -> (residual, probe), latest last
         self._parameters = list(inspect.signature(type(model).forward).parameters)[1:]
         self.head, self.rest, self.skip = self.head_call, self.rest_call, self.skip_call
 
     def __getstate__(self) -> dict:
         """A copy gets its settings and calls, never the cached residuals of this one's generation."""
-        return dict(self.__dict__, steps=Steps())
+        return dict(self.__dict__, steps=Steps(), buffers=OrderedDict())
 
     def forget(self) -> None:
         """Drops the cached residuals and probes (revert: at once, not at a later cycle collection)."""
         self.steps.reset()
+        self.buffers.clear()
 
     def forward(self, **kwargs):
         """The forward that was in place before the step cache."""
@@ -169,14 +199,17 @@ class DiTStepCache:
             return self.forward(**kwargs)
         sample, text = kwargs["hidden_states"], kwargs.get("encoder_hidden_states")
         timestep = self.timesteps.value(kwargs["timestep"])
-        key = (tuple(sample.shape), sample.dtype, sample.device, None if text is None else tuple(text.shape),
-               self.timesteps.copies)
-        slot = self.steps.locate(timestep, key)
-        hidden, encoder, probe = self.head(**kwargs)
-        if self._cached(slot, probe):
+        position = self.timesteps.position
+        last = position is not None and position[0] == position[1] - 1
+        shapes = (tuple(sample.shape), sample.dtype, sample.device, None if text is None else tuple(text.shape))
+        slot = self.steps.locate(timestep, shapes + (self.timesteps.copies,))
+        residual, previous = self._buffers(shapes, self.steps.call, sample)
+        hidden, encoder, change = self.head(previous=previous, **kwargs)
+        if self._cached(slot, change, previous, last):
             self.counts["step cache: cached calls"] += 1
-            return self.skip(hidden, slot.feature, **kwargs)
-        output, slot.feature = self.rest(hidden, encoder, **kwargs)
+            return self.skip(hidden=hidden, residual=residual, previous=previous, **kwargs)
+        output = self.rest(hidden=hidden, encoder=encoder, residual=residual, previous=previous, **kwargs)
+        slot.feature = residual
         self.counts["step cache: full calls"] += 1
         return output
 
@@ -186,22 +219,50 @@ class DiTStepCache:
             return "ControlNet residuals"
         if kwargs.get("skip_layers"):
             return "skip_layers (skip-layer guidance)"
-        if torch.is_grad_enabled() and getattr(self.model, "gradient_checkpointing", False):
-            return "gradient checkpointing"
+        if torch.is_grad_enabled():  # (gradient checkpointing too) a kept residual would hold the whole network's
+            return "autograd is on"  # gradient history, and the slot's buffers are written in place
         return None
 
-    def _cached(self, slot: Slot, probe: torch.Tensor) -> bool:
-        """Whether this call adds the slot's residual (the module doc's rule of each mode); keeps the probe."""
+    def _buffers(self, shapes: tuple, index: int, sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot `index`'s residual and probe for inputs of `shapes`: the same two tensors in every generation, so that
+        the graphs that read and write them in place replay (those of KEPT_SHAPES input shapes are kept)."""
+        key = (shapes, index)
+        buffers = self.buffers.get(key)
+        if buffers is None:
+            shape = self._stream_shape(sample)
+            buffers = self.buffers[key] = tuple(torch.empty(shape, dtype=sample.dtype, device=sample.device)
+                                                for _ in range(2))
+            kept = {shapes_ for shapes_, _ in self.buffers}
+            if len(kept) > KEPT_SHAPES:
+                oldest = next(iter(self.buffers))[0]
+                for stale in [k for k in self.buffers if k[0] == oldest]:
+                    del self.buffers[stale]
+        self.buffers.move_to_end(key)
+        return buffers
+
+    def _stream_shape(self, sample: torch.Tensor) -> tuple[int, ...]:
+        """The image stream's shape inside the blocks for the input `sample`: (batch, tokens, inner dim)."""
+        if type(self.model).__name__ == "SD3Transformer2DModel":  # (batch, channels, height, width), patchified
+            patch = self.model.config.patch_size
+            tokens = (sample.shape[-2] // patch) * (sample.shape[-1] // patch)
+        else:                                                   # Flux: (batch, tokens, channels), packed
+            tokens = sample.shape[1]
+        return (sample.shape[0], tokens, self.model.inner_dim)
+
+    def _cached(self, slot: Slot, change, previous: torch.Tensor, last: bool = False) -> bool:
+        """Whether this call adds the slot's residual (the module doc's rule of each mode). `change`: the probe's
+        relative change against `previous` (read only where the slot has a probe); `previous`: the slot's probe, which
+        the full call (fbcache) or either call (teacache) writes; `last`: the schedule's last step."""
         ready = slot.feature is not None and slot.previous is not None and self.threshold > 0
         if self.mode == "fbcache":
-            cached = ready and relative_l1(probe, slot.previous) < self.threshold
+            cached = ready and float(change) < self.threshold
             if not cached:
-                slot.previous = probe   # compared with until the slot's next full call
+                slot.previous = previous   # compared with until the slot's next full call
             return cached
         if ready:
-            slot.change += teacache_rescale(relative_l1(probe, slot.previous))
-        cached = ready and slot.change < self.threshold
-        slot.previous = probe
+            slot.change += teacache_rescale(float(change))
+        cached = ready and not last and slot.change < self.threshold
+        slot.previous = previous
         if not cached:
             slot.change = 0.0
         return cached
@@ -210,18 +271,22 @@ class DiTStepCache:
     def _blocks(self) -> list[nn.Module]:
         return [block for name in BLOCK_LISTS[type(self.model).__name__] for block in self.model._modules[name]]
 
-    def head_call(self, **kwargs):
+    @staticmethod
+    def _probe(first: nn.Module, hidden_states: torch.Tensor, block_kwargs: dict) -> torch.Tensor:
+        """TeaCache's probe: the first block's AdaLN-modulated input."""
+        return first.norm1(hidden_states, emb=block_kwargs["temb"])[0]
+
+    def head_call(self, previous: torch.Tensor, **kwargs):
         """The model's forward up to its blocks, then the first block (fbcache) or its norm1 (teacache): (the image
-        and text streams at the boundary, the probe)."""
+        and text streams after the first block, None for teacache, and the probe's change against `previous`)."""
         first = self._blocks()[0]
 
         def run(hidden_states, encoder_hidden_states, **block_kwargs):
             if self.mode == "fbcache":
                 encoder, hidden = first(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
                                         **block_kwargs)
-                raise _Stop((hidden, encoder, hidden - hidden_states))
-            probe = first.norm1(hidden_states, emb=block_kwargs["temb"])[0]
-            raise _Stop((hidden_states, encoder_hidden_states, probe))
+                raise _Stop((hidden, encoder, relative_change(hidden - hidden_states, previous)))
+            raise _Stop((None, None, relative_change(self._probe(first, hidden_states, block_kwargs), previous)))
 
         with _blocks_standing_aside(self.model, run):
             try:
@@ -230,27 +295,39 @@ class DiTStepCache:
                 return stop.result
         raise RuntimeError("step cache: the transformer's forward returned without calling its blocks")
 
-    def rest_call(self, hidden: torch.Tensor, encoder: torch.Tensor, **kwargs):
-        """The model's forward with the blocks after the boundary run on `hidden` / `encoder` (head's): (its output,
-        the residual of those blocks on the image stream)."""
-        blocks = self._blocks()[1 if self.mode == "fbcache" else 0:]
-        kept = []
+    def rest_call(self, hidden: torch.Tensor | None, encoder: torch.Tensor | None, residual: torch.Tensor,
+                  previous: torch.Tensor, **kwargs):
+        """The model's forward with the blocks after the boundary run on head's streams (fbcache) or the forward's own
+        (teacache); writes the residual of those blocks on the image stream into `residual` and the probe into
+        `previous`. Returns the output."""
+        blocks = self._blocks()
+        first, blocks = blocks[0], blocks[1 if self.mode == "fbcache" else 0:]
 
         def run(hidden_states, encoder_hidden_states, **block_kwargs):
-            h, e = hidden, encoder
+            if self.mode == "fbcache":
+                torch.sub(hidden, hidden_states, out=previous)   # head's probe, as head computed it
+                h, e = hidden, encoder
+            else:
+                previous.copy_(self._probe(first, hidden_states, block_kwargs))
+                h, e = hidden_states, encoder_hidden_states
             for block in blocks:
                 e, h = block(hidden_states=h, encoder_hidden_states=e, **block_kwargs)
-            kept.append(h - hidden)
+            torch.sub(h, hidden if self.mode == "fbcache" else hidden_states, out=residual)
             return e, h
 
         with _blocks_standing_aside(self.model, run):
-            output = self.forward(**kwargs)
-        return output, kept[0]
+            return self.forward(**kwargs)
 
-    def skip_call(self, hidden: torch.Tensor, residual: torch.Tensor, **kwargs):
-        """The model's forward with its blocks replaced by adding `residual` to `hidden` (head's)."""
+    def skip_call(self, hidden: torch.Tensor | None, residual: torch.Tensor, previous: torch.Tensor, **kwargs):
+        """The model's forward with its blocks replaced by adding `residual` to head's image stream (fbcache) or the
+        forward's own (teacache, which also writes the probe into `previous`)."""
+        first = self._blocks()[0]
+
         def run(hidden_states, encoder_hidden_states, **block_kwargs):
-            return encoder_hidden_states, hidden + residual
+            if self.mode == "fbcache":
+                return encoder_hidden_states, hidden + residual
+            previous.copy_(self._probe(first, hidden_states, block_kwargs))
+            return encoder_hidden_states, hidden_states + residual
 
         with _blocks_standing_aside(self.model, run):
             return self.forward(**kwargs)

@@ -112,6 +112,16 @@ def _subclass(base: type, kind: str) -> type:
     return _SUBCLASSES[key]
 
 
+def face_class(base: type, kind: str, forward: Callable, slots: tuple[str, ...] = ("rocm_sd_host_path",)) -> type:
+    """A subclass of the host's class `base` with its own `forward` and `slots` (the copy's own settings), made once per
+    (base, kind), for copies made with host_face elsewhere (modules/comfy_dit.py's transformer blocks)."""
+    key = (base, kind)
+    if key not in _SUBCLASSES:
+        _SUBCLASSES[key] = type(f"Rocm{base.__name__}", (_OwnSettings, base), {
+            "forward": forward, "__module__": __name__, "__slots__": ("rocm_sd_source",) + tuple(slots)})
+    return _SUBCLASSES[key]
+
+
 def upsample_copy(module: nn.Module, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
     """A host's nearest-2x-then-conv upsampler (`conv`, a 3x3 nn.Conv2d, after interpolation) running the folded
     2x2 convolution of modules/upsample.py, unless host_path(conv)."""

@@ -44,7 +44,7 @@ def _modulation(norm, temb: torch.Tensor, chunks: int) -> tuple[torch.Tensor, ..
     return norm.linear(norm.silu(temb)).chunk(chunks, dim=1)
 
 
-def _gated(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def gated(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + gate[:, None] * y in one pass (the product is not rounded on its own)."""
     return torch.addcmul(x, gate.unsqueeze(1), y)
 
@@ -88,17 +88,17 @@ def joint_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_states
     attn_output, context_attn_output = self.attn(hidden_states=norm_hidden_states,
                                                  encoder_hidden_states=norm_encoder_hidden_states)
     if self.use_dual_attention:
-        hidden_states = _gated(hidden_states, gate_msa, attn_output)
+        hidden_states = gated(hidden_states, gate_msa, attn_output)
         attn_output, gate_msa = self.attn2(hidden_states=norm_hidden_states2), gate_msa2
     hidden_states, norm_hidden_states = add_ada_layer_norm.call(hidden_states, attn_output, gate_msa, scale_mlp,
                                                                 shift_mlp, self.norm2.eps)
-    hidden_states = _gated(hidden_states, gate_mlp, self.ff(norm_hidden_states))
+    hidden_states = gated(hidden_states, gate_mlp, self.ff(norm_hidden_states))
 
     if self.context_pre_only:
         return None, hidden_states
     encoder_hidden_states, norm_encoder_hidden_states = add_ada_layer_norm.call(
         encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps)
-    encoder_hidden_states = _gated(encoder_hidden_states, c_gate_mlp, self.ff_context(norm_encoder_hidden_states))
+    encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp, self.ff_context(norm_encoder_hidden_states))
     return encoder_hidden_states, hidden_states
 
 
@@ -132,11 +132,11 @@ def flux_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_states:
 
     hidden_states, norm_hidden_states = add_ada_layer_norm.call(hidden_states, attn_output, gate_msa, scale_mlp,
                                                                 shift_mlp, self.norm2.eps)
-    hidden_states = _gated(hidden_states, gate_mlp, self.ff(norm_hidden_states))
+    hidden_states = gated(hidden_states, gate_mlp, self.ff(norm_hidden_states))
 
     encoder_hidden_states, norm_encoder_hidden_states = add_ada_layer_norm.call(
         encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps)
-    encoder_hidden_states = _gated(encoder_hidden_states, c_gate_mlp, self.ff_context(norm_encoder_hidden_states))
+    encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp, self.ff_context(norm_encoder_hidden_states))
     return _clip_fp16(encoder_hidden_states), hidden_states
 
 
@@ -174,12 +174,12 @@ def flux_single_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_
     mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states)
     attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb)
 
-    hidden_states = _clip_fp16(_gated(residual, gate, _split_proj_out(self.proj_out, attn_output,
-                                                                      mlp_hidden_states).view(residual.shape)))
+    hidden_states = _clip_fp16(gated(residual, gate, split_proj_out(self.proj_out, attn_output,
+                                                                    mlp_hidden_states).view(residual.shape)))
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
 
 
-def _split_proj_out(proj_out: nn.Module, attn_output: torch.Tensor, mlp_hidden_states: torch.Tensor) -> torch.Tensor:
+def split_proj_out(proj_out: nn.Module, attn_output: torch.Tensor, mlp_hidden_states: torch.Tensor) -> torch.Tensor:
     """proj_out of cat([attn_output, mlp_hidden_states], -1) as two GEMMs into one output, as (rows, out) or
     (..., out): a Linear's over its weight's column blocks, an 8-bit one's (precision="fp8" / "int8") by its halves."""
     if type(proj_out) is RocmQuantizedSplitLinear:
@@ -194,11 +194,15 @@ def _split_proj_out(proj_out: nn.Module, attn_output: torch.Tensor, mlp_hidden_s
 
 # ---- the feed-forward's projection + GELU(tanh) ----------------------------------------------------------------
 
-def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor, plain: bool | None = None) -> torch.Tensor:
     """gelu(linear(x), approximate="tanh") as one GEMM with the bias and GELU in the vendor's epilogue (cuBLASLt /
     hipBLASLt through torch._addmm_activation, whose GELU is the tanh approximation); on other devices, without a
-    bias, or for any layer but a plain Linear (an 8-bit layer, a LoRA layer: its own forward), as two steps."""
-    if (type(linear) is not nn.Linear or linear.bias is None or x.device.type != "cuda"
+    bias, or for any layer but a plain Linear (an 8-bit layer, a LoRA layer: its own forward), as two steps.
+    `plain`: whether `linear` computes x @ weight.T + bias with the weight and bias it holds (default: it is an
+    nn.Linear itself; a host's Linear subclass is plain where the host does not cast or patch its weights per call)."""
+    if plain is None:
+        plain = type(linear) is nn.Linear
+    if (not plain or linear.bias is None or x.device.type != "cuda"
             or torch.is_grad_enabled() and x.requires_grad):
         return F.gelu(linear(x), approximate="tanh")
     rows = x.reshape(-1, x.shape[-1])

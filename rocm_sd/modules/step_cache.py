@@ -13,17 +13,18 @@ block has it), up_blocks[-1] from the mirror layer on with the cached hidden sta
 conv_norm_out / conv_act / conv_out. It calls the model's own modules, so whatever else rocm_sd patched in them runs
 too.
 
-Which calls are full (Schedule): calls are grouped by timestep. A call whose timestep equals the current step's
-joins that step; the k-th call of a step (classifier-free guidance run as separate cond / uncond calls) uses cache
-slot k, with its own cached feature. A lower timestep starts the next step; a timestep that is not lower than the
-current step's (or an input sample of another shape, dtype or device) starts a new generation: step 0, every slot
-empty; so does, in a diffusers pipeline, a timestep taken from another scheduler.timesteps tensor (set_timesteps
-ran again). With mode 'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is
-full, then a slot's call is full when the relative L1 change of the UNet's input sample, mean|x - x_prev| /
-mean|x_prev| (x_prev: the slot's input at its previous call), summed since the slot's last full call, reaches the
-threshold; else partial. A call also runs in full where a partial one cannot (no cached feature in its slot, a
-T2I-Adapter's residuals); the record's counts say why. The last step is not special: the controller sees calls,
-not the scheduler, and DeepCache does not special-case it either.
+Which calls are full (Schedule): calls are grouped by timestep. A call whose timestep equals the current step's joins
+that step; the k-th call of a step (classifier-free guidance run as separate cond / uncond calls) uses cache slot k,
+with its own cached feature. A lower timestep starts the next step; a timestep that is not lower than the current
+step's (or an input sample of another shape, dtype or device) starts a new generation: step 0, every slot empty; so
+does, in a diffusers pipeline, a timestep taken from another scheduler.timesteps tensor (set_timesteps ran again), and
+a call past the MAX_SLOTS-th of a step (runs of one step, called again, all have the same timestep). With mode
+'deepcache', step i (from 0) is full when i % interval == 0. With mode 'adaptive', step 0 is full, then a slot's call
+is full when the relative L1 change of the UNet's input sample, mean|x - x_prev| / mean|x_prev| (x_prev: the slot's
+input at its previous call), summed since the slot's last full call, reaches the threshold; else partial. A call also
+runs in full where a partial one cannot (no cached feature in its slot, a T2I-Adapter's residuals); the record's
+counts say why. The last step is not special: the controller sees calls, not the scheduler, and DeepCache does not
+special-case it either.
 
 Host syncs: deepcache decides on host values only. A timestep that is a view of a one-dimensional GPU tensor (a
 diffusers pipeline iterating scheduler.timesteps) is read from one host copy of that tensor, taken once per
@@ -64,10 +65,20 @@ class Slot:
     change: float = 0.0                    # summed relative change since the slot's last full call
 
 
-def relative_l1(sample: torch.Tensor, previous: torch.Tensor) -> float:
-    """mean|sample - previous| / mean|previous|, read on the host (one sync for GPU tensors)."""
+def relative_change(sample: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """mean|sample - previous| / mean|previous|, a 0-d float32 tensor on their device (a graph can compute it)."""
     sample, previous = sample.float(), previous.float()
-    return ((sample - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()
+    return (sample - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)
+
+
+def relative_l1(sample: torch.Tensor, previous: torch.Tensor) -> float:
+    """relative_change read on the host (one sync for GPU tensors)."""
+    return relative_change(sample, previous).item()
+
+
+# Calls of one step at most. One more at the same timestep starts a new generation: a pipeline run of one step,
+# called again, hands the model the same timestep, and must not add a slot (a cached feature) per run.
+MAX_SLOTS = 4
 
 
 class Steps:
@@ -86,7 +97,8 @@ class Steps:
 
     def locate(self, timestep: float, key) -> Slot:
         """The slot of a call at `timestep` with inputs of `key`, starting a new step or generation where it does."""
-        if self.timestep is None or key != self.key or timestep > self.timestep:
+        if self.timestep is None or key != self.key or timestep > self.timestep or (
+                timestep == self.timestep and self.call + 1 >= MAX_SLOTS):
             self.reset()
             self.key = key
         elif timestep < self.timestep:
@@ -135,7 +147,8 @@ class HostTimesteps:
     diffusers' pipelines iterate `scheduler.timesteps`, a GPU tensor: each step's timestep is a view of it. Its
     values are copied to the host once (kept while that tensor lives and is not written; `copies` counts the
     tensors copied), and a view is read by its offset. A GPU timestep of any other kind costs a host sync per call
-    (counted in `syncs`)."""
+    (counted in `syncs`). `position`: where the latest value read stands in its schedule, (index, number of
+    timesteps), or None where it was not a view of one."""
 
     def __init__(self):
         self._base = None       # weak reference to the tensor whose host copy `_values` is
@@ -143,6 +156,7 @@ class HostTimesteps:
         self._values: list = []
         self.syncs = 0
         self.copies = 0         # host copies taken: a new one means a new schedule (set_timesteps ran again)
+        self.position: tuple[int, int] | None = None
 
     def __getstate__(self) -> dict:
         return {}
@@ -151,6 +165,7 @@ class HostTimesteps:
         self.__init__()
 
     def value(self, t) -> float:
+        self.position = None
         if not isinstance(t, torch.Tensor):
             return float(t)
         known = self.view_value(t)
@@ -171,7 +186,9 @@ class HostTimesteps:
             self._values = base.tolist()
             self._base, self._version = weakref.ref(base), base._version
             self.copies += 1
-        return float(self._values[t.storage_offset() - base.storage_offset()])
+        index = t.storage_offset() - base.storage_offset()
+        self.position = (index, len(self._values))
+        return float(self._values[index])
 
 
 # ---- diffusers' UNet2DConditionModel --------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from ..ops.attention_fp8 import fp8_call_uses_op, scaled_dot_product_attention_f
 from .comfy_graph import install_graphs, install_step_cache
 from ..modules.step_cache import ComfyStepCache, comfy_unet_problem
 from . import attention_fp8 as attention_fp8_patch
+from . import comfy_dit
 from . import ldm_swaps
 from . import precision as precision_patch
 
@@ -152,15 +153,25 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     docs/step_cache.md) step caching of the UNet, and with
     precision 'fp8' / 'int8' (as optimize()'s, with precision_layers; docs/precision.md) its linear layers as 8-bit
     GEMMs, with attention_precision 'fp8' its attention through rocm_sd::attention_fp8 (as optimize()'s).
-    override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why."""
+    SD3 / SD3.5 and Flux models (patch/comfy_dit.py) get their blocks' fused forwards with layer_norm, attention as
+    UNets do, graph capture; the rest does not apply to them.
+    override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why (and
+    which blocks stay ComfyUI's, and who runs what where comfy-kitchen is loaded too)."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
     diffusion_model = get("diffusion_model") if get is not None else patcher.model.diffusion_model
     not_installed = []
     resolve = model_paths(patcher, "diffusion_model.")
-    swaps = norm_swaps(diffusion_model, group_norm, layer_norm, resolve)
-    if channels_last:
+    dit = comfy_dit.is_dit(diffusion_model)
+    if dit:  # SD3 / SD3.5, Flux: their blocks' AdaLN chains (the layer_norm option), no convolutions to speak of
+        swaps, notes = comfy_dit.dit_swaps(diffusion_model, _host_casts, resolve) if layer_norm else ({}, [])
+        not_installed += notes
+    else:
+        swaps = norm_swaps(diffusion_model, group_norm, layer_norm, resolve)
+    if channels_last and not dit:
         swaps.update(conv_swaps(diffusion_model, resolve=resolve))
-    if precision != "fp16":
+    if precision != "fp16" and dit:
+        not_installed.append(f"precision={precision} not applied: 8-bit linear layers are built for UNets only")
+    elif precision != "fp16":
         fmt, why = precision_patch.number_format(patcher.load_device, precision)
         if why:
             not_installed.append(f"precision={precision} not applied: {why}")

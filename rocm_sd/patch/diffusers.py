@@ -210,15 +210,17 @@ def install_graphs(model: nn.Module, record: PatchRecord) -> None:
     """The model's calls replay captured CUDA/HIP graphs, one per input shape, in the pipeline's one memory pool.
 
     Where a Python controller stands in a method's place (the step cache's UNetStepCache), the calls it names in
-    its GRAPHED_CALLS are graphed instead, each its own GraphedCall (reported as '<method> (<call>)'), and the
-    controller's deciding stays eager around them."""
+    its GRAPHED_CALLS are graphed instead, each its own GraphedCall (reported as '<method> (<call>)'), with the options
+    its GRAPH_OPTIONS give that call (buffers passed in place, outputs not cloned), and the controller's deciding stays
+    eager around them."""
     pool = record.graph_pool
     for method, ignored in GRAPHED_CALLS.get(type(model).__name__, []):
         owner = getattr(model, method)
         calls = getattr(owner, "GRAPHED_CALLS", ())
         targets = [(owner, name, f"{method} ({name})") for name in calls] or [(model, method, method)]
         for obj, name, key in targets:
-            call = GraphedCall(getattr(obj, name), model, f"{type(model).__name__}.{key}", ignored, pool)
+            options = getattr(owner, "GRAPH_OPTIONS", {}).get(name, {})
+            call = GraphedCall(getattr(obj, name), model, f"{type(model).__name__}.{key}", ignored, pool, **options)
             record.set_attr(obj, name, call)
             # their memory at revert: a step-cache controller and its graphed calls reference each other, and
             # cycles wait for the cycle collector
