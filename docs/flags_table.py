@@ -1,4 +1,4 @@
-"""Writes optimize()'s flag table (rocm_sd/patch/pipeline.py's FLAGS, where each flag is documented) into
+"""Writes optimize()'s flag table (rocm_sd/patch/flags.py's FLAGS, where each flag is documented) into
 docs/usage.md between its generated markers:
 
     python docs/flags_table.py
@@ -9,12 +9,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-START = "<!-- generated: optimize flags (docs/flags_table.py, from rocm_sd/patch/pipeline.py's FLAGS) -->"
+START = "<!-- generated: optimize flags (docs/flags_table.py, from rocm_sd/patch/flags.py's FLAGS) -->"
 END = "<!-- /generated -->"
 
 
 def render(text: str) -> str:
-    from rocm_sd.patch.pipeline import flags_table
+    from rocm_sd.patch.flags import flags_table
 
     pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
     if not pattern.search(text):

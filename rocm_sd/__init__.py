@@ -5,11 +5,18 @@
     rocm_sd.stats()             # which backend ran each op
     rocm_sd.report(pipe)        # what was replaced, graph replays, fallbacks and why
     rocm_sd.revert(pipe)        # back to the original modules
+
+Importing the package imports neither torch nor diffusers: `python -m rocm_sd --help` and argument errors answer
+at once. The names above are imported at their first use (PEP 562). The ops, torch.ops.rocm_sd.*, register with
+torch as soon as torch is imported, before or after rocm_sd (_torch_hook.py), so `import rocm_sd` is all that
+`torch.ops.rocm_sd.<op>` needs.
 """
-from . import ops  # noqa: F401  (registers torch.ops.rocm_sd.*)
-from .dispatch import reset_stats, stats
-from .tune import active as _tuning  # noqa: F401  (the tuned choices the ops dispatch by)
+from ._lazy import lazy_attributes
+from ._torch_hook import register_with_torch
 from .version import __version__
-from .patch import invalidate_graphs, optimize, report, revert
 
 __all__ = ["optimize", "revert", "report", "invalidate_graphs", "stats", "reset_stats", "__version__"]
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "optimize": ".patch", "revert": ".patch", "report": ".patch", "invalidate_graphs": ".patch",
+    "stats": ".dispatch", "reset_stats": ".dispatch"})
+register_with_torch()

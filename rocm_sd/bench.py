@@ -56,23 +56,10 @@ import numpy as np
 import torch
 
 from . import models, onnx_engine, patch, platform
+from .engines import ENGINES, MODES, TRANSFORMER_ENGINES, results_folder
 from .patch import pipeline
 from .version import git_commit
 
-ENGINES = ("eager", "compile", "compile-reduce-overhead", "rocm_sd", "rocm_sd+compile", "onnxruntime")
-# The engines that exist for the diffusion transformers (diffusers' compile recipe is the one compile engine there).
-TRANSFORMER_ENGINES = ("eager", "compile", "rocm_sd", "rocm_sd+compile")
-# Engines that change the images (a number format) or skip work (step caching): each compares against the rocm_sd
-# row of the same run. Not in the default set: the default bench compares engines that make the same fp16 image.
-MODES = {
-    "rocm_sd-fp8": {"precision": "fp8"},
-    "rocm_sd-int8": {"precision": "int8"},
-    "rocm_sd-deepcache": {"cache": "deepcache", "cache_interval": 3, "cache_branch": 0},
-    "rocm_sd-adaptive": {"cache": "adaptive"},
-    "rocm_sd-fbcache": {"cache": "fbcache"},
-    "rocm_sd-teacache": {"cache": "teacache"},
-    "rocm_sd-attnfp8": {"attention_precision": "fp8"},
-}
 log = logging.getLogger("rocm_sd")
 PROMPT = "a watercolor painting of a lighthouse at dawn"
 # Said under the times of a run on a CPU (here and by `demo`): they vary by tens of percent from run to run of the
@@ -284,14 +271,6 @@ def _step_ms(pipe, step_args, device: torch.device, repeats: int) -> float:
         torch.cuda.synchronize(device)
         times.append(1000 * (time.perf_counter() - start))
     return statistics.median(times[2:])
-
-
-def results_folder() -> Path:
-    """Where runs are appended unless the caller names a folder: the user's cache folder, not the current one (run
-    inside a clone, a relative bench/results would add files the repository's tests reject as not rendered)."""
-    from .files import user_cache_dir
-
-    return user_cache_dir() / "bench"
 
 
 def run(model: str = "sd15", size: int | None = None, steps: int | None = None, batch: int = 1, repeats: int = 3,

@@ -2,137 +2,36 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 
-import torch
+from . import cli_args, engines, models
+from .parallel import arguments as generate_arguments
+from .patch.flags import FLAG_NAMES, OPTIONS
+from .quality_prompts import PROMPTS
 
-from . import _ext, cli_args, models, platform
-from .version import __version__
-from .ops import REGISTRY
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+# The parser reads light modules only (no torch, no diffusers): --help and argument errors answer at once. Each command
+# imports what it runs when it runs (tests/test_imports.py).
 
 
-def _sample_call_reasons(device: torch.device) -> dict[str, list[str] | None]:
-    """Why each op's kernel could not run its first sample call (OpSpec.samples) on `device`: [] where it can;
-    None for the ops hosting CK fusions, which have no kernel of their own (their default path is composed)."""
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    return {name: spec.supports(*spec.samples(device, dtype)[0]) if spec.kernel is not None else None
-            for name, spec in REGISTRY.items()}
+def _info(args) -> int:
+    from . import info
 
-
-def _tuning_summary(device: torch.device) -> str:
-    from .tune import TuningDB, device_key, validators
-
-    if device.type != "cuda":
-        return "not used on a CPU"
-    db = TuningDB(device_key(device), validators(device))
-    state = f"{len(db.results)} tuned problems" if db.results else "none yet (python -m rocm_sd.tune)"
-    if db.defaults:
-        state += f", under {len(db.defaults)} shipped defaults for this device"
-    return f"{db.path}: {state}" + "".join(f"; {note}" for note in db.notes)
-
-
-def info() -> int:
-    mismatch = platform.torch_mismatch()
-    rows = [("rocm_sd", __version__), ("torch", f"{torch.__version__} ({platform.runtime_version()})"
-                                                + (f"; WARNING: {mismatch}" if mismatch else "")),
-            ("diffusers", _version("diffusers")), ("transformers", _version("transformers"))]
-    if platform.gpu_available():
-        for i in range(torch.cuda.device_count()):
-            arch = platform.device_arch(i)
-            props = torch.cuda.get_device_properties(i)
-            rows.append((f"GPU {i}", f"{props.name}, {arch}, {props.multi_processor_count} CUs/SMs"))
-    else:
-        rows.append(("GPU", "none visible to torch"))
-    device = torch.device("cuda") if platform.gpu_available() else torch.device("cpu")
-    _ext.unavailable_reason(device)  # settles where kernels come from (_C or the JIT) on a GPU
-    build = _ext.built_info()
-    if build:
-        rows.append(("_C", f"loaded, built for {build['platform']} targets {build['targets']} "
-                           f"(runtime {build['runtime_version']}, kernel sources {build.get('source_hash', 'unknown')})"))
-        counts = {name: len(spec.ck_instances()) for name, spec in REGISTRY.items() if spec.ck_instances is not None}
-        rows.append(("CK instances", ", ".join(f"{n} {name}" for name, n in counts.items()) if any(counts.values())
-                     else "none (built on ROCm when Composable Kernel headers are found)"))
-    else:
-        rows.append(("_C", _ext.LOAD_ERROR))
-    rows.append(("kernels from", _kernel_source()))
-    source = {"_C": "_C", "JIT": "JIT, compiled at first use"}.get(_ext.source(), "")
-    for op, reasons in _sample_call_reasons(device).items():
-        if reasons is None:
-            state = "vendor GEMM / convolution, then its rocm_sd epilogue op (a CK instance where tuned faster)"
-        else:
-            state = f"rocm_sd kernel ({source})" if not reasons else "PyTorch fallback: " + "; ".join(reasons)
-        rows.append((f"op {op}", state))
-    rows.extend(_untuned_attention(device))
-    rows.append(("ops registered", ", ".join(f"rocm_sd::{name}" for name in REGISTRY)))
-    rows.append(("precision='fp8'", _eight_bit(device, "fp8")))
-    rows.append(("precision='int8'", _eight_bit(device, "int8")))
-    rows.append(("tuning database", _tuning_summary(device)))
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
-    return 0
-
-
-# Head dims of the models rocm_sd runs: SD1.5 / SD2 (40, 80, 160, 64), SDXL and the transformers (64, 128), the VAE's
-# mid-block (512), and 256, the largest AOTriton's fused kernels take on some GPUs.
-ATTENTION_HEAD_DIMS = (40, 64, 80, 128, 160, 256, 512)
-
-
-def _untuned_attention(device: torch.device) -> list[tuple[str, str]]:
-    """Per head dim, the path an untuned, unmasked fp16 attention call takes on this GPU, and why."""
-    if device.type != "cuda":
-        return [("untuned attention", "not applicable on a CPU (SDPA's CPU kernels run every call)")]
-    from .ops.attention import untuned_path
-
-    return [(f"attention d={dim} fp16", untuned_path(device, dim)) for dim in ATTENTION_HEAD_DIMS]
-
-
-def _kernel_source() -> str:
-    """Where the ops' kernels come from, and for the JIT its compiler, cache folder and what it compiled so far."""
-    from . import config
-
-    setting = f"ROCM_SD_KERNELS={config.current.kernels}"
-    if _ext.source() == "_C":
-        return f"_C ({setting})"
-    if _ext.source() == "none":
-        return f"none ({setting})"
-    jit = _ext._C
-    entries = len(list(jit.cache.folder.glob("*.bin"))) if jit.cache.folder.is_dir() else 0
-    compiled = ", ".join(f"{unit} {arch} {seconds:.1f} s{' (cached)' if cached else ''}"
-                         for (unit, arch), (seconds, cached) in jit.compiles.items())
-    return (f"runtime-compiled (JIT) with {jit.compiler().label} ({setting}); cache {jit.cache.folder} ({entries} "
-            f"entries)" + (f"; this run: {compiled}" if compiled else ""))
-
-
-def _eight_bit(device: torch.device, precision: str) -> str:
-    """The format optimize(precision=...) would use here, or why it would keep the model's dtype."""
-    from .patch.precision import number_format
-
-    fmt, why = number_format(device, precision)
-    return f"{fmt} GEMMs" if fmt else f"not available: {why}"
+    return info.run()
 
 
 def _bench(args) -> int:
-    from . import bench
+    from . import bench, platform
     from .quality import cache_mode_problem
 
     on_gpu = platform.gpu_available()
     model = args.model or ("sd15" if on_gpu else "tiny")
-    all_engines = bench.TRANSFORMER_ENGINES if models.is_transformer(model) else bench.ENGINES
-    engines = args.engines or (all_engines if on_gpu else ("eager", "rocm_sd"))
-    for engine in engines:
-        why = cache_mode_problem(bench.MODES.get(engine, {}).get("cache"), model)
+    all_engines = engines.TRANSFORMER_ENGINES if models.is_transformer(model) else engines.ENGINES
+    chosen = args.engines or (all_engines if on_gpu else ("eager", "rocm_sd"))
+    for engine in chosen:
+        why = cache_mode_problem(engines.MODES.get(engine, {}).get("cache"), model)
         if why:
             raise cli_args.UsageError(f"argument --engines: {engine}: {why}")
     bench.run(model=model, size=args.size, steps=args.steps, batch=args.batch,
-              repeats=args.repeats, warmup=args.warmup, engines=engines, ablation=args.ablation, out_dir=args.out,
+              repeats=args.repeats, warmup=args.warmup, engines=chosen, ablation=args.ablation, out_dir=args.out,
               profile=args.profile)
     return 0
 
@@ -157,9 +56,6 @@ def _quality(args) -> int:
 
 
 def _add_quality(sub) -> None:
-    from .patch.pipeline import OPTIONS
-    from .quality import PROMPTS
-
     modes = {option.name: [v for v in option.values if v != option.default] for option in OPTIONS if option.values}
     parser = cli_args.command(sub.add_parser(
         "quality", help="images of an optimize() mode (fp8, int8, FP8 attention, step caching) against the fp16 reference: PSNR, "
@@ -202,7 +98,9 @@ def _add_quality(sub) -> None:
 
 
 def _prepare(args) -> int:
-    from . import prepare
+    import torch
+
+    from . import platform, prepare
 
     on_gpu = platform.gpu_available()
     model = cli_args.checkpoint_architecture(args.model or ("sd15" if on_gpu else "tiny"), "preparing")
@@ -225,7 +123,7 @@ def _add_prepare(sub) -> None:
                              "the model's square size)")
     parser.add_argument("--batch", type=cli_args.positive_int, default=1,
                         help="images per call (the UNet sees twice as many with CFG)")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+    parser.add_argument("--dtype", choices=cli_args.DTYPES,
                         help="on a GPU; default: bfloat16 for the diffusion transformers (sd3, sd35*, flux*), else "
                              "float16")
     parser.add_argument("--vae-tiles", choices=("on", "off"),
@@ -233,17 +131,18 @@ def _add_prepare(sub) -> None:
                              "torch, off elsewhere); 'off' prepares the untiled decode at each size")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .patch.pipeline import FLAG_NAMES
-
-    from . import bench
+def _generate(args) -> int:
     from .parallel import generate
 
+    return generate.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rocm_sd", description=__doc__)
     cli_args.add_debug_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     cli_args.command(sub.add_parser("info", help="platform, GPU, kernel library and why any op would fall back"),
-                     lambda args: info())
+                     _info)
     demo = cli_args.command(sub.add_parser("demo", help="generate one image with and without rocm_sd and compare"),
                             _demo)
     demo.add_argument("--out", default="rocm_sd_demo", type=cli_args.output_folder, help="folder for the two PNGs")
@@ -268,9 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                               help="timed calls per engine (the median is reported)")
     bench_parser.add_argument("--warmup", type=cli_args.non_negative_int, default=2,
                               help="untimed calls after the first")
-    bench_parser.add_argument("--engines", type=cli_args.subset_of(bench.ENGINES + tuple(bench.MODES), "engines"),
-                              help=f"comma-separated, from: {', '.join(bench.ENGINES)} (default: all on a GPU, "
-                                   f"eager,rocm_sd on a CPU), and the modes {', '.join(bench.MODES)} (compared "
+    bench_parser.add_argument("--engines", type=cli_args.subset_of(engines.ENGINES + tuple(engines.MODES), "engines"),
+                              help=f"comma-separated, from: {', '.join(engines.ENGINES)} (default: all on a GPU, "
+                                   f"eager,rocm_sd on a CPU), and the modes {', '.join(engines.MODES)} (compared "
                                    "with rocm_sd, run after it)")
     bench_parser.add_argument("--ablation", nargs="?", const=True, default=False,
                               type=cli_args.subset_of(FLAG_NAMES, "flags"),
@@ -278,13 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--profile", action="store_true", help="add a per-op device-time table per engine")
     bench_parser.add_argument("--out", default=None, type=cli_args.optional_output_folder,
                               help="results folder: the run is appended to <out>/data/<model>-<device>.jsonl ('' to "
-                                   f"skip; default: {bench.results_folder()}, a folder of yours; the repository's "
+                                   f"skip; default: {engines.results_folder()}, a folder of yours; the repository's "
                                    "results: --out bench/results)")
     _add_quality(sub)
     _add_prepare(sub)
-    generate.add_arguments(cli_args.command(sub.add_parser(
+    generate_arguments.add_arguments(cli_args.command(sub.add_parser(
         "generate", help="many prompts over one or more GPUs (launch with torchrun --nproc-per-node N)"),
-        generate.main))
+        _generate))
     return parser
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from . import checkpoints, models
 
 USAGE_ERROR, FAILURE, INTERRUPTED = 2, 1, 130
+DTYPES = ("float16", "bfloat16", "float32")  # --dtype's choices: torch's names (getattr(torch, name))
 
 
 class UsageError(ValueError):

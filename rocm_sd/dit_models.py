@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from .prompt_ids import input_device, prompt_token_ids
+# torch, diffusers and transformers are imported by the functions that build or run a model (models.py says why).
 
 # Text encoders as released: CLIP-L and OpenCLIP bigG with projections (SD3), T5 v1.1 XXL's encoder.
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
@@ -101,6 +103,8 @@ ARCHITECTURES = {
 @contextmanager
 def _building_on(device, dtype):
     """Parameters created directly on `device` in `dtype` (no host initialisation, no cast copy)."""
+    import torch
+
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -110,8 +114,10 @@ def _building_on(device, dtype):
         torch.set_default_dtype(previous)
 
 
-def build_pipeline(arch: str, device="cpu", dtype=torch.float32, seed: int = 0):
-    """A StableDiffusion3Pipeline or FluxPipeline of `arch` with random weights, built on `device` in `dtype`."""
+def build_pipeline(arch: str, device="cpu", dtype: torch.dtype | None = None, seed: int = 0):
+    """A StableDiffusion3Pipeline or FluxPipeline of `arch` with random weights, built on `device` in `dtype`
+    (default float32)."""
+    import torch
     from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel,
                            SD3Transformer2DModel, StableDiffusion3Pipeline)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
@@ -121,7 +127,7 @@ def build_pipeline(arch: str, device="cpu", dtype=torch.float32, seed: int = 0):
     if str(device).startswith("cuda"):
         torch.cuda.manual_seed_all(seed)
     scheduler = FlowMatchEulerDiscreteScheduler(**spec.scheduler)
-    with _building_on(device, dtype):
+    with _building_on(device, dtype or torch.float32):
         vae = AutoencoderKL(**spec.vae)
         t5 = T5EncoderModel(T5Config(**spec.t5))
         if spec.family == "sd3":
@@ -142,9 +148,19 @@ def build_pipeline(arch: str, device="cpu", dtype=torch.float32, seed: int = 0):
     return pipe
 
 
-@torch.no_grad()
 def _encode(pipe, prompt: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(prompt_embeds, pooled_prompt_embeds) as the pipelines' encode_prompt builds them, from hashed token ids."""
+    import torch
+
+    with torch.no_grad():
+        return _encode_ids(pipe, prompt, tokens)
+
+
+def _encode_ids(pipe, prompt: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    from .prompt_ids import input_device, prompt_token_ids
+
     def ids(encoder, length=77):
         return prompt_token_ids(prompt, encoder.config.vocab_size, length).to(input_device(pipe, encoder))
 

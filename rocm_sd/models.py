@@ -7,13 +7,18 @@ sd35, sd35-turbo, flux, flux-schnell, tiny-sd3, tiny-flux) from rocm_sd/dit_mode
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import checkpoints, dit_models
-from .prompt_ids import input_device, prompt_token_ids
+
+if TYPE_CHECKING:
+    import torch
+
+# torch, diffusers and transformers are imported by the functions that build or run a model: the architectures and
+# model_problem serve the commands' argument checks, which answer before anything heavy is imported.
 
 # CLIP text encoders (hidden size, depth, heads, MLP width, activation), as in the released models.
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
@@ -88,6 +93,8 @@ def is_transformer(arch: str) -> bool:
 
 def gpu_dtype(arch: str) -> torch.dtype:
     """The dtype a GPU runs `arch` in: bf16 for the diffusion transformers (as released), fp16 for the UNets."""
+    import torch
+
     return torch.bfloat16 if is_transformer(arch) else torch.float16
 
 
@@ -101,11 +108,13 @@ def denoiser(pipe):
     return pipe.unet if getattr(pipe, "unet", None) is not None else pipe.transformer
 
 
-def build_sd_pipeline(arch: str = "sd15", device="cpu", dtype=torch.float32, seed: int = 0):
+def build_sd_pipeline(arch: str = "sd15", device="cpu", dtype: torch.dtype | None = None, seed: int = 0):
     """A StableDiffusionPipeline (or StableDiffusionXLPipeline) of the given architecture with random
-    weights and an Euler scheduler; for a diffusion transformer, dit_models.build_pipeline's."""
+    weights and an Euler scheduler, in `dtype` (default float32); for a diffusion transformer,
+    dit_models.build_pipeline's."""
     if arch in dit_models.ARCHITECTURES:
         return dit_models.build_pipeline(arch, device, dtype, seed)
+    import torch
     from diffusers import (AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline,
                            UNet2DConditionModel)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
@@ -118,16 +127,19 @@ def build_sd_pipeline(arch: str = "sd15", device="cpu", dtype=torch.float32, see
     # with linspace spacing it does not move a single timestep.
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                                        steps_offset=1, **spec.scheduler)
-    common = dict(vae=AutoencoderKL(**spec.vae), text_encoder=CLIPTextModel(CLIPTextConfig(**spec.text)),
-                  tokenizer=None, unet=UNet2DConditionModel(**spec.unet), scheduler=scheduler)
-    if spec.text_2 is None:
+    # On the meta device (shapes only: the tuner's listing on a CPU) the weights are made there, not initialised on
+    # the host first.
+    with torch.device("meta") if torch.device(device).type == "meta" else contextlib.nullcontext():
+        common = dict(vae=AutoencoderKL(**spec.vae), text_encoder=CLIPTextModel(CLIPTextConfig(**spec.text)),
+                      tokenizer=None, unet=UNet2DConditionModel(**spec.unet), scheduler=scheduler)
+        text_2 = None if spec.text_2 is None else CLIPTextModelWithProjection(CLIPTextConfig(**spec.text_2))
+    if text_2 is None:
         pipe = StableDiffusionPipeline(**common, safety_checker=None, feature_extractor=None,
                                        requires_safety_checker=False)
     else:
-        pipe = StableDiffusionXLPipeline(**common, text_encoder_2=CLIPTextModelWithProjection(CLIPTextConfig(**spec.text_2)),
-                                         tokenizer_2=None, add_watermarker=False)
+        pipe = StableDiffusionXLPipeline(**common, text_encoder_2=text_2, tokenizer_2=None, add_watermarker=False)
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device, dtype)
+    return pipe.to(device, dtype or torch.float32)
 
 
 def default_size(arch: str) -> int:
@@ -187,29 +199,40 @@ def load_pipeline(model: str, device, dtype):
     return pipe.to(device)
 
 
-@torch.no_grad()
 def encode_prompt(pipe, prompt: str) -> torch.Tensor:
     """The first text encoder's last hidden state for `prompt` (SD1.x/2.x conditioning)."""
+    import torch
+
+    from .prompt_ids import input_device, prompt_token_ids
+
     te = pipe.text_encoder
     ids = prompt_token_ids(prompt, te.config.vocab_size).to(input_device(pipe, te))
-    return te(ids)[0]
+    with torch.no_grad():
+        return te(ids)[0]
 
 
-@torch.no_grad()
 def _encode_xl(pipe, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
     # As StableDiffusionXLPipeline.encode_prompt: both encoders' penultimate hidden states side by side,
     # and the second encoder's projected pooled output.
+    import torch
+
+    from .prompt_ids import input_device, prompt_token_ids
+
     states = []
-    for te in (pipe.text_encoder, pipe.text_encoder_2):
-        out = te(prompt_token_ids(prompt, te.config.vocab_size).to(input_device(pipe, te)), output_hidden_states=True)
-        states.append(out.hidden_states[-2])
-    return torch.cat(states, dim=-1), out.text_embeds
+    with torch.no_grad():
+        for te in (pipe.text_encoder, pipe.text_encoder_2):
+            out = te(prompt_token_ids(prompt, te.config.vocab_size).to(input_device(pipe, te)),
+                     output_hidden_states=True)
+            states.append(out.hidden_states[-2])
+        return torch.cat(states, dim=-1), out.text_embeds
 
 
 def conditioning(pipe, prompts: list[str], negative: str = "") -> dict:
     """Pipeline keyword arguments for one image per prompt: the prompts themselves when the pipeline has
     a tokenizer (a real model), else embeddings of hashed token ids (random-weight architectures). The guidance is
     the caller's."""
+    import torch
+
     if getattr(pipe, "tokenizer", None) is not None:
         return {"prompt": list(prompts), "negative_prompt": [negative] * len(prompts)}
     per_prompt = [prompt_kwargs(pipe, p, negative) for p in prompts]

@@ -26,20 +26,10 @@ import torch.nn.functional as F
 from . import cli_args, models, patch, platform
 from .bench import device_name, git_commit, mode_text, optimize_with_options, psnr
 from .patch import pipeline, step_cache
+from .quality_prompts import PROMPTS
 
 THRESHOLD_MODES = ("adaptive", "fbcache", "teacache")  # the cache modes that take --cache-threshold
 
-# Varied on purpose: subjects, styles, scenes, text, faces, fine texture. Image i uses PROMPTS[i % len(PROMPTS)].
-PROMPTS = (
-    "a watercolor painting of a lighthouse at dawn",
-    "a photograph of an astronaut riding a horse on mars, highly detailed",
-    "a close-up portrait of an old fisherman with a grey beard, dramatic lighting",
-    "a bowl of ramen on a wooden table, steam rising, food photography",
-    "an isometric pixel art city at night with neon signs",
-    "a dense forest with sunbeams through fog, oil painting",
-    "a red sports car on a coastal road, motion blur, golden hour",
-    "a sign that says 'OPEN' in a cafe window, rain on the glass",
-)
 DIFF_GAIN = 10     # the grid's difference column: |reference - mode| times this, clipped to white
 GRID_CELL_MAX = 512  # larger images are shrunk to this in the grid (the numbers are from the full images)
 # SSIM as Wang, Bovik, Sheikh, Simoncelli (2004): Gaussian window 11x11, sigma 1.5, K1 0.01, K2 0.03.

@@ -100,7 +100,7 @@ def test_bench_rejects_unknown_engines(rocm_sd_command):
 
 def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
     """The loaded-_C branch of `info`, on a CPU machine: a build that lists CK instances, and one that has none."""
-    from rocm_sd import _ext, cli
+    from rocm_sd import _ext, info
     from rocm_sd.ops import REGISTRY
 
     group_norm = REGISTRY["group_norm"]
@@ -108,11 +108,11 @@ def test_info_reports_the_build_and_its_ck_instances(monkeypatch, capsys):
     monkeypatch.setattr(_ext, "built_info", lambda: {"platform": "hip", "targets": "gfx942", "runtime_version": 60400,
                                                      "source_hash": "abc"})
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [("ck_group_norm_swish_f16_b64_c1x64_s1x1_v1", True)])
-    assert cli.info() == 0
+    assert info.run() == 0
     out = capsys.readouterr().out
     assert "built for hip targets gfx942 (runtime 60400, kernel sources abc)" in out and "1 group_norm" in out
     monkeypatch.setattr(group_norm, "ck_instances", lambda: [])
-    cli.info()
+    info.run()
     assert "none (built on ROCm when Composable Kernel headers are found)" in capsys.readouterr().out
 
 
@@ -151,15 +151,17 @@ def test_info_warns_when_torch_cannot_use_the_gpu_present(monkeypatch, hip, cuda
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="what a listing on a CPU says")
-def test_tune_list_on_a_cpu_says_what_it_lists(capsys):
-    """A CPU runs the model in float32: the listing says that these are not a GPU's problems, and that it writes
-    no database."""
+def test_tune_list_on_a_cpu_lists_the_gpus_problems_and_names_no_database(capsys):
+    """Without a GPU the listing runs the model on the meta device in the GPU's dtype (--dtype, default float16 for
+    the UNets): the GPU's problems, not float32 ones, and no database, which nothing here would write."""
     from rocm_sd.tune.cli import main as tune_main
 
     assert tune_main(["--model", "tiny", "--list", "--ops", "geglu"]) == 0
     out = capsys.readouterr().out
-    assert "geglu|float32|" in out and "(not written by --list / --dry-run)" in out
-    assert "--dtype float16 is the GPU's" in out and "not the problems a GPU tunes" in out
+    assert "geglu|float16|" in out and "float32" not in out and "float16 on the meta device: no GPU here" in out
+    assert "database" not in out and ".json" not in out
+    assert tune_main(["--model", "tiny", "--list", "--ops", "geglu", "--dtype", "bfloat16"]) == 0
+    assert "geglu|bfloat16|" in capsys.readouterr().out
 
 
 def test_prepare_on_a_cpu_runs_each_size_and_says_there_is_no_search(rocm_sd_command):

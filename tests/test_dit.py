@@ -215,7 +215,7 @@ def test_img2img_pipelines_patch_and_revert(arch):
 
 
 def test_tune_lists_the_transformers_problems(capsys, monkeypatch):
-    """Its ops, and with --precision fp8 (the device check answered for the CPU) its 8-bit layers: to_qkv and
+    """Its ops, and with --precision fp8 (the device check answered for the meta device) its 8-bit layers: to_qkv and
     proj_mlp sharing the single block's one quantization, and the MLP half of its split proj_out."""
     from rocm_sd.patch import precision
     from rocm_sd.tune.cli import main as tune_main
@@ -224,7 +224,7 @@ def test_tune_lists_the_transformers_problems(capsys, monkeypatch):
     assert tune_main(["--model", "tiny-flux", "--list", "--precision", "fp8",
                       "--ops", "ada_layer_norm,add_ada_layer_norm,rms_norm,linear_8bit"]) == 0
     out = capsys.readouterr().out
-    for op in ("ada_layer_norm|float32|", "add_ada_layer_norm|float32|", "rms_norm|float32|"):
+    for op in ("ada_layer_norm|bfloat16|", "add_ada_layer_norm|bfloat16|", "rms_norm|bfloat16|"):  # Flux's dtype
         assert op in out, out
     for layer in ("K=32,N=96,shared=2,input=rows", "K=32,N=128,shared=2,input=rows", "K=128,N=32,shared=1,input=rows"):
-        assert f"linear_8bit|float32|e4m3fn|{layer}|" in out, out
+        assert f"linear_8bit|bfloat16|e4m3fn|{layer}|" in out, out

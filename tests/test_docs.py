@@ -5,7 +5,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_documented_flag_table_is_optimizes_own():
-    """optimize()'s flags are documented once, in rocm_sd/patch/pipeline.py's FLAGS; docs/usage.md shows that table
+    """optimize()'s flags are documented once, in rocm_sd/patch/flags.py's FLAGS; docs/usage.md shows that table
     (python docs/flags_table.py writes it)."""
     import importlib.util
 

@@ -520,7 +520,7 @@ def test_forward_raises_the_check_before_anything_launches():
 
 
 def test_info_names_the_jit_and_its_cache(fake_gpu, monkeypatch, tmp_path):
-    from rocm_sd import cli
+    from rocm_sd import info
 
     monkeypatch.setattr(JitBackend, "unavailable_reason", lambda self: None)
     monkeypatch.setattr(JitBackend, "compiler", lambda self: type("C", (), {"label": "NVRTC (test)"})())
@@ -528,7 +528,7 @@ def test_info_names_the_jit_and_its_cache(fake_gpu, monkeypatch, tmp_path):
     with config.override(kernels="auto", jit_cache=str(tmp_path)):
         _ext.unavailable_reason(torch.device("cuda", 0))
         _ext._C.compiles[("geglu", "sm_90")] = (0.25, False)
-        line = cli._kernel_source()
+        line = info._kernel_source()
     assert line.startswith("runtime-compiled (JIT) with NVRTC (test)") and str(tmp_path) in line
     assert "geglu sm_90 0.2" in line
 

@@ -4,7 +4,6 @@ linear weights a little (a mode that changes images), one that cannot run and sa
 reference). SSIM is checked against a float64 numpy computation written out window by window."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -114,8 +113,9 @@ def cannot_run(model, record, options) -> None:
 
 
 def _with_precision_patcher(monkeypatch, patcher) -> None:
-    options = tuple(dataclasses.replace(o, patch=patcher) if o.name == "precision" else o for o in pipeline.OPTIONS)
-    monkeypatch.setattr(pipeline, "OPTIONS", options)
+    from rocm_sd.patch import precision
+
+    monkeypatch.setattr(precision, "quantize_linears", patcher)  # the precision option's patcher (patch/flags.py)
 
 
 @pytest.fixture

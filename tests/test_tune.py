@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rocm_sd
-from rocm_sd import config, dispatch, models
+from rocm_sd import config, dispatch, models, platform
 from rocm_sd.tune import active, problems
 from rocm_sd.tune.cli import main as tune_main
 from rocm_sd.tune.db import TuningDB
@@ -18,7 +18,12 @@ from rocm_sd.tune.harvest import OpCall, TensorSpec, harvest
 from .conftest import HAVE_GPU
 
 
-def test_harvest_records_every_distinct_op_call_of_a_pipeline():
+def _listed(out: str) -> set[str]:
+    """The problem keys a `--list` printed."""
+    return {line.split()[0] for line in out.splitlines() if line.startswith("  ") and "|" in line}
+
+
+def test_harvest_records_every_distinct_op_call_of_a_pipeline(capsys, monkeypatch):
     pipe = rocm_sd.optimize(models.build_sd_pipeline("tiny"))
     kw = models.prompt_kwargs(pipe, "a fox")
     calls = harvest(lambda: pipe(**kw, num_inference_steps=2, output_type="np"))
@@ -28,6 +33,11 @@ def test_harvest_records_every_distinct_op_call_of_a_pipeline():
     x = gn.args[0]
     assert isinstance(x, TensorSpec) and x.dtype == torch.float32 and x.stride[1] == 1  # channels_last, as run
     assert all(n >= 1 for n in calls.values())
+    # Without a GPU, --list runs the same pipeline on the meta device (tune/on_meta.py): the same problems as this
+    # real run, layouts included (meta's convolutions answer contiguous outputs unless told the GPU's layout)
+    monkeypatch.setattr(platform, "gpu_available", lambda: False)
+    assert tune_main(["--model", "tiny", "--list", "--dtype", "float32"]) == 0
+    assert _listed(capsys.readouterr().out) == {problems.key_of(call) for call in calls}
 
 
 def test_builds_with_ck_instances_tune_the_ops_that_host_them(monkeypatch):
@@ -227,7 +237,7 @@ def test_ranks_with_the_same_gpu_split_the_problems(tmp_path):
     import sys
 
     script = tmp_path / "share.py"
-    script.write_text("import os, sys, torch\nfrom rocm_sd.tune.cli import _rank_share\n"
+    script.write_text("import os, sys, torch\nfrom rocm_sd.tune.run import _rank_share\n"
                       "share = _rank_share(list(range(7)), torch.device('cpu'))\n"
                       "open(os.path.join(sys.argv[1], 'share' + os.environ['RANK']), 'w').write(repr(share))\n"
                       "torch.distributed.destroy_process_group()\n")
@@ -282,3 +292,15 @@ def test_tune_precision_times_each_8bit_layer_and_optimize_follows(tmp_path, cap
     assert keys.keys() == set(layers)
     assert all((m.fp16_layer is not None) == (db.lookup(keys[m])["choice"] == "torch") for m in layers)
     rocm_sd.revert(pipe)
+
+
+@pytest.mark.gpu
+def test_a_listing_without_a_gpu_lists_what_the_gpu_tunes(capsys, monkeypatch):
+    """The meta run of a listing without a GPU (tune/on_meta.py) gives the problems a GPU's own harvest gives, in
+    its dtype and layouts."""
+    assert tune_main(["--model", "tiny", "--list"]) == 0
+    on_gpu = _listed(capsys.readouterr().out)
+    monkeypatch.setattr(platform, "gpu_available", lambda: False)
+    assert tune_main(["--model", "tiny", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "on the meta device" in out and _listed(out) == on_gpu and any("|float16|" in key for key in on_gpu)

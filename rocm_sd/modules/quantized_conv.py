@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..op_names import CONV_8BIT
 from ..ops.im2col_quantize import FP8_FORMATS, im2col_quantize, out_size
 from ..ops.spec import dtype_name, problem_key
 from .quantized_linear import BOUND_MARGIN, _scope, fp16_measured_faster, linear_8bit, quantize_weight
 
-OP = "conv_8bit"  # the tuning problem: one convolution's FP8 GEMM (with its patches) against the fp16 convolution
+OP = CONV_8BIT  # the tuning problem
 SILU_NEGATIVE_MAX = 0.2785  # max |silu(y)| over y < 0 (0.27846 at y = -1.2785); silu(y) <= y for y >= 0
 
 

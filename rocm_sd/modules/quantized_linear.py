@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import dispatch
+from ..op_names import LINEAR_8BIT
 from ..ops.quantize import FORMATS, MIN_AMAX, dequantize_rows, quantize_rows, quantize_rows_ref
 from ..ops.spec import dtype_name, problem_key
 from .fusing import called_plainly
@@ -56,8 +57,9 @@ WEIGHT_ROWS_AT_ONCE = 256  # quantize_weight(per_tensor=True)'s block of output 
 # the operands' fp8 rounding (at most 2^-4 relative each) and fp16's of the outputs, with room to spare.
 BOUND_MARGIN = 1.25
 
-OP = "linear_8bit"  # the tuning problem: one layer's 8-bit GEMM (and its share of quantizing its input) against fp16
+OP = LINEAR_8BIT  # the tuning problem
 _REMEMBERED = "_rocm_sd_quantized_rows"
+_STAND_IN = "_rocm_sd_rows_stand_in"
 _call = [0]  # which model call a remembered quantization belongs to (new_model_call)
 
 
@@ -115,6 +117,7 @@ def rows_stand_in(shape: torch.Size, dtype: torch.dtype, format: str, q: torch.T
     meta device, so anything else that reads it fails loudly instead of reading memory nobody wrote."""
     stand_in = torch.empty(shape, dtype=dtype, device="meta")
     remember_rows(stand_in, format, q, scale, trusted=True)
+    setattr(stand_in, _STAND_IN, True)  # a meta tensor of a meta run (the tuner's listing) is none
     return stand_in
 
 
@@ -342,7 +345,7 @@ def input_rows(x: torch.Tensor, rows: torch.Tensor, format: str) -> tuple[torch.
     quantization if it has one, else by rocm_sd::quantize_rows, remembered for the next layers that take x."""
     quantized = remembered_rows(x, format)
     if quantized is None:
-        if x.is_meta:
+        if getattr(x, _STAND_IN, False):
             raise RuntimeError(f"rocm_sd: an 8-bit layer got a stand-in (rows_stand_in) without its {format} rows: the "
                                "producer wrote no output for this layer to read")
         quantized = quantize_rows.call(rows.contiguous(), format)

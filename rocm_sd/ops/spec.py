@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _ext, dispatch
+from ..op_names import OPS
 from ._common import ERROR_FACTOR, NHWC, layout_of, within_tolerance
 
 REGISTRY: dict[str, "OpSpec"] = {}
@@ -224,6 +225,9 @@ class OpSpec:
     def define(self, signature: Callable):
         """Registers torch.ops.rocm_sd.<name> with `signature`'s parameters and docstring (its body is not used:
         every op runs `run`), its fake kernel and its backward; returns the op, with `.call`."""
+        if self.name not in OPS:
+            raise ValueError(f"op {self.name!r} is not listed in rocm_sd/op_names.py's OPS (the commands list the ops "
+                             "from there without importing torch)")
         params = list(inspect.signature(signature).parameters.values())
         self._arity = len(params)
         self._defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)

@@ -27,7 +27,7 @@ from .. import cli_args, models, patch, platform
 from ..files import write_atomically, write_json_atomically
 from .cfg import enable_cfg_parallel
 from .lookout import Lookout
-from .mesh import DEFAULT_TIMEOUT_S, MODES, Mesh, init, shutdown
+from .mesh import Mesh, init, shutdown
 from .rounds import JobFailed, all_gather, batches, checked, gather_to_root, run_rounds
 from .seq import enable_sequence_parallel
 
@@ -164,36 +164,6 @@ def read_prompts(from_file: list[str] | None, inline: list[str] | None) -> list[
     if not prompts:
         raise cli_args.UsageError("no prompts: give --prompts FILE (one per line) or --prompt TEXT")
     return prompts
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--prompts", type=cli_args.text_lines,
-                        help="text file, one prompt per line (blank lines skipped)")
-    parser.add_argument("--prompt", action="append", help="a prompt (repeatable; added before --prompts)")
-    parser.add_argument("--negative", default="", help="negative prompt for every image")
-    parser.add_argument("--out", required=True, type=cli_args.output_folder,
-                        help="folder for <index>.png and run.json (written by rank 0)")
-    parser.add_argument("--model", default=None, type=cli_args.pipeline_model,
-                        help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}) or a local "
-                             "diffusers model folder (default: sd15 on a GPU, tiny on a CPU; in seq mode flux, tiny-flux; "
-                             "in cfg-seq mode sd35, tiny-sd3)")
-    parser.add_argument("--mode", choices=MODES, default="data",
-                        help="data: prompts over all GPUs; cfg: each image's guidance halves on a pair of GPUs; seq: "
-                             "each step of a diffusion transformer (SD3 / SD3.5, Flux) split over all GPUs by image "
-                             "tokens; cfg-seq: the guidance halves on two halves of the GPUs, each half's tokens split "
-                             "over its GPUs")
-    parser.add_argument("--height", type=cli_args.image_size)
-    parser.add_argument("--width", type=cli_args.image_size)
-    parser.add_argument("--steps", type=cli_args.positive_int, default=50)
-    parser.add_argument("--guidance", type=cli_args.finite_float, default=7.5)
-    parser.add_argument("--batch", type=cli_args.positive_int, default=1, help="prompts per pipeline call")
-    parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
-                        help="default: float16 on a GPU (bfloat16 for the diffusion transformers), float32 on a CPU")
-    parser.add_argument("--no-optimize", action="store_true", help="plain diffusers (to compare)")
-    parser.add_argument("--no-warmup", action="store_true", help="time the first calls too")
-    parser.add_argument("--timeout-s", type=cli_args.positive_float, default=DEFAULT_TIMEOUT_S,
-                        help="longest wait for another rank before the job fails")
 
 
 def report_failure(mesh: Mesh, message: str) -> None:

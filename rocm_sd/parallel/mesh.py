@@ -22,14 +22,10 @@ import torch
 import torch.distributed as dist
 
 from .. import platform
+from .arguments import DEFAULT_TIMEOUT_S, MODES
 
 if TYPE_CHECKING:
     from .lookout import Lookout
-
-MODES = ("data", "cfg", "seq", "cfg-seq")
-# How long a collective may wait for a slow or stuck rank before the job ends with an error. The first
-# one waits for every rank to build its pipeline, which for SDXL on a busy host takes minutes.
-DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)

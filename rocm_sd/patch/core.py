@@ -21,11 +21,6 @@ class _Missing:
 _MISSING = _Missing()
 
 
-def eight_bit(options: dict) -> bool:
-    """Whether optimize()'s options (or a PatchRecord's flags, which hold them) ask for an 8-bit precision."""
-    return options.get("precision", "fp16") != "fp16"
-
-
 def _refuse_closure(fn: Callable) -> None:
     if isinstance(fn, types.FunctionType) and fn.__closure__:
         raise TypeError(f"undo action {fn!r} is a closure: a copy of the model would undo the original")

@@ -1,4 +1,4 @@
-"""Where rocm_sd's modules go in diffusers models: one patcher per optimize() flag (patch/pipeline.py's table).
+"""Where rocm_sd's modules go in diffusers models: one patcher per optimize() flag (patch/flags.py's table).
 
 Each patcher finds what it replaces by exact class (subclasses may compute something else) and records how to
 undo every change (core.PatchRecord). What replaces a module lives in rocm_sd/modules/.
@@ -38,7 +38,8 @@ from ..modules.mmdit import (RocmGELU, flux_block_forward, flux_block_fusable, f
 from ..modules.rms_norm import RocmRMSNorm
 from ..modules.text_kv import TextKV, text_attentions
 from ..modules.vae_tiles import tiled_decode
-from .core import PatchRecord, eight_bit
+from .core import PatchRecord
+from .flags import eight_bit
 
 def _replace_children(model: nn.Module, record: PatchRecord, matches, make, count: str) -> None:
     """Every child module for which matches(child) becomes make(child), counted as `count`."""
@@ -284,9 +285,10 @@ def fused_away(attn: nn.Module) -> list[nn.Module]:
 
 
 def park_in_cpu_memory(module: nn.Module, record: PatchRecord) -> None:
-    """Moves `module` to CPU memory until revert() brings it back to its device."""
+    """Moves `module` to CPU memory until revert() brings it back to its device (a meta module, which holds no
+    memory, stays: the tuner's listing without a GPU)."""
     device = next(module.parameters()).device
-    if device.type != "cpu":
+    if device.type not in ("cpu", "meta"):
         record.on_revert(module.to, device)
         module.to("cpu")
 

@@ -20,11 +20,12 @@ import torch.nn.functional as F
 from ..dispatch import TORCH
 from ..modules.quantized_conv import RocmQuantizedConv2d, conv_8bit_key, out_size
 from ..modules.quantized_linear import linear_8bit, quantize_weight
+from ..op_names import CONV_8BIT
 from ..ops import REGISTRY
 from ..timing import graph_device_ms
 from .measure import MAX_COPIES
 
-OP = "conv_8bit"
+OP = CONV_8BIT
 BOUND = 64.0  # any bound: the kernels' time does not depend on it
 # The FP8 convolution must be this much faster to be chosen: it changes the image more than the FP8 linear layers do
 # (bench/results/notes/2026-11-25-fp8-convolutions-h100.md), so a tie within timing noise keeps fp16.

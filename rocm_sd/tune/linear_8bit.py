@@ -28,11 +28,12 @@ import torch.nn.functional as F
 from ..dispatch import TORCH
 from ..modules.quantized_linear import (RocmQuantizedLinear, input_sharing, linear_8bit, linear_8bit_key,
                                         one_scale, quantize_weight)
+from ..op_names import LINEAR_8BIT
 from ..ops import REGISTRY
 from ..timing import graph_device_ms
 from .measure import MAX_COPIES
 
-OP = "linear_8bit"
+OP = LINEAR_8BIT
 EPS = 1e-5
 BOUND = 64.0  # any bound: the kernels' time does not depend on it
 

@@ -337,15 +337,15 @@ def test_info_says_which_path_and_why(fake_gpu, monkeypatch):
 
 
 def test_info_lists_the_untuned_path_per_head_dim(monkeypatch):
-    from rocm_sd import cli
+    from rocm_sd import info
 
-    assert cli._untuned_attention(torch.device("cpu")) == [
+    assert info._untuned_attention(torch.device("cpu")) == [
         ("untuned attention", "not applicable on a CPU (SDPA's CPU kernels run every call)")]
     monkeypatch.setattr(importlib.import_module("rocm_sd.ops.attention"), "untuned_path",
                         lambda device, dim: f"path of {dim} on {device}")
-    rows = cli._untuned_attention(torch.device("cuda", 0))
-    assert list(cli.ATTENTION_HEAD_DIMS) == [40, 64, 80, 128, 160, 256, 512]
-    assert rows == [(f"attention d={dim} fp16", f"path of {dim} on cuda:0") for dim in cli.ATTENTION_HEAD_DIMS]
+    rows = info._untuned_attention(torch.device("cuda", 0))
+    assert list(info.ATTENTION_HEAD_DIMS) == [40, 64, 80, 128, 160, 256, 512]
+    assert rows == [(f"attention d={dim} fp16", f"path of {dim} on cuda:0") for dim in info.ATTENTION_HEAD_DIMS]
 
 
 # ------------------------------------------------------------------------------------------- GPU
