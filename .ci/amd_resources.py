@@ -6,7 +6,9 @@ The offload bundles in the library's .hip_fatbin section hold one code object pe
 For each kernel the code object's metadata (llvm-readelf --notes) gives VGPRs (arch + AGPRs on gfx90a/gfx94x/
 gfx950, as the hardware allocates them), AGPRs, SGPRs, spilled registers, scratch (private segment) bytes
 per lane, static LDS bytes and the workgroup-size bound; the disassembly (llvm-objdump -d) gives which matrix
-instructions it holds (v_mfma: CDNA, v_wmma / v_swmmac: RDNA3/4) and how many instructions it has.
+instructions it holds (v_mfma: CDNA, v_wmma / v_swmmac: RDNA3/4), how many instructions and LDS instructions it
+has, and the same counts for one pass through its key loop (_key_loop: found by the backward branch whose body holds
+every matrix instruction). Counts are static (each instruction once), never a time.
 Waves per SIMD are computed from the arch's register file, LDS and wave limits as LLVM's AMDGPU backend does
 (AMDGPUBaseInfo getNumWavesPerEUWithNumVGPRs, GCNSubtarget getOccupancyWithNumSGPRs,
 AMDGPUSubtarget getOccupancyWithWorkGroupSizes), so the number is the compiler's own "Occupancy" remark.
@@ -160,26 +162,74 @@ def _metadata(notes: str) -> list[dict]:
     return kernels
 
 
-def _matrix_counts(disassembly: str) -> dict[str, dict]:
-    counts, name = {}, None
+MATRIX_OPS = ("v_mfma", "v_wmma", "v_swmmac")
+# The disassembly's counts per kernel (_counts), and those of one pass through its key loop (None: no loop).
+COUNTS = ("v_mfma", "v_wmma", "load128", "instructions", "lds_instructions", "matrix_instructions")
+LOOP_COUNTS = ("loop_instructions", "loop_lds_instructions", "loop_matrix_instructions")
+BRANCH = re.compile(r"^s_(?:c)?branch")
+# llvm-objdump's comment after an instruction: "// <address>: <encoding> [<symbol>+0x<offset>]" (the symbol part
+# on branches only).
+COMMENT = re.compile(r"//\s*([0-9A-Fa-f]+):[^<]*(?:<(.+?)(?:\+0x([0-9a-f]+))?>)?\s*$")
+
+
+def _key_loop(ops: list[tuple[str, int, int | None]]) -> tuple[int, int] | None:
+    """(first, last) index into ops of the kernel's key loop: the smallest loop (a backward branch and its target)
+    that holds every matrix instruction of the kernel; None without matrix instructions or such a loop.
+
+    ops: (mnemonic, offset in the kernel or None (objdump's "..." for skipped padding), branch target offset or
+    None). A loop's body is the address range from
+    a backward branch's target to the branch; the compiler lays the attention kernel's key loop out as one such
+    range with the K / V copies (inner loops of their own) and the softmax inside."""
+    matrix = [i for i, (op, _, _) in enumerate(ops) if op.startswith(MATRIX_OPS)]
+    if not matrix:
+        return None
+    index = {offset: i for i, (_, offset, _) in enumerate(ops) if offset is not None}
+    loops = [(index[target], i) for i, (_, offset, target) in enumerate(ops)
+             if target is not None and target <= offset and target in index]
+    holding = [(first, last) for first, last in loops if first <= matrix[0] and matrix[-1] <= last]
+    return min(holding, key=lambda loop: loop[1] - loop[0]) if holding else None
+
+
+def _counts(disassembly: str) -> dict[str, dict]:
+    """Per kernel: matrix instructions by family, 16-byte global loads, all instructions, LDS instructions (every
+    ds_* op: loads, stores, atomics and the LDS-routed lane permutes ds_bpermute / ds_swizzle), and the same three
+    counts for one pass through the key loop (_key_loop; None where there is none)."""
+    kernels: dict[str, list] = {}
+    name, start = None, None
     for line in disassembly.splitlines():
         m = re.match(r"^(?:[0-9a-f]+ )?<(.+)>:$", line)
         if m:
-            name = m.group(1)
-            counts[name] = {"v_mfma": 0, "v_wmma": 0, "load128": 0, "instructions": 0}
+            name, start = m.group(1), None
+            kernels[name] = []
             continue
-        if name is None or not line.startswith("\t"):
+        if name is None or not line.startswith("\t") or not line.strip():
             continue
-        op = line.split(None, 1)[0] if line.strip() else ""
-        if not op or op == "s_code_end":
+        op = line.split(None, 1)[0]
+        if op == "s_code_end":
             continue
-        counts[name]["instructions"] += 1
-        if op.startswith("v_mfma"):
-            counts[name]["v_mfma"] += 1
-        elif op.startswith(("v_wmma", "v_swmmac")):
-            counts[name]["v_wmma"] += 1
-        elif op in LOAD128:
-            counts[name]["load128"] += 1
+        comment = COMMENT.search(line)
+        offset = target = None
+        if comment:
+            address = int(comment.group(1), 16)
+            start = address if start is None else start
+            offset = address - start
+            if BRANCH.match(op) and comment.group(2) == name:
+                target = int(comment.group(3) or "0", 16)
+        kernels[name].append((op, offset, target))
+    counts = {}
+    for name, ops in kernels.items():
+        def tally(selected):
+            return {"instructions": len(selected), "lds_instructions": sum(op.startswith("ds_") for op in selected),
+                    "matrix_instructions": sum(op.startswith(MATRIX_OPS) for op in selected)}
+        mnemonics = [op for op, _, _ in ops]
+        c = {"v_mfma": sum(op.startswith("v_mfma") for op in mnemonics),
+             "v_wmma": sum(op.startswith(("v_wmma", "v_swmmac")) for op in mnemonics),
+             "load128": sum(op in LOAD128 for op in mnemonics), **tally(mnemonics)}
+        loop = _key_loop(ops)
+        body = tally(mnemonics[loop[0]:loop[1] + 1]) if loop else dict.fromkeys(("instructions", "lds_instructions",
+                                                                                 "matrix_instructions"))
+        c.update({f"loop_{key}": value for key, value in body.items()})
+        counts[name] = c
     return counts
 
 
@@ -204,11 +254,11 @@ def read_kernels(objects: list[tuple[str, pathlib.Path]], workdir: pathlib.Path)
     per_arch: dict[str, list[dict]] = {}
     mangled = set()
     for arch, path in objects:
-        counts = _matrix_counts(pathlib.Path(f"{path}.s").read_text())
+        counts = _counts(pathlib.Path(f"{path}.s").read_text())
         for meta in _metadata(pathlib.Path(f"{path}.notes").read_text()):
             name = meta["name"]
             mangled.add(name)
-            c = counts.get(name, {"v_mfma": 0, "v_wmma": 0, "load128": 0, "instructions": 0})
+            c = counts.get(name, {**dict.fromkeys(COUNTS, 0), **dict.fromkeys(LOOP_COUNTS)})
             k = {
                 "mangled": name, "vgpr": int(meta.get("vgpr_count", 0)), "agpr": int(meta.get("agpr_count", 0)),
                 "sgpr": int(meta.get("sgpr_count", 0)), "vgpr_spill": int(meta.get("vgpr_spill_count", 0)),
@@ -217,8 +267,7 @@ def read_kernels(objects: list[tuple[str, pathlib.Path]], workdir: pathlib.Path)
                 "dynamic_stack": meta.get("uses_dynamic_stack", "false") == "true",
                 "lds": int(meta.get("group_segment_fixed_size", 0)), "wave": int(meta.get("wavefront_size", 0)),
                 "max_workgroup": int(meta.get("max_flat_workgroup_size", 1024)),
-                "v_mfma": c["v_mfma"], "v_wmma": c["v_wmma"], "load128": c["load128"],
-                "instructions": c["instructions"],
+                **{column: c[column] for column in COUNTS + LOOP_COUNTS},
             }
             k["matrix"] = "v_mfma" if k["v_mfma"] else "v_wmma" if k["v_wmma"] else "none"
             if arch in ARCHS:
@@ -234,6 +283,34 @@ def read_kernels(objects: list[tuple[str, pathlib.Path]], workdir: pathlib.Path)
             k["family"] = kernel_family(k["name"])
         kernels.sort(key=lambda k: (k["family"], k["name"]))
     return dict(sorted(per_arch.items(), key=lambda item: (len(item[0]), item[0])))
+
+
+# Counted in the disassembly (_counts). Matrix instructions are a kernel's matrix work, fixed by
+# its tile shape: any change is lost or repeated work, or a product moved out of the key loop. The others may fall
+# freely (the improvements they are there to show) but not rise: a kernel that grows fails until the table is
+# written anew (ROCM_SD_WRITE_RESOURCES=1) and committed, a decision in the diff.
+EXACT_COUNTS = ("v_mfma", "v_wmma", "matrix_instructions", "loop_matrix_instructions")
+CEILING_COUNTS = ("instructions", "lds_instructions", "loop_instructions", "loop_lds_instructions")
+
+
+def count_regressions(kernels: dict[str, list[dict]], committed: dict[str, list[dict]]) -> list[str]:
+    """What tests/test_build_rocm.py fails on, kernel by kernel against the committed table (arch -> kernels)."""
+    problems = []
+    for arch, group in kernels.items():
+        before = {k["name"]: k for k in committed.get(arch, [])}
+        for k in group:
+            if k["family"].startswith("attention") and k["matrix"] != "none" and k["loop_instructions"] is None:
+                problems.append(f"{arch}: {k['name']}: no key loop found around its matrix instructions")
+            old = before.get(k["name"])
+            if not old:
+                continue
+            for column in EXACT_COUNTS + CEILING_COUNTS:
+                was, now = old.get(column), k[column]
+                if was is None:  # a column the committed table predates
+                    continue
+                if now is None or (now != was if column in EXACT_COUNTS else now > was):
+                    problems.append(f"{arch}: {k['name']}: {column} {was} -> {now}")
+    return problems
 
 
 def toolchain_versions(root: str | None = None) -> dict[str, str]:
@@ -296,7 +373,10 @@ def markdown(table: dict) -> str:
         "VGPR counts AGPRs too where the register file is unified (gfx90a/gfx942/gfx950); scratch is bytes per lane "
         "(a spill or a stack the compiler could not keep in registers); LDS is static bytes per workgroup; waves/SIMD "
         "is the occupancy bound from registers, LDS and workgroup size (LLVM's rules, computed, not measured); "
-        "matrix is the matrix instruction family in the kernel's ISA. No AMD GPU ran any of this.",
+        "matrix is the matrix instruction family in the kernel's ISA; instructions are counted statically in the "
+        "disassembly (each instruction once, however often it runs), LDS instructions are every ds_* op (ds_bpermute "
+        "included), and the key loop's counts are those of one pass through the loop body (the smallest loop that holds "
+        "every matrix instruction: one key tile; docs/amd.md). Nothing here is a time. No AMD GPU ran any of this.",
         "",
         "| arch | kernels | with scratch / VGPR spills | max scratch B | SGPR spills | attention kernels | "
         "attention matrix | attention empty (0 VGPR) | attention waves/SIMD | max LDS B |",
@@ -311,16 +391,17 @@ def markdown(table: dict) -> str:
                   "Attention instances (every one), then the other kernel families (worst case over their instances; "
                   "every instance is in the .json).", "",
                   "| kernel | VGPR | AGPR | SGPR | VGPR spill | SGPR spill | scratch B | LDS B | waves/SIMD (bound) | "
-                  "matrix (count) | instructions |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "matrix (count) | instructions | LDS instructions | key loop: instructions / LDS / matrix |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for k in kernels:
             if not k["family"].startswith("attention"):
                 continue
             count = k["v_mfma"] or k["v_wmma"]
+            loop = " / ".join(str(k.get(c)) for c in LOOP_COUNTS) if k.get("loop_instructions") is not None else ""
             lines.append(f"| `{k['name']}` | {k['vgpr']} | {k['agpr']} | {k['sgpr']} | {k['vgpr_spill']} | "
                          f"{k['sgpr_spill']} | {k['scratch']} | {k['lds']} | {k.get('waves_per_simd', '')} "
                          f"({k.get('limited_by', '')}) | {k['matrix']}{f' ({count})' if count else ''} | "
-                         f"{k['instructions']} |")
+                         f"{k['instructions']} | {k.get('lds_instructions', '')} | {loop} |")
         lines += ["", "| family | instances | max VGPR | max AGPR | max SGPR | with VGPR spills | with SGPR spills | "
                   "max scratch B | max LDS B | min waves/SIMD | matrix |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         families: dict[str, list] = {}
@@ -338,7 +419,9 @@ def markdown(table: dict) -> str:
 
 
 COLUMNS = ["vgpr", "agpr", "sgpr", "vgpr_spill", "sgpr_spill", "scratch", "dynamic_stack", "lds", "max_workgroup",
-           "waves_per_simd", "limited_by", "matrix", "v_mfma", "v_wmma", "load128", "instructions", "wave"]
+           "waves_per_simd", "limited_by", "matrix", "v_mfma", "v_wmma", "load128", "instructions", "wave",
+           "lds_instructions", "matrix_instructions", "loop_instructions", "loop_lds_instructions",
+           "loop_matrix_instructions"]
 
 
 def dumps(table: dict) -> str:

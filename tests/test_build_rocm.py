@@ -2,8 +2,8 @@
 sid's hipcc 7 / clang 21 for the default GPU_TARGETS, inside the sid root of .ci/rocm_toolchain.sh, then
 checked from its code objects: it loads (no GPU here, so it may only fail at "no device"), holds a code object
 per target, and its kernel resource table (.ci/amd_resources.py) has no scratch or spills, matrix
-instructions in every attention kernel, LDS within each arch's limit and no occupancy below the committed table,
-except the gaps tests/amd_known_gaps.json lists, exactly (a new gap fails, and so does a fixed one until it
+instructions in every attention kernel, LDS within each arch's limit, no occupancy below the committed table and
+instruction counts no higher (matrix instructions: equal), except the gaps tests/amd_known_gaps.json lists, exactly (a new gap fails, and so does a fixed one until it
 leaves the list). Nothing runs on a GPU.
 
 Needs root and ROCM_SD_SID_ROOT (.ci/run sets both; locally: `export ROCM_SD_SID_ROOT=$(.ci/rocm_toolchain.sh
@@ -277,6 +277,17 @@ def test_occupancy_not_below_the_committed_table(table):
                 worse.append(f"{arch}: {k['name']} {old['waves_per_simd']} -> {k['waves_per_simd']} waves/SIMD "
                              f"({k['limited_by']}: VGPR {old['vgpr']} -> {k['vgpr']}, LDS {old['lds']} -> {k['lds']})")
     assert not worse, f"occupancy below {path.relative_to(ROOT)}:\n" + "\n".join(worse)
+
+
+def test_instruction_counts_against_the_committed_table(table):
+    """Per kernel: matrix instructions (whole kernel and key loop) exactly as committed; instructions and LDS
+    instructions (whole kernel and one pass of the key loop) not above; every attention kernel with matrix code
+    has a key loop."""
+    path = committed_table(table["toolchain"])
+    assert path is not None, "no committed bench/results/amd-resources-*.json (ROCM_SD_WRITE_RESOURCES=1 writes one)"
+    problems = amd_resources.count_regressions(table["targets"], amd_resources.load(path)["targets"])
+    assert not problems, (f"instruction counts against {path.relative_to(ROOT)} (ROCM_SD_WRITE_RESOURCES=1 writes "
+                          f"the table; commit it where the change is meant):\n" + "\n".join(problems[:60]))
 
 
 def _ck_kernels(table, arch):

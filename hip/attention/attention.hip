@@ -50,13 +50,20 @@ constexpr int kMaxHeadDim = 512;    // the wide family's
 // Q tile in a region of its own beside one stage, within the 64 KiB of LDS an AMD workgroup may use (AMD's
 // copies are synchronous, compat.h: a second stage would only take LDS, and so occupancy, from Q). Otherwise Q
 // is staged through the K / V tiles on its way into registers.
-template <bool kQShared, int DP, int kBlockM, int kBlockN>
+// With kVTransposed (wave_mma.h) the V tile is DP rows of kBlockN keys, of row stride kVLd: kBlockN + 4 (rows
+// 8 bytes apart from the LDS banks of the row above) where that takes no more than the row-major tile, so that
+// no instance loses occupancy to it, else kBlockN.
+template <bool kQShared, bool kVTransposed, int DP, int kBlockM, int kBlockN>
 struct SharedPlan {
   static constexpr int kLd = DP + 8, kTile = kBlockN * kLd, kStatic = 48 * 1024 / 2, kAmdLds = 64 * 1024 / 2;
+  static constexpr int kVLd = !kVTransposed ? kLd : DP * (kBlockN + 4) <= kTile ? kBlockN + 4 : kBlockN;
+  static constexpr int kVTile = kVTransposed ? DP * kVLd : kTile, kStage = kTile + kVTile;
+  // Decided as for two row-major tiles, so that a smaller V tile never moves Q into shared memory or adds a stage.
   static constexpr bool kQInShared = kQShared && kBlockM * kLd + 2 * kTile <= kAmdLds;
   static constexpr int kQRegion = kQInShared ? kBlockM * kLd : 0;
   static constexpr int kStages = !kQInShared && 4 * kTile <= kStatic ? 2 : 1;
-  static constexpr int kElements = kQRegion + kStages * 2 * kTile;
+  static constexpr int kQStaging = kQInShared ? 0 : kBlockM * kLd;  // Q on its way through the K / V stages
+  static constexpr int kElements = kQRegion + (kStages * kStage > kQStaging ? kStages * kStage : kQStaging);
   static_assert(kQInShared || kBlockM <= 2 * kStages * kBlockN, "the Q tile is staged in the K / V shared memory");
 };
 
@@ -65,6 +72,16 @@ struct SharedPlan {
 // beside them, the largest tiles spill at 64 (bench/results/amd-resources-*.md).
 constexpr int kQRegisterLimit = 48;
 
+#if defined(RSD_HAS_WAVE_MMA)
+// The value operand of keys key0.. x dims d0.. from a stage's V tile, in the policy's layout: transposed (row
+// stride kVLd) where kVTransposed, else row-major (kLd).
+template <class Mma, class T, int kLd, int kVLd>
+__device__ __forceinline__ typename Mma::VFrag value_fragment(const T* values, int key0, int d0) {
+  if constexpr (Mma::kVTransposed) return Mma::template load_vt<T>(values, kVLd, key0, d0);
+  else return Mma::template load_v<T>(values, kLd, key0, d0);
+}
+#endif
+
 template <class T, int DP, int kWaves, int kRows, int kBlockN>
 __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Params<T> p) {
 #if defined(RSD_HAS_WAVE_MMA)
@@ -72,12 +89,13 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
   constexpr int kWaveRows = 16 * kRows, kBlockM = kWaveRows * kWaves, kThreads = kWaves * RSD_WAVE;
   constexpr int kSlices = DP / 16, kKeyTiles = kBlockN / 16, kSlots = Mma::kSlots;
   constexpr int kQRegisters = kRows * kSlices * int(sizeof(typename Mma::QFrag) / 4);
-  using Plan = SharedPlan<(Mma::kQFromShared && kQRegisters > kQRegisterLimit), DP, kBlockM, kBlockN>;
-  constexpr int LD = Plan::kLd, kTile = Plan::kTile, kStages = Plan::kStages;
+  constexpr bool kVTransposed = Mma::kVTransposed;
+  using Plan = SharedPlan<(Mma::kQFromShared && kQRegisters > kQRegisterLimit), kVTransposed, DP, kBlockM, kBlockN>;
+  constexpr int LD = Plan::kLd, kVLd = Plan::kVLd, kTile = Plan::kTile, kStage = Plan::kStage, kStages = Plan::kStages;
   constexpr bool kQInShared = Plan::kQInShared;
   __shared__ __align__(16) uint16_t storage[Plan::kElements];
   T* const q_tile = reinterpret_cast<T*>(storage);  // Q's own region, or the first K / V stage
-  T* const tiles = q_tile + Plan::kQRegion;           // stage s: keys at 2 s kTile, values at (2 s + 1) kTile
+  T* const tiles = q_tile + Plan::kQRegion;           // stage s: keys at s kStage, values at s kStage + kTile
 
   const int tid = threadIdx.x, wave = rsd::wave_id();
   const int64_t batch = blockIdx.z, head = blockIdx.y;
@@ -108,10 +126,14 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
 
   auto load_tile = [&](int key0, int stage) {
     const int valid = min(kBlockN, p.kv_len - key0);
-    T* keys = tiles + 2 * stage * kTile;
+    T* keys = tiles + stage * kStage;
     load_rows<T, DP, LD>(keys, k + int64_t(key0) * p.k_stride[1], p.k_stride[1], valid, kBlockN, p.head_dim, tid, kThreads);
-    load_rows<T, DP, LD>(keys + kTile, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid, kBlockN, p.head_dim,
-                         tid, kThreads);
+    if constexpr (kVTransposed)
+      attn::load_rows_transposed<T, DP, kVLd>(keys + kTile, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid,
+                                              kBlockN, p.head_dim, tid, kThreads);
+    else
+      load_rows<T, DP, LD>(keys + kTile, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid, kBlockN, p.head_dim,
+                           tid, kThreads);
     async_commit();
   };
 
@@ -144,7 +166,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
       async_wait<0>();
     }
     __syncthreads();
-    const T* keys = tiles + 2 * stage * kTile;
+    const T* keys = tiles + stage * kStage;
     const T* values = keys + kTile;
 
     typename Mma::Acc scores[kRows][kKeyTiles];
@@ -154,15 +176,33 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
       for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
         for (auto& x : scores[r][n].v) x = 0.f;
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n)
+    if constexpr (kQInShared && kRows > 1) {
+      // Q's fragments from shared memory once a tile: head-dim slices outermost, each slice's Q fragments held
+      // across the key tiles (every score still sums its slices in order).
 #pragma unroll
       for (int s = 0; s < kSlices; ++s) {
-        const typename Mma::KFrag key_frag = Mma::template load_k<T>(keys, LD, 16 * n, 16 * s);  // shared by the rows
+        typename Mma::QFrag q_slice[kRows];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][n], q_fragment(r, s), key_frag);
-        mma_schedule_boundary();
+        for (int r = 0; r < kRows; ++r) q_slice[r] = q_fragment(r, s);
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+          const typename Mma::KFrag key_frag = Mma::template load_k<T>(keys, LD, 16 * n, 16 * s);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][n], q_slice[r], key_frag);
+          mma_schedule_boundary();
+        }
       }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+        for (int s = 0; s < kSlices; ++s) {
+          const typename Mma::KFrag key_frag = Mma::template load_k<T>(keys, LD, 16 * n, 16 * s);  // shared by the rows
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) Mma::template scores<T>(scores[r][n], q_fragment(r, s), key_frag);
+          mma_schedule_boundary();
+        }
+    }
 
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
@@ -174,7 +214,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
       for (int r = 0; r < kRows; ++r) probs[r] = Mma::template to_p<T>(scores[r][n]);
 #pragma unroll
       for (int s = 0; s < kSlices; ++s) {
-        const typename Mma::VFrag value_frag = Mma::template load_v<T>(values, LD, 16 * n, 16 * s);
+        const typename Mma::VFrag value_frag = value_fragment<Mma, T, LD, kVLd>(values, 16 * n, 16 * s);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) Mma::template pv<T>(out[r][s], probs[r], value_frag);
         mma_schedule_boundary();
@@ -256,13 +296,13 @@ MatrixUnits matrix_units_of(const std::string& arch) {
 
 MatrixUnits matrix_units(int device) { return matrix_units_of(device_arch(device)); }
 
-// Instances that spill registers to scratch on RDNA (gfx11 / gfx12, wave32, 256 VGPRs) with clang 21, read from
-// the code objects (bench/results/amd-resources-hipcc7.0.2-clang21.1.8.md): the wide family's two query tiles
-// a wave of 128 dims (Q and the fp32 output accumulators of 2 x 8 head-dim slices). Never offered there;
-// tests/test_build_rocm.py checks this rule against the table exactly.
+// Instances that spill registers to scratch on RDNA3 (gfx11, wave32, 256 VGPRs, replicated WMMA operands) with
+// clang 21, read from the code objects (bench/results/amd-resources-hipcc7.0.2-clang21.1.8.md): the wide family's
+// two query tiles a wave of 128 dims (Q and the fp32 output accumulators of 2 x 8 head-dim slices). Never offered
+// there; tests/test_build_rocm.py checks this rule against the table exactly (gfx12 fits them since its half-wave
+// exchanges take v_permlanex16).
 bool spills_on(MatrixUnits units, const Instance& inst) {
-  const bool rdna = units == MatrixUnits::rdna3 || units == MatrixUnits::rdna4;
-  return rdna && inst.padded_dim > kMaxNarrowDim && inst.waves == 4 && inst.rows > 1;
+  return units == MatrixUnits::rdna3 && inst.padded_dim > kMaxNarrowDim && inst.waves == 4 && inst.rows > 1;
 }
 
 // The heuristic until the tuner says otherwise (measured on the H200 at SD's shapes,

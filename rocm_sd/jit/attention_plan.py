@@ -64,7 +64,7 @@ def matrix_units(platform: str, arch: str) -> str:
 
 
 def spills_on(units: str, inst: Instance) -> bool:
-    return units in ("rdna3", "rdna4") and inst.padded_dim > MAX_NARROW_DIM and inst.waves == 4 and inst.rows > 1
+    return units == "rdna3" and inst.padded_dim > MAX_NARROW_DIM and inst.waves == 4 and inst.rows > 1
 
 
 def padded_dim(head_dim: int) -> int:

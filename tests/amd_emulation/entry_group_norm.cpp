@@ -1,9 +1,10 @@
 // C entry points of the emulated group_norm (see rsd_emu/entry_point.h): the automatic choice of
 // hip/group_norm/group_norm.hip, and the resident (group_norm_resident*.hip) and split (group_norm_split.hip)
-// paths forced through GroupNormArgs::path, as the GPU tests force them. Then three checks of the emulation on
-// what these kernels are built from (tests/amd_emulation_tests/test_emulation.py): the bf16 conversion of
-// rocm_sd/common.h as the device pass compiles it, __shared__ poisoned for every block, and a failing block ending
-// the blocks that wait for it through rocm_sd/grid_sync.h.
+// paths forced through GroupNormArgs::path, as the GPU tests force them. Then checks of the emulation on what
+// these kernels are built from (tests/amd_emulation_tests/test_emulation.py): the bf16 conversion of
+// rocm_sd/common.h as the device pass compiles it, __shared__ poisoned for every block, a failing block ending the
+// blocks that wait for it through rocm_sd/grid_sync.h, and the lane exchanges of RDNA's attention (v_permlanex16,
+// v_perm_b32).
 #include <cstdint>
 #include <vector>
 
@@ -63,6 +64,19 @@ __global__ void wait_for_failed_block(unsigned* counters, unsigned* timed_out) {
   }
   __syncthreads();
 }
+// The lane exchanges the RDNA attention builds on (wave_mma.h): out[i] = v_permlanex16(in[i]) with the selects
+// given, over whole waves; bytes[i] = v_perm_b32(s0[i], s1[i], sel[i]).
+#if defined(__GFX11__) || defined(__GFX12__)
+__global__ void permlanex16(const uint32_t* in, uint32_t* out, uint32_t sel_lo, uint32_t sel_hi) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  out[i] = __builtin_amdgcn_permlanex16(in[i], in[i], sel_lo, sel_hi, false, false);
+}
+#endif
+
+__global__ void byte_perm(const uint32_t* s0, const uint32_t* s1, const uint32_t* sel, uint32_t* bytes, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) bytes[i] = __builtin_amdgcn_perm(s0[i], s1[i], sel[i]);
+}
 }  // namespace
 
 extern "C" {
@@ -112,6 +126,22 @@ const char* rsd_emu_shared_poison_reads(uint32_t* seen, int blocks) {
 // counters: 2 words, zero; timed_out: `blocks` words, zero; at most the emulated device's 8 resident blocks.
 const char* rsd_emu_wait_for_failed_block(unsigned* counters, unsigned* timed_out, int blocks) {
   wait_for_failed_block<<<unsigned(blocks), 64, 0, nullptr>>>(counters, timed_out);
+  return launch_error();
+}
+
+// in, out: `waves` whole waves of words; gfx9 has no v_permlanex16 (an error says so).
+const char* rsd_emu_permlanex16(const uint32_t* in, uint32_t* out, int waves, uint32_t sel_lo, uint32_t sel_hi) {
+#if defined(__GFX11__) || defined(__GFX12__)
+  permlanex16<<<unsigned(waves), RSD_WAVE, 0, nullptr>>>(in, out, sel_lo, sel_hi);
+  return launch_error();
+#else
+  (void)in, (void)out, (void)waves, (void)sel_lo, (void)sel_hi;
+  return rsd_emu::answer("no v_permlanex16 on " RSD_EMU_ARCH);
+#endif
+}
+
+const char* rsd_emu_byte_perm(const uint32_t* s0, const uint32_t* s1, const uint32_t* sel, uint32_t* bytes, int n) {
+  byte_perm<<<unsigned((n + 63) / 64), 64, 0, nullptr>>>(s0, s1, sel, bytes, n);
   return launch_error();
 }
 

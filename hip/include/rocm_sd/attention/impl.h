@@ -67,6 +67,33 @@ __device__ __forceinline__ void load_rows(T* smem, const T* src, int64_t stride,
   }
 }
 
+// The same tile stored transposed: element (row, col) at smem[col * LD + row], so that each head dim's keys are
+// one shared-memory row (the RDNA policies' V operand, wave_mma.h kVTransposed). A thread reads 4 rows x 8 columns
+// (four 16-byte loads) and writes each column's 4 elements as one 8-byte store. rows and LD: multiples of 4.
+template <class T, int DP, int LD>
+__device__ __forceinline__ void load_rows_transposed(T* smem, const T* src, int64_t stride, int valid, int rows,
+                                                     int head_dim, int tid, int threads) {
+  static_assert(sizeof(T) == 2 && LD % 4 == 0, "16-bit elements, 8-byte aligned rows");
+  constexpr int kVectors = DP / 8;
+  for (int idx = tid; idx < rows / 4 * kVectors; idx += threads) {
+    const int row = idx / kVectors * 4, col = (idx % kVectors) * 8;
+    Vec<uint32_t, 4> x[4];  // rows row..row + 3, columns col..col + 7 in pairs (the lower column in the low half)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      x[r] = Vec<uint32_t, 4>{{0u, 0u, 0u, 0u}};
+      if (row + r < valid && col < head_dim)
+        x[r] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(src + (row + r) * stride + col));
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const int shift = 16 * (c % 2);
+      auto element = [&](int r) { return (x[r].v[c / 2] >> shift) & 0xffffu; };
+      const Vec<uint32_t, 2> pairs{{element(0) | (element(1) << 16), element(2) | (element(3) << 16)}};
+      *reinterpret_cast<Vec<uint32_t, 2>*>(smem + (col + c) * LD + row) = pairs;
+    }
+  }
+}
+
 #if defined(RSD_HAS_WAVE_MMA)
 // One tile of keys through the online softmax, for one 16-query tile of a wave (both families): masks the keys at
 // or past `valid` (of kBlockN = 16 kKeyTiles), raises the running max, rescales the running sums and the output

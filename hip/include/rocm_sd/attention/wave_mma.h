@@ -25,6 +25,9 @@
 //
 // kQFromShared: whether the attention kernel should read large Q tiles' fragments from shared memory for every
 // product instead of keeping them in registers (hip/attention/attention.hip, kQRegisterLimit).
+// kVTransposed: whether the narrow kernel stages V transposed (row d of the tile: head dim d's keys) and reads its
+// operands with load_vt: RDNA's V operand is a run of keys of one head dim per lane, which the row-major tile
+// can only give one 16-bit element per LDS load (load_v, still used by the wide family).
 #pragma once
 
 #include "rocm_sd/common.h"
@@ -114,7 +117,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // product i / 4, row slot (i % 4) / 2 (row g or g + 8), column 8 * (i / 4) + 2t + i % 2.
 struct NvMma16816 {
   static constexpr int kSlots = 2;  // query rows per lane: g and g + 8
-  static constexpr bool kQFromShared = false;
+  static constexpr bool kQFromShared = false, kVTransposed = false;
   struct QFrag { uint32_t r[4]; };
   struct Acc { float v[8]; };       // a 16x16 fp32 tile (scores or output)
   struct PFrag { uint32_t r[4]; };
@@ -276,12 +279,23 @@ __device__ __forceinline__ void store(float (&c)[N], const Vector& v) {
 #endif
 
 #if defined(RSD_WAVE_MMA_RDNA3) || defined(RSD_WAVE_MMA_RDNA4)
+// x of lane l ^ 16 (the other 16-lane row of l's 32 lanes, in wave32 and wave64 alike): v_permlanex16 with identity
+// lane selects (lane l reads lane l % 16 of the other row), a VALU instruction where a shuffle takes a round trip
+// through the LDS unit (ds_bpermute).
+__device__ __forceinline__ uint32_t swap_rows16(uint32_t x) {
+  return __builtin_amdgcn_permlanex16(x, x, 0x76543210u, 0xfedcba98u, false, false);
+}
+__device__ __forceinline__ float swap_rows16(float x) {
+  return __builtin_bit_cast(float, swap_rows16(__builtin_bit_cast(uint32_t, x)));
+}
+
 // What the RDNA3 and RDNA4 policies share: wave 32, lane = 16 h + i, every lane owns query i (lanes i and i + 16
 // hold the same one), 8 fp32 accumulator elements a lane, and the transposed products S^T = K Q^T and
 // O^T = V^T P^T through the policy's own mma (its instruction's builtin).
 template <class Policy>
 struct Wave32Wmma16 {
   static constexpr int kSlots = 1;
+  static constexpr bool kVTransposed = true;
   struct Acc { float v[8]; };
 
   __device__ static int slot_row(int) { return rsd::lane_id() % 16; }
@@ -293,8 +307,8 @@ struct Wave32Wmma16 {
   template <class T, class PFrag, class VFrag>
   __device__ static void pv(Acc& o, const PFrag& p, const VFrag& v) { Policy::template mma<T>(o.v, v.h, p.w); }
 
-  __device__ static float row_max(float x) { return xor_max<16>(x); }
-  __device__ static float row_sum(float x) { return xor_sum<16>(x); }
+  __device__ static float row_max(float x) { return fmaxf(x, swap_rows16(x)); }
+  __device__ static float row_sum(float x) { return x + swap_rows16(x); }
 };
 #endif
 
@@ -323,7 +337,7 @@ struct Wave64Mfma16 {
 };
 
 struct CdnaMfma16 : Wave64Mfma16 {
-  static constexpr bool kQFromShared = false;
+  static constexpr bool kQFromShared = false, kVTransposed = false;
   struct QFrag { uint16_t h[4]; };
   struct PFrag { uint16_t h[4]; };
   struct KFrag { uint16_t h[4]; };  // A of S^T = K Q^T: key i, dims 4q..4q+3
@@ -377,7 +391,8 @@ using WaveMma = CdnaMfma16;
 // A (m x k): lane holds A[i][0..15] (both halves of the wave the same); B (k x n): B[0..15][i];
 // C (m x n, 8 floats): element e is C[2e + h][i].
 // S^T = K Q^T: lane holds S[query i][keys 2e + h]. O^T = V^T P^T needs B = P^T with all 16 keys of
-// query i in one lane: the other 8 come from lane i + 16 (h flipped) by one shuffle per element.
+// query i in one lane: the other 8 come from lane i + 16 (h flipped), converted to 16 bits there, one
+// v_permlanex16 per pair.
 struct Rdna3Wmma16 : Wave32Wmma16<Rdna3Wmma16> {
   // Replicated operands make a Q fragment 8 VGPRs a lane per 16 head dims, as many as the fp32 output
   // accumulators: at large head dims Q is better read from shared memory (hip/attention/attention.hip kQRegisterLimit).
@@ -417,14 +432,21 @@ struct Rdna3Wmma16 : Wave32Wmma16<Rdna3Wmma16> {
     return f;
   }
 
+  // Each lane converts its own 8 probabilities (keys 2e + h) into 4 words of pairs, keys 4j + h and 4j + 2 + h,
+  // and trades them with lane i ^ 16 for keys 4j + 1 - h and 4j + 3 - h; word 2j of the operand is then keys
+  // 4j, 4j + 1 (the low halves of both words, the lower key's first) and word 2j + 1 keys 4j + 2, 4j + 3.
+  // The two merges are byte permutes (v_perm_b32: selector bytes 0-3 name bytes of its second operand, 4-7 of its
+  // first) whose selectors differ between the half-waves.
   template <class T>
   __device__ static PFrag to_p(const Acc& p) {
     const bool upper = rsd::lane_id() >= 16;
+    const uint32_t even = upper ? 0x01000504u : 0x05040100u, odd = upper ? 0x03020706u : 0x07060302u;
     PFrag f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float mine = p.v[e], other = rsd::shfl_xor(p.v[e], 16);  // keys 2e + h and 2e + 1 - h
-      f.w[e] = pack2<T>(upper ? other : mine, upper ? mine : other);
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t mine = pack2<T>(p.v[2 * j], p.v[2 * j + 1]), other = swap_rows16(mine);
+      f.w[2 * j] = __builtin_amdgcn_perm(other, mine, even);
+      f.w[2 * j + 1] = __builtin_amdgcn_perm(other, mine, odd);
     }
     return f;
   }
@@ -435,6 +457,17 @@ struct Rdna3Wmma16 : Wave32Wmma16<Rdna3Wmma16> {
     VFrag f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) f.h[j] = col[j * ld];
+    return f;
+  }
+
+  // The same operand from the transposed value tile (row d: dim d's keys, 8-byte aligned rows): 16 consecutive
+  // keys of dim d0 + i, a K fragment of the transpose.
+  template <class T>
+  __device__ static VFrag load_vt(const T* vt, int ld, int key0, int d0) {
+    const KFrag k = load_k<T>(vt, ld, d0, key0);
+    VFrag f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) f.h[j] = k.h[j];
     return f;
   }
 };
@@ -510,6 +543,15 @@ struct Rdna4Wmma16 : Wave32Wmma16<Rdna4Wmma16> {
     VFrag f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) f.h[e] = col[kidx(e) * ld];
+    return f;
+  }
+
+  // The same operand from the transposed value tile (row d: dim d's keys, 8-byte aligned rows): keys kidx(0..7)
+  // of dim d0 + i, two runs of four.
+  template <class T>
+  __device__ static VFrag load_vt(const T* vt, int ld, int key0, int d0) {
+    VFrag f;
+    load_row_halves(f.h, vt + (d0 + rsd::lane_id() % 16) * ld + key0);
     return f;
   }
 };

@@ -9,6 +9,8 @@
 //   __builtin_amdgcn_mfma_*    rsd_emu/amdgcn_matrix.h, for a wave of 64
 //   __builtin_amdgcn_wmma_*    rsd_emu/amdgcn_matrix.h, for a wave of 32 (gfx11's and gfx12's builtins)
 //   __builtin_amdgcn_cvt_pk_fp8_f32   rsd_emu/amdgcn_matrix.h, per lane (no other lane involved)
+//   __builtin_amdgcn_permlanex16   v_permlanex16_b32 (gfx10+: the gfx11 / gfx12 targets here), wave-wide
+//   __builtin_amdgcn_perm          v_perm_b32, per lane
 //
 // The FP8 builtins exist only where the real compiler has them (the fp8 MFMA and the conversion: gfx940/941/942
 // and gfx950; the fp8 WMMA and the conversion: gfx12), so code that calls one elsewhere fails to compile here as
@@ -45,6 +47,54 @@ T bpermute(const char* name, T value, int source) {
 inline int lane_in_wave() { return this_lane().linear % wave_size(); }
 
 }  // namespace rsd_emu
+
+namespace rsd_emu {
+
+struct PermlaneIn {
+  uint32_t value, sel_lo, sel_hi;
+};
+
+// v_permlanex16_b32 as the RDNA3 / RDNA4 ISA documents it: the lanes form rows of 16, paired (0, 1), (2, 3); lane l
+// reads, from the other row of its pair, the lane that its 4-bit select names: bits [4 (l % 16) + 3 : 4 (l % 16)]
+// of {sel_hi, sel_lo}, which are scalar operands (one value for the wave). old, fi and bound_ctrl only decide what
+// a lane reads from an inactive source lane; every lane of the wave takes part here, and a partial wave fails.
+inline uint32_t permlanex16(uint32_t old, uint32_t src0, uint32_t sel_lo, uint32_t sel_hi, bool fi, bool bound_ctrl) {
+  (void)old, (void)fi, (void)bound_ctrl;
+  const char* name = "v_permlanex16_b32";
+  return wave_collective<PermlaneIn, uint32_t>(name, PermlaneIn{src0, sel_lo, sel_hi}, [name](const PermlaneIn* in,
+                                                                                              uint32_t* out, int lanes) {
+    if (lanes != wave_size()) fail(std::string(name) + " in a partial wave");
+    const uint64_t sel = uint64_t(in[0].sel_hi) << 32 | in[0].sel_lo;
+    for (int l = 0; l < lanes; ++l) {
+      if (in[l].sel_lo != in[0].sel_lo || in[l].sel_hi != in[0].sel_hi)
+        fail(std::string(name) + ": lane selects differ between lanes (they are scalar operands)");
+      out[l] = in[((l / 16) ^ 1) * 16 + int(sel >> (4 * (l % 16)) & 0xf)].value;
+    }
+  });
+}
+
+// v_perm_b32 (ISA: "byte permute"): byte k of the result is chosen by byte k of sel from the eight bytes
+// {s0 (bytes 4-7), s1 (bytes 0-3)}: 0-7 that byte, 8-11 the sign bit of byte 1, 3, 5 or 7 repeated over the byte,
+// 12 zero, 13 and above 0xff.
+inline uint32_t perm_b32(uint32_t s0, uint32_t s1, uint32_t sel) {
+  const uint64_t in = uint64_t(s0) << 32 | s1;
+  uint32_t out = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t b = sel >> (8 * k) & 0xff;
+    const uint32_t byte = b >= 13 ? 0xff : b == 12 ? 0 : b >= 8 ? ((in >> (16 * (b - 8) + 15)) & 1) * 0xff
+                                                              : uint32_t(in >> (8 * b)) & 0xff;
+    out |= byte << (8 * k);
+  }
+  return out;
+}
+
+}  // namespace rsd_emu
+
+#if defined(__GFX11__) || defined(__GFX12__)
+#define __builtin_amdgcn_permlanex16(old, src0, src1, src2, fi, bound_ctrl) \
+  ::rsd_emu::permlanex16(old, src0, src1, src2, fi, bound_ctrl)
+#endif
+#define __builtin_amdgcn_perm(s0, s1, sel) ::rsd_emu::perm_b32(s0, s1, sel)
 
 template <class T>
 T __shfl_xor(T var, int lane_mask, int width = rsd_emu::wave_size()) {
