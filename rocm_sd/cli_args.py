@@ -63,6 +63,14 @@ def image_size(text: str) -> int:
     return value
 
 
+def add_height_and_width(parser: argparse.ArgumentParser) -> None:
+    """--height / --width for commands that run a pipeline at one size."""
+    for side in ("height", "width"):
+        parser.add_argument(f"--{side}", type=image_size, default=None,
+                            help=f"image {side} in pixels, a multiple of {SIZE_MULTIPLE} (default: the model's own: "
+                                 "512 for sd15, 768 for sd21, 1024 for sdxl, sd3, sd35* and flux*)")
+
+
 def image_sizes(text: str) -> list[tuple[int, int]]:
     """Comma-separated WIDTHxHEIGHT image sizes in pixels (width first, as ComfyUI and A1111 give them)."""
     sizes = []

@@ -285,3 +285,22 @@ def test_an_op_named_twice_in_the_backend_variable_warns(monkeypatch, caplog, sp
         assert config._from_env().forced_backends["group_norm"] == applied
     [warning] = [r.getMessage() for r in caplog.records if "ROCM_SD_BACKEND" in r.getMessage()]
     assert "names group_norm 2 times" in warning and f"the last, group_norm:{applied}, applies" in warning
+
+
+def _commands():
+    """(name, parser) of every command line a user types: python -m rocm_sd's subcommands and the tuner."""
+    import argparse
+
+    top = cli.build_parser()
+    subparsers = next(action for action in top._actions if isinstance(action, argparse._SubParsersAction))
+    return [*((f"python -m rocm_sd {name}", parser) for name, parser in subparsers.choices.items()),
+            ("python -m rocm_sd.tune", tune_cli.build_parser())]
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    """--help is the reference a user reads: an option listed with no text (tune's and generate's --height / --width
+    were) leaves its unit, its accepted values and its default to guessing."""
+    bare = [f"{name} {action.option_strings[-1]}" for name, parser in _commands() for action in parser._actions
+            if action.option_strings and action.help is None]
+    assert not bare, f"options without help: {bare}"
+    assert {"python -m rocm_sd generate", "python -m rocm_sd.tune", "python -m rocm_sd bench"} <= {n for n, _ in _commands()}

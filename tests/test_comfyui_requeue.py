@@ -5,6 +5,8 @@ input does, whatever was loaded when the node ran. In the stand-in: ComfyUI's we
 sequencing (tests/standins/comfy/model_patcher.py, model_management.py)."""
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -122,13 +124,16 @@ def test_copies_are_made_of_the_models_own_modules(comfy, nodes, loader):
     (optimized,) = nodes.RocmSDOptimizeModel().optimize(base, cuda_graph=False)
     loader.unload_all_models()
     own = dict(base.model.named_modules())
+    kinds = collections.Counter()
     for path, module in optimized.object_patches.items():
         source = unpatched(module)
         assert source is own[path] and type(source).__name__.startswith(("GroupNorm", "LayerNorm", "Conv2d", "SiLU"))
+        kinds[type(source).__name__] += 1
         if isinstance(module, torch.nn.Conv2d):
             assert module.weight is own[path].weight
             own[path].weight = torch.nn.Parameter(own[path].weight * 2, requires_grad=False)
             assert module.weight is own[path].weight  # the slot is the module's: read when the copy runs
+    assert kinds["GroupNorm"] and kinds["Conv2d"], f"the stand-in's UNet gave too few copies to check: {kinds}"
 
 
 def test_a_deep_copy_of_a_copy_keeps_its_own_settings():

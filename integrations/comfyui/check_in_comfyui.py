@@ -269,7 +269,10 @@ def check_requeue_orders(torch, comfy, nodes, device, dtype):
         print(f"requeue order, {name}: max relative difference {diff:.2e}"
               + (f" (the LoRA's own effect {lora_effect:.2e})" if lora_effect is not None else ""))
     print(f"requeue orders: the 1% patch's own effect {effect:.2e}, tolerance {tolerance:.0e}")
-    return effect > 3 * tolerance and all(diff <= tolerance for diff, _ in cases.values())
+    # An order only tells a baked-in clone from the right weights when their images differ: every LoRA's own effect
+    # (and the 1% patch's) must stand clear of the tolerance.
+    distinguishing = all(lora_effect > 3 * tolerance for _, lora_effect in cases.values() if lora_effect is not None)
+    return effect > 3 * tolerance and distinguishing and all(diff <= tolerance for diff, _ in cases.values())
 
 
 def check_tune_node(torch, comfy, nodes):

@@ -26,10 +26,10 @@ def add_arguments(parser) -> None:
                              "each step of a diffusion transformer (SD3 / SD3.5, Flux) split over all GPUs by image "
                              "tokens; cfg-seq: the guidance halves on two halves of the GPUs, each half's tokens split "
                              "over its GPUs")
-    parser.add_argument("--height", type=cli_args.image_size)
-    parser.add_argument("--width", type=cli_args.image_size)
-    parser.add_argument("--steps", type=cli_args.positive_int, default=50)
-    parser.add_argument("--guidance", type=cli_args.finite_float, default=7.5)
+    cli_args.add_height_and_width(parser)
+    parser.add_argument("--steps", type=cli_args.positive_int, default=50, help="denoising steps per image")
+    parser.add_argument("--guidance", type=cli_args.finite_float, default=7.5,
+                        help="guidance scale (classifier-free guidance; Flux: its distilled guidance embedding)")
     parser.add_argument("--batch", type=cli_args.positive_int, default=1, help="prompts per pipeline call")
     parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
     parser.add_argument("--dtype", choices=cli_args.DTYPES,

@@ -42,8 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"architecture with random weights ({', '.join(sorted(models.ARCHITECTURES))}), a local "
                              "diffusers model folder, or a .safetensors checkpoint as ComfyUI and A1111 load them "
                              "(its architecture's shapes are tuned)")
-    parser.add_argument("--height", type=cli_args.image_size)
-    parser.add_argument("--width", type=cli_args.image_size)
+    cli_args.add_height_and_width(parser)
     parser.add_argument("--batch", type=cli_args.positive_int, default=1,
                         help="images per call (the UNet sees twice as many with CFG)")
     parser.add_argument("--dtype", choices=cli_args.DTYPES,
