@@ -347,8 +347,17 @@ def test_tune_node_runs_the_tuner_for_the_model_and_passes_it_through(comfy, nod
     assert out is patcher
     assert runs == [["--model", "sdxl", "--width", "832", "--height", "1216", "--batch", "2", "--resume",
                      "--budget-s", "300"]]
-    # its problems run once at the node's size, the VAE untiled as ComfyUI decodes it
+    # its problems run once at the node's size, the VAE untiled as ComfyUI decodes it (the VAE node's fixed tiles are
+    # off by default but with ROCm's torch)
     assert prepared == [(("sdxl", [(832, 1216)]), {"batch": 2, "vae_tiles": False})]
+    monkeypatch.setattr(platform, "torch_gpu_platform", lambda: "hip")
+    nodes.RocmSDTune().tune(patcher, width=832, height=1216, batch_size=2, budget_minutes=5, resume=True)
+    assert prepared[1:] == [(("sdxl", [(832, 1216)]), {"batch": 2, "vae_tiles": tiles}) for tiles in (False, True)]
+    del prepared[1:]
+    monkeypatch.undo()
+    monkeypatch.setattr(tune_cli, "main", lambda argv: runs.append(argv) or 0)
+    monkeypatch.setattr(prepare, "run", lambda *args, **kwargs: prepared.append((args, kwargs)))
+    runs.pop()
     nodes.RocmSDTune().tune(patcher, width=1024, height=1024, budget_minutes=0, resume=False, precision="fp8",
                             prepare=False)
     assert runs[-1] == ["--model", "sdxl", "--width", "1024", "--height", "1024", "--batch", "1", "--precision", "fp8"]
@@ -384,6 +393,66 @@ def test_vae_node_follows_a_circular_padding_set_later(comfy, nodes):
         reference = vae.decode(z)
         assert (reference - zeros).abs().max() > 1e-2
         torch.testing.assert_close(optimized.decode(z), reference, rtol=1e-5, atol=1e-5)
+
+
+def _decoded_latent_shapes(vae):
+    """Records the latent shapes the VAE's decoder runs on."""
+    shapes = []
+    vae.first_stage_model.decoder.conv_in.register_forward_pre_hook(lambda m, args: shapes.append(args[0].shape[-2:]))
+    return shapes
+
+
+def test_vae_node_fixed_tiles_decode_every_size_through_the_same_tile_shapes(comfy, nodes):
+    """Issue 48 item 2 in ComfyUI: with fixed_tiles the VAE node's decode runs only tile shapes (64 / 96 / 128
+    latents a side), so MIOpen's first-run search runs per tile shape, not per image size; a latent of one tile
+    decodes as untiled, narrower ones and other ranks are ComfyUI's own decode."""
+    from rocm_sd.modules import vae_tiles
+
+    vae = comfy["VAE"]()
+    for p in vae.first_stage_model.parameters():
+        p.data.normal_(0, 0.2)
+    (tiled_vae,) = nodes.RocmSDOptimizeVAE().optimize(vae, fixed_tiles="on")
+    (untiled_vae,) = nodes.RocmSDOptimizeVAE().optimize(vae, fixed_tiles="off")
+    assert "decode" in tiled_vae.patcher.object_patches and "decode" not in untiled_vae.patcher.object_patches
+    shapes = _decoded_latent_shapes(vae)
+    sizes = [(64, 64), (64, 100), (96, 160), (136, 72)]
+    with torch.inference_mode():
+        for height, width in sizes:
+            z = torch.randn(2, 4, height, width, generator=torch.Generator().manual_seed(height + width))
+            reference = untiled_vae.decode(z)
+            shapes.clear()
+            out = tiled_vae.decode(z)
+            assert out.shape == reference.shape and torch.isfinite(out).all()
+            expected = vae_tiles.tile_shapes(height, width)
+            assert {tuple(s) for s in shapes} == expected and len(shapes) >= 2, (height, width, shapes)
+            if expected == {(height, width)}:  # one tile a side: the untiled image, batch 1 at a time
+                torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-4)
+            else:  # the blend of the tiles differs from the untiled image as any tiled decode does, not wildly
+                assert (out - reference).abs().mean() < 0.25 * reference.abs().mean()
+        z = torch.randn(1, 4, 8, 8)
+        shapes.clear()
+        torch.testing.assert_close(tiled_vae.decode(z), untiled_vae.decode(z), rtol=0, atol=0)
+        assert [tuple(s) for s in shapes] == [(8, 8)] * 2
+        # a circular padding set later (seamless textures) wraps the whole image: untiled again
+        for module in vae.first_stage_model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.padding_mode = "circular"
+        z = torch.randn(1, 4, 64, 100)
+        shapes.clear()
+        torch.testing.assert_close(tiled_vae.decode(z), untiled_vae.decode(z), rtol=0, atol=0)
+        assert [tuple(s) for s in shapes] == [(64, 100)] * 2
+        model = vae.first_stage_model  # the input VAE is ComfyUI's own again once the optimized one is unloaded
+        assert vae.patcher.object_patches == {} and torch.equal(vae.decode(z), type(model).decode(model, z))
+
+
+def test_vae_node_fixed_tiles_auto_is_on_with_rocms_torch_only(comfy, nodes, monkeypatch):
+    from rocm_sd import platform
+
+    vae = comfy["VAE"]()
+    assert "decode" not in nodes.RocmSDOptimizeVAE().optimize(vae)[0].patcher.object_patches  # CPU torch: off
+    monkeypatch.setattr(platform, "torch_gpu_platform", lambda: "hip")
+    assert "decode" in nodes.RocmSDOptimizeVAE().optimize(vae)[0].patcher.object_patches
+    assert "decode" not in nodes.RocmSDOptimizeVAE().optimize(vae, fixed_tiles="off")[0].patcher.object_patches
 
 
 def test_each_execution_says_what_it_declined_and_that_step_caching_changes_images(comfy, nodes, caplog):

@@ -429,7 +429,35 @@ def check_vae(torch, comfy, nodes):
     diff = (got.float() - reference.float()).abs().max().item()
     print(f"vae: {len(optimized.patcher.object_patches)} object patches, max difference {diff:.2e}, "
           f"original restored: {restored}, op calls {stats}")
-    return diff <= 2e-2 and restored and ran
+    return diff <= 2e-2 and restored and ran and check_vae_fixed_tiles(torch, vae, nodes)
+
+
+def check_vae_fixed_tiles(torch, vae, nodes):
+    """fixed_tiles through ComfyUI's own VAE.decode (its batching, dtype and device moves): the decoder sees the
+    tile shapes only, at two image sizes, and a one-tile latent decodes as untiled."""
+    from rocm_sd.modules import vae_tiles
+
+    (tiled,) = nodes["RocmSDOptimizeVAE"]().optimize(vae, fixed_tiles="on")
+    (untiled,) = nodes["RocmSDOptimizeVAE"]().optimize(vae, fixed_tiles="off")
+    shapes = []
+    hook = vae.first_stage_model.decoder.conv_in.register_forward_pre_hook(
+        lambda m, args: shapes.append(tuple(args[0].shape[-2:])))
+    ok = True
+    try:
+        with torch.inference_mode():
+            for height, width in ((64, 64), (64, 80)):
+                z = torch.randn(1, 4, height, width, generator=torch.Generator().manual_seed(height + width))
+                reference = untiled.decode(z)
+                shapes.clear()
+                got = tiled.decode(z)
+                seen, expected = set(shapes), vae_tiles.tile_shapes(height, width)
+                diff = (got.float() - reference.float()).abs().max().item()
+                print(f"vae fixed tiles, latent {height}x{width}: decoder saw {sorted(seen)} (expected "
+                      f"{sorted(expected)}), max difference to untiled {diff:.2e}")
+                ok &= seen == expected and (expected != {(height, width)} or diff <= 2e-2)
+    finally:
+        hook.remove()
+    return ok
 
 
 def check_precision(torch, comfy, nodes, device, dtype):

@@ -22,7 +22,7 @@ try:
     import torch
 
     from rocm_sd.patch.comfy import (conv_swaps, model_architecture, model_paths, norm_swaps, patch_model_patcher,
-                                     upsample_swaps, vae_attention)
+                                     upsample_swaps, vae_attention, vae_tile_swaps)
     from rocm_sd.patch.comfy_graph import installed_step_cache, step_cache_notice
     UNAVAILABLE = None
 except ImportError as exc:  # the node must load in any ComfyUI, even one without rocm_sd installed
@@ -138,6 +138,12 @@ class RocmSDOptimizeVAE:
             "group_norm": ("BOOLEAN", {"default": True}),
             "fold_upsample": ("BOOLEAN", {"default": True}),
             "channels_last": ("BOOLEAN", {"default": True}),
+        }, "optional": {
+            "fixed_tiles": (["auto", "on", "off"], {"default": "auto", "tooltip": (
+                "decode latents of 64 or more a side in tiles of 64, 96 or 128 latents, blended, so that every image "
+                "size runs the same convolution problems and MIOpen's first-run search (minutes at each new size) runs "
+                "once per tile shape; tiles differ slightly from an untiled decode (docs/amd.md). auto: on with "
+                "ROCm's torch")}),
         }}
 
     RETURN_TYPES = ("VAE",)
@@ -145,7 +151,8 @@ class RocmSDOptimizeVAE:
     CATEGORY = CATEGORY
     DESCRIPTION = "Runs the VAE's GroupNorms, attention and upsamplers through rocm_sd (AMD GPUs)."
 
-    def optimize(self, vae, attention=True, group_norm=True, fold_upsample=True, channels_last=True):
+    def optimize(self, vae, attention=True, group_norm=True, fold_upsample=True, channels_last=True,
+                 fixed_tiles="auto"):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the VAE passes through unchanged")
             return (vae,)
@@ -163,6 +170,9 @@ class RocmSDOptimizeVAE:
             for name, module in root.named_modules():
                 if callable(getattr(module, "optimized_attention", None)):
                     patched.patcher.add_object_patch(f"{name}.optimized_attention", vae_attention)
+        if _fixed_tiles(fixed_tiles):
+            for path, patch in vae_tile_swaps(root).items():
+                patched.patcher.add_object_patch(path, patch)
         _report_kernels()
         return (patched,)
 
@@ -223,6 +233,15 @@ class RocmSDTune:
         return (model,)
 
 
+def _fixed_tiles(choice: str) -> bool:
+    """The VAE node's fixed_tiles: auto follows optimize()'s vae_tiles default (on with ROCm's torch)."""
+    if choice == "auto":
+        from rocm_sd.patch.flags import FLAGS
+
+        return next(f for f in FLAGS if f.name == "vae_tiles").default_for({})
+    return choice == "on"
+
+
 def _prepare(arch: str, width: int, height: int, batch_size: int) -> None:
     from rocm_sd import platform
     from rocm_sd import prepare
@@ -230,8 +249,9 @@ def _prepare(arch: str, width: int, height: int, batch_size: int) -> None:
     if not platform.gpu_available():
         _say(["nothing prepared: no GPU, so no convolution search to run ahead"])
         return
-    try:  # ComfyUI decodes its VAE itself, untiled: its decode's problems at this size
-        prepare.run(arch, [(width, height)], batch=batch_size, vae_tiles=False)
+    try:  # the VAE as ComfyUI's own VAE Decode runs it (untiled), and as the VAE node's fixed tiles do where auto is on
+        for vae_tiles in (False, True)[:1 + _fixed_tiles("auto")]:
+            prepare.run(arch, [(width, height)], batch=batch_size, vae_tiles=vae_tiles)
     except Exception as error:  # noqa: BLE001 - a failed warm-up must not stop the workflow
         _say([f"prepare stopped ({type(error).__name__}: {error}); the first image will search as usual"])
 

@@ -23,6 +23,7 @@ diffusers' own tiled decode does (tests/test_vae_tiles.py compares the two).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -79,14 +80,16 @@ def _decode_tile(vae, tile: torch.Tensor) -> torch.Tensor:
     return vae.decoder(tile)
 
 
-def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP):
-    """AutoencoderKL._decode(z, return_dict) in fixed-shape tiles (the module's docstring); latents narrower than the
-    smallest tile go to AutoencoderKL's own _decode."""
-    from diffusers.models.autoencoders.vae import DecoderOutput
+def zero_padded(model: torch.nn.Module) -> bool:
+    """Whether every convolution of the model pads with zeros, as tiles assume: a circular padding mode (A1111's
+    "Tiling", ComfyUI's seamless-texture nodes, set at any time) wraps the whole image, which a tile cannot."""
+    return all(m.padding_mode == "zeros" for m in model.modules() if isinstance(m, torch.nn.Conv2d))
 
+
+def decode_in_tiles(decode, z: torch.Tensor, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP) -> torch.Tensor:
+    """decode (a [1, C, h, w] latent tile -> its [1, C', h * s, w * s] image) over z [B, C, H, W], tiled() latents
+    only, one image at a time, the tiles blended (the module's docstring): [B, C', H * s, W * s]."""
     height, width = z.shape[-2:]
-    if not tiled(height, width, sizes):
-        return type(vae)._decode(vae, z, return_dict=return_dict)
     side_y, rows = axis_tiles(height, sizes, min_overlap)
     side_x, cols = axis_tiles(width, sizes, min_overlap)
     images, weights_y, weights_x = [], None, None
@@ -94,18 +97,44 @@ def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_S
         out = total = None
         for i, top in enumerate(rows):
             for j, left in enumerate(cols):
-                tile = _decode_tile(vae, latent[:, :, top:top + side_y, left:left + side_x].contiguous())
+                tile = decode(latent[:, :, top:top + side_y, left:left + side_x].contiguous())
                 if out is None:  # the decoder's upscaling, read off the first tile
                     scale = tile.shape[-1] // side_x
-                    weights_y = _ramps(rows, side_y, scale, z.device)
-                    weights_x = _ramps(cols, side_x, scale, z.device)
-                    out = torch.zeros(tile.shape[1], height * scale, width * scale, device=z.device)
-                    total = torch.zeros(1, height * scale, width * scale, device=z.device)
+                    weights_y = _ramps(rows, side_y, scale, tile.device)
+                    weights_x = _ramps(cols, side_x, scale, tile.device)
+                    out = torch.zeros(tile.shape[1], height * scale, width * scale, device=tile.device)
+                    total = torch.zeros(1, height * scale, width * scale, device=tile.device)
                 weight = weights_y[i][:, None] * weights_x[j][None, :]
                 region = (slice(None), slice(top * scale, (top + side_y) * scale),
                           slice(left * scale, (left + side_x) * scale))
                 out[region] += tile[0].float() * weight
                 total[region] += weight
         images.append((out / total).to(tile.dtype))
-    decoded = torch.stack(images)
+    return torch.stack(images)
+
+
+def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP):
+    """AutoencoderKL._decode(z, return_dict) in fixed-shape tiles (the module's docstring); latents narrower than the
+    smallest tile go to AutoencoderKL's own _decode."""
+    from diffusers.models.autoencoders.vae import DecoderOutput
+
+    if not tiled(*z.shape[-2:], sizes) or not zero_padded(vae):
+        return type(vae)._decode(vae, z, return_dict=return_dict)
+    decoded = decode_in_tiles(functools.partial(_decode_tile, vae), z, sizes, min_overlap)
     return DecoderOutput(sample=decoded) if return_dict else (decoded,)
+
+
+class HostTiledDecode:
+    """A host app's first-stage model's decode(z, **options) in fixed-shape tiles, set as an attribute of the model
+    (ComfyUI's object patch on its AutoencoderKL: every image size then decodes through the same nine tile shapes).
+    The class's own decode runs each tile and every call this does not take: latents of other ranks (video VAEs)
+    or narrower than the smallest tile, and any while a convolution pads other than with zeros."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, z, **options):
+        decode = functools.partial(type(self.model).decode, self.model, **options)
+        if not isinstance(z, torch.Tensor) or z.dim() != 4 or not tiled(*z.shape[-2:]) or not zero_padded(self.model):
+            return decode(z)
+        return decode_in_tiles(decode, z)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import functools
 
+from torch import nn
+
 from ..checkpoints import architecture_for
 from ..modules.attention import heads_first, heads_last, spatial_attention
 from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
 from ..ops.attention_fp8 import fp8_call_uses_op, scaled_dot_product_attention_fp8
 from .comfy_graph import install_graphs, install_step_cache
 from ..modules.step_cache import ComfyStepCache, comfy_unet_problem
+from ..modules.vae_tiles import HostTiledDecode
 from . import attention_fp8 as attention_fp8_patch
 from . import comfy_dit
 from . import ldm_swaps
@@ -59,6 +62,14 @@ def upsample_swaps(root, resolve: ldm_swaps.Resolve | None = None) -> dict[str, 
 def conv_swaps(root, skip: dict | None = None, resolve: ldm_swaps.Resolve | None = None) -> dict[str, object]:
     """ldm_swaps.conv_swaps for a ComfyUI UNet or VAE."""
     return ldm_swaps.conv_swaps(root, skip, host_path=_host_casts, resolve=resolve)
+
+
+def vae_tile_swaps(root) -> dict[str, object]:
+    """The object patch that decodes a ComfyUI VAE in fixed-shape tiles (modules/vae_tiles.py): its first-stage
+    model's decode(z, **options), which ComfyUI's VAE.decode calls per batch of latents."""
+    if not callable(getattr(type(root), "decode", None)) or not isinstance(getattr(root, "decoder", None), nn.Module):
+        return {}
+    return {"decode": HostTiledDecode(root)}
 
 
 def model_architecture(patcher) -> str:
