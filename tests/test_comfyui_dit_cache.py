@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from rocm_sd import config
-from rocm_sd.modules.comfy_dit_cache import ComfyDiTStepCache
 from rocm_sd.modules.comfy_sigmas import SamplingRuns
 from rocm_sd.modules.step_cache import relative_change
 from rocm_sd.patch import comfy as comfy_patch
@@ -104,8 +103,8 @@ def test_threshold_zero_is_the_uncached_model_exactly(comfy, nodes, name, mode, 
 
 def _boundary_and_final_input(diffusion_model, family, mode, kept):
     """Hooks on ComfyUI's own model: the image stream at the boundary (fbcache: the first block's output; teacache:
-    its input) is remembered, and the final layer gets boundary + `kept` instead of the blocks' output: the kept-residual
-    formula, computed without the step cache."""
+    its input) is remembered, and the final layer gets boundary + `kept` instead of the blocks' output: the
+    kept-residual formula, computed without the step cache."""
     first = diffusion_model.joint_blocks[0] if family == "mmdit" else diffusion_model.double_blocks[0]
     seen = {}
 
@@ -364,7 +363,8 @@ def test_the_node_says_the_cache_is_active_with_its_threshold_and_that_images_ch
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("mode", ["fbcache", "teacache"])
-def test_graphed_head_rest_skip_and_plain_calls_equal_the_eager_cache(comfy, nodes, cpu_graphs, name, mode):  # noqa: F811
+def test_graphed_head_rest_skip_and_plain_calls_equal_the_eager_cache(comfy, nodes, cpu_graphs,  # noqa: F811
+                                                                     name, mode):
     """With cuda_graph each of the cache's calls is its own graph (emulated on the CPU: captured, replayed on their
     static inputs, the slot's buffers read and written in place): the same outputs as the eager cache, a graph per
     call and slot."""
@@ -380,3 +380,46 @@ def test_graphed_head_rest_skip_and_plain_calls_equal_the_eager_cache(comfy, nod
     for call in ("head", "rest", "skip"):  # cond and uncond: their own buffers, so a graph each
         assert stats[f"{call}: graph captures"] == 2, stats
     assert stats["head: graph replays"] == 16 and stats["skip: graph replays"] == 12 - 4 * (mode == "teacache")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sd35m", "flux"])
+@pytest.mark.parametrize("mode", ["fbcache", "teacache"])
+def test_gpu_graphed_calls_replay_and_equal_the_eager_cache(comfy, nodes, name, mode):
+    family = MODELS[name][0]
+    wider = {"hidden_size": 64, "axes_dim": (8, 12, 12)} if family == "flux" else {}  # heads of 32 (test_comfyui_dit)
+    patcher = dit_model(comfy, name, "cuda", torch.float16, **wider)
+    runs, stats = {}, {}
+    for cuda_graph in (False, True):
+        cached = optimized(nodes, patcher, cache=mode, dit_cache_threshold=HUGE, cuda_graph=cuda_graph)
+        cached.patch_model()
+        try:
+            runs[cuda_graph] = [_on_gpu_sample(cached, family) for _ in range(2)]
+        finally:
+            cached.unpatch_model()
+        stats[cuda_graph] = graph_stats(cached)
+    assert not any("eager" in key for key in stats[True]), stats[True]
+    assert all(stats[True][f"{call}: graph captures"] == 1 for call in ("head", "rest", "skip")), stats[True]
+    for eager, graphed in zip(sum(runs[False], []), sum(runs[True], []), strict=True):
+        torch.testing.assert_close(graphed, eager, rtol=1e-3, atol=1e-3)
+
+
+def _on_gpu_sample(patcher, family):
+    """`sample`'s run with the latents and the conditioning on the GPU in fp16 (ComfyUI's sampler hands the
+    conditioning over on the CPU; apply_model moves it)."""
+    x = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(10)).to("cuda", torch.float16)
+    schedule, outputs = torch.tensor(SCHEDULE, device="cuda"), []
+    conditioning = [{name: v if name == "c_crossattn" else v.to("cuda", torch.float16 if name == "y" else None)
+                     for name, v in entry.items()} for entry in conds(family)]   # apply_model casts the text only
+    for i, sigma in enumerate(SCHEDULE[:-1]):
+        t = torch.full((2,), sigma, device="cuda")
+        c = {name: torch.cat([conditioning[e][name] for e in (0, 1)]) for name in conditioning[0]}
+        c["transformer_options"] = {**patcher.model_options["transformer_options"], "cond_or_uncond": [0, 1],
+                                    "sigmas": t, "sample_sigmas": schedule}
+        with torch.inference_mode():
+            out = patcher.model_options["model_function_wrapper"](
+                patcher.model.apply_model, {"input": torch.cat([x, x]), "timestep": t, "c": c,
+                                            "cond_or_uncond": [0, 1]})
+        outputs.append(out)
+        x = x + (SCHEDULE[i + 1] - sigma) * out[:1]
+    return outputs
