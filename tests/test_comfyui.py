@@ -32,7 +32,7 @@ def test_node_contract(nodes):
         "model", "attention", "group_norm", "layer_norm", "channels_last", "cuda_graph"]
     assert list(nodes.RocmSDOptimizeModel.INPUT_TYPES()["optional"]) == [
         "cache", "cache_interval", "cache_threshold", "precision", "cache_branch", "precision_layers",
-        "attention_precision"]
+        "attention_precision", "dit_cache_threshold"]
 
 
 def test_clone_not_mutate_and_same_output(comfy, nodes):

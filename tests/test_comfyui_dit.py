@@ -208,7 +208,8 @@ def test_node_options_on_a_transformer(comfy, nodes, monkeypatch):
     assert off.object_patches == {} and "optimized_attention_override" in off.model_options["transformer_options"]
     notes = comfy_patch.patch_model_patcher(patcher.clone(), precision="fp8", cache="deepcache", cuda_graph=False)
     assert "precision=fp8 not applied: 8-bit linear layers are built for UNets only" in notes
-    assert any(n.startswith("step cache not applied: OpenAISignatureMMDITWrapper is not a UNet") for n in notes)
+    assert "step cache not applied: cache='deepcache' is for UNets; the diffusion transformers take 'fbcache' or " \
+           "'teacache'" in notes
     assert not any("comfy-kitchen" in n for n in notes)
     monkeypatch.setitem(sys.modules, "comfy_kitchen", types.ModuleType("comfy_kitchen"))
     notes = comfy_patch.patch_model_patcher(patcher.clone(), cuda_graph=False)

@@ -480,8 +480,8 @@ def test_comfy_partial_call_equals_full_call_when_its_feature_comes_from_the_sam
         inner = [Calls(layer) for layer in diffusion_model.middle_block] + \
             [Calls(layer) for block in diffusion_model.input_blocks[branch + 1:] for layer in block] + \
             [Calls(layer) for block in diffusion_model.output_blocks[:-ran] for layer in block]
-        partial = cache.partial_call(model, feature, x, t, fresh(c))
-        other = cache.partial_call(model, torch.randn_like(feature), x, t, fresh(c))
+        partial = cache.partial_call(model, x, t, fresh(c), feature)
+        other = cache.partial_call(model, x, t, fresh(c), torch.randn_like(feature))
     assert sum(len(calls) for calls in inner) == 0
     assert "forward" not in diffusion_model.__dict__
     if extra == "patches":

@@ -10,7 +10,9 @@ and without the node and (on a GPU) replays the node's captured graph, also with
 (on a GPU) and a weight patch; the node run while another clone of the model is loaded (a LoRA'd one, the previous
 run's optimized one: re-queues, a LoRA strength or an option changed, the node chained on its own output) gives what
 its input gives; small random SD3.5-style / SD3-style MMDiTs and a small Flux, built with ComfyUI's own classes,
-agree with and without the node (one evaluation and KSampler's path, graph replay on a GPU) and revert exactly;
+agree with and without the node (one evaluation and KSampler's path, graph replay on a GPU) and revert exactly, and
+with the node's step cache (fbcache / teacache) KSampler's path agrees with the uncached node at threshold 0 and skips
+evaluations at a large threshold;
 "rocm_sd Tune" reads the architecture from ComfyUI's model configs (the tuning
 itself is not run). Exits non-zero on any failure.
 """
@@ -408,6 +410,54 @@ def check_transformers(torch, comfy, nodes, device, dtype):
     return ok
 
 
+def check_transformer_cache(torch, comfy, nodes, device, dtype):
+    """The node's step cache (cache fbcache / teacache) on ComfyUI's own SD3.5-style MMDiT and Flux, on KSampler's
+    path: at threshold 0 every evaluation is full and the latents agree with the node without the cache; at a
+    threshold no change reaches, the evaluations after each slot's first are cached (teacache: but the run's last),
+    the latents stay finite and differ; the input MODEL samples as before, exactly; on a GPU the cache's calls replay
+    their own graphs."""
+    import comfy.sample
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    def sample(p, cfg):
+        g = torch.Generator().manual_seed(8)
+        noise, latent = torch.randn(1, 16, 16, 16, generator=g), torch.zeros(1, 16, 16, 16)
+        cond = {"pooled_output": torch.randn(1, 32, generator=g)}
+        positive = [[torch.randn(1, 7, 48, generator=g), dict(cond)]]
+        negative = [[torch.randn(1, 7, 48, generator=g), dict(cond)]]
+        with torch.inference_mode():
+            return comfy.sample.sample(p, noise, 6, cfg, "euler", "normal", positive, negative, latent, seed=0,
+                                       disable_pbar=True)
+
+    ok = True
+    optimize = nodes["RocmSDOptimizeModel"]().optimize
+    for what, model_class, config, _, cfg in (TRANSFORMERS[0], TRANSFORMERS[2]):
+        patcher = small_model(torch, comfy, device, dtype, model_class, base=config)
+        reference = sample(patcher, cfg)
+        plain = sample(optimize(patcher)[0], cfg)
+        for mode in ("fbcache", "teacache"):
+            (every,) = optimize(patcher, cache=mode, dit_cache_threshold=0.0)
+            (skipping,) = optimize(patcher, cache=mode, dit_cache_threshold=1e9)
+            exact, cached = sample(every, cfg), sample(skipping, cfg)
+            full, stats = graph_stats(every), graph_stats(skipping)
+            diff = relative_difference(exact, plain)
+            effect = relative_difference(cached, plain)
+            restored = torch.equal(sample(patcher, cfg), reference)
+            counts = {k: v for k, v in stats.items() if k.startswith("step cache")}
+            print(f"{what}, cache {mode}: threshold 0 against the node without the cache: max relative difference "
+                  f"{diff:.2e} ({full['step cache: full calls']} full calls); a large threshold: {counts}, its effect "
+                  f"{effect:.2e}; original restored: {restored}; graphs {dict(stats)}")
+            calls = stats["step cache: full calls"] + stats["step cache: cached calls"]
+            skipped = stats["step cache: cached calls"] > 0 and not any("uncached" in k for k in counts)
+            last_full = mode != "teacache" or stats["step cache: full calls"] >= 2
+            graphed = (device.type != "cuda" or stats["head: graph replays"] == calls and stats["skip: graph replays"]
+                       and not any("eager" in k for k in stats))
+            ok = ok and (diff <= _tolerance(torch, dtype) and not any("cached calls" in k for k in full)
+                         and skipped and last_full and effect > 0 and torch.isfinite(cached).all() and restored
+                         and graphed)
+    return ok
+
+
 def check_vae(torch, comfy, nodes):
     from comfy.ldm.models.autoencoder import AutoencoderKL
 
@@ -519,7 +569,8 @@ def main():
     nodes = load_nodes()
     ok = (check_model(torch, comfy, nodes, device, dtype) and check_sampler(torch, comfy, nodes, device, dtype)
           and check_requeue_orders(torch, comfy, nodes, device, dtype) and check_precision(torch, comfy, nodes, device, dtype) and check_tune_node(torch, comfy, nodes)
-          and check_transformers(torch, comfy, nodes, device, dtype) and check_vae(torch, comfy, nodes))
+          and check_transformers(torch, comfy, nodes, device, dtype)
+          and check_transformer_cache(torch, comfy, nodes, device, dtype) and check_vae(torch, comfy, nodes))
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

@@ -70,14 +70,18 @@ class RocmSDOptimizeModel:
                 "the host cost of hundreds of launches per step goes. Needs VRAM for the graph's activations; "
                 "calls with other nodes' patches, or in low-VRAM mode, run as usual")}),
         }, "optional": {
-            "cache": (["off", "deepcache", "adaptive"], {"default": "off", "tooltip": (
-                "step caching (changes images): 'deepcache' runs one model evaluation in cache_interval in full and "
-                "the others through the outermost blocks only, reusing the deep features; 'adaptive' runs one in "
-                "full whenever the input has changed by cache_threshold since the last full one")}),
+            "cache": (["off", "deepcache", "adaptive", "fbcache", "teacache"], {"default": "off", "tooltip": (
+                "step caching (changes images). UNets (SD1.x / SD2.x / SDXL): 'deepcache' runs one model evaluation "
+                "in cache_interval in full and the others through the outermost blocks only, reusing the deep "
+                "features; 'adaptive' runs one in full whenever the input has changed by cache_threshold since the "
+                "last full one. SD3 / SD3.5 and Flux: 'fbcache' (First Block Cache) skips the blocks after the first "
+                "where the first block's residual changed less than dit_cache_threshold, 'teacache' all blocks where "
+                "the first block's modulated input did, adding the skipped blocks' kept residual")}),
             "cache_interval": ("INT", {"default": 3, "min": 1, "max": 100,
                                        "tooltip": "deepcache: one full evaluation per this many steps"}),
             "cache_threshold": ("FLOAT", {"default": 0.15, "min": 0.0, "max": 10.0, "step": 0.01, "tooltip": (
-                "adaptive: the summed relative change of the model's input that triggers a full evaluation")}),
+                "adaptive: the summed relative change of the model's input that triggers a full evaluation "
+                "(fbcache / teacache take dit_cache_threshold)")}),
             "precision": (["fp16", "fp8", "int8"], {"default": "fp16", "tooltip": (
                 "8-bit linear layers (changes images): 'fp8' (MI300 / MI350, RDNA4, NVIDIA Ada and newer) or 'int8' "
                 "runs the attention projections, feed-forward and 1x1 convolutions as 8-bit GEMMs, weights "
@@ -98,6 +102,10 @@ class RocmSDOptimizeModel:
                 "probabilities in FP8 and an fp32 softmax, at the shapes where `python -m rocm_sd.tune "
                 "--attention-precision fp8 --ops attention_fp8` measured it faster on this GPU; fp16 elsewhere. "
                 "Needs the attention option")}),
+            "dit_cache_threshold": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 10.0, "step": 0.01, "tooltip": (
+                "fbcache / teacache: the relative change under which an evaluation is skipped; higher skips more. "
+                "-1: the published default for the model (fbcache 0.08 on Flux, 0.12 on SD3 / SD3.5; teacache 0.4 on "
+                "Flux, 0.3 on SD3 / SD3.5); 0: every evaluation in full")}),
         }}
 
     RETURN_TYPES = ("MODEL",)
@@ -108,7 +116,7 @@ class RocmSDOptimizeModel:
 
     def optimize(self, model, attention=True, group_norm=True, layer_norm=True, cuda_graph=True, channels_last=True,
                  cache="off", cache_interval=3, cache_threshold=0.15, precision="fp16", cache_branch=0,
-                 precision_layers="measured", attention_precision="fp16"):
+                 precision_layers="measured", attention_precision="fp16", dit_cache_threshold=-1.0):
         if UNAVAILABLE:
             _say_once(UNAVAILABLE + "; the model passes through unchanged")
             return (model,)
@@ -118,7 +126,9 @@ class RocmSDOptimizeModel:
                                             channels_last=channels_last, cache=cache, cache_interval=cache_interval,
                                             cache_threshold=cache_threshold, precision=precision,
                                             cache_branch=cache_branch, precision_layers=precision_layers,
-                                            attention_precision=attention_precision)
+                                            attention_precision=attention_precision,
+                                            dit_cache_threshold=(None if dit_cache_threshold < 0
+                                                                 else dit_cache_threshold))
         step_cache = installed_step_cache(patched)
         _say(not_installed + ([step_cache_notice(step_cache)] if step_cache is not None else []))
         _report_kernels()

@@ -99,6 +99,54 @@ def teacache_rescale(change: float) -> float:
     return functools.reduce(lambda total, coefficient: total * change + coefficient, TEACACHE_POLYNOMIAL, 0.0)
 
 
+def check_setting(mode: str, threshold) -> tuple[str, float]:
+    """(mode, threshold as a float), or a ValueError naming the bad one."""
+    if mode not in MODES:
+        raise ValueError(f"transformer step cache mode {mode!r} is not one of {', '.join(MODES)}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+        raise ValueError(f"step cache threshold {threshold!r} is not a number >= 0")
+    return mode, float(threshold)
+
+
+def decide(mode: str, threshold: float, slot: Slot, change, previous: torch.Tensor, last: bool = False) -> bool:
+    """Whether this call adds the slot's residual (the module doc's rule of each mode): the one rule of the
+    transformers' step cache, which diffusers' (DiTStepCache) and ComfyUI's (modules/comfy_dit_cache.py) both follow.
+    `change`: the probe's relative change against `previous` (read only where the slot has a probe); `previous`: the
+    slot's probe, which the full call (fbcache) or either call (teacache) writes; `last`: the schedule's last step."""
+    ready = slot.feature is not None and slot.previous is not None and threshold > 0
+    if mode == "fbcache":
+        cached = ready and float(change) < threshold
+        if not cached:
+            slot.previous = previous   # compared with until the slot's next full call
+        return cached
+    if ready:
+        slot.change += teacache_rescale(float(change))
+    cached = ready and not last and slot.change < threshold
+    slot.previous = previous
+    if not cached:
+        slot.change = 0.0
+    return cached
+
+
+def slot_buffers(buffers: OrderedDict, shapes, index: int, stream_shape, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot `index`'s residual and probe for inputs of `shapes` out of `buffers` ((shapes, slot) -> the two, latest
+    last): the same two tensors in every generation, so that the graphs that read and write them in place replay.
+    `stream_shape()`: the image stream's shape, asked for where the two are made. Those of KEPT_SHAPES input shapes are
+    kept."""
+    key = (shapes, index)
+    kept = buffers.get(key)
+    if kept is None:
+        shape = stream_shape()
+        kept = buffers[key] = tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(2))
+        if len({shapes_ for shapes_, _ in buffers}) > KEPT_SHAPES:
+            oldest = next(iter(buffers))[0]
+            for stale in [k for k in buffers if k[0] == oldest]:
+                del buffers[stale]
+    buffers.move_to_end(key)
+    return kept
+
+
 def dit_problem(model: nn.Module) -> str | None:
     """Why the step cache cannot serve `model`, or None when it can."""
     names = BLOCK_LISTS.get(type(model).__name__)
@@ -123,16 +171,16 @@ class _Stop(Exception):
 
 
 class _StandIn(nn.Module):
-    """The model's blocks for one call: `run(**block_kwargs)` in their place. The blocks stay beneath it, so that a walk
-    over the model's modules during the call (diffusers' LoRA scaling) still reaches them."""
+    """The model's blocks for one call: `run(*args, **block_kwargs)` in their place. The blocks stay beneath it, so
+    that a walk over the model's modules during the call (diffusers' LoRA scaling) still reaches them."""
 
     def __init__(self, run, blocks):
         super().__init__()
         self.run = run
         self.blocks = nn.ModuleList(blocks)
 
-    def forward(self, **block_kwargs):
-        return self.run(**block_kwargs)
+    def forward(self, *args, **block_kwargs):
+        return self.run(*args, **block_kwargs)
 
 
 @contextmanager
@@ -162,11 +210,8 @@ class DiTStepCache:
                      "skip": dict(in_place=("hidden", "residual", "previous"))}
 
     def __init__(self, model: nn.Module, mode: str, threshold: float, counts: Counter | None = None):
-        if mode not in MODES:
-            raise ValueError(f"transformer step cache mode {mode!r} is not one of {', '.join(MODES)}")
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-            raise ValueError(f"step cache threshold {threshold!r} is not a number >= 0")
-        self.model, self.mode, self.threshold = model, mode, float(threshold)
+        self.mode, self.threshold = check_setting(mode, threshold)
+        self.model = model
         self.counts = counts if counts is not None else Counter()
         self.inner = model.__dict__.get("forward")   # an instance forward in place (accelerate's), else the class's
         self.steps = Steps()
@@ -226,19 +271,8 @@ class DiTStepCache:
     def _buffers(self, shapes: tuple, index: int, sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot `index`'s residual and probe for inputs of `shapes`: the same two tensors in every generation, so that
         the graphs that read and write them in place replay (those of KEPT_SHAPES input shapes are kept)."""
-        key = (shapes, index)
-        buffers = self.buffers.get(key)
-        if buffers is None:
-            shape = self._stream_shape(sample)
-            buffers = self.buffers[key] = tuple(torch.empty(shape, dtype=sample.dtype, device=sample.device)
-                                                for _ in range(2))
-            kept = {shapes_ for shapes_, _ in self.buffers}
-            if len(kept) > KEPT_SHAPES:
-                oldest = next(iter(self.buffers))[0]
-                for stale in [k for k in self.buffers if k[0] == oldest]:
-                    del self.buffers[stale]
-        self.buffers.move_to_end(key)
-        return buffers
+        return slot_buffers(self.buffers, shapes, index, lambda: self._stream_shape(sample), sample.dtype,
+                            sample.device)
 
     def _stream_shape(self, sample: torch.Tensor) -> tuple[int, ...]:
         """The image stream's shape inside the blocks for the input `sample`: (batch, tokens, inner dim)."""
@@ -250,22 +284,8 @@ class DiTStepCache:
         return (sample.shape[0], tokens, self.model.inner_dim)
 
     def _cached(self, slot: Slot, change, previous: torch.Tensor, last: bool = False) -> bool:
-        """Whether this call adds the slot's residual (the module doc's rule of each mode). `change`: the probe's
-        relative change against `previous` (read only where the slot has a probe); `previous`: the slot's probe, which
-        the full call (fbcache) or either call (teacache) writes; `last`: the schedule's last step."""
-        ready = slot.feature is not None and slot.previous is not None and self.threshold > 0
-        if self.mode == "fbcache":
-            cached = ready and float(change) < self.threshold
-            if not cached:
-                slot.previous = previous   # compared with until the slot's next full call
-            return cached
-        if ready:
-            slot.change += teacache_rescale(float(change))
-        cached = ready and not last and slot.change < self.threshold
-        slot.previous = previous
-        if not cached:
-            slot.change = 0.0
-        return cached
+        """decide() with this cache's mode and threshold."""
+        return decide(self.mode, self.threshold, slot, change, previous, last)
 
     # -- the three calls (graph capture replaces them with graphed ones) ---------------------------------------
     def _blocks(self) -> list[nn.Module]:

@@ -65,9 +65,14 @@ class Slot:
     change: float = 0.0                    # summed relative change since the slot's last full call
 
 
-def relative_change(sample: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-    """mean|sample - previous| / mean|previous|, a 0-d float32 tensor on their device (a graph can compute it)."""
+def relative_change(sample: torch.Tensor, previous: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """mean|sample - previous| / mean|previous|, a 0-d float32 tensor on their device (a graph can compute it).
+    groups > 1: the batch as that many equal groups (a ComfyUI call's [cond, uncond] entries), each's own relative
+    change, and the largest of them: a batch changed little only where every group did."""
     sample, previous = sample.float(), previous.float()
+    if groups > 1:
+        sample, previous = sample.reshape(groups, -1), previous.reshape(groups, -1)
+        return ((sample - previous).abs().mean(1) / previous.abs().mean(1).clamp_min(1e-12)).max()
     return (sample - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)
 
 
@@ -468,7 +473,7 @@ class ComfyStepCache(StepCache):
         return self.counts
 
     def __call__(self, apply_model, args: dict, full=None, partial=None):
-        """`full(model, x, t, c)` / `partial(model, feature, x, t, c)`: the calls to make (graphed ones), by
+        """`full(model, x, t, c)` / `partial(model, x, t, c, feature)`: the calls to make (graphed ones), by
         default this controller's own."""
         model = getattr(apply_model, "__self__", None)
         x, t, c = args["input"], args["timestep"], args["c"]
@@ -480,7 +485,7 @@ class ComfyStepCache(StepCache):
         full, partial = full or self.full, partial or self.partial
         key = (tuple(x.shape), x.dtype, x.device)
         return self.run(self.timesteps.value(t), key, x, lambda: self._no_partial(c), lambda: full(model, x, t, c),
-                        lambda feature: partial(model, feature, x, t, c))
+                        lambda feature: partial(model, x, t, c, feature))
 
     @staticmethod
     def _no_partial(conditioning: dict) -> str | None:
@@ -507,7 +512,7 @@ class ComfyStepCache(StepCache):
             raise RuntimeError(f"step cache: the UNet ran output_blocks[{-self.branch - 2}] {len(kept)} times")
         return output, kept[0]
 
-    def partial_call(self, model, feature, x, t, c):
+    def partial_call(self, model, x, t, c, feature):
         """The evaluation with the diffusion model's forward running only its outermost branch on `feature`."""
         diffusion_model = model.diffusion_model
         inner = diffusion_model.__dict__.get("forward")

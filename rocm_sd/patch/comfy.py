@@ -16,8 +16,11 @@ from ..modules.attention import heads_first, heads_last, spatial_attention
 from ..ops.attention import host_call_uses_op, scaled_dot_product_attention
 from ..ops.attention_fp8 import fp8_call_uses_op, scaled_dot_product_attention_fp8
 from .comfy_graph import install_graphs, install_step_cache
+from ..modules import comfy_dit_cache
+from ..modules.comfy_dit_cache import ComfyDiTStepCache
 from ..modules.step_cache import ComfyStepCache, comfy_unet_problem
 from ..modules.vae_tiles import HostTiledDecode
+from .step_cache import other_kind
 from . import attention_fp8 as attention_fp8_patch
 from . import comfy_dit
 from . import ldm_swaps
@@ -156,16 +159,18 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
                         override_supported: bool | None = None, cuda_graph: bool = False,
                         channels_last: bool = False, cache: str | None = None, cache_interval: int = 3,
                         cache_threshold: float = 0.15, precision: str = "fp16", cache_branch: int = 0,
-                        precision_layers: str = "measured", attention_precision: str = "fp16") -> list[str]:
+                        precision_layers: str = "measured", attention_precision: str = "fp16",
+                        dit_cache_threshold: float | None = None) -> list[str]:
     """Install rocm_sd on `patcher` (a clone: the caller never passes the user's own model) as object
     patches and attention patches, with channels_last the convolutions on channels_last weights (NHWC
     activations), with cuda_graph the model evaluation as a replayed graph (patch/comfy_graph.py), with cache
     ('deepcache' / 'adaptive', cache_interval, cache_threshold, cache_branch: as optimize()'s options;
-    docs/step_cache.md) step caching of the UNet, and with
+    docs/step_cache.md) step caching of the UNet, with cache 'fbcache' / 'teacache' (dit_cache_threshold: None for
+    the model's published default) that of SD3 / SD3.5 and Flux (modules/comfy_dit_cache.py), and with
     precision 'fp8' / 'int8' (as optimize()'s, with precision_layers; docs/precision.md) its linear layers as 8-bit
     GEMMs, with attention_precision 'fp8' its attention through rocm_sd::attention_fp8 (as optimize()'s).
     SD3 / SD3.5 and Flux models (patch/comfy_dit.py) get their blocks' fused forwards with layer_norm, attention as
-    UNets do, graph capture; the rest does not apply to them.
+    UNets do, graph capture and the transformers' step cache; precision and channels_last do not apply to them.
     override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why (and
     which blocks stay ComfyUI's, and who runs what where comfy-kitchen is loaded too)."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
@@ -198,11 +203,11 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
             not_installed.append(f"attention_precision=fp8 not applied: {why}")
     override, replace = attention_patches(fp8_format)
     _patch_attention(patcher, diffusion_model, attention, override_supported, override, replace)
-    problem = comfy_unet_problem(diffusion_model, cache_branch) if cache else None
+    step_cache, problem = _step_cache(diffusion_model, dit, cache, cache_interval, cache_threshold, cache_branch,
+                                      dit_cache_threshold)
     if problem:
         not_installed.append(f"step cache not applied: {problem}")
         cache = None
-    step_cache = ComfyStepCache(cache, cache_interval, cache_threshold, branch=cache_branch) if cache else None
     if cuda_graph:
         why = install_graphs(patcher, own_replace_patch=replace, step_cache=step_cache)
     else:
@@ -211,6 +216,23 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
         wanted = [name for name, on in (("graph capture", cuda_graph), ("step cache", cache)) if on]
         not_installed.append(f"no {' and no '.join(wanted)}: {why}")
     return not_installed
+
+
+def _step_cache(diffusion_model, dit: bool, mode: str | None, interval: int, threshold: float, branch: int,
+                dit_threshold: float | None) -> tuple[ComfyStepCache | ComfyDiTStepCache | None, str | None]:
+    """(the step cache of `mode` for the model, None) or (None, why it cannot have one: a mode of the other kind of
+    model, or a structure the mode cannot serve)."""
+    if not mode:
+        return None, None
+    problem = other_kind(mode, dit) or (comfy_dit_cache.cache_problem(diffusion_model, mode) if dit
+                                        else comfy_unet_problem(diffusion_model, branch))
+    if problem:
+        return None, problem
+    if not dit:
+        return ComfyStepCache(mode, interval, threshold, branch=branch), None
+    published = dit_threshold is None
+    limit = comfy_dit_cache.default_threshold(mode, diffusion_model) if published else dit_threshold
+    return ComfyDiTStepCache(mode, limit, published=published), None
 
 
 def quantized_swaps(diffusion_model, format: str, multiple: int, norms: dict[str, object],

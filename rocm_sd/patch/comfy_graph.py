@@ -33,6 +33,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..graphs import GraphedCall, GraphPool
+from ..modules.comfy_dit_cache import ComfyDiTStepCache
 from ..modules.step_cache import ComfyStepCache
 
 log = logging.getLogger("rocm_sd.comfyui")
@@ -44,6 +45,8 @@ _NOT_READ_BY_FORWARD = frozenset({"uuids", "sample_sigmas", "wrappers", "callbac
 # Wrapper kinds that run around, not inside, apply_model (comfy/patcher_extension.py, WrappersMP).
 _WRAP_OUTSIDE_APPLY_MODEL = frozenset({"outer_sample", "prepare_sampling", "sampler_sample", "predict_noise",
                                        "calc_cond_batch"})
+# The step caches the node installs: the UNets' (deepcache / adaptive) and the transformers' (fbcache / teacache).
+STEP_CACHES = (ComfyStepCache, ComfyDiTStepCache)
 
 
 def graph_blocker(model, conditioning: dict, own_replace_patch=None) -> str | None:
@@ -85,14 +88,15 @@ class GraphedModelFunction:
     """ComfyUI's model_function_wrapper(apply_model, {"input", "timestep", "c", "cond_or_uncond"}): the call
     replayed from a captured graph where graph_blocker allows, else run as it is; see the module doc."""
 
-    def __init__(self, own_replace_patch=None, step_cache: ComfyStepCache | None = None):
+    def __init__(self, own_replace_patch=None, step_cache: ComfyStepCache | ComfyDiTStepCache | None = None):
         self.own_replace_patch = own_replace_patch
         self.pool = GraphPool()
         self.graphed: GraphedCall | None = None
         self.blocked: Counter = Counter()
-        # With a step cache, its deciding runs here, eagerly, and each of its calls (GRAPHED_CALLS: the full call,
-        # which returns the output and the cached feature, and the partial call, which takes the feature) is its
-        # own graphed call.
+        # With a step cache, its deciding runs here, eagerly, and each of its calls (its GRAPHED_CALLS: the UNet
+        # cache's full call, which returns the output and the cached feature, and partial call, which takes the
+        # feature; the transformers' head, rest, skip and plain calls) is its own graphed call, with the options its
+        # GRAPH_OPTIONS give (buffers passed in place).
         self.step_cache = step_cache
         self.step_graphs: dict[str, GraphedCall] = {}
 
@@ -120,7 +124,8 @@ class GraphedModelFunction:
                 return self.step_cache(apply_model, args)
             return apply_model(x, timestep, **conditioning)
         if self.step_cache is not None:
-            return self.step_cache(apply_model, args, full=self._graphed_full, partial=self._graphed_partial)
+            return self.step_cache(apply_model, args, **{name: functools.partial(self._graphed_step, name)
+                                                         for name in self.step_cache.GRAPHED_CALLS})
         if self.graphed is None:
             self.graphed = GraphedCall(lambda x, t, c: model.apply_model(x, t, **c), model, "ComfyUI apply_model",
                                        pool_owner=self.pool)
@@ -132,15 +137,16 @@ class GraphedModelFunction:
     def _step_graph(self, name: str, model) -> GraphedCall:
         call = self.step_graphs.get(name)
         if call is None:
+            options = getattr(self.step_cache, "GRAPH_OPTIONS", {}).get(name, {})
             call = self.step_graphs[name] = GraphedCall(functools.partial(getattr(self.step_cache, name), model), model,
-                                                        f"ComfyUI apply_model ({name})", pool_owner=self.pool)
+                                                        f"ComfyUI apply_model ({name})", pool_owner=self.pool,
+                                                        **options)
         return call
 
-    def _graphed_full(self, model, x, timestep, conditioning):
-        return self._step_graph("full", model)(x, timestep, _graphed_conditioning(conditioning, x.device))
-
-    def _graphed_partial(self, model, feature, x, timestep, conditioning):
-        return self._step_graph("partial", model)(feature, x, timestep, _graphed_conditioning(conditioning, x.device))
+    def _graphed_step(self, name: str, model, x, timestep, conditioning, *args, **kwargs):
+        """The step cache's call `name`, graphed: (model, x, t, c, the call's own arguments)."""
+        return self._step_graph(name, model)(x, timestep, _graphed_conditioning(conditioning, x.device), *args,
+                                             **kwargs)
 
     @property
     def stats(self) -> Counter:
@@ -159,31 +165,34 @@ class GraphedModelFunction:
     def on_detach(self, _patcher, unpatch_all: bool) -> None:
         """ComfyUI's ON_DETACH callback. Every sampling run detaches and reloads the model it samples with,
         weights left in place (unpatch_all False: load_models_gpu unloads "clones" of the model it loads, the
-        model itself among them); the graphs stay valid then. unpatch_all True: the model is unloaded."""
+        model itself among them); the graphs stay valid then. unpatch_all True: the model is unloaded, and the step
+        cache's kept features or residuals go with the graphs."""
         if unpatch_all:
             self.clear()
+            if self.step_cache is not None:
+                self.step_cache.forget()
 
 
-def install_graphs(patcher, own_replace_patch=None, step_cache: ComfyStepCache | None = None) -> str | None:
+def install_graphs(patcher, own_replace_patch=None, step_cache=None) -> str | None:
     """Set a GraphedModelFunction (around `step_cache`, where one is given) as `patcher`'s model_function_wrapper;
     the reason when it cannot be."""
     return _install_wrapper(patcher, GraphedModelFunction(own_replace_patch, step_cache))
 
 
-def install_step_cache(patcher, step_cache: ComfyStepCache) -> str | None:
+def install_step_cache(patcher, step_cache) -> str | None:
     """Without graphs: the step cache itself as `patcher`'s model_function_wrapper; the reason when it cannot be."""
     return _install_wrapper(patcher, step_cache)
 
 
 def _install_wrapper(patcher, wrapper) -> str | None:
     existing = patcher.model_options.get("model_function_wrapper")
-    if isinstance(existing, (GraphedModelFunction, ComfyStepCache)):
+    if isinstance(existing, (GraphedModelFunction, *STEP_CACHES)):
         return None  # the node ran on its own output: its wrapper already runs every evaluation
     if existing is not None:
         return "another node already set this model's model_function_wrapper (ComfyUI keeps one)"
     patcher.set_model_unet_function_wrapper(wrapper)
     add_callback = getattr(patcher, "add_callback", None)
-    if isinstance(wrapper, GraphedModelFunction) and add_callback is not None:
+    if hasattr(wrapper, "on_detach") and add_callback is not None:
         # ComfyUI since 2024-12; older ones keep the graphs until the node is re-run
         try:
             from comfy.patcher_extension import CallbacksMP
@@ -193,15 +202,22 @@ def _install_wrapper(patcher, wrapper) -> str | None:
     return None
 
 
-def installed_step_cache(patcher) -> ComfyStepCache | None:
+def installed_step_cache(patcher) -> ComfyStepCache | ComfyDiTStepCache | None:
     """The step cache every evaluation of `patcher` runs through (install_graphs' or install_step_cache's), or None."""
     wrapper = patcher.model_options.get("model_function_wrapper")
     return wrapper.step_cache if isinstance(wrapper, GraphedModelFunction) else \
-        wrapper if isinstance(wrapper, ComfyStepCache) else None
+        wrapper if isinstance(wrapper, STEP_CACHES) else None
 
 
-def step_cache_notice(step_cache: ComfyStepCache) -> str:
+def step_cache_notice(step_cache: ComfyStepCache | ComfyDiTStepCache) -> str:
     """What the node says of an active step cache: that it is on, its setting, and that images change."""
+    if isinstance(step_cache, ComfyDiTStepCache):
+        probe = "first block's residual" if step_cache.mode == "fbcache" else "first block's modulated input"
+        rest = "the blocks after the first" if step_cache.mode == "fbcache" else "all blocks"
+        published = ", the published default for this model" if step_cache.published else ""
+        return (f"step cache '{step_cache.mode}' active (threshold {step_cache.threshold:g}{published}): an "
+                f"evaluation whose {probe} changed less than that skips {rest} and adds their kept residual, so "
+                f"images differ from the model's own (docs/step_cache.md)")
     schedule = step_cache.schedule
     setting = (f"one full evaluation in {schedule.interval}" if schedule.mode == "deepcache"
                else f"a full evaluation when the input moved by {schedule.threshold:g}")
@@ -213,4 +229,4 @@ def graph_stats(patcher) -> Counter:
     """The statistics of the wrapper install_graphs or install_step_cache put on `patcher` (empty when it has none):
     graph captures, replays and eager calls, and the step cache's counts."""
     wrapper = patcher.model_options.get("model_function_wrapper")
-    return Counter(wrapper.stats) if isinstance(wrapper, (GraphedModelFunction, ComfyStepCache)) else Counter()
+    return Counter(wrapper.stats) if isinstance(wrapper, (GraphedModelFunction, *STEP_CACHES)) else Counter()
