@@ -15,6 +15,7 @@ import subprocess
 import pytest
 import torch
 
+from rocm_sd.jit import attention_plan
 from rocm_sd.ops._common import within_tolerance
 from rocm_sd.ops.attention import attention_ref
 from rocm_sd.ops.layer_norm import add_layer_norm_ref, layer_norm_ref
@@ -245,6 +246,23 @@ def test_attention(emulated_attention, case, dtype):
     arch, library = emulated_attention
     if case[-1] and dtype == torch.bfloat16:
         case = (*case[:-1], case[-1].replace("f16_", "bf16_", 1))
+    error, out, truth, same = run_attention(library, case, dtype)
+    assert error == "", error
+    ok, err, allowed = within_tolerance(out, truth, same)
+    assert ok, f"{arch} {case} {dtype}: max err {err:.3g} > allowed {allowed:.3g}"
+
+
+# The instances of less shared memory (hip/attention/attention.hip's "_kv" ones: one K / V stage, or K and V taking
+# turns in one tile), by name: a head dim 8 below the padded one, three key tiles (the last partial) and two blocks
+# (the second partial), so that the tile a stage or K and V share is refilled while other waves may still read it.
+KV_INSTANCES = [inst for inst in attention_plan.INSTANCES if inst.kv_tiles]
+
+
+@pytest.mark.parametrize("instance", KV_INSTANCES, ids=lambda inst: inst.name)
+def test_attention_kv_instances(emulated_attention, instance):
+    arch, library = emulated_attention
+    dtype = {1: torch.float16, 2: torch.bfloat16}[instance.dtype]
+    case = (1, instance.block_m + 5, 2 * instance.block_n + 13, 1, instance.padded_dim - 8, instance.name)
     error, out, truth, same = run_attention(library, case, dtype)
     assert error == "", error
     ok, err, allowed = within_tolerance(out, truth, same)

@@ -1,9 +1,10 @@
 """The instruction counts of .ci/amd_resources.py on a hand-written disassembly in llvm-objdump's layout (the
 current-ROCm lane, tests/test_build_rocm.py, reads them from the real code objects): the key loop is the smallest
-backward branch's body holding every matrix instruction, and the committed table's counts bound the new ones."""
+backward branch's body holding every matrix instruction, and the committed table's counts bound the new ones; and
+the committed table's "_kv" attention instances fit two workgroups a CU on gfx90a / gfx942."""
 import sys
 
-from tests.test_build_rocm import ROOT
+from tests.test_build_rocm import RESULTS, ROOT, kv_instance_problems
 
 sys.path.insert(0, str(ROOT / ".ci"))
 import amd_resources  # noqa: E402
@@ -72,3 +73,12 @@ def test_count_regressions():
     # A kernel the committed table lacks is only checked for its key loop; a column it lacks is not compared.
     assert amd_resources.count_regressions({"gfx1100": [row("new_kernel<1>"), row("old_kernel<1>")]},
                                            {"gfx1100": [{"name": "old_kernel<1>", "instructions": 2000}]}) == []
+
+
+def test_committed_kv_instances_fit_two_workgroups_a_cu_on_cdna():
+    """What tests/test_build_rocm.py checks in a fresh build, in the committed table (hip/attention/attention.hip's
+    "_kv" instances: every narrow instance that LDS holds to one wave a SIMD on gfx90a / gfx942 has one)."""
+    (path,) = RESULTS.glob("amd-resources-hipcc*.json")
+    targets = amd_resources.load(path)["targets"]
+    assert sum(k["name"].startswith("attention_kernel<") and k["name"].count(",") == 5 for k in targets["gfx942"]) == 16
+    assert not kv_instance_problems(targets), "\n".join(kv_instance_problems(targets))

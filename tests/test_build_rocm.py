@@ -226,9 +226,10 @@ RDNA = ("gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201")
 
 
 def instance_name(kernel):
-    """attention_kernel<bf16,48,4,1,64> -> bf16_d48_w4_r1_n64 (hip/attention/attention.hip's names); wide ones end _n16_wide."""
-    dtype, dim, waves, rows, *block_n = kernel[kernel.index("<") + 1:-1].split(",")
-    tail = f"_n{block_n[0]}" if block_n else "_n16_wide"
+    """attention_kernel<bf16,48,4,1,64> -> bf16_d48_w4_r1_n64 (hip/attention/attention.hip's names), one of less
+    shared memory attention_kernel<bf16,128,4,1,64,1> -> bf16_d128_w4_r1_n64_kv1; wide ones end _n16_wide."""
+    dtype, dim, waves, rows, *rest = kernel[kernel.index("<") + 1:-1].split(",")
+    tail = "".join(f"_{key}{value}" for key, value in zip(("n", "kv"), rest)) if rest else "_n16_wide"
     return f"{dtype}_d{dim}_w{waves}_r{rows}{tail}"
 
 
@@ -247,6 +248,35 @@ def test_rdna_refuses_exactly_the_spilling_attention_instances(hip_build, table)
         assert set(refused[arch]) == spilling, (
             f"{arch}: refused but not spilling: {sorted(set(refused[arch]) - spilling)}; "
             f"spilling but offered: {sorted(spilling - set(refused[arch]))}")
+
+
+# The CDNA targets of 64 KiB of LDS a CU, where a narrow attention instance of more than 32 KiB leaves one 4-wave
+# workgroup a CU (1 wave a SIMD): hip/attention/attention.hip's "_kv" instances (one template parameter more,
+# attention_kernel<..., K / V tiles>) are there to fit two.
+CDNA_64K_LDS = ("gfx90a", "gfx942")
+
+
+def kv_instance_problems(targets) -> list[str]:
+    """targets: arch -> a table's kernels. On gfx90a / gfx942 every narrow attention instance that LDS holds to one
+    wave a SIMD has a "_kv" twin, and every twin fits two workgroups a CU (LDS at most 32 KiB, 2 waves a SIMD or
+    more) without scratch or spills."""
+    problems = []
+    for arch in CDNA_64K_LDS:
+        narrow = {k["name"]: k for k in targets.get(arch, []) if k["name"].startswith("attention_kernel<")}
+        twins = {name: k for name, k in narrow.items() if name.count(",") == 5}
+        for name, k in twins.items():
+            if k["waves_per_simd"] < 2 or 2 * k["lds"] > 64 * 1024 or k["scratch"] or k["vgpr_spill"]:
+                problems.append(f"{arch}: {name}: {k['waves_per_simd']} waves/SIMD ({k['limited_by']}), LDS "
+                                f"{k['lds']} B, scratch {k['scratch']} B, {k['vgpr_spill']} VGPRs spilled")
+        covered = {name.rsplit(",", 1)[0] + ">" for name in twins}
+        for name, k in narrow.items():
+            if name not in twins and k["waves_per_simd"] == 1 and k["limited_by"] == "lds" and name not in covered:
+                problems.append(f"{arch}: {name}: 1 wave/SIMD for its {k['lds']} B of LDS, and no _kv instance")
+    return problems
+
+
+def test_kv_instances_fit_two_workgroups_a_cu_on_cdna(table):
+    assert not kv_instance_problems(table["targets"]), "\n".join(kv_instance_problems(table["targets"]))
 
 
 def test_lds_within_each_arch_limit(table):

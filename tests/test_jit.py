@@ -499,7 +499,8 @@ def test_rms_norm_is_covered_with_the_c_signatures(gn_backend):
 def test_attention_instances_and_refusals():
     backend = JitBackend("hip")
     names = backend.attention_instances()
-    assert len(names) == len(set(names)) == 50 and "f16_d64_w4_r2_n64" in names and "bf16_d512_w4_r2_n16_wide" in names
+    assert len(names) == len(set(names)) == 66 and "f16_d64_w4_r2_n64" in names and "bf16_d512_w4_r2_n16_wide" in names
+    assert sum(name.endswith(("_kv1", "_kv2")) for name in names) == 16 and "bf16_d160_w4_r1_n64_kv1" in names
     assert backend.attention_refused_instances("gfx1100") == ["f16_d512_w4_r2_n16_wide", "bf16_d512_w4_r2_n16_wide"]
     assert backend.attention_refused_instances("gfx942:sramecc+:xnack-") == []
     assert backend.attention_refused_instances("gfx1201") == []  # gfx12 fits them (bench/results/amd-resources-*.md)

@@ -6,12 +6,12 @@
 // layout diffusers' and ComfyUI's projections produce, so no transpose copies are needed, and packed
 // QKV / KV projections are strided views). One block owns kBlockM = 16 * kRows * kWaves queries of one
 // (batch, head); each wave owns kRows tiles of 16 of them and walks the keys kBlockN at a time (each K / V
-// fragment read from shared memory serves all the wave's query tiles): K and V tiles go
-// through shared memory, double-buffered where two stages fit (the next tile's copy, cp.async on NVIDIA,
-// runs while this one computes), Q stays in registers, scores and the output accumulate on the matrix units
-// (wave_mma.h) in fp32, and the softmax is online (running max and sum per query, the output rescaled
-// when the max grows), so no Lq x Lk matrix exists anywhere. The head dim is zero-padded in shared
-// memory to DP, a multiple of 16 (SD1.5's 40 runs as 48).
+// fragment read from shared memory serves all the wave's query tiles): K and V tiles go through shared memory,
+// double-buffered where two stages fit (the next tile's copy, cp.async on NVIDIA, runs while this one
+// computes; the "_kv" instances keep fewer tiles, SharedPlan), Q stays in registers, scores and the output
+// accumulate on the matrix units (wave_mma.h) in fp32, and the softmax is online (running max and sum per
+// query, the output rescaled when the max grows), so no Lq x Lk matrix exists anywhere. The head dim is
+// zero-padded in shared memory to DP, a multiple of 16 (SD1.5's 40 runs as 48).
 //
 // Head dims above 160 (the VAE's 512) run the wide family instead (attention_wide.hip), whose waves split
 // the head dim. Instances of both (padded head dim x block shape x dtype) are listed by
@@ -53,19 +53,29 @@ constexpr int kMaxHeadDim = 512;    // the wide family's
 // With kVTransposed (wave_mma.h) the V tile is DP rows of kBlockN keys, of row stride kVLd: kBlockN + 4 (rows
 // 8 bytes apart from the LDS banks of the row above) where that takes no more than the row-major tile, so that
 // no instance loses occupancy to it, else kBlockN.
-template <bool kQShared, bool kVTransposed, int DP, int kBlockM, int kBlockN>
+// kKvTiles, the K / V tiles of the instances named "_kv<tiles>" (0: the plan above): 2 keeps one stage where two
+// would fit, 1 has K and V take turns in one tile (K's for the scores, then V's for the products: two barriers
+// more a key tile) where one stage is more than half of CDNA's 64 KiB of LDS a CU. Either lets two 4-wave
+// workgroups share a CU (2 waves a SIMD) where the plan above fits one; since AMD's copies are synchronous, the
+// stage given up overlapped nothing there.
+template <bool kQShared, bool kVTransposed, int DP, int kBlockM, int kBlockN, int kKvTiles = 0>
 struct SharedPlan {
   static constexpr int kLd = DP + 8, kTile = kBlockN * kLd, kStatic = 48 * 1024 / 2, kAmdLds = 64 * 1024 / 2;
   static constexpr int kVLd = !kVTransposed ? kLd : DP * (kBlockN + 4) <= kTile ? kBlockN + 4 : kBlockN;
-  static constexpr int kVTile = kVTransposed ? DP * kVLd : kTile, kStage = kTile + kVTile;
+  static constexpr int kVTile = kVTransposed ? DP * kVLd : kTile;
+  static constexpr bool kKvShared = kKvTiles == 1;        // V's tile is K's (kVTile <= kTile)
+  static constexpr int kVOffset = kKvShared ? 0 : kTile;  // of V's tile in a stage
+  static constexpr int kStage = kKvShared ? kTile : kTile + kVTile;
   // Decided as for two row-major tiles, so that a smaller V tile never moves Q into shared memory or adds a stage.
   static constexpr bool kQInShared = kQShared && kBlockM * kLd + 2 * kTile <= kAmdLds;
   static constexpr int kQRegion = kQInShared ? kBlockM * kLd : 0;
-  static constexpr int kStages = !kQInShared && 4 * kTile <= kStatic ? 2 : 1;
+  static constexpr int kStages = kKvTiles == 0 && !kQInShared && 4 * kTile <= kStatic ? 2 : 1;
   static constexpr int kQStaging = kQInShared ? 0 : kBlockM * kLd;  // Q on its way through the K / V stages
   static constexpr int kElements = kQRegion + (kStages * kStage > kQStaging ? kStages * kStage : kQStaging);
-  static_assert(kQInShared || kBlockM <= 2 * kStages * kBlockN, "the Q tile is staged in the K / V shared memory");
+  static_assert(kQInShared || kBlockM <= (kKvShared ? 1 : 2) * kStages * kBlockN,
+                "the Q tile is staged in the K / V shared memory");
 };
+constexpr int kCdnaLdsPerCu = 64 * 1024;  // bytes (gfx90a, gfx942; gfx950 has 160 KiB)
 
 // Q's fragments stay in registers unless the policy asks for shared memory (kQFromShared: RDNA3, whose replicated
 // operands double them) and they would take more than this many VGPRs a lane: with the fp32 output accumulators
@@ -82,20 +92,31 @@ __device__ __forceinline__ typename Mma::VFrag value_fragment(const T* values, i
 }
 #endif
 
-template <class T, int DP, int kWaves, int kRows, int kBlockN>
+// kKvTile: empty for today's instances, else the "_kv" instances' K / V tiles (SharedPlan). A pack, so that the
+// first keep their names (attention_kernel<f16,64,4,1,64>: their rows in the resource table, the JIT's name
+// expressions), which a defaulted parameter would change (it is part of every name).
+template <class T, int DP, int kWaves, int kRows, int kBlockN, int... kKvTile>
 __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Params<T> p) {
+  static_assert(sizeof...(kKvTile) <= 1 && ((kKvTile == 1 || kKvTile == 2) && ...), "K / V tiles: none, 2 or 1");
+  constexpr int kKvTiles = (0 + ... + kKvTile);
 #if defined(RSD_HAS_WAVE_MMA)
   using Mma = WaveMma;
   constexpr int kWaveRows = 16 * kRows, kBlockM = kWaveRows * kWaves, kThreads = kWaves * RSD_WAVE;
   constexpr int kSlices = DP / 16, kKeyTiles = kBlockN / 16, kSlots = Mma::kSlots;
   constexpr int kQRegisters = kRows * kSlices * int(sizeof(typename Mma::QFrag) / 4);
   constexpr bool kVTransposed = Mma::kVTransposed;
-  using Plan = SharedPlan<(Mma::kQFromShared && kQRegisters > kQRegisterLimit), kVTransposed, DP, kBlockM, kBlockN>;
+  constexpr bool kQShared = Mma::kQFromShared && kQRegisters > kQRegisterLimit;
+  using Plan = SharedPlan<kQShared, kVTransposed, DP, kBlockM, kBlockN, kKvTiles>;
   constexpr int LD = Plan::kLd, kVLd = Plan::kVLd, kTile = Plan::kTile, kStage = Plan::kStage, kStages = Plan::kStages;
-  constexpr bool kQInShared = Plan::kQInShared;
+  constexpr bool kQInShared = Plan::kQInShared, kKvShared = Plan::kKvShared;
+  // A "_kv" instance is there to fit two workgroups a CU on CDNA where the default plan fits one (Q in shared
+  // memory, RDNA3's large tiles, is not CDNA's case: its LDS a workgroup is 64 KiB of 128 a WGP).
+  static_assert(kKvTiles == 0 || kQInShared || 2 * 2 * Plan::kElements <= kCdnaLdsPerCu, "two workgroups a CU");
+  static_assert(kKvTiles == 0 || 2 * 2 * SharedPlan<kQShared, kVTransposed, DP, kBlockM, kBlockN>::kElements >
+                                     kCdnaLdsPerCu, "the default plan fits two workgroups a CU already");
   __shared__ __align__(16) uint16_t storage[Plan::kElements];
   T* const q_tile = reinterpret_cast<T*>(storage);  // Q's own region, or the first K / V stage
-  T* const tiles = q_tile + Plan::kQRegion;           // stage s: keys at s kStage, values at s kStage + kTile
+  T* const tiles = q_tile + Plan::kQRegion;           // stage s: keys at s kStage, values at s kStage + kVOffset
 
   const int tid = threadIdx.x, wave = rsd::wave_id();
   const int64_t batch = blockIdx.z, head = blockIdx.y;
@@ -124,16 +145,19 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
     else return q_frag[r][s];
   };
 
+  auto load_values = [&](T* values, int key0, int valid) {  // into a stage's V tile
+    if constexpr (kVTransposed)
+      attn::load_rows_transposed<T, DP, kVLd>(values, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid,
+                                              kBlockN, p.head_dim, tid, kThreads);
+    else
+      load_rows<T, DP, LD>(values, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid, kBlockN, p.head_dim, tid,
+                           kThreads);
+  };
   auto load_tile = [&](int key0, int stage) {
     const int valid = min(kBlockN, p.kv_len - key0);
     T* keys = tiles + stage * kStage;
     load_rows<T, DP, LD>(keys, k + int64_t(key0) * p.k_stride[1], p.k_stride[1], valid, kBlockN, p.head_dim, tid, kThreads);
-    if constexpr (kVTransposed)
-      attn::load_rows_transposed<T, DP, kVLd>(keys + kTile, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid,
-                                              kBlockN, p.head_dim, tid, kThreads);
-    else
-      load_rows<T, DP, LD>(keys + kTile, v + int64_t(key0) * p.v_stride[1], p.v_stride[1], valid, kBlockN, p.head_dim,
-                           tid, kThreads);
+    if constexpr (!kKvShared) load_values(keys + kTile, key0, valid);  // else after the scores (the loop below)
     async_commit();
   };
 
@@ -167,7 +191,7 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
     }
     __syncthreads();
     const T* keys = tiles + stage * kStage;
-    const T* values = keys + kTile;
+    const T* values = keys + Plan::kVOffset;
 
     typename Mma::Acc scores[kRows][kKeyTiles];
 #pragma unroll
@@ -207,6 +231,13 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
       attn::online_softmax<Mma>(scores[r], valid, p.scale_log2, row_max[r], row_sum[r], out[r]);
+    if constexpr (kKvShared) {
+      __syncthreads();  // every wave is done with K: V takes its tile
+      load_values(tiles, key0, valid);
+      async_commit();
+      async_wait<0>();
+      __syncthreads();
+    }
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n) {
       typename Mma::PFrag probs[kRows];
@@ -236,33 +267,54 @@ __global__ void __launch_bounds__(kWaves * RSD_WAVE) attention_kernel(const Para
 // ---- instances ------------------------------------------------------------------------------------
 
 #if !RSD_RTC
-template <class T, int DP, int kWaves, int kRows, int kBlockN>
+template <class T, int DP, int kWaves, int kRows, int kBlockN, int kKvTiles>
 void launch_instance(const AttentionArgs& a, int wave_size, hipStream_t stream) {
   const dim3 grid(unsigned(ceil_div(a.q_len, 16 * kRows * kWaves)), unsigned(a.heads), unsigned(a.batch));
-  attention_kernel<T, DP, kWaves, kRows, kBlockN><<<grid, kWaves * wave_size, 0, stream>>>(attn::make_params<T>(a));
+  if constexpr (kKvTiles == 0)
+    attention_kernel<T, DP, kWaves, kRows, kBlockN><<<grid, kWaves * wave_size, 0, stream>>>(attn::make_params<T>(a));
+  else
+    attention_kernel<T, DP, kWaves, kRows, kBlockN, kKvTiles><<<grid, kWaves * wave_size, 0, stream>>>(
+        attn::make_params<T>(a));
 }
 
-#define RSD_ATTENTION_INSTANCE(TYPE, CODE, DP, WAVES, ROWS, BLOCK_N)                                        \
-  Instance {                                                                                             \
-    #CODE "_d" #DP "_w" #WAVES "_r" #ROWS "_n" #BLOCK_N, DType::CODE, DP, WAVES, ROWS, BLOCK_N, 16 * ROWS * WAVES, \
-        &launch_instance<TYPE, DP, WAVES, ROWS, BLOCK_N>                                                 \
+#define RSD_ATTENTION_INSTANCE(TYPE, CODE, DP, WAVES, ROWS, BLOCK_N, KV_TILES, SUFFIX)                         \
+  Instance {                                                                                                  \
+    #CODE "_d" #DP "_w" #WAVES "_r" #ROWS "_n" #BLOCK_N SUFFIX, DType::CODE, DP, WAVES, ROWS, BLOCK_N, KV_TILES, \
+        16 * ROWS * WAVES, &launch_instance<TYPE, DP, WAVES, ROWS, BLOCK_N, KV_TILES>                         \
   }
-#define RSD_ATTENTION_SHAPE(DP, ROWS, BLOCK_N) \
-  RSD_ATTENTION_INSTANCE(__half, f16, DP, 4, ROWS, BLOCK_N), RSD_ATTENTION_INSTANCE(bf16, bf16, DP, 4, ROWS, BLOCK_N)
+#define RSD_ATTENTION_SHAPE(DP, ROWS, BLOCK_N)                     \
+  RSD_ATTENTION_INSTANCE(__half, f16, DP, 4, ROWS, BLOCK_N, 0, ""), \
+      RSD_ATTENTION_INSTANCE(bf16, bf16, DP, 4, ROWS, BLOCK_N, 0, "")
 #define RSD_ATTENTION_DIM(DP) RSD_ATTENTION_SHAPE(DP, 1, 64), RSD_ATTENTION_SHAPE(DP, 1, 32)
 // Two query tiles a wave (32 queries) halve the shared-memory reads per product. Their accumulators fit in
 // the registers (no spills on sm_90) with 64 keys a tile up to head dim 80 (SD's 40 / 64 / 80, the large
 // self-attentions), with 32 keys up to 96.
 #define RSD_ATTENTION_DIM_R2(DP) RSD_ATTENTION_DIM(DP), RSD_ATTENTION_SHAPE(DP, 2, 64), RSD_ATTENTION_SHAPE(DP, 2, 32)
 
+// The instances of less shared memory ("_kv<tiles>", SharedPlan's kKvTiles): one of each shape whose plan takes
+// more than half of CDNA's 64 KiB of LDS a CU, which leaves gfx90a / gfx942 one 4-wave workgroup a CU (1 wave a
+// SIMD: bench/results/amd-resources-*.md), with the most K / V tiles that fit two: one stage of 64 keys at head
+// dims 64 / 80 and of 32 at 128 / 160; at 128 / 160 with 64 keys one stage is too large, and K and V share a tile.
+// The heuristic never picks them (no AMD GPU timed them); the tuner times them beside the others.
+#define RSD_ATTENTION_KV(DP, ROWS, BLOCK_N, KV_TILES)                                       \
+  RSD_ATTENTION_INSTANCE(__half, f16, DP, 4, ROWS, BLOCK_N, KV_TILES, "_kv" #KV_TILES), \
+      RSD_ATTENTION_INSTANCE(bf16, bf16, DP, 4, ROWS, BLOCK_N, KV_TILES, "_kv" #KV_TILES)
+#define RSD_ATTENTION_KV_R2(DP) RSD_ATTENTION_KV(DP, 1, 64, 2), RSD_ATTENTION_KV(DP, 2, 64, 2)
+#define RSD_ATTENTION_KV_SHARED(DP) RSD_ATTENTION_KV(DP, 1, 64, 1), RSD_ATTENTION_KV(DP, 1, 32, 2)
+// Defined before kNarrow, so that their kernels come first in the code objects and kNarrow's keep their places
+// (a kernel's count of instructions in the resource table includes the padding that follows it).
+const Instance kNarrowKv[] = {RSD_ATTENTION_KV_R2(64), RSD_ATTENTION_KV_R2(80), RSD_ATTENTION_KV_SHARED(128),
+                              RSD_ATTENTION_KV_SHARED(160)};
+
 const Instance kNarrow[] = {RSD_ATTENTION_DIM_R2(32), RSD_ATTENTION_DIM_R2(48), RSD_ATTENTION_DIM_R2(64),
                             RSD_ATTENTION_DIM_R2(80), RSD_ATTENTION_DIM(96),
                             RSD_ATTENTION_DIM(128),   RSD_ATTENTION_DIM(160)};
 
-// Both families, narrow first.
+// Both families, narrow first (those of less shared memory after the others).
 const std::vector<Instance>& all_instances() {
   static const std::vector<Instance> all = [] {
     std::vector<Instance> list(std::begin(kNarrow), std::end(kNarrow));
+    list.insert(list.end(), std::begin(kNarrowKv), std::end(kNarrowKv));
     int wide_count = 0;
     const Instance* wide = attn::wide_instances(&wide_count);
     list.insert(list.end(), wide, wide + wide_count);
@@ -321,7 +373,7 @@ const Instance* pick_instance(const AttentionArgs& a, MatrixUnits units) {
   for (int attempt = 0; attempt < 2; ++attempt, rows = 1)
     for (const Instance& inst : all_instances())
       if (inst.dtype == a.dtype && inst.padded_dim == dp && inst.waves == waves && inst.rows == rows &&
-          inst.block_n == block_n && !spills_on(units, inst))
+          inst.block_n == block_n && inst.kv_tiles == 0 && !spills_on(units, inst))
         return &inst;
   return nullptr;
 }

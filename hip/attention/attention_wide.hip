@@ -169,7 +169,7 @@ void launch_wide(const AttentionArgs& a, int wave_size, hipStream_t stream) {
 
 #define RSD_WIDE_INSTANCE(TYPE, CODE, DP, WAVES, ROWS)                                                     \
   Instance {                                                                                               \
-    #CODE "_d" #DP "_w" #WAVES "_r" #ROWS "_n16_wide", DType::CODE, DP, WAVES, ROWS, kBlockN, 16 * ROWS,   \
+    #CODE "_d" #DP "_w" #WAVES "_r" #ROWS "_n16_wide", DType::CODE, DP, WAVES, ROWS, kBlockN, 0, 16 * ROWS, \
         &launch_wide<TYPE, DP, WAVES, ROWS>                                                                \
   }
 #define RSD_WIDE_SHAPE(DP, WAVES, ROWS) RSD_WIDE_INSTANCE(__half, f16, DP, WAVES, ROWS), RSD_WIDE_INSTANCE(bf16, bf16, DP, WAVES, ROWS)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from .plans import Launch, ceil_div
-from .sources import ATTENTION_TYPES, DTYPE_NAMES, NARROW_SHAPES, WIDE_SHAPES
+from .sources import ATTENTION_TYPES, DTYPE_NAMES, NARROW_KV_SHAPES, NARROW_SHAPES, WIDE_SHAPES
 
 F32 = 0
 MAX_NARROW_DIM = 160
@@ -28,16 +28,23 @@ class Instance:
     block_n: int
     block_m: int
     wide: bool
+    kv_tiles: int = 0  # the "_kv<tiles>" instances' K / V tiles in shared memory (SharedPlan); 0: the family's plan
 
 
 def _instances() -> tuple[Instance, ...]:
-    """kNarrow (RSD_ATTENTION_DIM[_R2] per padded dim: f16 then bf16 per shape), then kWide, in the C++ order."""
+    """kNarrow (RSD_ATTENTION_DIM[_R2] per padded dim: f16 then bf16 per shape), kNarrowKv (RSD_ATTENTION_KV's,
+    likewise), then kWide, in the C++ order (all_instances)."""
     out = []
     for dp, shapes in NARROW_SHAPES.items():
         for rows, block_n in sorted(shapes, key=lambda s: (s[0], -s[1])):  # (1, 64), (1, 32), (2, 64), (2, 32)
             for code in (1, 2):
                 out.append(Instance(f"{CODES[code]}_d{dp}_w4_r{rows}_n{block_n}", code, dp, 4, rows, block_n,
                                     16 * rows * 4, False))
+    for dp, shapes in NARROW_KV_SHAPES.items():
+        for rows, block_n, kv in shapes:
+            for code in (1, 2):
+                out.append(Instance(f"{CODES[code]}_d{dp}_w4_r{rows}_n{block_n}_kv{kv}", code, dp, 4, rows, block_n,
+                                    16 * rows * 4, False, kv))
     for dp, shapes in WIDE_SHAPES.items():
         for waves, rows in shapes:
             for code in (1, 2):
@@ -80,8 +87,8 @@ def pick_instance(dtype: int, head_dim: int, q_len: int, kv_len: int, units: str
         rows, block_n = 2, 16
     for _ in range(2):
         for inst in INSTANCES:
-            if (inst.dtype, inst.padded_dim, inst.waves, inst.rows, inst.block_n) == (dtype, dp, waves, rows, block_n) \
-                    and not spills_on(units, inst):
+            if (inst.dtype, inst.padded_dim, inst.waves, inst.rows, inst.block_n, inst.kv_tiles) == \
+                    (dtype, dp, waves, rows, block_n, 0) and not spills_on(units, inst):
                 return inst
         rows = 1
     return None
@@ -150,7 +157,8 @@ def plan(q, k, v, out, dtype, sizes, strides, scale, platform: str, arch: str, w
     if inst.wide:
         expression = f"rsd::attn::wide_attention_kernel<{t}, {inst.padded_dim}, {inst.waves}, {inst.rows}>"
     else:
-        expression = f"rsd::attention_kernel<{t}, {inst.padded_dim}, 4, {inst.rows}, {inst.block_n}>"
+        kv = f", {inst.kv_tiles}" if inst.kv_tiles else ""
+        expression = f"rsd::attention_kernel<{t}, {inst.padded_dim}, 4, {inst.rows}, {inst.block_n}{kv}>"
     params = (q, k, v, out, *[tuple(s) for s in strides], q_len, kv_len, head_dim, _f32(_f32(scale) * _f32(LOG2E)))
     launch = Launch(f"attention_{DTYPE_NAMES[dtype]}_d{inst.padded_dim}", expression,
                     (ceil_div(q_len, inst.block_m), heads, batch), "a", (params,), block=inst.waves * wave)

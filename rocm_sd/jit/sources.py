@@ -159,6 +159,10 @@ def _group_norm_units() -> dict[str, "Unit"]:
 # (query tiles a wave, keys a tile) of the narrow family, all with 4 waves; the wide family's (waves, tiles).
 NARROW_SHAPES = {dp: [(rows, n) for rows in ((1, 2) if dp <= 80 else (1,)) for n in (64, 32)]
                  for dp in (32, 48, 64, 80, 96, 128, 160)}
+# The narrow instances of less shared memory (kNarrowKv): padded head dim -> (query tiles a wave, keys a tile,
+# K / V tiles), in the C++ order.
+NARROW_KV_SHAPES = {64: [(1, 64, 2), (2, 64, 2)], 80: [(1, 64, 2), (2, 64, 2)], 128: [(1, 64, 1), (1, 32, 2)],
+                    160: [(1, 64, 1), (1, 32, 2)]}
 WIDE_SHAPES = {512: [(4, 1), (8, 1), (4, 2)]}
 ATTENTION_TYPES = {1: "__half", 2: "rsd::bf16"}
 
@@ -170,7 +174,9 @@ def _attention_units() -> dict[str, "Unit"]:
         for dp, shapes in NARROW_SHAPES.items():
             name = f"attention_{DTYPE_NAMES[code]}_d{dp}"
             units[name] = Unit(name, "attention/attention.hip",
-                               tuple(f"rsd::attention_kernel<{t}, {dp}, 4, {rows}, {n}>" for rows, n in shapes))
+                               tuple(f"rsd::attention_kernel<{t}, {dp}, 4, {rows}, {n}>" for rows, n in shapes)
+                               + tuple(f"rsd::attention_kernel<{t}, {dp}, 4, {rows}, {n}, {kv}>"
+                                       for rows, n, kv in NARROW_KV_SHAPES.get(dp, ())))
         for dp, shapes in WIDE_SHAPES.items():
             name = f"attention_{DTYPE_NAMES[code]}_d{dp}"
             units[name] = Unit(name, "attention/attention_wide.hip",

@@ -25,7 +25,8 @@ struct AttentionArgs {
   std::string instance;  // a name from attention_instances(), or empty for the documented heuristic
 };
 // Every compiled instance, named by its parameters: "f16_d64_w4_r2_n64" (dtype, padded head dim, waves a
-// block, 16-query tiles a wave, keys a tile); the wide family (head dims above 160) ends in "_wide".
+// block, 16-query tiles a wave, keys a tile); the wide family (head dims above 160) ends in "_wide"; "_kv2" / "_kv1"
+// keep fewer K / V tiles in shared memory (one stage; K and V in one tile), to fit two workgroups a CU on CDNA.
 std::vector<std::string> attention_instances();
 // The instances attention_check refuses on a device of this architecture ("gfx1100"): those that spill there.
 std::vector<std::string> attention_refused_instances(const std::string& arch);

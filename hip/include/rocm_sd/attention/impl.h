@@ -160,12 +160,14 @@ __device__ __forceinline__ void store_output(T* o, int64_t row_stride, int query
 #endif
 
 // One compiled kernel configuration, named by its parameters for the tuner:
-// "<dtype>_d<padded head dim>_w<waves>_r<16-query tiles a wave>_n<keys a tile>", wide ones "..._wide".
+// "<dtype>_d<padded head dim>_w<waves>_r<16-query tiles a wave>_n<keys a tile>", wide ones "..._wide", those of
+// less shared memory "..._kv<K / V tiles>" (attention.hip's SharedPlan).
 #if !RSD_RTC
 struct Instance {
   const char* name;
   DType dtype;
   int padded_dim, waves, rows, block_n;
+  int kv_tiles;  // the K / V tiles a block keeps in shared memory (SharedPlan's kKvTiles); 0: the family's plan
   int block_m;  // queries a block owns
   void (*launch)(const AttentionArgs&, int wave_size, hipStream_t);
 };
