@@ -171,8 +171,8 @@ def test_blocks_of_other_structures_stay_forges_and_are_reported(forge, monkeypa
 
     patcher.add_object_patch("diffusion_model.single_blocks.1", TheirBlock())
     patched, notes = optimized(patcher)
-    assert sorted(patched.object_patches) == sorted(["diffusion_model.double_blocks.0", "diffusion_model.single_blocks.0",
-                                                     "diffusion_model.single_blocks.1", "diffusion_model.final_layer"])
+    assert sorted(patched.object_patches) == sorted(f"diffusion_model.{b}" for b in (
+        "double_blocks.0", "single_blocks.0", "single_blocks.1", "final_layer"))
     assert type(patched.object_patches["diffusion_model.single_blocks.1"]) is TheirBlock
     assert notes == ["1 block left as they are (DoubleStreamBlock: its norms are not LayerNorms without affine "
                      "parameters)", "1 block left as they are (TheirBlock in single_blocks: not a block rocm_sd knows)"]

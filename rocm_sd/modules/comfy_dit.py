@@ -375,7 +375,7 @@ def _single_chain(port: _FluxPort, self, x, vec, pe, mask=None, options=None):
     attention = port.attention(self, q, k, v, pe, rotated, mask, options)
     mlp = F.gelu(mlp, approximate="tanh")
     if plain_linear(self.linear2, attention, self.rocm_sd_host_path):
-        out = split_proj_out(self.linear2, attention, mlp).view(*x.shape[:-1], self.linear2.out_features)
+        out = split_proj_out(self.linear2, attention, mlp).view(*x.shape[:-1], -1)  # Forge's: no out_features
     else:
         out = self.linear2(torch.cat((attention, mlp), 2))
     return port.clip(self, gated(x, gate, out))
@@ -614,7 +614,8 @@ def dit_block_copy(block: nn.Module, host_path: Callable[[nn.Module], bool] = _n
     block = unpatched(block)
     kind = block_kind(block)
     if kind is None:
-        raise TypeError(f"expected one of ComfyUI's SD3 / Flux blocks or Forge's Flux blocks, got {type(block).__name__}")
+        raise TypeError(f"expected one of ComfyUI's SD3 / Flux blocks or Forge's Flux blocks, got "
+                        f"{type(block).__name__}")
     base, fused = type(block), BLOCKS[kind][0]
 
     def forward(self, *args, **kwargs):
