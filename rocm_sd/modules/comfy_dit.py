@@ -1,20 +1,25 @@
 """Kernel-backed copies of ComfyUI's diffusion-transformer blocks: SD3 / SD3.5's MMDiT (comfy/ldm/modules/
 diffusionmodules/mmdit.py: JointBlock, FinalLayer) and Flux (comfy/ldm/flux/layers.py: DoubleStreamBlock,
-SingleStreamBlock, LastLayer), for the ComfyUI node's object patches.
+SingleStreamBlock, LastLayer), for the ComfyUI node's object patches; and of Forge's Flux blocks (backend/nn/flux.py,
+the same three classes ported from the same reference), for the A1111 extension's Forge path, which installs them
+as object patches of Forge's ModelPatcher the same way. One chain per Flux block runs both ports; `_FluxPort` holds
+what differs between them (the Forge section below lists it).
 
 Each block's chain runs as modules/mmdit.py runs diffusers' blocks:
     ada_layer_norm (norm1 and its modulation) -> qkv -> rms_norm (the Q / K RMSNorm of both streams, their join and
-    Flux's rotary embedding) -> ComfyUI's own attention function -> add_ada_layer_norm (gated residual, norm2 and
+    Flux's rotary embedding) -> the host's own attention function -> add_ada_layer_norm (gated residual, norm2 and
     its modulation) -> the MLP's first Linear with GELU(tanh) -> gated residual.
 The attention is the function ComfyUI's block calls (its module's `optimized_attention`, Flux's `attention`), so the
-node's attention override, or whatever ComfyUI chose, runs it. The blocks' Linears are called as ComfyUI's modules:
-LoRA weight patches, low-VRAM casting and weights quantized by ComfyUI (comfy-kitchen's layouts) stay ComfyUI's.
-Only the bias+GELU epilogue and Flux's split output projection read a Linear's weight themselves, and only where
-ComfyUI would run that Linear on the weight it holds (`plain_linear`).
+node's attention override, or whatever ComfyUI chose, runs it; Forge's blocks call Forge's attention_function, or
+rocm_sd's attention where the extension asks (`dit_block_copy(attention=...)`). The blocks' Linears are called as
+the host's modules: LoRA weight patches, low-VRAM casting and weights quantized by the host (comfy-kitchen's
+layouts, Forge's GGUF / bitsandbytes) stay the host's. Only the bias+GELU epilogue and Flux's split output
+projection read a Linear's weight themselves, and only where the host would run that Linear on the weight it holds
+(`plain_linear`).
 
 A copy is a second face of the block (host_copies.host_face): it shares the block's attribute dictionary, so its
 children and parameters (a LoRA'd Q / K norm scale too) are read at call time. Calls this does not cover (per-token
-modulation, modulation_dims, arguments of another ComfyUI version, checkpointing with gradients) run the block's own
+modulation, modulation_dims, arguments of another host version, checkpointing with gradients) run the block's own
 forward, and so do calls with transformer patches (newer ComfyUI runs some inside its blocks); blocks of another
 structure are never copied (`block_problem`).
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import inspect
 import sys
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -44,17 +50,29 @@ def _never(module: nn.Module) -> bool:
 
 
 def _host_module(block: nn.Module):
-    """The ComfyUI module that defines the block's class: its attention functions, read at call time."""
+    """The host's module that defines the block's class: its attention functions, read at call time."""
     return sys.modules[type(unpatched(block)).__module__]
 
 
 # ---- pieces shared by the blocks ---------------------------------------------------------------------------------
 
+def _forge_linear_patched(linear: nn.Module) -> bool:
+    """Whether Forge's ForgeOperations.Linear computes its weight per call: cast and moved (parameters_manual_cast, its
+    low-VRAM offloading too), scaled (scale_weight, fp8 scaled checkpoints) or merged with online LoRA."""
+    return bool(getattr(linear, "parameters_manual_cast", False) or getattr(linear, "scale_weight", None) is not None
+                or getattr(linear, "forge_online_loras", None))
+
+
 def plain_linear(linear: nn.Module, x: torch.Tensor, host_path: Callable[[nn.Module], bool]) -> bool:
-    """Whether ComfyUI would run `linear` as x @ weight.T + bias with the weight and bias it holds: an nn.Linear or one
-    of comfy.ops' Linears (no other class: a LoRA node's or a copy's forward is its own), not cast or patched per call
+    """Whether the host would run `linear` as x @ weight.T + bias with the weight and bias it holds: an nn.Linear, one
+    of comfy.ops' Linears or Forge's ForgeOperations.Linear where it does not compute its weight per call (no other
+    class: a LoRA node's, a quantized one's or a copy's forward is its own), not cast or patched per call
     (host_path), its tensors plain (not a quantized tensor subclass) and already in x's dtype on x's device."""
-    if type(linear).__module__ not in ("torch.nn.modules.linear", "comfy.ops") or not isinstance(linear, nn.Linear):
+    cls = type(linear)
+    if (cls.__module__, cls.__qualname__) == ("backend.operations", "ForgeOperations.Linear"):
+        if _forge_linear_patched(linear):
+            return False
+    elif cls.__module__ not in ("torch.nn.modules.linear", "comfy.ops") or not isinstance(linear, nn.Linear):
         return False
     if unpatched(linear) is not linear or host_path(linear):
         return False
@@ -236,23 +254,151 @@ def _final_layer(base: type, self, x, c):
 
 
 # ---- Flux: DoubleStreamBlock, SingleStreamBlock, LastLayer ------------------------------------------------------
+# Two ports of BFL's reference blocks: ComfyUI's (comfy/ldm/flux/layers.py) and Forge's (backend/nn/flux.py). Their
+# parts carry the same names and compute the same math; one chain per block runs both, and a _FluxPort says where
+# they differ: how a Modulation hands out its (shift, scale, gate) triples, which attention function the block
+# calls and how, the fp16 clamp, the Q / K RMSNorm's eps, and what a block's Linears are.
+
+@dataclass(frozen=True)
+class _FluxPort:
+    modulations: Callable  # (Modulation, vec) -> [(shift, scale, gate), each a (B, C) view]: one or two triples
+    rope: Callable         # (block, pe) -> the rope tensor rocm_sd::rms_norm may apply (None: the attention applies pe)
+    attention: Callable    # (block, q, k, v (B, L, H, D), pe, rotated, mask, options) -> (B, L, H * D)
+    clip: Callable         # (block, x) -> x as the host's fp16 clamp leaves it
+    rms_eps: Callable      # (RMSNorm) -> its eps
+
+
+def _flux_chunks(out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(shift, scale, gate) of a Flux ModulationOut, each (B, 1, C) -> a (B, C) view."""
+    return out.shift[:, 0], out.scale[:, 0], out.gate[:, 0]
+
+
+def _flux_qk_norm(norm, module: str) -> bool:
+    """A QKNorm of two RMSNorms of the host's flux module `module`, each with its `scale` tensor."""
+    norms = (getattr(norm, "query_norm", None), getattr(norm, "key_norm", None))
+    return type(norm).__name__ == "QKNorm" and all(
+        type(n).__name__ == "RMSNorm" and type(n).__module__ == module and isinstance(getattr(n, "scale", None),
+                                                                                       torch.Tensor) for n in norms)
+
+
+def _is_linear(module) -> bool:
+    return isinstance(module, nn.Linear)
+
+
+def _flux_mlp(mlp, is_linear: Callable = _is_linear) -> bool:
+    return (isinstance(mlp, nn.Sequential) and len(mlp) == 3 and is_linear(mlp[0]) and _is_gelu_tanh(mlp[1])
+            and is_linear(mlp[2]))
+
+
+_DOUBLE_PARTS = {"img_mod", "img_norm1", "img_attn", "img_norm2", "img_mlp",
+                 "txt_mod", "txt_norm1", "txt_attn", "txt_norm2", "txt_mlp"}
+_SINGLE_PARTS = {"linear1", "linear2", "norm", "pre_norm", "mlp_act", "modulation"}
+
+
+def _double_parts_problem(block, module: str, is_linear: Callable = _is_linear) -> str | None:
+    if set(block._modules) != _DOUBLE_PARTS:
+        return f"its parts {sorted(set(block._modules) ^ _DOUBLE_PARTS)} differ from the Flux block rocm_sd follows"
+    if not all(_no_affine_layer_norm(getattr(block, f"{s}_norm{i}")) for s in ("img", "txt") for i in (1, 2)):
+        return "its norms are not LayerNorms without affine parameters"
+    if not all(_flux_qk_norm(getattr(block, f"{s}_attn").norm, module) and _flux_mlp(getattr(block, f"{s}_mlp"),
+                                                                                     is_linear)
+               and getattr(block, f"{s}_mod").is_double for s in ("img", "txt")):
+        return "its Q / K norms, MLPs or modulations differ from Flux's"
+    return None
+
+
+def _single_parts_problem(block, module: str) -> str | None:
+    if set(block._modules) != _SINGLE_PARTS:
+        return f"its parts {sorted(set(block._modules) ^ _SINGLE_PARTS)} differ from the Flux block rocm_sd follows"
+    # linear2 takes [attention, MLP]: a quantized Linear of Forge's may not say its in_features (its own forward runs)
+    inputs = getattr(block.linear2, "in_features", block.hidden_size + block.mlp_hidden_dim)
+    if not (_no_affine_layer_norm(block.pre_norm) and _is_gelu_tanh(block.mlp_act) and _flux_qk_norm(block.norm, module)
+            and not block.modulation.is_double and inputs == block.hidden_size + block.mlp_hidden_dim):
+        return "its norms, activation or projections differ from Flux's"
+    return None
+
+
+def _flux_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, L, H, D) views of a (B, L, 3 * H * D) projection, as Flux's view(B, L, 3, H, -1)."""
+    return qkv.view(qkv.shape[0], qkv.shape[1], 3, heads, -1).unbind(2)
+
+
+def _flux_normed(x, norm, pe, eps: float, lead=None, lead_norm=None) -> tuple[torch.Tensor, bool]:
+    """(cat([lead_norm(lead), norm(x)], dim=1) rotated by pe where _rotary converts it, as one rocm_sd::rms_norm
+    (B, L0 + L, H, D); whether it is rotated)."""
+    rows = x.shape[1] + (0 if lead is None else lead.shape[1])
+    rotary = _rotary(pe, rows) or (None, None)
+    y = rms_norm.call(x, _cast(norm.scale, x), eps, lead, None if lead is None else _cast(lead_norm.scale, x), *rotary)
+    return y, rotary[0] is not None
+
+
+def _double_chain(port: _FluxPort, self, img, txt, vec, pe, txt_first: bool, mask=None, options=None):
+    """DoubleStreamBlock.forward with the chains fused; (img, txt) out."""
+    host_path = self.rocm_sd_host_path
+    streams = {}
+    for name, x in (("img", img), ("txt", txt)):
+        mod1, mod2 = port.modulations(getattr(self, f"{name}_mod"), vec)
+        shift, scale, gate = mod1
+        attn = getattr(self, f"{name}_attn")
+        qkv = _flux_heads(attn.qkv(ada_layer_norm.call(_rows(x), scale, shift, getattr(self, f"{name}_norm1").eps)),
+                          self.num_heads)
+        streams[name] = (x, attn, qkv, gate, mod2)
+    first, second = ("txt", "img") if txt_first else ("img", "txt")
+    (_, lead_attn, lead, *_), (_, attn, qkv, *_) = streams[first], streams[second]
+    rope = port.rope(self, pe)
+    q, rotated = _flux_normed(qkv[0], attn.norm.query_norm, rope, port.rms_eps(attn.norm.query_norm), lead[0],
+                              lead_attn.norm.query_norm)
+    k, _ = _flux_normed(qkv[1], attn.norm.key_norm, rope, port.rms_eps(attn.norm.key_norm), lead[1],
+                        lead_attn.norm.key_norm)
+    v = torch.cat((lead[2], qkv[2]), dim=1)
+    out = port.attention(self, q, k, v, pe, rotated, mask, options)
+    split = streams[first][0].shape[1]
+    outputs = {first: out[:, :split], second: out[:, split:]}
+    for name in ("img", "txt"):
+        x, attn, _, gate, (shift, scale, gate_mlp) = streams[name]
+        mlp, norm2 = getattr(self, f"{name}_mlp"), getattr(self, f"{name}_norm2")
+        h, n = add_ada_layer_norm.call(_rows(x), attn.proj(outputs[name]), gate, scale, shift, norm2.eps)
+        streams[name] = gated(h, gate_mlp, _gelu_mlp(mlp[0], mlp[2], n, host_path))
+    return streams["img"], port.clip(self, streams["txt"])
+
+
+def _single_chain(port: _FluxPort, self, x, vec, pe, mask=None, options=None):
+    """SingleStreamBlock.forward with the AdaLN and Q / K RMSNorm (+ rope) fused, and linear2 of [attention, MLP] as
+    two GEMMs into one output where linear2 is plain."""
+    (shift, scale, gate), = port.modulations(self.modulation, vec)
+    qkv, mlp = torch.split(self.linear1(ada_layer_norm.call(_rows(x), scale, shift, self.pre_norm.eps)),
+                           [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
+    q, k, v = _flux_heads(qkv, self.num_heads)
+    rope = port.rope(self, pe)
+    q, rotated = _flux_normed(q, self.norm.query_norm, rope, port.rms_eps(self.norm.query_norm))
+    k, _ = _flux_normed(k, self.norm.key_norm, rope, port.rms_eps(self.norm.key_norm))
+    attention = port.attention(self, q, k, v, pe, rotated, mask, options)
+    mlp = F.gelu(mlp, approximate="tanh")
+    if plain_linear(self.linear2, attention, self.rocm_sd_host_path):
+        out = split_proj_out(self.linear2, attention, mlp).view(*x.shape[:-1], -1)  # Forge's: no out_features
+    else:
+        out = self.linear2(torch.cat((attention, mlp), 2))
+    return port.clip(self, gated(x, gate, out))
+
+
+def _last_chain(self, x, vec):
+    """Flux's LastLayer: linear(modulate(norm_final(x), shift, scale))."""
+    shift, scale = self.adaLN_modulation(vec).chunk(2, dim=1)
+    return self.linear(ada_layer_norm.call(_rows(x), scale, shift, self.norm_final.eps))
+
+
+def _final_problem(layer) -> str | None:
+    if not _no_affine_layer_norm(layer.norm_final):
+        return "its norm is not a LayerNorm without affine parameters"
+    return None
+
+
+# ComfyUI's port: comfy/ldm/flux/layers.py and math.py
 
 _DOUBLE_FORWARD = ("self", "img", "txt", "vec", "pe", "attn_mask", "modulation_dims_img", "modulation_dims_txt",
                    "transformer_options")
 _SINGLE_FORWARD = ("self", "x", "vec", "pe", "attn_mask", "modulation_dims", "transformer_options")
 _ATTENTION = ("q", "k", "v", "pe", "mask", "transformer_options")
-
-
-def _flux_qk_norm(norm) -> bool:
-    norms = (getattr(norm, "query_norm", None), getattr(norm, "key_norm", None))
-    return type(norm).__name__ == "QKNorm" and all(
-        type(n).__name__ == "RMSNorm" and type(n).__module__ == FLUX and isinstance(getattr(n, "scale", None),
-                                                                                     torch.Tensor) for n in norms)
-
-
-def _flux_mlp(mlp) -> bool:
-    return (isinstance(mlp, nn.Sequential) and len(mlp) == 3 and isinstance(mlp[0], nn.Linear)
-            and _is_gelu_tanh(mlp[1]) and isinstance(mlp[2], nn.Linear))
 
 
 def _flux_version_problem(block, forward_arguments: tuple[str, ...]) -> str | None:
@@ -264,42 +410,11 @@ def _flux_version_problem(block, forward_arguments: tuple[str, ...]) -> str | No
 
 
 def _double_block_problem(block) -> str | None:
-    known = {"img_mod", "img_norm1", "img_attn", "img_norm2", "img_mlp",
-             "txt_mod", "txt_norm1", "txt_attn", "txt_norm2", "txt_mlp"}
-    if set(block._modules) != known:
-        return f"its parts {sorted(set(block._modules) ^ known)} differ from the Flux block rocm_sd follows"
-    if not all(_no_affine_layer_norm(getattr(block, f"{s}_norm{i}")) for s in ("img", "txt") for i in (1, 2)):
-        return "its norms are not LayerNorms without affine parameters"
-    if not all(_flux_qk_norm(getattr(block, f"{s}_attn").norm) and _flux_mlp(getattr(block, f"{s}_mlp"))
-               and getattr(block, f"{s}_mod").is_double for s in ("img", "txt")):
-        return "its Q / K norms, MLPs or modulations differ from Flux's"
-    return _flux_version_problem(block, _DOUBLE_FORWARD)
+    return _double_parts_problem(block, FLUX) or _flux_version_problem(block, _DOUBLE_FORWARD)
 
 
 def _single_block_problem(block) -> str | None:
-    known = {"linear1", "linear2", "norm", "pre_norm", "mlp_act", "modulation"}
-    if set(block._modules) != known:
-        return f"its parts {sorted(set(block._modules) ^ known)} differ from the Flux block rocm_sd follows"
-    if not (_no_affine_layer_norm(block.pre_norm) and _is_gelu_tanh(block.mlp_act) and _flux_qk_norm(block.norm)
-            and not block.modulation.is_double
-            and block.linear2.in_features == block.hidden_size + block.mlp_hidden_dim):
-        return "its norms, activation or projections differ from Flux's"
-    return _flux_version_problem(block, _SINGLE_FORWARD)
-
-
-def _flux_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v (B, L, H, D) views of a (B, L, 3 * H * D) projection, as Flux's view(B, L, 3, H, -1)."""
-    return qkv.view(qkv.shape[0], qkv.shape[1], 3, heads, -1).unbind(2)
-
-
-def _flux_normed(x, norm, pe, lead=None, lead_norm=None) -> tuple[torch.Tensor, bool]:
-    """(cat([lead_norm(lead), norm(x)], dim=1) rotated by pe where _rotary converts it, as one rocm_sd::rms_norm
-    (B, L0 + L, H, D); whether it is rotated)."""
-    rows = x.shape[1] + (0 if lead is None else lead.shape[1])
-    rotary = _rotary(pe, rows) or (None, None)
-    y = rms_norm.call(x, _cast(norm.scale, x), FLUX_RMS_EPS, lead,
-                      None if lead is None else _cast(lead_norm.scale, x), *rotary)
-    return y, rotary[0] is not None
+    return _single_parts_problem(block, FLUX) or _flux_version_problem(block, _SINGLE_FORWARD)
 
 
 def _flux_attention(block, q, k, v, pe, rotated: bool, mask, options) -> torch.Tensor:
@@ -309,78 +424,155 @@ def _flux_attention(block, q, k, v, pe, rotated: bool, mask, options) -> torch.T
                      transformer_options=options)
 
 
-def _clip_fp16(x: torch.Tensor) -> torch.Tensor:
+def _clip_fp16(block, x: torch.Tensor) -> torch.Tensor:
     """Flux's blocks clamp fp16 streams (ComfyUI's nan_to_num)."""
     return torch.nan_to_num(x, nan=0.0, posinf=65504, neginf=-65504) if x.dtype == torch.float16 else x
 
 
+COMFY_FLUX = _FluxPort(
+    modulations=lambda modulation, vec: [_flux_chunks(m) for m in modulation(vec) if m is not None],
+    rope=lambda block, pe: pe, attention=_flux_attention, clip=_clip_fp16, rms_eps=lambda norm: FLUX_RMS_EPS)
+
+
 def _double_block(base: type, self, img, txt, vec, pe, attn_mask=None, modulation_dims_img=None,
                   modulation_dims_txt=None, transformer_options={}, **kwargs):
-    """DoubleStreamBlock.forward with the chains fused; (img, txt) out, as ComfyUI's."""
+    """ComfyUI's DoubleStreamBlock.forward with the chains fused; (img, txt) out, as ComfyUI's."""
     if (kwargs or modulation_dims_img is not None or modulation_dims_txt is not None
             or not isinstance(vec, torch.Tensor) or vec.dim() != 2 or _patched(transformer_options)):
         return base.forward(self, img, txt, vec, pe, attn_mask, modulation_dims_img, modulation_dims_txt,
                             transformer_options, **kwargs)
-    host_path = self.rocm_sd_host_path
-    streams = {}
-    for name, x in (("img", img), ("txt", txt)):
-        mod1, mod2 = getattr(self, f"{name}_mod")(vec)
-        shift, scale, gate = _flux_chunks(mod1)
-        attn = getattr(self, f"{name}_attn")
-        qkv = _flux_heads(attn.qkv(ada_layer_norm.call(_rows(x), scale, shift, getattr(self, f"{name}_norm1").eps)),
-                          self.num_heads)
-        streams[name] = (x, attn, qkv, gate, _flux_chunks(mod2))
-    first, second = ("img", "txt") if self.flipped_img_txt else ("txt", "img")
-    (_, lead_attn, lead, *_), (_, attn, qkv, *_) = streams[first], streams[second]
-    q, rotated = _flux_normed(qkv[0], attn.norm.query_norm, pe, lead[0], lead_attn.norm.query_norm)
-    k, _ = _flux_normed(qkv[1], attn.norm.key_norm, pe, lead[1], lead_attn.norm.key_norm)
-    v = torch.cat((lead[2], qkv[2]), dim=1)
-    out = _flux_attention(self, q, k, v, pe, rotated, attn_mask, transformer_options)
-    split = streams[first][0].shape[1]
-    outputs = {first: out[:, :split], second: out[:, split:]}
-    for name in ("img", "txt"):
-        x, attn, _, gate, (shift, scale, gate_mlp) = streams[name]
-        mlp, norm2 = getattr(self, f"{name}_mlp"), getattr(self, f"{name}_norm2")
-        h, n = add_ada_layer_norm.call(_rows(x), attn.proj(outputs[name]), gate, scale, shift, norm2.eps)
-        streams[name] = gated(h, gate_mlp, _gelu_mlp(mlp[0], mlp[2], n, host_path))
-    return streams["img"], _clip_fp16(streams["txt"])
+    return _double_chain(COMFY_FLUX, self, img, txt, vec, pe, not self.flipped_img_txt, attn_mask,
+                         transformer_options)
 
 
 def _single_block(base: type, self, x, vec, pe, attn_mask=None, modulation_dims=None, transformer_options={},
                   **kwargs):
-    """SingleStreamBlock.forward with the AdaLN and Q / K RMSNorm (+ rope) fused, and linear2 of [attention, MLP] as
-    two GEMMs into one output where linear2 is plain."""
+    """ComfyUI's SingleStreamBlock.forward, fused (_single_chain)."""
     if (kwargs or modulation_dims is not None or not isinstance(vec, torch.Tensor) or vec.dim() != 2
             or _patched(transformer_options)):
         return base.forward(self, x, vec, pe, attn_mask, modulation_dims, transformer_options, **kwargs)
-    mod, _ = self.modulation(vec)
-    shift, scale, gate = _flux_chunks(mod)
-    qkv, mlp = torch.split(self.linear1(ada_layer_norm.call(_rows(x), scale, shift, self.pre_norm.eps)),
-                           [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
-    q, k, v = _flux_heads(qkv, self.num_heads)
-    q, rotated = _flux_normed(q, self.norm.query_norm, pe)
-    k, _ = _flux_normed(k, self.norm.key_norm, pe)
-    attention = _flux_attention(self, q, k, v, pe, rotated, attn_mask, transformer_options)
-    mlp = F.gelu(mlp, approximate="tanh")
-    if plain_linear(self.linear2, attention, self.rocm_sd_host_path):
-        out = split_proj_out(self.linear2, attention, mlp).view(*x.shape[:-1], self.linear2.out_features)
-    else:
-        out = self.linear2(torch.cat((attention, mlp), 2))
-    return _clip_fp16(gated(x, gate, out))
+    return _single_chain(COMFY_FLUX, self, x, vec, pe, attn_mask, transformer_options)
 
 
 def _last_layer(base: type, self, x, vec, modulation_dims=None):
-    """Flux's LastLayer: linear(modulate(norm_final(x), shift, scale))."""
+    """ComfyUI's LastLayer."""
     if modulation_dims is not None or not isinstance(vec, torch.Tensor) or vec.dim() != 2:
         return base.forward(self, x, vec, modulation_dims)
-    shift, scale = self.adaLN_modulation(vec).chunk(2, dim=1)
-    return self.linear(ada_layer_norm.call(_rows(x), scale, shift, self.norm_final.eps))
+    return _last_chain(self, x, vec)
 
 
-def _final_problem(layer) -> str | None:
-    if not _no_affine_layer_norm(layer.norm_final):
-        return "its norm is not a LayerNorm without affine parameters"
+# Forge's port: backend/nn/flux.py (lllyasviel/stable-diffusion-webui-forge, as at dfdcbab6; its blocks unchanged
+# since b09c24ef). What differs from ComfyUI's, and how the chain takes it:
+# - forward(img, txt, vec, pe) / (x, vec, pe) / (x, vec): no mask, transformer options or modulation_dims;
+# - Modulation returns its 6 (or 3) chunks as a tuple of (B, 1, C) tensors, not ModulationOut pairs (same order);
+# - txt always first in the joint attention (no flipped_img_txt);
+# - the blocks call the module's attention(q, k, v, pe), which applies rope (apply_rope) and then calls
+#   attention_function(q, k, v, heads, skip_reshape=True): with the rope applied by rocm_sd::rms_norm, the chain
+#   calls attention_function itself (or rocm_sd's attention, the extension's attention option: rocm_sd_attention),
+#   and it leaves rope and attention to attention() wherever another extension replaced that function;
+# - fp16_fix (a clip to +-32768) instead of ComfyUI's nan_to_num, at the same places (txt, and the single stream);
+# - RMSNorm keeps its eps (1e-6) as an attribute since 81d8f55b (before: fixed);
+# - built under Forge's operations (backend/operations.py): its Linears are Forge's own modules, not nn.Linears
+#   (they run their own forward: casts, offloading, online LoRA; plain_linear takes ForgeOperations.Linear where
+#   none of that applies), its LayerNorms subclasses of nn.LayerNorm.
+
+FORGE_FLUX = "backend.nn.flux"
+_FORGE_FORWARDS = {"DoubleStreamBlock": ("self", "img", "txt", "vec", "pe"),
+                   "SingleStreamBlock": ("self", "x", "vec", "pe"), "LastLayer": ("self", "x", "vec")}
+
+
+def _forge_linear(module) -> bool:
+    """A Linear of torch or of Forge's operations (ForgeOperations, its GGUF and bitsandbytes variants)."""
+    return isinstance(module, nn.Linear) or (isinstance(module, nn.Module) and type(module).__name__ == "Linear"
+                                             and type(module).__module__.startswith("backend."))
+
+
+def _forge_version_problem(block) -> str | None:
+    if _signature(type(unpatched(block)).forward) != _FORGE_FORWARDS[type(unpatched(block)).__name__]:
+        return "its forward takes other arguments than the Forge version rocm_sd follows"
+    host = _host_module(block)
+    if (_signature(getattr(host, "attention", None))[:4] != ("q", "k", "v", "pe")
+            or _signature(getattr(host, "apply_rope", None)) != ("xq", "xk", "freqs_cis")
+            or not callable(getattr(host, "attention_function", None))):
+        return "this Forge's flux attention functions take other arguments"
     return None
+
+
+def _forge_double_problem(block) -> str | None:
+    return _double_parts_problem(block, FORGE_FLUX, _forge_linear) or _forge_version_problem(block)
+
+
+def _forge_single_problem(block) -> str | None:
+    if not (_forge_linear(block.linear1) and _forge_linear(block.linear2)):
+        return "its projections are not Linears"
+    return _single_parts_problem(block, FORGE_FLUX) or _forge_version_problem(block)
+
+
+def _forge_last_problem(layer) -> str | None:
+    return _final_problem(layer) or _forge_version_problem(layer)
+
+
+def _forge_own_attention(host) -> bool:
+    """Whether backend.nn.flux's attention() is Forge's own (rope, then attention_function), not another
+    extension's replacement."""
+    return getattr(getattr(host, "attention", None), "__module__", None) == host.__name__
+
+
+def _forge_modulations(modulation, vec) -> list:
+    chunks = [c[:, 0] for c in modulation(vec)]
+    return [tuple(chunks[i:i + 3]) for i in range(0, len(chunks), 3)]
+
+
+def _forge_attention(block, q, k, v, pe, rotated: bool, mask, options) -> torch.Tensor:
+    """What Forge's attention(q, k, v, pe) computes, q, k, v handed over (B, H, L, D) as its blocks do; rope applied
+    here (Forge's apply_rope) where rocm_sd::rms_norm did not, and attention_function or the copy's
+    rocm_sd_attention(attention_function, q, k, v, heads) called on the result."""
+    host = _host_module(block)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if not _forge_own_attention(host):
+        return host.attention(q, k, v, pe=pe)
+    if not rotated and pe is not None:
+        q, k = host.apply_rope(q, k, pe)
+    chosen = block.rocm_sd_attention
+    if chosen is None:
+        return host.attention_function(q, k, v, q.shape[1], skip_reshape=True)
+    return chosen(host.attention_function, q, k, v, q.shape[1])
+
+
+def _forge_clip(block, x: torch.Tensor) -> torch.Tensor:
+    fix = getattr(_host_module(block), "fp16_fix", None)  # Forge before b09c24ef did not clamp
+    return x if fix is None else fix(x)
+
+
+FORGE = _FluxPort(modulations=_forge_modulations,
+                  rope=lambda block, pe: pe if _forge_own_attention(_host_module(block)) else None,
+                  attention=_forge_attention, clip=_forge_clip,
+                  rms_eps=lambda norm: getattr(norm, "eps", FLUX_RMS_EPS))
+
+
+def _vector(vec) -> bool:
+    return isinstance(vec, torch.Tensor) and vec.dim() == 2
+
+
+def _forge_double_block(base: type, self, img, txt, vec, pe, *args, **kwargs):
+    """Forge's DoubleStreamBlock.forward, fused (_double_chain); (img, txt) out, as Forge's."""
+    if args or kwargs or not _vector(vec):
+        return base.forward(self, img, txt, vec, pe, *args, **kwargs)
+    return _double_chain(FORGE, self, img, txt, vec, pe, txt_first=True)
+
+
+def _forge_single_block(base: type, self, x, vec, pe, *args, **kwargs):
+    """Forge's SingleStreamBlock.forward, fused (_single_chain)."""
+    if args or kwargs or not _vector(vec):
+        return base.forward(self, x, vec, pe, *args, **kwargs)
+    return _single_chain(FORGE, self, x, vec, pe)
+
+
+def _forge_last_layer(base: type, self, x, vec, *args, **kwargs):
+    """Forge's LastLayer."""
+    if args or kwargs or not _vector(vec):
+        return base.forward(self, x, vec, *args, **kwargs)
+    return _last_chain(self, x, vec)
 
 
 # (module, class name) -> (the fused forward, why a block of that class cannot take it)
@@ -388,38 +580,47 @@ BLOCKS = {(MMDIT, "JointBlock"): (_joint_block, _joint_block_problem),
           (MMDIT, "FinalLayer"): (_final_layer, _final_problem),
           (FLUX, "DoubleStreamBlock"): (_double_block, _double_block_problem),
           (FLUX, "SingleStreamBlock"): (_single_block, _single_block_problem),
-          (FLUX, "LastLayer"): (_last_layer, _final_problem)}
+          (FLUX, "LastLayer"): (_last_layer, _final_problem),
+          (FORGE_FLUX, "DoubleStreamBlock"): (_forge_double_block, _forge_double_problem),
+          (FORGE_FLUX, "SingleStreamBlock"): (_forge_single_block, _forge_single_problem),
+          (FORGE_FLUX, "LastLayer"): (_forge_last_layer, _forge_last_problem)}
 
 
 def block_kind(module) -> tuple[str, str] | None:
-    """(module, class name) of one of ComfyUI's transformer blocks rocm_sd has a forward for, else None."""
+    """(module, class name) of one of ComfyUI's (or Forge's Flux) transformer blocks rocm_sd has a forward for, else
+    None."""
     key = (type(module).__module__, type(module).__name__)
     return key if key in BLOCKS else None
 
 
 def block_problem(block: nn.Module) -> str | None:
-    """Why the block's structure does not take the fused forward (another configuration or ComfyUI version), or None."""
+    """Why the block's structure does not take the fused forward (another configuration or host version), or None."""
     kind = block_kind(block)
     if kind is None:
-        return f"{type(block).__name__} is not one of ComfyUI's SD3 / Flux blocks"
+        return f"{type(block).__name__} is not one of ComfyUI's SD3 / Flux blocks or Forge's Flux blocks"
     try:
         return BLOCKS[kind][1](block)
     except AttributeError as error:  # a part the fused forward reads is missing
         return f"it lacks a part rocm_sd reads ({error})"
 
 
-def dit_block_copy(block: nn.Module, host_path: Callable[[nn.Module], bool] = _never) -> nn.Module:
+def dit_block_copy(block: nn.Module, host_path: Callable[[nn.Module], bool] = _never,
+                   attention: Callable | None = None) -> nn.Module:
     """`block` running its fused forward, unless the call is of another form (the module doc). `host_path(linear)`:
-    whether ComfyUI casts or patches that Linear's weight per call (then it runs the Linear's own forward)."""
+    whether the host casts or patches that Linear's weight per call (then it runs the Linear's own forward).
+    `attention(host_function, q, k, v, heads)`: the attention of Forge's Flux blocks, which call their attention
+    function themselves (None: Forge's own attention_function); ComfyUI's blocks call ComfyUI's, whose override
+    the node sets."""
     block = unpatched(block)
     kind = block_kind(block)
     if kind is None:
-        raise TypeError(f"expected one of ComfyUI's SD3 / Flux blocks, got {type(block).__name__}")
+        raise TypeError(f"expected one of ComfyUI's SD3 / Flux blocks or Forge's Flux blocks, got "
+                        f"{type(block).__name__}")
     base, fused = type(block), BLOCKS[kind][0]
 
     def forward(self, *args, **kwargs):
         return fused(base, self, *args, **kwargs)
 
-    new = host_face(block, face_class(base, "dit", forward))
-    new.rocm_sd_host_path = host_path
+    new = host_face(block, face_class(base, "dit", forward, slots=("rocm_sd_host_path", "rocm_sd_attention")))
+    new.rocm_sd_host_path, new.rocm_sd_attention = host_path, attention
     return new

@@ -207,7 +207,7 @@ def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor, plain: bool | None = No
         return F.gelu(linear(x), approximate="tanh")
     rows = x.reshape(-1, x.shape[-1])
     return torch._addmm_activation(linear.bias, rows, linear.weight.t(), use_gelu=True).view(
-        *x.shape[:-1], linear.out_features)
+        *x.shape[:-1], -1)  # out_features: Forge's older Linears do not say it
 
 
 class RocmGELU(nn.Module):

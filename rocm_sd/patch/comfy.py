@@ -28,9 +28,12 @@ from . import precision as precision_patch
 
 
 def _host_casts(module) -> bool:
-    """ComfyUI casts or streams this module's weights per call (low-VRAM, fp8, manual cast): its own path."""
+    """ComfyUI casts or streams this module's weights per call (low-VRAM, fp8, manual cast), or Forge does (its
+    operations' parameters_manual_cast, which its memory management also sets on the modules it offloads; a scaled
+    fp8 weight; online LoRA): its own path."""
     return bool(getattr(module, "comfy_cast_weights", False) or getattr(module, "weight_function", None)
-                or getattr(module, "bias_function", None))
+                or getattr(module, "bias_function", None) or getattr(module, "parameters_manual_cast", False)
+                or getattr(module, "scale_weight", None) is not None or getattr(module, "forge_online_loras", None))
 
 
 # ---- which modules are which: patch/ldm_swaps.py, with ComfyUI's own path for weights it casts per call -------
@@ -120,6 +123,18 @@ def attention_replace(q, k, v, extra_options, fp8_format=None):
     return comfy_attention(q, k, v, extra_options["n_heads"], fp8_format=fp8_format)
 
 
+def forge_flux_attention(original, q, k, v, heads, fp8_format=None):
+    """The attention of Forge's Flux blocks (modules/comfy_dit.py's copies call it where Forge's attention() would
+    call `original`, its attention_function(q, k, v, heads, skip_reshape=True)): q, k, v (B, H, L, D), out
+    (B, L, heads * D). rocm_sd's attention op where host_call_uses_op says so (with fp8_format, rocm_sd::attention_fp8
+    where fp8_call_uses_op says so), else Forge's own function, as attention_override decides for ComfyUI."""
+    if fp8_format is not None and fp8_call_uses_op(q):
+        return comfy_attention(q, k, v, heads, skip_reshape=True, fp8_format=fp8_format)
+    if not host_call_uses_op(q, q.shape[-1], None):
+        return original(q, k, v, heads, skip_reshape=True)
+    return comfy_attention(q, k, v, heads, skip_reshape=True)
+
+
 def attention_patches(fp8_format: str | None = None) -> tuple:
     """(the override, the replace patch) ComfyUI calls: fp16, or with FP8 attention in `fp8_format`."""
     if fp8_format is None:
@@ -169,8 +184,9 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     the model's published default) that of SD3 / SD3.5 and Flux (modules/comfy_dit_cache.py), and with
     precision 'fp8' / 'int8' (as optimize()'s, with precision_layers; docs/precision.md) its linear layers as 8-bit
     GEMMs, with attention_precision 'fp8' its attention through rocm_sd::attention_fp8 (as optimize()'s).
-    SD3 / SD3.5 and Flux models (patch/comfy_dit.py) get their blocks' fused forwards with layer_norm, attention as
-    UNets do, graph capture and the transformers' step cache; precision and channels_last do not apply to them.
+    SD3 / SD3.5 and Flux models (patch/comfy_dit.py; Forge's Flux too) get their blocks' fused forwards with
+    layer_norm, attention as UNets do (Forge's Flux blocks: through their copies, forge_flux_attention), graph capture
+    and the transformers' step cache; precision and channels_last do not apply to them.
     override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why (and
     which blocks stay ComfyUI's, and who runs what where comfy-kitchen is loaded too)."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
@@ -178,8 +194,15 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     not_installed = []
     resolve = model_paths(patcher, "diffusion_model.")
     dit = comfy_dit.is_dit(diffusion_model)
+    fp8_format = None
+    if attention_precision == "fp8":
+        fp8_format, why = fp8_attention_format(patcher.load_device, attention)
+        if why:
+            not_installed.append(f"attention_precision=fp8 not applied: {why}")
     if dit:  # SD3 / SD3.5, Flux: their blocks' AdaLN chains (the layer_norm option), no convolutions to speak of
-        swaps, notes = comfy_dit.dit_swaps(diffusion_model, _host_casts, resolve) if layer_norm else ({}, [])
+        forge_attention = functools.partial(forge_flux_attention, fp8_format=fp8_format) if attention else None
+        swaps, notes = (comfy_dit.dit_swaps(diffusion_model, _host_casts, resolve, forge_attention) if layer_norm
+                        else ({}, []))
         not_installed += notes
     else:
         swaps = norm_swaps(diffusion_model, group_norm, layer_norm, resolve)
@@ -196,11 +219,6 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
                                          measured=precision_layers == "measured", resolve=resolve))
     for path, module in swaps.items():
         patcher.add_object_patch(f"diffusion_model.{path}", module)
-    fp8_format = None
-    if attention_precision == "fp8":
-        fp8_format, why = fp8_attention_format(patcher.load_device, attention)
-        if why:
-            not_installed.append(f"attention_precision=fp8 not applied: {why}")
     override, replace = attention_patches(fp8_format)
     _patch_attention(patcher, diffusion_model, attention, override_supported, override, replace)
     step_cache, problem = _step_cache(diffusion_model, dit, cache, cache_interval, cache_threshold, cache_branch,

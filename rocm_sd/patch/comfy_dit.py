@@ -1,11 +1,13 @@
 """Which modules of ComfyUI's diffusion transformers are which: SD3 / SD3.5 (comfy/ldm/modules/diffusionmodules/
-mmdit.py, MMDiT) and Flux (comfy/ldm/flux/model.py). Their blocks become modules/comfy_dit.py's copies; blocks of
-another structure, or another class in a block's place (another node's object patch), stay ComfyUI's, and the node
-says which and why.
+mmdit.py, MMDiT) and Flux (comfy/ldm/flux/model.py), and Forge's Flux (backend/nn/flux.py,
+IntegratedFluxTransformer2DModel, which the A1111 extension's Forge path patches through the same ModelPatcher
+interface). Their blocks become modules/comfy_dit.py's copies; blocks of another structure, or another class in a
+block's place (another node's or extension's object patch), stay the host's, and the caller says which and why.
 
-Flux's rope is applied by rocm_sd::rms_norm only where ComfyUI's rope tensor comes from Flux's own embedder
-(modules/comfy_dit._rotary says when else), so only the Flux model class itself is taken, not others that reuse
-its blocks with rope tensors of their own.
+Flux's rope is applied by rocm_sd::rms_norm only where the rope tensor comes from Flux's own embedder
+(modules/comfy_dit._rotary says when else), so only the Flux model classes themselves are taken, not others that
+reuse their blocks with rope tensors of their own (nor Forge's Chroma, whose blocks are its own classes and take
+per-block modulations from its approximator: it stays on the UNet path's LayerNorm copies).
 """
 from __future__ import annotations
 
@@ -20,19 +22,21 @@ from . import ldm_swaps
 
 MODELS = {("comfy.ldm.modules.diffusionmodules.mmdit", "MMDiT"): "joint_blocks",
           ("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapper"): "joint_blocks",
-          ("comfy.ldm.flux.model", "Flux"): "double_blocks"}
+          ("comfy.ldm.flux.model", "Flux"): "double_blocks",
+          ("backend.nn.flux", "IntegratedFluxTransformer2DModel"): "double_blocks"}
 BLOCK_LISTS = ("joint_blocks", "double_blocks", "single_blocks")
 
 
 def is_dit(diffusion_model) -> bool:
-    """Whether `diffusion_model` is ComfyUI's SD3 / SD3.5 MMDiT or Flux (the classes themselves)."""
+    """Whether `diffusion_model` is ComfyUI's SD3 / SD3.5 MMDiT or Flux, or Forge's Flux (the classes themselves)."""
     return (type(diffusion_model).__module__, type(diffusion_model).__name__) in MODELS
 
 
-def dit_swaps(root, host_path: Callable[[nn.Module], bool],
-              resolve: ldm_swaps.Resolve | None = None) -> tuple[dict[str, object], list[str]]:
-    """({dotted path: copy} for root's blocks that take modules/comfy_dit.py's forwards, [what stays ComfyUI's and
-    why, one line per reason]). `host_path(linear)`: ComfyUI casts or patches that Linear's weight per call."""
+def dit_swaps(root, host_path: Callable[[nn.Module], bool], resolve: ldm_swaps.Resolve | None = None,
+              attention: Callable | None = None) -> tuple[dict[str, object], list[str]]:
+    """({dotted path: copy} for root's blocks that take modules/comfy_dit.py's forwards, [what stays the host's and
+    why, one line per reason]). `host_path(linear)`: the host casts or patches that Linear's weight per call.
+    `attention`: dit_block_copy's, for Forge's Flux blocks (ComfyUI's take the node's attention override)."""
     modules = ldm_swaps.original_modules(root, resolve)
     swaps, left = {}, Counter()
     for path, module in modules.items():
@@ -42,7 +46,7 @@ def dit_swaps(root, host_path: Callable[[nn.Module], bool],
         if problem:
             left[f"{type(module).__name__}: {problem}"] += 1
         else:
-            swaps[path] = dit_block_copy(module, host_path)
+            swaps[path] = dit_block_copy(module, host_path, attention)
     for name in BLOCK_LISTS:  # what sits where ComfyUI's blocks sit, of another class (another node's, a new block)
         blocks = modules.get(name)
         for index in range(len(blocks) if isinstance(blocks, nn.ModuleList) else 0):

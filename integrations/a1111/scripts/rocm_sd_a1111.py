@@ -202,7 +202,8 @@ class RocmSdScript(scripts.Script):
     the UNet's forward while it runs). Forge (which never applies SdOptimizations): with --rocm-sd, each sampling
     gets a clone of Forge's UNet patcher with rocm_sd installed the way the ComfyUI node installs it
     (rocm_sd.patch.comfy: norm kernels as object patches, attention as attn1/attn2 replace patches, and the
-    channels_last and graph checkboxes)."""
+    channels_last and graph checkboxes; Forge's own Flux gets the node's fused Flux blocks as object patches, their
+    attention through rocm_sd with the attention checkbox)."""
 
     def title(self):
         return "rocm_sd"
