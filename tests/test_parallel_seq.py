@@ -127,6 +127,32 @@ def test_heads_problem_names_the_process_counts_that_work():
         "number, is not built)")
 
 
+def test_cfg_parallel_splits_the_transformer_step(monkeypatch):
+    """cfg-seq's guidance halves: the CFG pair splits the transformer's batch (the SD3 pipeline passes it as
+    hidden_states=...) as it splits a UNet's; once only the VAE decode was split, and each half's group ran both."""
+    from types import SimpleNamespace
+
+    from rocm_sd.parallel import cfg
+
+    def all_gather(whole, part, group):  # the partner's half: this rank's again, for the check below
+        whole.copy_(torch.cat([part, part]))
+
+    monkeypatch.setattr(cfg.dist, "get_world_size", lambda group: 2)
+    monkeypatch.setattr(cfg.dist, "get_rank", lambda group: 0)
+    monkeypatch.setattr(cfg, "_all_gather_single", all_gather)
+    model = _transformer("tiny-sd3")
+    inputs = _inputs(model, batch=4)
+    with torch.no_grad():
+        whole = model(**inputs, return_dict=False)[0]
+        pipe = cfg.enable_cfg_parallel(SimpleNamespace(transformer=model), group=None)
+        split = model(**inputs, return_dict=False)[0]
+    assert dict(model.forward.stats) == {"split": 1}
+    assert split.shape == whole.shape
+    assert torch.allclose(split[:2], whole[:2], atol=1e-5) and torch.allclose(split[2:], whole[:2], atol=1e-5)
+    cfg.disable_cfg_parallel(pipe)
+    assert "forward" not in model.__dict__
+
+
 # ---- end to end: torchrun -m rocm_sd generate --mode seq ------------------------------------------------------
 
 @pytest.mark.slow  # four processes
