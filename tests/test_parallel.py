@@ -188,8 +188,10 @@ def test_lookout_names_the_live_rank_that_was_not_waiting_in_a_collective():
 
 # ---- end to end: torchrun -m rocm_sd generate -------------------------------------------------------
 
-_FAULT = "TEST_PARALLEL_FAULT"  # "<rank> <setup|warm-up|round> <raise|die|hang>": read by this module's main
+# "<rank> <setup|warm-up|round|attention> <raise|die|hang>": read by this module's main (_inject_fault)
+_FAULT = "TEST_PARALLEL_FAULT"
 _FAULT_AT = "fault injected at unix time "
+_PID_OF = "test_parallel: the process of rank "  # each rank of a job with a fault says "<rank> is <pid>"
 
 
 def _generate(tmp_path, name: str, nproc: int, *args: str, fault: str = "", timeout_s: int = 60,
@@ -229,19 +231,37 @@ def _kill_job(launcher: int) -> None:
 
 def _inject_fault(rank: str, phase: str, how: str) -> None:
     """Make `rank` fail in the second UNet (or transformer) step of its first pipeline call of `phase`: its CFG
-    partner (or sequence-parallel group) has been through one step's collectives with it and waits in the next."""
+    partner (or sequence-parallel group) has been through one step's collectives with it and waits in the next.
+    'attention' (seq and cfg-seq modes): in the first round's second step, in its first attention, between the
+    all-to-all that sent this rank's Q, K and V and the one that would bring its rows back: the group waits in
+    the second."""
     from rocm_sd.parallel import generate
 
     if os.environ["RANK"] != rank:
         return
+
+    def fault():
+        print(f"{_FAULT_AT}{time.time()}", file=sys.stderr, flush=True)
+        _fail(how)
+
     if phase == "setup":
         def failing_load(*args, **kwargs):
-            print(f"{_FAULT_AT}{time.time()}", file=sys.stderr, flush=True)
-            _fail(how)
+            fault()
 
         generate.models.load_pipeline = failing_load
         return
     call_pipeline = generate.call_pipeline
+
+    def fail_in_attention(denoiser):
+        shard = getattr(denoiser, "_rocm_sd_seq_parallel")[0]  # parallel/seq.py's SequenceShard
+        all_to_all, count = shard._all_to_all, itertools.count(1)
+
+        def failing_all_to_all(send):
+            if next(count) == 2:
+                fault()
+            return all_to_all(send)
+
+        shard._all_to_all = failing_all_to_all
 
     def failing_call(pipe, job, indices, steps=None):
         if (steps is not None) == (phase == "warm-up"):  # warm-up calls are the short ones
@@ -250,8 +270,7 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
 
             def failing_step(*args, **kwargs):
                 if next(count) == 2:
-                    print(f"{_FAULT_AT}{time.time()}", file=sys.stderr, flush=True)
-                    _fail(how)
+                    fail_in_attention(denoiser) if phase == "attention" else fault()
                 return unet_step(*args, **kwargs)
 
             denoiser.forward = failing_step
@@ -346,7 +365,26 @@ def _failed_job_and_root_cause(tmp_path, nproc: int, mode: str, fault: str, time
     assert start >= 0, proc.stderr[-3000:]
     root = proc.stderr.split("Root Cause (first observed failure)")[-1]
     root_rank = int(root.split("rank")[1].split(":")[1].split()[0])
+    _assert_no_rank_left(proc.stderr, nproc)
     return proc.stderr[start:], ended - failed, root_rank
+
+
+def _assert_no_rank_left(stderr: str, nproc: int) -> None:
+    """Every rank's process has ended (torchrun has: the job returned). Their output pipes closing is not proof
+    enough: a rank can close them and live on."""
+    pids = {int(line.split()[0]): int(line.split()[2]) for line in
+            (part.splitlines()[0] for part in stderr.split(_PID_OF)[1:])}
+    assert sorted(pids) == list(range(nproc)), pids
+    if not sys.platform.startswith("linux"):  # _running reads /proc
+        return
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(map(_running, pids.values())):
+        time.sleep(0.1)
+    alive = [rank for rank, pid in pids.items() if _running(pid)]
+    for rank in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[rank], signal.SIGKILL)
+    assert not alive, f"ranks {alive} outlived the job"
 
 
 @pytest.mark.parametrize("nproc,fault,step", [
@@ -357,10 +395,11 @@ def _failed_job_and_root_cause(tmp_path, nproc: int, mode: str, fault: str, time
     pytest.param(4, "3 round raise", "round 0 (item 1)", marks=pytest.mark.slow),
 ])
 def test_a_cfg_rank_that_raises_ends_the_job_within_seconds(tmp_path, nproc, fault, step):
-    report, seconds = _failed_job(tmp_path, nproc, "cfg", fault)
+    report, seconds, root_rank = _failed_job_and_root_cause(tmp_path, nproc, "cfg", fault)
     rank = fault.split()[0]
     assert report.splitlines()[1] == f"rank {rank} failed during {step}: RuntimeError: out of memory on purpose"
     assert f"rank {rank}'s traceback" in report
+    assert root_rank == int(rank), f"torchrun names rank {root_rank} as the root cause"  # once its partner
     assert seconds < 30, f"the job ended {seconds:.0f} s after the failure"
 
 
@@ -374,7 +413,7 @@ def test_rank0_names_a_rank_that_was_killed(tmp_path, mode):
 
 # ---- a rank that hangs: the job ends at --timeout-s, naming the rank that stopped answering ------------------
 
-HUNG = "stopped answering: rank {} waited 20 s (--timeout-s) for it while it was still working"
+HUNG = "stopped answering: rank {} waited {} s (--timeout-s) for it while it was still working"
 
 
 @pytest.mark.parametrize("mode,fault,step,waiting", [
@@ -385,7 +424,7 @@ HUNG = "stopped answering: rank {} waited 20 s (--timeout-s) for it while it was
 def test_a_hung_rank_ends_the_job_at_the_timeout_and_is_named(tmp_path, mode, fault, step, waiting):
     report, seconds, root_rank = _failed_job_and_root_cause(tmp_path, 2, mode, fault, timeout_s=20, wall_s=150)
     rank = int(fault.split()[0])
-    assert report.splitlines()[1].startswith(f"rank {rank} failed during {step}: {HUNG.format(waiting)}"), report
+    assert report.splitlines()[1].startswith(f"rank {rank} failed during {step}: {HUNG.format(waiting, 20)}"), report
     assert "was lost" not in report
     assert root_rank == rank, f"torchrun names rank {root_rank} as the root cause"
     assert seconds < 20 + 30, f"the job ended {seconds:.0f} s after the rank hung"
@@ -440,6 +479,7 @@ def test_ranks_whose_launcher_is_gone_end(tmp_path):
 
 if __name__ == "__main__":  # a process of _generate's torchrun job with a fault: rocm_sd's command, one rank failing
     if os.environ.get(_FAULT):
+        print(f"{_PID_OF}{os.environ['RANK']} is {os.getpid()}", file=sys.stderr, flush=True)
         _inject_fault(*os.environ[_FAULT].split())
     from rocm_sd.cli import main
 

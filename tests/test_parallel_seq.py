@@ -1,14 +1,16 @@
 """Sequence parallelism (parallel/seq.py) on CPUs with gloo: the tiny SD3 and Flux transformers split over two
 processes compute what one process does, heads that do not divide are refused by name, cfg-seq images equal one
-process's, and a rank failing in the middle of a seq-mode job ends it on every rank within seconds.
+process's, and in seq and cfg-seq mode a rank that raises, is killed or hangs (in setup, a step, an attention)
+ends the job on every rank within seconds (a hang: at --timeout-s), named by rank 0 and by torchrun.
 
 The transformer tests spawn one two-process job (module fixture) that checks every case, so the imports are paid
-once; the end-to-end tests reuse test_parallel's torchrun harness. A seq rank that hangs was named at --timeout-s
-by test_parallel's hang test run in seq mode when this was written; it is not kept, to spare CI the wait.
+once; the end-to-end tests reuse test_parallel's torchrun harness and fault injection. The default run has one
+failure job (a seq rank raising); the others, four-process jobs and hangs, are marked slow.
 """
 from __future__ import annotations
 
 import datetime
+import re
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ import torch.distributed as dist
 
 from rocm_sd.parallel.seq import PLANS, heads_problem
 
-from tests.test_parallel import PROMPTS, _failed_job, _generate, _images, _launch
+from tests.test_parallel import HUNG, PROMPTS, _failed_job_and_root_cause, _generate, _images, _launch
 
 CASES = [(arch, optimized) for arch in ("tiny-sd3", "tiny-flux") for optimized in (False, True)]
 # Attentions per step: tiny-sd3 has two blocks, the first with a second (image-only) attention; tiny-flux two double
@@ -127,6 +129,32 @@ def test_heads_problem_names_the_process_counts_that_work():
         "number, is not built)")
 
 
+def test_cfg_parallel_splits_the_transformer_step(monkeypatch):
+    """cfg-seq's guidance halves: the CFG pair splits the transformer's batch (the SD3 pipeline passes it as
+    hidden_states=...) as it splits a UNet's; once only the VAE decode was split, and each half's group ran both."""
+    from types import SimpleNamespace
+
+    from rocm_sd.parallel import cfg
+
+    def all_gather(whole, part, group):  # the partner's half: this rank's again, for the check below
+        whole.copy_(torch.cat([part, part]))
+
+    monkeypatch.setattr(cfg.dist, "get_world_size", lambda group: 2)
+    monkeypatch.setattr(cfg.dist, "get_rank", lambda group: 0)
+    monkeypatch.setattr(cfg, "_all_gather_single", all_gather)
+    model = _transformer("tiny-sd3")
+    inputs = _inputs(model, batch=4)
+    with torch.no_grad():
+        whole = model(**inputs, return_dict=False)[0]
+        pipe = cfg.enable_cfg_parallel(SimpleNamespace(transformer=model), group=None)
+        split = model(**inputs, return_dict=False)[0]
+    assert dict(model.forward.stats) == {"split": 1}
+    assert split.shape == whole.shape
+    assert torch.allclose(split[:2], whole[:2], atol=1e-5) and torch.allclose(split[2:], whole[:2], atol=1e-5)
+    cfg.disable_cfg_parallel(pipe)
+    assert "forward" not in model.__dict__
+
+
 # ---- end to end: torchrun -m rocm_sd generate --mode seq ------------------------------------------------------
 
 @pytest.mark.slow  # four processes
@@ -152,11 +180,76 @@ def test_cfg_seq_mode_images_match_one_process(tmp_path):
         assert abs(a - b).max() <= 2, f"image {i}: max difference {abs(a - b).max()}"
 
 
-def test_a_seq_rank_that_raises_ends_the_job_within_seconds(tmp_path):
-    """Rank 0 waits in the group's all-to-all of the second step while rank 1 has failed: its lookout ends it."""
-    report, seconds = _failed_job(tmp_path, 2, "seq", "1 round raise", model="tiny-flux", size=64)
-    assert report.splitlines()[1] == "rank 1 failed during round 0 (item 0): RuntimeError: out of memory on purpose"
+# ---- a rank that fails: every rank ends within seconds (a hang: at --timeout-s), the failed rank named ---------
+#
+# test_parallel's faults (_inject_fault) in the second transformer step of the first round ('round'), in that
+# step's first attention between its two all-to-alls ('attention'), or in the pipeline's setup. In seq mode the
+# other rank waits in the group's all-to-all; in cfg-seq mode (ranks 0, 1 the unconditional half's tokens, 2, 3 the
+# conditional half's; rank i pairs with i + 2) the failed rank's sequence partner waits in the all-to-all, its CFG
+# partner in the step's all-gather, and the fourth rank in its own all-gather with the partner that waits.
+# _failed_job_and_root_cause also checks that every rank's process has ended.
+
+JOBS = {"seq": (2, "tiny-flux"), "cfg-seq": (4, "tiny-sd3")}  # 64x64: 16 image tokens, which 2 ranks divide
+ROUND = "round 0 (item 0)"  # seq and cfg-seq make one image at a time: every rank is in round 0's item
+
+
+def _case(mode: str, fault: str, *rest, slow: bool = True):
+    """A test case of `mode` and `fault` named as both, e.g. cfg-seq-1-round-hang; slow unless told."""
+    return pytest.param(mode, fault, *rest, id=f"{mode}-{fault.replace(' ', '-')}",
+                        marks=[pytest.mark.slow] if slow else [])
+
+
+def _seq_failed_job(tmp_path, mode: str, fault: str, **kwargs):
+    nproc, model = JOBS[mode]
+    return _failed_job_and_root_cause(tmp_path, nproc, mode, fault, model=model, size=64, **kwargs)
+
+
+@pytest.mark.parametrize("mode,fault", [
+    _case("seq", "1 round raise", slow=False),  # the default run's one seq failure job
+    _case("seq", "0 attention raise"),
+    _case("cfg-seq", "3 round raise"),
+    _case("cfg-seq", "1 attention raise"),
+])
+def test_a_seq_rank_that_raises_ends_the_job_within_seconds(tmp_path, mode, fault):
+    """Its group waits in the collectives of a step it never joins: the lookouts end the job."""
+    report, seconds, root_rank = _seq_failed_job(tmp_path, mode, fault)
+    rank = int(fault.split()[0])
+    assert report.splitlines()[1] == f"rank {rank} failed during {ROUND}: RuntimeError: out of memory on purpose"
+    assert f"rank {rank}'s traceback" in report
+    assert root_rank == rank, f"torchrun names rank {root_rank} as the root cause"
     assert seconds < 30, f"the job ended {seconds:.0f} s after the failure"
+
+
+# slow: a killed rank in the default run is test_parallel's test_a_failing_rank_ends_the_job_on_every_rank[die]
+@pytest.mark.parametrize("mode,fault", [_case("seq", "1 round die"), _case("cfg-seq", "2 attention die")])
+def test_a_killed_seq_rank_is_named_and_the_job_ends_within_seconds(tmp_path, mode, fault):
+    report, seconds, _ = _seq_failed_job(tmp_path, mode, fault)
+    rank = int(fault.split()[0])
+    assert report.splitlines()[1].startswith(f"rank {rank} was lost during {ROUND}: its process ended"), report
+    lost = [line for line in report.splitlines() if re.match(r"rank \d+ was lost", line)]  # rank 0's lines only
+    assert lost == report.splitlines()[1:2], f"only rank {rank} was lost:\n{report}"
+    assert seconds < 30, f"the job ended {seconds:.0f} s after the kill"
+
+
+# slow: each waits for --timeout-s
+@pytest.mark.parametrize("mode,fault,step,waiting", [
+    _case("seq", "1 round hang", ROUND, {0}),  # rank 0 waits in the group's all-to-all
+    _case("seq", "0 setup hang", "pipeline setup", {1}),  # rank 1 waits in the agreement
+    _case("seq", "1 attention hang", ROUND, {0}),  # rank 0 waits in the all-to-all that brings its rows back
+    _case("cfg-seq", "1 round hang", ROUND, {0, 2, 3}),  # whichever of those that wait gives up first names it
+    _case("cfg-seq", "0 setup hang", "pipeline setup", {1, 2, 3}),
+])
+def test_a_hung_seq_rank_ends_the_job_at_the_timeout_and_is_named(tmp_path, mode, fault, step, waiting):
+    timeout_s = 20
+    report, seconds, root_rank = _seq_failed_job(tmp_path, mode, fault, timeout_s=timeout_s, wall_s=150)
+    rank, line = int(fault.split()[0]), report.splitlines()[1]
+    assert any(line.startswith(f"rank {rank} failed during {step}: {HUNG.format(w, timeout_s)}") for w in waiting), \
+        report
+    assert "was lost" not in report
+    assert root_rank == rank, f"torchrun names rank {root_rank} as the root cause"
+    # A setup hang begins before the others build their pipelines (10-20 s of the 32-38 s measured on two cores).
+    slack = 60 if step == "pipeline setup" else 30
+    assert seconds < timeout_s + slack, f"the job ended {seconds:.0f} s after the rank hung"
 
 
 def test_cfg_seq_mode_needs_two_ranks_per_guidance_half(monkeypatch):

@@ -1,8 +1,9 @@
 """CFG-parallel: the two halves of a classifier-free-guidance batch on two GPUs.
 
-With guidance the pipeline calls the UNet on [unconditional; conditional] stacked in the batch. Each
-rank of a pair runs its half (the UNet treats the samples of a batch independently, so the halves
-compute what the whole would), then one all-gather per step puts the whole output on both ranks,
+With guidance the pipeline calls the UNet (or the SD3 / SD3.5 transformer) on [unconditional; conditional]
+stacked in the batch. Each rank of a pair runs its half (the model treats the samples of a batch
+independently, so the halves compute what the whole would), then one all-gather per step puts the whole
+output on both ranks,
 which then take identical scheduler steps. The VAE decode is split the same way when the batch is even.
 
 The wrapper goes around whatever the model's forward is at that point, so with rocm_sd.optimize()
@@ -18,8 +19,12 @@ from torch.utils import _pytree as pytree
 
 from .rounds import LostContact, waiting
 
-# The calls split per model: (component attribute on the pipeline, method).
-SPLIT_CALLS = (("unet", "forward"), ("controlnet", "forward"), ("vae", "decode"))
+# The calls split per model: (component attribute on the pipeline, method). The transformer's is what cfg-seq
+# mode's guidance halves are: without it only the VAE decode was split there, and each half's ranks ran both.
+SPLIT_CALLS = (("unet", "forward"), ("transformer", "forward"), ("controlnet", "forward"), ("vae", "decode"))
+# Where each call takes its batch when not as the first positional argument: UNets' sample, the transformers'
+# hidden_states, the VAE's z.
+_SAMPLE_KEYWORDS = ("sample", "hidden_states", "z")
 _WRAPPED_ATTR = "_rocm_sd_cfg_parallel"
 # torch 2.13 renamed all_gather_into_tensor (and deprecated the old name); both exist in between.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -34,7 +39,7 @@ class SplitBatchCall:
         self.stats: Counter = Counter()
 
     def __call__(self, *args, **kwargs):
-        sample = args[0] if args else kwargs.get("sample", kwargs.get("z"))
+        sample = args[0] if args else next((kwargs[k] for k in _SAMPLE_KEYWORDS if k in kwargs), None)
         n = sample.shape[0] if torch.is_tensor(sample) and sample.dim() else 0
         if n < 2 or n % 2:
             self.stats["whole batch (odd)"] += 1

@@ -22,7 +22,9 @@ thread of its own, the same way on both backends:
 
   * a rank whose step raised publishes its error before going to the agreement. Every rank's lookout
     sees it within POLL_S, leaves GRACE_S for the agreement to end the job the ordinary way, and then
-    reports and ends its process: what NCCL's watchdog does at the timeout, at once and with the error;
+    reports and ends its process: what NCCL's watchdog does at the timeout, at once and with the error.
+    The failed ranks end first and the others outlive them by a moment, so that torchrun names a failed
+    rank as the first failure (the root cause), not the rank that waited for it;
   * every lookout beats a counter. When a collective breaks, or SIGTERM comes, the ranks whose counter
     stands still through a roll call of ROLL_CALL_S are named as lost;
   * every lookout also publishes its rank's step and whether the rank waits in a collective. When a
@@ -194,13 +196,15 @@ class Lookout:
                     if any(f.rank == self.rank and f.stalled for f in self.failures()):
                         self._end(self.explain(self.step), 1)  # first: the launcher then names this rank
                 if failure_seen_at is not None and time.monotonic() - failure_seen_at >= GRACE_S:
-                    self._end(self.explain(self.step), 1)
+                    failed = [f.rank for f in self.failures()]
+                    self._end(self.explain(self.step), 1, outlive=[] if self.rank in failed else failed)
             except Exception as exc:  # noqa: BLE001 - the store left with torchrun's agent: nothing more to learn
                 if terminated:
                     self._end(f"stopped by SIGTERM during {self.step} (the job's store: {exc})", _TERMINATED)
 
-    def _end(self, message: str, code: int) -> None:
-        """Report and end the process, unless the main thread has taken the ending over."""
+    def _end(self, message: str, code: int, outlive: list[int] = ()) -> None:
+        """Report and end the process, after the ranks `outlive` (a few seconds at most), unless the main thread
+        has taken the ending over."""
         with self._ending:
             if self._stopped.is_set():
                 return
@@ -208,6 +212,7 @@ class Lookout:
                 self.report(message)
                 sys.stdout.flush()
                 sys.stderr.flush()
+                self._outlive(list(outlive))
             finally:
                 os._exit(code)  # the main thread may be held in a collective: no clean exit can wait for it
 
