@@ -13,7 +13,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTENSION = os.path.join(ROOT, "integrations", "a1111")
 STANDINS = os.path.join(ROOT, "tests", "standins", "a1111")
-WEBUI_MODULES = ("modules", "ldm", "sgm", "launch")
+WEBUI_MODULES = ("modules", "ldm", "sgm", "launch", "gradio")
 
 
 def _load(path: str, name: str):

@@ -17,6 +17,7 @@ from rocm_sd.patch.comfy_graph import graph_stats, installed_step_cache
 from tests.comfyui_standin import standin_model
 from tests.test_comfyui_dit import MODELS, dit_model
 from tests.test_dit_cache import cpu_graphs  # noqa: F401 - a fixture: GraphedCall captures and replays CPU calls
+from tests.test_dit_cache import keep_residuals
 
 HUGE = 1e9   # a threshold no change reaches: every call that can be cached is
 EXACT = dict(layer_norm=False, attention=False, cuda_graph=False)   # ComfyUI's own modules: exact comparisons
@@ -35,13 +36,17 @@ def conds(family, seed=0):
     return out
 
 
-def evaluation(patcher, x, entries, sigma, schedule, conditioning, wrapper=True):
-    """One model evaluation of the CFG entries `entries` batched, as _calc_cond_batch makes it."""
+def evaluation(patcher, x, entries, sigma, schedule, conditioning, wrapper=True, **extra):
+    """One model evaluation of the CFG entries `entries` batched, as _calc_cond_batch makes it (schedule None: none in
+    transformer_options, as Forge's calc_cond_uncond_batch makes it); `extra`: more of the conditioning."""
     batch = torch.cat([x] * len(entries))
     c = {name: torch.cat([conditioning[e][name] for e in entries]) for name in conditioning[0]}
     t = torch.full((len(entries),), sigma)
     c["transformer_options"] = {**patcher.model_options["transformer_options"], "cond_or_uncond": list(entries),
-                                "sigmas": t, "sample_sigmas": schedule}
+                                "sigmas": t}
+    if schedule is not None:
+        c["transformer_options"]["sample_sigmas"] = schedule
+    c.update(extra)
     function = patcher.model_options.get("model_function_wrapper") if wrapper else None
     with torch.inference_mode():
         if function is None:
@@ -101,10 +106,10 @@ def test_threshold_zero_is_the_uncached_model_exactly(comfy, nodes, name, mode, 
     assert counts(every) == {"step cache: full calls": len(reference)}
 
 
-def _boundary_and_final_input(diffusion_model, family, mode, kept):
-    """Hooks on ComfyUI's own model: the image stream at the boundary (fbcache: the first block's output; teacache:
-    its input) is remembered, and the final layer gets boundary + `kept` instead of the blocks' output: the
-    kept-residual formula, computed without the step cache."""
+def boundary_and_final_input(diffusion_model, family, mode, kept):
+    """Hooks on ComfyUI's own model (or Forge's Flux, whose blocks are called as ComfyUI's Flux's are): the image
+    stream at the boundary (fbcache: the first block's output; teacache: its input) is remembered, and the final
+    layer gets boundary + `kept` instead of the blocks' output: the kept-residual formula, without the step cache."""
     first = diffusion_model.joint_blocks[0] if family == "mmdit" else diffusion_model.double_blocks[0]
     seen = {}
 
@@ -130,14 +135,7 @@ def test_a_large_threshold_skips_and_the_skipped_call_is_the_kept_residual_formu
     patcher = dit_model(comfy, name)
     cached = optimized(nodes, patcher, cache=mode, dit_cache_threshold=HUGE, **EXACT)
     cache = installed_step_cache(cached)
-    kept = []
-    original_rest = cache.rest
-
-    def rest(*args, **kwargs):  # the residual each full call keeps, as it leaves the call
-        out = original_rest(*args, **kwargs)
-        kept.append(kwargs["residual"].clone())
-        return out
-    cache.rest = rest
+    kept = keep_residuals(cache)
     outputs = run(cached, family)
     reference = sample(patcher, family, wrapper=False)
     # step 0 full, then cached; teacache runs the run's last evaluation in full (sample_sigmas says which it is)
@@ -147,11 +145,11 @@ def test_a_large_threshold_skips_and_the_skipped_call_is_the_kept_residual_formu
     assert all(torch.isfinite(out).all() for out in outputs)
 
     # the cached evaluation at step 1, recomputed: ComfyUI's model with boundary + the residual of step 0
-    cache.rest = original_rest
+    cache.rest = cache.rest_call
     kept_residual = kept[0]   # step 0's, which step 1 added
     x = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(10))
     x = x + (SCHEDULE[1] - SCHEDULE[0]) * outputs[0][:1]
-    hooks = _boundary_and_final_input(patcher.model.diffusion_model, family, mode, kept_residual)
+    hooks = boundary_and_final_input(patcher.model.diffusion_model, family, mode, kept_residual)
     try:
         formula = evaluation(patcher, x, (0, 1), SCHEDULE[1], torch.tensor(SCHEDULE), conds(family), wrapper=False)
     finally:

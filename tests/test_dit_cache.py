@@ -310,6 +310,19 @@ def cpu_graphs(monkeypatch):
     monkeypatch.setattr(graphs.GraphedCall, "_capture", capture)
 
 
+def keep_residuals(cache) -> list:
+    """The residual each full call of a ComfyUI / Forge step cache keeps, cloned as it leaves the cache's `rest` call,
+    into the list returned (`cache.rest = cache.rest_call` ends it)."""
+    kept, rest = [], cache.rest
+
+    def keeping(*args, **kwargs):
+        out = rest(*args, **kwargs)
+        kept.append(kwargs["residual"].clone())
+        return out
+    cache.rest = keeping
+    return kept
+
+
 def held_residuals(transformer) -> int:
     """The tensors of the residual's shape that the step cache and its graphed calls hold between calls (one per
     storage)."""

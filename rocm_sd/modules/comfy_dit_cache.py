@@ -1,7 +1,9 @@
 """Step caching of ComfyUI's diffusion transformers, SD3 / SD3.5 (comfy/ldm/modules/diffusionmodules/mmdit.py, MMDiT)
 and Flux (comfy/ldm/flux/model.py): First Block Cache ('fbcache') and TeaCache ('teacache') as the ComfyUI node's
-cache option. What is computed, and which calls are cached, is modules/dit_cache.py's (its module doc): the same
-boundary in the block stack, the same probes, the same rule (dit_cache.decide), the same published thresholds.
+cache option; and of Forge's Flux (backend/nn/flux.py, whose ModelPatcher and sampler call the model_function_wrapper
+as ComfyUI's do) as the A1111 extension's on its Forge path. What is computed, and which calls are cached, is
+modules/dit_cache.py's (its module doc): the same boundary in the block stack, the same probes, the same rule
+(dit_cache.decide), the same published thresholds.
 
 ComfyDiTStepCache is the patcher's model_function_wrapper (or the step cache inside patch/comfy_graph.py's, which
 graphs its calls): per evaluation it groups the call (step_cache.Steps: the timestep is the sampler's sigma), runs
@@ -24,7 +26,9 @@ at CFG 1: one call per step) takes its guidance into the time embedding, which t
 
 A new sampling run starts fresh (step_cache.Steps' grouping, plus comfy_sigmas.SamplingRuns): a sigma that does not
 go down, a new schedule tensor in transformer_options["sample_sigmas"], or the schedule's first sigma. The schedule
-also says which evaluation is the run's last: teacache runs it in full, as TeaCache does.
+also says which evaluation is the run's last: teacache runs it in full, as TeaCache does. Forge's sampler puts no
+schedule there: a sigma that does not go down starts a run, the last evaluation is decided like the others (as in
+diffusers' Flux), and the extension installs a new cache before each of Forge's samplings besides.
 
 Calls run uncached (the `plain` call: the evaluation as it is, the cache untouched) with ControlNet residuals, other
 nodes' transformer patches or 'dit' block replace patches (ComfyUI indexes those by block, and they may count on every
@@ -158,9 +162,31 @@ class _Flux:
         return None
 
 
+class _ForgeFlux(_Flux):
+    """Forge's port of Flux (backend/nn/flux.py, IntegratedFluxTransformer2DModel.inner_forward), which the A1111
+    extension's Forge path caches through Forge's ModelPatcher: its blocks are called as ComfyUI's are
+    (double_blocks[i](img=, txt=, vec=, pe=) -> (img, txt), then single_blocks[i](joined, vec=, pe=), the image rows
+    last); its Modulation returns the six chunks as a tuple (shift, scale, gate, ...), each (B, 1, C)."""
+
+    name = "Forge's Flux"
+
+    @staticmethod
+    def probe(first: nn.Module, image: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        """TeaCache's probe, as for ComfyUI's Flux: (1 + scale) * img_norm1(img) + shift of img_mod's first chunks."""
+        shift, scale = first.img_mod(kwargs["vec"])[:2]
+        return torch.addcmul(shift, first.img_norm1(image), 1 + scale)
+
+    @staticmethod
+    def probe_problem(first: nn.Module) -> str | None:
+        if not isinstance(getattr(first, "img_mod", None), nn.Module) or not hasattr(first, "img_norm1"):
+            return "its first double block has no img_mod and img_norm1 for TeaCache's probe"
+        return None
+
+
 FAMILIES = {("comfy.ldm.modules.diffusionmodules.mmdit", "MMDiT"): _MMDiT,
             ("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapper"): _MMDiT,
-            ("comfy.ldm.flux.model", "Flux"): _Flux}
+            ("comfy.ldm.flux.model", "Flux"): _Flux,
+            ("backend.nn.flux", "IntegratedFluxTransformer2DModel"): _ForgeFlux}
 
 
 def family_of(diffusion_model):
@@ -177,7 +203,7 @@ def cache_problem(diffusion_model, mode: str) -> str | None:
     """Why `mode` cannot cache `diffusion_model`, or None when it can."""
     family = family_of(diffusion_model)
     if family is None:
-        return f"{type(diffusion_model).__name__} is not ComfyUI's MMDiT (SD3 / SD3.5) or Flux"
+        return f"{type(diffusion_model).__name__} is not ComfyUI's MMDiT (SD3 / SD3.5) or Flux, or Forge's Flux"
     lists = [diffusion_model._modules.get(name) for name in family.lists]
     if not all(isinstance(blocks, nn.ModuleList) for blocks in lists):
         return f"its {' / '.join(family.lists)} are not ModuleLists"

@@ -1,6 +1,6 @@
 """rocm_sd for AUTOMATIC1111: a cross-attention optimization named "rocm_sd" (Settings > Optimizations, or
 --rocm-sd with "Automatic"), registered through script_callbacks.on_list_optimizers, and a Settings section
-"rocm_sd" with one checkbox per feature.
+"rocm_sd" with one checkbox per feature (and, for Forge's Flux, the ComfyUI node's step cache options).
 
 While "rocm_sd" is the webui's optimization, the loaded model (applied when it is loaded, or when the optimization
 or a checkbox changes; removed when the webui switches optimization or loads another model) runs:
@@ -11,10 +11,12 @@ or a checkbox changes; removed when the webui switches optimization or loads ano
   convolutions on channels_last views, the UNet's evaluations replayed as captured graphs per input shape
   (rocm_sd.patch.a1111: the ComfyUI node's logic, patch/ldm_swaps.py, on the webui's model in place).
 On Forge, which never applies SdOptimizations, RocmSdForge patches a clone of the UNet patcher before each sampling
-instead (rocm_sd.patch.comfy, as the ComfyUI node). A thin shim: without rocm_sd nothing is registered, and one log
+instead (rocm_sd.patch.comfy, as the ComfyUI node), its Flux with the step cache setting (fbcache / teacache, off by
+default). A thin shim: without rocm_sd nothing is registered, and one log
 line says why.
 """
 import logging
+import math
 
 import torch
 
@@ -29,6 +31,7 @@ try:
     from rocm_sd.patch.a1111 import graph_stats, patch_sd_model
     from rocm_sd.patch.a1111_graph import hooked_by_another
     from rocm_sd.patch.comfy import patch_model_patcher
+    from rocm_sd.patch.comfy_graph import installed_step_cache, step_cache_notice
     UNAVAILABLE = None
 except ImportError as exc:
     UNAVAILABLE = f"rocm_sd is not importable ({exc}); the 'rocm_sd' optimization is not offered"
@@ -96,11 +99,49 @@ def setting(feature: str) -> bool:
     return bool(getattr(shared.opts, f"rocm_sd_{feature}", True))
 
 
+# The transformers' step cache: the ComfyUI node's `cache` (its fbcache / teacache modes) and `dit_cache_threshold`
+# options, by the same names and defaults (off; -1: the published threshold for the model). Forge's Flux only: read
+# before each sampling, which gets a cache of its own (rocm_sd/modules/comfy_dit_cache.py; docs/a1111.md).
+CACHE_MODES = ("off", "fbcache", "teacache")
+CACHE_LABEL = ("Forge's Flux: step cache (changes images). 'fbcache' (First Block Cache) skips the blocks after the "
+               "first where the first block's residual changed less than the threshold, 'teacache' all blocks where "
+               "the first block's modulated input did, adding the skipped blocks' kept residual")
+THRESHOLD_LABEL = ("Forge's Flux: step cache threshold; higher skips more. -1: the published default (fbcache 0.08, "
+                   "teacache 0.4); 0: every evaluation in full")
+
+
+def cache_setting() -> tuple:
+    """(mode, threshold) for patch_model_patcher's cache / dit_cache_threshold: (None, None) while off; threshold None
+    for the published default. A value the settings should not hold is said once and read as off / the default."""
+    mode = getattr(shared.opts, "rocm_sd_cache", "off")
+    if mode not in CACHE_MODES:
+        _say_once(f"step cache setting {mode!r} is not one of {', '.join(CACHE_MODES)}: the step cache is off")
+        return None, None
+    if mode == "off":
+        return None, None
+    value = getattr(shared.opts, "rocm_sd_dit_cache_threshold", -1.0)
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = math.nan
+    if math.isnan(threshold):
+        _say_once(f"step cache threshold {value!r} is not a number: the published default applies")
+        return mode, None
+    return mode, None if threshold < 0 else threshold
+
+
 def on_ui_settings():
+    import gradio as gr  # the webui's own; imported where the settings are made, as its options are
+
     for feature, label in OPTIONS.items():
         shared.opts.add_option(f"rocm_sd_{feature}", shared.OptionInfo(
             True, label, section=SECTION, onchange=_settings_changed).info("applies when 'rocm_sd' is the "
                                                                            "cross attention optimization"))
+    shared.opts.add_option("rocm_sd_cache", shared.OptionInfo(
+        "off", CACHE_LABEL, gr.Radio, {"choices": list(CACHE_MODES)}, section=SECTION).info(
+        "Forge with --rocm-sd; applies from the next generation"))
+    shared.opts.add_option("rocm_sd_dit_cache_threshold", shared.OptionInfo(
+        -1.0, THRESHOLD_LABEL, gr.Number, section=SECTION).info("Forge with --rocm-sd"))
 
 
 # ---- the loaded model's patches: on while "rocm_sd" is the webui's optimization -----------------------------
@@ -138,6 +179,8 @@ def repatch(sd_model=None) -> None:
     if not _Patched.active or sd_model is None or not hasattr(getattr(sd_model, "model", None), "diffusion_model"):
         return
     features = {feature: setting(feature) for feature in OPTIONS if feature != "attention"}
+    if cache_setting()[0] is not None:
+        _say_once("the step cache setting applies to Forge's Flux; AUTOMATIC1111's models run without it")
     _Patched.record, _Patched.model = patch_sd_model(sd_model, **features), sd_model
     on = [feature for feature, enabled in features.items() if enabled] + ["attention"] * setting("attention")
     print(f"rocm_sd: {', '.join(on) or 'nothing'} on {type(sd_model).__name__} "
@@ -203,7 +246,8 @@ class RocmSdScript(scripts.Script):
     gets a clone of Forge's UNet patcher with rocm_sd installed the way the ComfyUI node installs it
     (rocm_sd.patch.comfy: norm kernels as object patches, attention as attn1/attn2 replace patches, and the
     channels_last and graph checkboxes; Forge's own Flux gets the node's fused Flux blocks as object patches, their
-    attention through rocm_sd with the attention checkbox)."""
+    attention through rocm_sd with the attention checkbox, and the step cache setting). Each sampling (hires fix's
+    second pass too) gets a new clone, and so a step cache of its own: no residual crosses from one to the next."""
 
     def title(self):
         return "rocm_sd"
@@ -223,11 +267,14 @@ class RocmSdScript(scripts.Script):
             return
         if not getattr(shared.cmd_opts, "rocm_sd", False):
             return
+        cache, threshold = cache_setting()
         unet = forge_objects.unet.clone()
         not_installed = patch_model_patcher(unet, override_supported=False, cuda_graph=setting("cuda_graph"),
                                             channels_last=setting("channels_last"), group_norm=setting("group_norm"),
-                                            layer_norm=setting("layer_norm"), attention=setting("attention"))
-        for why in not_installed:
+                                            layer_norm=setting("layer_norm"), attention=setting("attention"),
+                                            cache=cache, dit_cache_threshold=threshold)
+        step_cache = installed_step_cache(unet)
+        for why in not_installed + ([step_cache_notice(step_cache)] if step_cache is not None else []):
             _say_once(f"on Forge, {why}")
         forge_objects.unet = unet
 
