@@ -18,7 +18,14 @@ forward of the same weights:
 - batch 1 (rope applied by rocm_sd::rms_norm) and batch 2 (Forge's apply_rope), and a model stored in fp8 with
   manual cast (Forge's --unet-in-fp8-e4m3fn path: its Linears cast per call);
 - a LoRA (diff patches, offline and online) added to the patched clone after rocm_sd patched it;
-- the model itself afterwards: its own modules back, its output bitwise the first one.
+- the model itself afterwards: its own modules back, its output bitwise the first one;
+- the step cache (the extension's step cache setting: cache 'fbcache' / 'teacache', dit_cache_threshold) on sampling
+  runs made by Forge's own sampling functions (sampling_prepare, sampling_function_inner per step: cond and uncond
+  batched, the patcher's model_function_wrapper, CFG; sampling_cleanup) with an Euler step between, at CFG 3.5 and
+  at CFG 1 (Forge drops the uncond call): threshold 0 computes every evaluation, each denoised result bitwise
+  (CPU; GPU: within tolerance) the one rocm_sd computes without the cache and within tolerance of Forge's own; a
+  threshold no change reaches caches every evaluation but each run's first, a second run (another seed) starting with
+  a full one; Forge's own model afterwards computes what it did before, bitwise.
 Fails unless each agrees (CPU fp32: max difference <= 1e-4 of the largest value; GPU fp16 / bf16: 2e-2 / 5e-2) and
 rocm_sd's ops ran (on the GPU: its kernels). Prints the results; writes check.json to --out.
 """
@@ -117,14 +124,106 @@ def sample(forge, patcher, device, dtype, batch):
         forge["memory_management"].unload_all_models()
 
 
-def rocm_sd_clone(patcher):
-    """What RocmSdScript.process_before_every_sampling does with Forge's UNet patcher (every checkbox on)."""
+def rocm_sd_clone(patcher, cache=None, dit_cache_threshold=None):
+    """What RocmSdScript.process_before_every_sampling does with Forge's UNet patcher (every checkbox on; the step
+    cache setting as given)."""
     from rocm_sd.patch.comfy import patch_model_patcher
 
     clone = patcher.clone()
     notes = patch_model_patcher(clone, override_supported=False, cuda_graph=True, channels_last=True, group_norm=True,
-                                layer_norm=True, attention=True)
+                                layer_norm=True, attention=True, cache=cache, dit_cache_threshold=dit_cache_threshold)
     return clone, notes
+
+
+SIGMAS = (1.0, 0.75, 0.5, 0.25, 0.0)   # four Euler steps
+HUGE = 1e9                             # a step cache threshold no change reaches
+
+
+def sampling_run(forge, patcher, device, dtype, cond_scale, seed=0):
+    """One sampling run the way Forge's sampler makes it (backend/sampling/sampling_function.py: sampling_prepare, then
+    per step sampling_function_inner, which batches cond and uncond as memory allows and calls the patcher's
+    model_function_wrapper; sampling_cleanup), an Euler step between; the model unloaded after. Each step's denoised."""
+    import torch
+
+    from backend.sampling import sampling_function
+    from backend.sampling.condition import Condition, ConditionCrossAttn
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, CONFIG["in_channels"], 8, 8, generator=g).to(device)
+
+    def prompt():
+        return [{"model_conds": {"c_crossattn": ConditionCrossAttn(torch.randn(1, 5, 24, generator=g).to(device, dtype)),
+                                 "y": Condition(torch.randn(1, 8, generator=g).to(device, dtype)),
+                                 "guidance": Condition(torch.full((1,), 3.5, device=device))}}]
+    positive, negative = prompt(), prompt()
+    sampling_function.sampling_prepare(patcher, x)
+    denoised = []
+    try:
+        with torch.inference_mode():
+            for sigma, following in zip(SIGMAS[:-1], SIGMAS[1:]):
+                out = sampling_function.sampling_function_inner(patcher.model, x, torch.full((1,), sigma, device=device),
+                                                                negative, positive, cond_scale, patcher.model_options,
+                                                                seed)
+                denoised.append(out)
+                x = x + (following - sigma) * (x - out) / sigma
+    finally:
+        sampling_function.sampling_cleanup(patcher)
+        forge["memory_management"].unload_all_models()
+    return denoised
+
+
+def check_step_cache(forge, device, dtype, tolerance, results, failures) -> None:
+    """The step cache's cases (the module doc), appended to `results` / `failures`."""
+    import torch
+
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    patcher = forge_flux(forge, device, dtype, dtype)
+    originals = dict(patcher.model.named_modules())
+    steps = len(SIGMAS) - 1
+
+    def same(got, want) -> bool:
+        if device == "cpu":
+            return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        return max(relative_error(a, b) for a, b in zip(got, want, strict=True)) <= tolerance
+
+    def report(name, ok, **extra):
+        results.append({"case": name, "ok": ok, **extra})
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {extra}")
+        if not ok:
+            failures.append(name)
+
+    first_reference = None
+    for cond_scale in (3.5, 1.0):
+        reference = sampling_run(forge, patcher, device, dtype, cond_scale)   # Forge's own
+        first_reference = first_reference or reference
+        fused = [sampling_run(forge, rocm_sd_clone(patcher)[0], device, dtype, cond_scale, seed) for seed in (0, 1)]
+        for mode in ("fbcache", "teacache"):
+            every, notes = rocm_sd_clone(patcher, mode, 0.0)
+            got = sampling_run(forge, every, device, dtype, cond_scale)
+            counts = {k: v for k, v in graph_stats(every).items() if k.startswith("step cache")}
+            error = max(relative_error(a, b) for a, b in zip(got, reference))
+            evaluations = counts.get("step cache: full calls", 0)
+            report(f"step cache {mode}, threshold 0, CFG {cond_scale}",
+                   not notes and same(got, fused[0]) and error <= tolerance and evaluations >= steps
+                   and evaluations % steps == 0 and counts == {"step cache: full calls": evaluations},
+                   relative_max_error_to_forge=error, counts=counts, notes=notes)
+
+            skipping, notes = rocm_sd_clone(patcher, mode, HUGE)
+            runs = [sampling_run(forge, skipping, device, dtype, cond_scale, seed) for seed in (0, 1)]
+            counts = {k: v for k, v in graph_stats(skipping).items() if k.startswith("step cache")}
+            per_step = evaluations // steps   # the evaluations of one step (one per batch of cond / uncond)
+            report(f"step cache {mode}, threshold {HUGE:g}, CFG {cond_scale}, two runs",
+                   not notes and counts == {"step cache: full calls": 2 * per_step,
+                                            "step cache: cached calls": 2 * (steps - 1) * per_step}
+                   and all(same(run[:1], want[:1]) for run, want in zip(runs, fused))
+                   and all(torch.isfinite(out).all() for run in runs for out in run)
+                   and not same(runs[0][1:], fused[0][1:]), counts=counts,
+                   relative_change_from_uncached=max(relative_error(a, b) for a, b in zip(runs[0], fused[0])))
+    again = sampling_run(forge, patcher, device, dtype, 3.5)
+    report("step cache: Forge's own model afterwards", dict(patcher.model.named_modules()) == originals
+           and all(torch.equal(a, b) for a, b in zip(again, first_reference, strict=True))
+           and patcher.model_options.get("model_function_wrapper") is None)
 
 
 def add_lora(patcher, lora: dict, online: bool) -> None:
@@ -232,6 +331,7 @@ def main():
             check(name, got, reference_lora, stats, lora_changes=relative_error(reference_lora, first))
             if relative_error(reference_lora, first) < 1e-2:
                 failures.append(f"{name}: the LoRA does not change the model")
+    check_step_cache(forge, args.device, dtype, tolerance, results, failures)
     summary = {"forge": os.path.abspath(args.forge), "device": args.device, "dtype": str(dtype),
                "results": results, "failures": failures}
     if args.out:
