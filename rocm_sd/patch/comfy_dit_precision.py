@@ -7,8 +7,8 @@ selected_name and fits, one rule). Each of ComfyUI's layers is named by the diff
 (DIFFUSERS_NAMES: ComfyUI's fused qkv is diffusers' to_qkv / to_added_qkv, Flux's single block's linear1 is to_qkv and
 proj_mlp side by side), and it is taken where every one of those is selected and its own sizes fit the GEMM. So the
 AdaLN modulations (adaLN_modulation, img_mod / txt_mod / modulation: diffusers' norm*.linear) stay ComfyUI's, and so
-does everything outside the blocks (embedders, final layer), as in diffusers. A layer of a block that has no diffusers name here (a
-newer ComfyUI's part) is left as it is.
+does everything outside the blocks (embedders, final layer), as in diffusers. A layer of a block that has no diffusers
+name here (a newer ComfyUI's part) is left as it is.
 
 Where the quantizer cannot read the weight ComfyUI computes with, the layer stays ComfyUI's: weights in ComfyUI's own
 quantized layouts (a tensor subclass: scaled fp8 checkpoints, comfy-kitchen's formats; the node says how many), and,
