@@ -378,42 +378,54 @@ def test_comfyuis_own_formats(comfy, nodes, eight_bit_here):
 
 # ---- on the GPU: the real format check, the quantize kernel, torch's 8-bit GEMMs ---------------------------------
 
+def gpu_model(comfy, name):
+    """(the stand-in in bf16 on the GPU, its inputs, the 8-bit option the GPU has: fp8, else int8)."""
+    fmt, _ = precision.number_format(torch.device("cuda"), "fp8")
+    wider = {"hidden_size": 64, "axes_dim": (8, 12, 12)} if family(name) == "flux" else {}  # heads of 32
+    patcher = model(comfy, name, "cuda", torch.bfloat16, **wider)
+    return patcher, dit_inputs(2, "cuda", torch.bfloat16), "fp8" if fmt else "int8"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["sd35m", "flux"])
 def test_gpu_fp8_output_agrees_with_the_unquantized_node(comfy, nodes, name):
     """bf16, every selected layer 8-bit (precision_layers="all"), fp8 where the GPU has it (int8 elsewhere), strict:
     the output within the diffusers DiT precision GPU test's tolerance (0.1 of the largest value) of the node's
-    output without precision, nothing falling back; the captured graph's replays match the eager evaluation."""
-    from rocm_sd.patch.comfy_graph import graph_stats
-
-    fmt, _ = precision.number_format(torch.device("cuda"), "fp8")
-    choice = "fp8" if fmt else "int8"
-    wider = {"hidden_size": 64, "axes_dim": (8, 12, 12)} if family(name) == "flux" else {}
-    patcher = model(comfy, name, "cuda", torch.bfloat16, **wider)
-    x, ctx, extra = dit_inputs(2, "cuda", torch.bfloat16)
+    output without precision, the quantize kernel and the 8-bit weights on the GPU, nothing falling back."""
+    patcher, (x, ctx, extra), choice = gpu_model(comfy, name)
     with config.override(strict=True):
         unquantized = evaluate(optimize(nodes, patcher), name, x, ctx, extra).float()
-        (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, precision=choice, precision_layers="all")
+        optimized = optimize(nodes, patcher, precision=choice, precision_layers="all")
         layers = eight_bit_patches(optimized)
-        assert layers
-        optimized.patch_model()
-        try:
-            dispatch.reset_stats()
+        dispatch.reset_stats()
+        got = evaluate(optimized, name, x, ctx, extra).float()
+        stats = dispatch.stats()
+    assert layers and set(stats["quantize_rows"]) == {"rocm_sd"}, stats
+    assert all(m.rocm_sd_weight_q is not None and m.rocm_sd_weight_q.is_cuda for m in layers.values())
+    assert torch.isfinite(got).all() and 0 < error(got, unquantized) < 0.1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sd35m", "flux"])
+def test_gpu_graph_replays_of_the_8bit_layers_match_the_eager_evaluation(comfy, nodes, name):
+    from rocm_sd.patch.comfy_graph import graph_stats
+
+    patcher, (x, ctx, extra), choice = gpu_model(comfy, name)
+    (optimized,) = nodes.RocmSDOptimizeModel().optimize(patcher, precision=choice, precision_layers="all")
+    optimized.patch_model()
+    try:
+        with config.override(strict=True):
             got = run(optimized, x, ctx, extra, family(name))
-            stats = dispatch.stats()
             wrapper = optimized.model_options["model_function_wrapper"]
             t = torch.linspace(0.3, 0.8, 2, device="cuda")
             conditioning = {"c_crossattn": ctx, "transformer_options": optimized.model_options["transformer_options"],
                             **(extra if family(name) == "flux" else {"y": extra["y"]})}
             with torch.inference_mode():
                 replays = [wrapper(optimized.model.apply_model, {"input": x, "timestep": t, "c": conditioning,
-                                                                 "cond_or_uncond": [0, 1]}) for _ in range(3)]
-        finally:
-            optimized.unpatch_model()
-    assert set(stats["quantize_rows"]) == {"rocm_sd"}, stats
-    assert all(m.rocm_sd_weight_q is not None and m.rocm_sd_weight_q.is_cuda for m in layers.values())
-    got = got.float()
-    assert torch.isfinite(got).all() and 0 < error(got, unquantized) < 0.1
+                                                                 "cond_or_uncond": [0, 0]}) for _ in range(3)]
+    finally:
+        optimized.unpatch_model()
     for replay in replays:
-        torch.testing.assert_close(replay.float(), got, rtol=1e-3, atol=1e-3)
-    assert graph_stats(optimized)["graph captures"] == 1 and graph_stats(optimized)["graph replays"] == 3
+        torch.testing.assert_close(replay, got)
+    stats = graph_stats(optimized)
+    assert stats["graph captures"] == 1 and stats["graph replays"] == 3, stats
