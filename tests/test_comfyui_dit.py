@@ -207,7 +207,7 @@ def test_node_options_on_a_transformer(comfy, nodes, monkeypatch):
     (off,) = nodes.RocmSDOptimizeModel().optimize(patcher, layer_norm=False)
     assert off.object_patches == {} and "optimized_attention_override" in off.model_options["transformer_options"]
     notes = comfy_patch.patch_model_patcher(patcher.clone(), precision="fp8", cache="deepcache", cuda_graph=False)
-    assert "precision=fp8 not applied: 8-bit linear layers are built for UNets only" in notes
+    assert "precision=fp8 not applied: the model is on cpu; 8-bit GEMMs need a GPU" in notes
     assert "step cache not applied: cache='deepcache' is for UNets; the diffusion transformers take 'fbcache' or " \
            "'teacache'" in notes
     assert not any("comfy-kitchen" in n for n in notes)

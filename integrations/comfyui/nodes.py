@@ -84,7 +84,8 @@ class RocmSDOptimizeModel:
                 "(fbcache / teacache take dit_cache_threshold)")}),
             "precision": (["fp16", "fp8", "int8"], {"default": "fp16", "tooltip": (
                 "8-bit linear layers (changes images): 'fp8' (MI300 / MI350, RDNA4, NVIDIA Ada and newer) or 'int8' "
-                "runs the attention projections, feed-forward and 1x1 convolutions as 8-bit GEMMs, weights "
+                "runs the attention projections, feed-forward and 1x1 convolutions (SD3 / SD3.5 and Flux: the "
+                "transformer blocks' linear layers but their AdaLN modulation) as 8-bit GEMMs, weights "
                 "quantized per output channel from the model's current weights (LoRA included), activations per "
                 "token. The 8-bit weights are held beside ComfyUI's own: about half the linear layers' fp16 size "
                 "more VRAM, which ComfyUI's memory estimate does not see. 'fp16' keeps the model's dtype")}),

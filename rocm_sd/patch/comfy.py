@@ -23,6 +23,7 @@ from ..modules.vae_tiles import HostTiledDecode
 from .step_cache import other_kind
 from . import attention_fp8 as attention_fp8_patch
 from . import comfy_dit
+from . import comfy_dit_precision
 from . import ldm_swaps
 from . import precision as precision_patch
 
@@ -185,8 +186,9 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
     precision 'fp8' / 'int8' (as optimize()'s, with precision_layers; docs/precision.md) its linear layers as 8-bit
     GEMMs, with attention_precision 'fp8' its attention through rocm_sd::attention_fp8 (as optimize()'s).
     SD3 / SD3.5 and Flux models (patch/comfy_dit.py; Forge's Flux too) get their blocks' fused forwards with
-    layer_norm, attention as UNets do (Forge's Flux blocks: through their copies, forge_flux_attention), graph capture
-    and the transformers' step cache; precision and channels_last do not apply to them.
+    layer_norm, attention as UNets do (Forge's Flux blocks: through their copies, forge_flux_attention), graph capture,
+    the transformers' step cache and precision on their blocks' linear layers (patch/comfy_dit_precision.py: the
+    layers diffusers' transformers quantize); channels_last does not apply to them.
     override_supported: None to detect ComfyUI's `wrap_attn`. Returns what could not be installed, and why (and
     which blocks stay ComfyUI's, and who runs what where comfy-kitchen is loaded too)."""
     get = getattr(patcher, "get_model_object", None)  # older ComfyUI and Forge's vendored copy lack it
@@ -208,12 +210,16 @@ def patch_model_patcher(patcher, attention: bool = True, group_norm: bool = True
         swaps = norm_swaps(diffusion_model, group_norm, layer_norm, resolve)
     if channels_last and not dit:
         swaps.update(conv_swaps(diffusion_model, resolve=resolve))
-    if precision != "fp16" and dit:
-        not_installed.append(f"precision={precision} not applied: 8-bit linear layers are built for UNets only")
-    elif precision != "fp16":
+    if precision != "fp16":
         fmt, why = precision_patch.number_format(patcher.load_device, precision)
         if why:
             not_installed.append(f"precision={precision} not applied: {why}")
+        elif dit:  # SD3 / SD3.5, Flux: the blocks' linear layers that diffusers' transformers quantize
+            quantized, notes = comfy_dit_precision.quantized_dit_swaps(
+                diffusion_model, precision, fmt, precision_patch.MULTIPLE[precision], _host_patches_per_call,
+                resolve, measured=precision_layers == "measured")
+            swaps.update(quantized)
+            not_installed += notes
         else:
             swaps.update(quantized_swaps(diffusion_model, fmt, precision_patch.MULTIPLE[precision], swaps,
                                          measured=precision_layers == "measured", resolve=resolve))
@@ -278,9 +284,11 @@ def quantized_swaps(diffusion_model, format: str, multiple: int, norms: dict[str
 
 
 def _host_patches_per_call(module) -> bool:
-    """ComfyUI computes this module's weight per call (LoRA patches in low-VRAM mode): its own path. A weight it
-    merely casts (fp8 storage, manual cast) is quantized from as it is."""
-    return bool(getattr(module, "weight_function", None) or getattr(module, "bias_function", None))
+    """ComfyUI computes this module's weight per call (LoRA patches in low-VRAM mode; an older ComfyUI's scaled fp8
+    weight, which its forward multiplies by scale_weight): its own path. A weight it merely casts (fp8 storage,
+    manual cast) is quantized from as it is: the cast is exact."""
+    return bool(getattr(module, "weight_function", None) or getattr(module, "bias_function", None)
+                or getattr(module, "scale_weight", None) is not None)
 
 
 def fp8_attention_format(device, attention: bool) -> tuple[str | None, str | None]:

@@ -42,20 +42,39 @@ def is_diffusion_transformer(model: nn.Module) -> bool:
     return type(model).__name__ in DIT_MODELS
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if type(m).__name__ in DIT_BLOCKS and type(m).__module__.startswith("diffusers.")]
+def _blocks(model: nn.Module) -> dict[str, nn.Module]:
+    return {path: m for path, m in model.named_modules()
+            if type(m).__name__ in DIT_BLOCKS and type(m).__module__.startswith("diffusers.")}
+
+
+def selected_name(name: str) -> bool:
+    """Whether the linear layer at `name` inside one of diffusers' transformer blocks (DIT_BLOCKS; fuse_qkv's to_qkv
+    and to_added_qkv included) is one that becomes 8-bit: all but the block's AdaLN modulation (norm1.linear,
+    norm1_context.linear, norm.linear). The ComfyUI node selects by this rule too, under diffusers' names for
+    ComfyUI's layers (patch/comfy_dit_precision.py)."""
+    return not name.split(".")[0].startswith("norm")
+
+
+def fits(in_features: int, out_features: int, multiple: int) -> bool:
+    """The 8-bit GEMM's shape rule (patch/precision.MULTIPLE): both sizes multiples of `multiple`."""
+    return in_features % multiple == 0 and out_features % multiple == 0
 
 
 def _quantizable(module: nn.Module, multiple: int) -> bool:
-    return (type(module) is nn.Linear and module.out_features % multiple == 0 and module.in_features % multiple == 0
+    return (type(module) is nn.Linear and fits(module.in_features, module.out_features, multiple)
             and module.weight.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
 def _block_linears(block: nn.Module, multiple: int, unused: set[nn.Module]) -> list[tuple[str, nn.Module]]:
-    """(name inside the block, layer) of the block's linear layers that become 8-bit: all but its AdaLN modulation
-    (norm1.linear, norm1_context.linear, norm.linear) and the projections a fused one replaced (`unused`)."""
+    """(name inside the block, layer) of the block's linear layers that become 8-bit (selected_name, fits), but for the
+    projections a fused one replaced (`unused`)."""
     return [(name, m) for name, m in block.named_modules()
-            if not name.split(".")[0].startswith("norm") and m not in unused and _quantizable(m, multiple)]
+            if selected_name(name) and m not in unused and _quantizable(m, multiple)]
+
+
+def selection(model: nn.Module, multiple: int, unused: set[nn.Module]) -> dict[str, list[tuple[str, nn.Module]]]:
+    """{path of each of diffusers' transformer blocks in `model`: _block_linears of it}: the layers made 8-bit."""
+    return {path: _block_linears(block, multiple, unused) for path, block in _blocks(model).items()}
 
 
 def _split_fused(block: nn.Module, name: str) -> bool:
@@ -69,10 +88,12 @@ def quantize_transformer(model: nn.Module, record: PatchRecord, fmt: str, device
     memory until revert(), and with `measured` (precision_layers) each goes back to its original at its first call
     where the tuning database measured that faster."""
     layers = []  # (the block's name of the layer, 8-bit layer, its original)
-    for block in _blocks(model):
+    blocks = _blocks(model)
+    for path, chosen in selection(model, multiple, unused).items():
+        block = blocks[path]
         parents = dict(block.named_modules())
         quantized_here = {}
-        for name, module in _block_linears(block, multiple, unused):
+        for name, module in chosen:
             parent_name, _, child = name.rpartition(".")
             if _split_fused(block, name):
                 split = RocmQuantizedSplitLinear(module, block.proj_mlp.in_features, fmt).to(device)
