@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from rocm_sd.bench import append_run, run_meta  # noqa: E402
 from rocm_sd.tune.db import TuningDB, problem_key  # noqa: E402
-from rocm_sd.tune.device_key import DeviceKey  # noqa: E402
+from rocm_sd.tune.device_keys import DeviceKey  # noqa: E402
 
 DEVICE = DeviceKey("hip", "gfx942:sramecc+:xnack-", 304, 64)
 VALIDATORS = {"rocm_sd": "bench", "kernels": "bench", "runtime": "bench", "driver": "bench", "torch": "bench"}

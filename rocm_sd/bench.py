@@ -344,7 +344,10 @@ def run(model: str = "sd15", size: int | None = None, steps: int | None = None, 
             for _ in range(repeats):
                 times.append(generate()[0])
                 progress.update()
-            step_ms = _step_ms(pipe, step_args, device, repeats) if step_args is not None else None
+            # A step cache decides per call from the calls before it: one call repeated alone is not a step of it
+            caches_steps = "cache" in (MODES.get(engine) or {})
+            step_ms = _step_ms(pipe, step_args, device, repeats) if step_args is not None and not caches_steps \
+                else None
             split = _device_time_split(lambda: _one_step(pipe, step_args), device) \
                 if profile and step_args is not None else None
             if profile:  # the transformers: one step (their generations are long); the UNets: one generation

@@ -107,6 +107,8 @@ def run(model: str = "sd15", sizes=None, batch: int = 1, dtype: torch.dtype | No
     vae_tiles=False where the host decodes the VAE itself). Prints a line per size and the total."""
     device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
     if device.type == "cuda":
+        if device.index is None:  # torch.cuda.set_device takes only a numbered device
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     dtype = dtype or (models.gpu_dtype(model) if device.type == "cuda" else torch.float32)
     result = Prepared(model, searched=_searches(device))

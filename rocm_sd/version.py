@@ -17,13 +17,15 @@ def _git(*args: str) -> str:
 
 
 def git_commit() -> str:
-    """The commit of rocm_sd's own source checkout, else $ROCM_SD_COMMIT (a copy without git metadata, e.g. on a
-    device machine), else 'unknown'. Only a repository whose top level is the package's source root counts: an
-    exported copy or an installed package inside someone else's repository must not record that repository's
-    commit."""
+    """$ROCM_SD_COMMIT where set (a device machine's copy of a working tree: git metadata that came with it may name
+    an older commit than the tree it holds), else the commit of rocm_sd's own source checkout, else 'unknown'. Only
+    a repository whose top level is the package's source root counts: an exported copy or an installed package
+    inside someone else's repository must not record that repository's commit."""
+    if os.environ.get("ROCM_SD_COMMIT"):
+        return os.environ["ROCM_SD_COMMIT"]
     try:
         if Path(_git("rev-parse", "--show-toplevel")).resolve() == SOURCE_ROOT:
             return _git("rev-parse", "HEAD")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("ROCM_SD_COMMIT") or "unknown"
+    return "unknown"

@@ -49,14 +49,17 @@ def test_an_exported_copy_inside_another_repository_does_not_take_its_commit(tmp
     assert commits == ["unknown", "0123abc", "unknown"]
 
 
-def test_a_checkout_records_its_own_head():
+def test_a_checkout_records_its_own_head_unless_told_the_commit(monkeypatch):
     from rocm_sd.version import SOURCE_ROOT, git_commit
 
+    monkeypatch.delenv("ROCM_SD_COMMIT", raising=False)
     try:
         top = git(SOURCE_ROOT, "rev-parse", "--show-toplevel")
     except (OSError, subprocess.CalledProcessError):
         top = None
     if top is None or Path(top).resolve() != SOURCE_ROOT:  # a copy without git metadata: nothing to compare
-        assert git_commit() == (os.environ.get("ROCM_SD_COMMIT") or "unknown")
+        assert git_commit() == "unknown"
     else:
         assert git_commit() == git(SOURCE_ROOT, "rev-parse", "HEAD")
+    monkeypatch.setenv("ROCM_SD_COMMIT", "0123abc")  # a device copy's tree, whatever git metadata came with it
+    assert git_commit() == "0123abc"

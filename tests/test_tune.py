@@ -12,7 +12,7 @@ from rocm_sd import config, dispatch, models, platform
 from rocm_sd.tune import active, problems
 from rocm_sd.tune.cli import main as tune_main
 from rocm_sd.tune.db import TuningDB
-from rocm_sd.tune.device_key import device_key, validators
+from rocm_sd.tune.device_keys import device_key, validators
 from rocm_sd.tune.harvest import OpCall, TensorSpec, harvest
 
 from .conftest import HAVE_GPU
@@ -292,6 +292,24 @@ def test_tune_precision_times_each_8bit_layer_and_optimize_follows(tmp_path, cap
     assert keys.keys() == set(layers)
     assert all((m.fp16_layer is not None) == (db.lookup(keys[m])["choice"] == "torch") for m in layers)
     rocm_sd.revert(pipe)
+
+
+def test_the_packages_names_are_its_functions_whatever_was_imported_first():
+    """rocm_sd.tune's lazy names must not share a submodule's name: importing the submodule (as db.py does) would
+    rebind the package's attribute to the module (`python -m rocm_sd info` called a module on a GPU)."""
+    import rocm_sd.tune
+    import rocm_sd.tune.db  # noqa: F401
+
+    assert all(callable(getattr(rocm_sd.tune, name)) for name in rocm_sd.tune.__all__)
+
+
+def test_a_listing_on_the_meta_device_runs_in_strict_mode(capsys, monkeypatch):
+    """ROCM_SD_STRICT=1 (the GPU suite's setting) fails a GPU call that falls back; a listing without a GPU runs the
+    pipeline on the meta device, where no kernel runs by design: it lists, it does not fail."""
+    monkeypatch.setattr(platform, "gpu_available", lambda: False)
+    with config.override(strict=True):
+        assert tune_main(["--model", "tiny", "--list"]) == 0
+    assert "rocm_sd::" not in capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ import pytest
 from rocm_sd import config
 from rocm_sd.ops.spec import problem_key
 from rocm_sd.tune.db import TuningDB, default_location
-from rocm_sd.tune.device_key import DeviceKey
+from rocm_sd.tune.device_keys import DeviceKey
 
 MI300X = DeviceKey("hip", "gfx942:sramecc+:xnack-", 304, 64)
 RX7900 = DeviceKey("hip", "gfx1100", 48, 32)

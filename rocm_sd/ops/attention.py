@@ -407,15 +407,19 @@ def _plan(q, k, v, scale) -> Plan:
     """Reasons against the kernel, the choice, and as detail the kernel instance (a rocm_sd instance name, or
     "ck:<name>"). Untuned shapes take the vendor's SDPA (module docstring): a policy, counted as torch with no
     notice; except where SDPA has no fused kernel for the call and the kernel can take it and passed its
-    self-check: then the kernel, untuned. A tuned CK instance this build or call cannot run gives way to rocm_sd's
-    own kernel."""
+    self-check: then the kernel, untuned (also in place of a tuned SDPA backend that cannot take it). A tuned CK
+    instance this build or call cannot run gives way to rocm_sd's own kernel."""
     tuned = SPEC.tuned_choice(q, k, v, scale)
     choice = tuned or dispatch.TORCH
     if dispatch.ck_instance(choice) in ck_instances(q.device) and not ck_reasons(q, k, v, scale):
         return Plan([], choice, choice)
     instance = choice.partition(":")[2] if choice.startswith(dispatch.KERNEL + ":") else ""
     reasons = supports(q, k, v, scale, instance)
-    if tuned is None and not reasons and replaces_sdpa_math(q, k, v):
+    # A tuned SDPA backend ("torch:cudnn") that cannot take the call now (switched off since) measured nothing SDPA
+    # would run: the call is as good as untuned. Plain "torch" stays: it may have measured the math path itself
+    backend = dispatch.torch_variant(tuned)
+    backend_gone = bool(backend) and backend not in (sdpa_fused_backends(q, k, v) or ())
+    if (tuned is None or backend_gone) and not reasons and replaces_sdpa_math(q, k, v):
         return Plan([], None, "")
     return Plan(reasons, choice, instance)
 

@@ -21,7 +21,7 @@ def _database(index: int):
     if index not in _databases:
         from . import vendor
         from .db import TuningDB
-        from .device_key import device_key, validators
+        from .device_keys import device_key, validators
 
         try:
             db = _databases[index] = TuningDB(device_key(index), validators(index))

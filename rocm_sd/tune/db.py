@@ -2,7 +2,7 @@
 
 Where: $ROCM_SD_TUNE_DB (a folder, or one .json file), else the platform's cache folder
 (~/.cache/rocm_sd/tune, $XDG_CACHE_HOME/rocm_sd/tune, %LOCALAPPDATA%\\rocm_sd\\tune); the file is named by
-the device key (device_key.py). A read-only default database shipped in rocm_sd/tune/defaults/ (heuristic
+the device key (device_keys.py). A read-only default database shipped in rocm_sd/tune/defaults/ (heuristic
 choices for known architectures) answers what the user's file does not: the user's results always win.
 
 A file holds one table per (device, software) pair (two, from a hand- or sync-merged file, are read as one and
@@ -41,7 +41,7 @@ from filelock import FileLock, Timeout
 
 from .. import config
 from ..files import user_cache_dir, write_json_atomically
-from .device_key import DeviceKey
+from .device_keys import DeviceKey
 
 log = logging.getLogger("rocm_sd")
 

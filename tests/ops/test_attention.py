@@ -247,7 +247,9 @@ def test_sdpa_params_of_this_torch_and_of_others(monkeypatch):
     ((), False, None, None, "torch"),         # ROCM_SD_REPLACE_SDPA_MATH=0
     ((), True, "torch", None, "torch"),       # a backend forced by name decides
     ((), True, None, "torch", "torch"),       # a measured choice decides
-], ids=["math-path", "fused", "switched-off", "forced", "tuned"])
+    ((), True, None, "torch:cudnn", "rocm_sd"),  # a tuned SDPA backend switched off since: as if untuned
+    (("cudnn",), True, None, "torch:cudnn", "torch"),  # the tuned backend can take it: it runs
+], ids=["math-path", "fused", "switched-off", "forced", "tuned", "tuned-backend-gone", "tuned-backend-there"])
 def test_untuned_plan_runs_the_kernel_only_where_sdpa_has_no_fused_kernel(fake_gpu, monkeypatch, fused, replace,
                                                                          forced, tuned, expected):
     fake_gpu.fused.update(fused)
