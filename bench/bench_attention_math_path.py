@@ -10,18 +10,22 @@ available: an NVIDIA GPU stands in, with SDPA's flash, efficient and cuDNN backe
 (1024x1024) UNet attentions with CFG batch 2, and the VAE decoder's mid-block (one head of 512) at 512x512 and
 1024x1024. Columns: the fused SDPA this NVIDIA GPU has (for scale only: those ROCm GPUs lack it), the math path,
 for head dims above 256 the math path in query chunks (what rocm_sd ran there before), and rocm_sd::attention as an
-untuned call (its self-check runs in the warm-up). Time: device ms from graph replays over rotating inputs; peak:
-the memory one call allocates beyond its inputs (scores, softmax, output), MB. OOM where the GPU ran out.
+untuned call (its self-check runs in the warm-up; no tuning database is read, the shipped defaults neither). Time:
+device ms from graph replays over rotating inputs; peak: the memory one call allocates beyond its inputs (scores,
+softmax, output), MB. OOM where the GPU ran out.
 """
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rocm_sd  # noqa: E402
+from rocm_sd import config  # noqa: E402
+from rocm_sd.tune import active  # noqa: E402
 from bench.harness import device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
 from rocm_sd.ops.attention import SCORE_BUDGET_BYTES, attention_ref, sdpa_fused_backends  # noqa: E402
 from tests.sdpa_switches import sdpa_switched  # noqa: E402
@@ -95,6 +99,17 @@ def cell(ms: float | None, mb: float | None = None) -> str:
 
 def main() -> None:
     args = kernel_bench_args(__doc__)
+    # Untuned calls, as a GPU without a tuning database makes them: no shipped defaults (measured with SDPA's fused
+    # kernels on), no user database
+    with tempfile.TemporaryDirectory() as no_database, config.override(tune_defaults=False, tune_db=no_database):
+        active.reload()
+        try:
+            measure_all(args)
+        finally:
+            active.reload()
+
+
+def measure_all(args) -> None:
     dtype = getattr(torch, args.dtype)
     rows = []
     lines = ["NVIDIA stands in for ROCm: SDPA's fused backends switched off. ms: device time (graph replays); MB: "
