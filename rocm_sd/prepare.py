@@ -65,6 +65,7 @@ class Prepared:
     sizes: dict = field(default_factory=dict)     # (width, height) -> {"seconds", "convolution", "GEMM"}
     problems: dict = field(default_factory=dict)  # VendorProblems.problems over all sizes
     searched: str = ""                            # what filled which search, or why nothing did
+    lines: list = field(default_factory=list)     # what run() printed: for hosts that show it elsewhere (a UI)
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self.problems.values() if k == kind)
@@ -135,13 +136,13 @@ def run(model: str = "sd15", sizes=None, batch: int = 1, dtype: torch.dtype | No
     del pipe
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    print(f"rocm_sd prepare: {model}, {str(dtype).removeprefix('torch.')}, batch {batch}, on {device} (built in "
-          f"{built:.1f} s); {tiles}")
-    for (width, height), row in result.sizes.items():
-        print(f"  {width}x{height}: {row['seconds']:.1f} s, {row['convolution']} new convolution and {row['GEMM']} "
-              "new GEMM problems")
-    for note in notes or []:
-        print(f"  {note}")
-    print(f"prepared {len(sizes)} size{'s' * (len(sizes) != 1)} in {result.seconds:.1f} s: "
-          f"{result.count('convolution')} convolution and {result.count('GEMM')} GEMM problems; {result.searched}")
+    result.lines = [f"rocm_sd prepare: {model}, {str(dtype).removeprefix('torch.')}, batch {batch}, on {device} "
+                    f"(built in {built:.1f} s); {tiles}"]
+    result.lines += [f"  {width}x{height}: {row['seconds']:.1f} s, {row['convolution']} new convolution and "
+                     f"{row['GEMM']} new GEMM problems" for (width, height), row in result.sizes.items()]
+    result.lines += [f"  {note}" for note in notes or []]
+    result.lines.append(f"prepared {len(sizes)} size{'s' * (len(sizes) != 1)} in {result.seconds:.1f} s: "
+                        f"{result.count('convolution')} convolution and {result.count('GEMM')} GEMM problems; "
+                        f"{result.searched}")
+    print("\n".join(result.lines))
     return result

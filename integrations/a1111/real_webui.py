@@ -190,8 +190,10 @@ def select_optimization(modules, title: str) -> str:
 
 
 def txt2img(modules, size: int, steps: int, seed: int = 1234, prompt: str = "a photo of a red cat",
-            batch_size: int = 1, hires: bool = False, sampler: str = "Euler"):
-    """process_images(StableDiffusionProcessingTxt2Img(...)) as the txt2img tab runs it (no saving)."""
+            batch_size: int = 1, hires: bool = False, sampler: str = "Euler", tiling: bool = False):
+    """process_images(StableDiffusionProcessingTxt2Img(...)) as the txt2img tab runs it (no saving). `tiling` is
+    the tab's "Tiling" checkbox: process_images hands it to sd_hijack's apply_circular, which sets
+    padding_mode="circular" on the model's convolutions for this image (and "zeros" again for the next without)."""
     from modules import processing, shared
 
     kwargs = dict(enable_hr=True, hr_scale=1.5, hr_upscaler="Latent", denoising_strength=0.6,
@@ -199,7 +201,7 @@ def txt2img(modules, size: int, steps: int, seed: int = 1234, prompt: str = "a p
     p = processing.StableDiffusionProcessingTxt2Img(
         sd_model=shared.sd_model, prompt=prompt, negative_prompt="blurry", seed=seed, subseed=-1, steps=steps,
         width=size, height=size, cfg_scale=7.0, sampler_name=sampler, batch_size=batch_size, n_iter=1,
-        do_not_save_samples=True, do_not_save_grid=True, **kwargs)
+        do_not_save_samples=True, do_not_save_grid=True, tiling=tiling, **kwargs)
     try:
         return processing.process_images(p)
     finally:

@@ -567,10 +567,18 @@ def main():
     print(f"ComfyUI at {args.comfyui}: device {device}, override supported: "
           f"{hasattr(comfy.ldm.modules.attention, 'wrap_attn')}")
     nodes = load_nodes()
-    ok = (check_model(torch, comfy, nodes, device, dtype) and check_sampler(torch, comfy, nodes, device, dtype)
-          and check_requeue_orders(torch, comfy, nodes, device, dtype) and check_precision(torch, comfy, nodes, device, dtype) and check_tune_node(torch, comfy, nodes)
-          and check_transformers(torch, comfy, nodes, device, dtype)
-          and check_transformer_cache(torch, comfy, nodes, device, dtype) and check_vae(torch, comfy, nodes))
+    # Every order runs whatever an earlier one gave, so that one failure does not hide the others' results.
+    orders = {"model": lambda: check_model(torch, comfy, nodes, device, dtype),
+              "sampler": lambda: check_sampler(torch, comfy, nodes, device, dtype),
+              "requeue orders": lambda: check_requeue_orders(torch, comfy, nodes, device, dtype),
+              "precision": lambda: check_precision(torch, comfy, nodes, device, dtype),
+              "tune node": lambda: check_tune_node(torch, comfy, nodes),
+              "transformers": lambda: check_transformers(torch, comfy, nodes, device, dtype),
+              "transformer cache": lambda: check_transformer_cache(torch, comfy, nodes, device, dtype),
+              "vae (and fixed tiles)": lambda: check_vae(torch, comfy, nodes)}
+    passed = {name: bool(order()) for name, order in orders.items()}
+    print("orders: " + ", ".join(f"{name} {'ok' if good else 'FAILED'}" for name, good in passed.items()))
+    ok = all(passed.values())
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

@@ -1,0 +1,2 @@
+"""modules.sd_hijack (stand-in): the applied cross attention optimization (None until one is applied)."""
+current_optimizer = None
