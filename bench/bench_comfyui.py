@@ -13,6 +13,13 @@ synchronized calls after warm-up (KSampler: the median of 6 alternating rounds o
 the decoded images) against the untouched model's. The "kernel ms"
 column is the summed time of one call's GPU kernels (torch.profiler): where it is far below the wall
 time, the call is host-bound. `--profile DIR` also writes each row's per-op table there.
+
+    python bench/bench_comfyui.py /path/to/ComfyUI --model sd35|flux [--precision fp8]
+
+ComfyUI's own SD3.5 Large MMDiT or FLUX.1-dev (bf16, random weights drawn on the GPU), 1024x1024, a 28-step KSampler
+run (SD3.5: CFG 4.5; Flux: CFG 1, guidance 3.5) untouched and through the node: fused, without graph capture, with
+each step cache at its published threshold, and with each --precision. One timed run after a warm-up per row (a
+step of these models is 50-190 ms: a run is seconds).
 """
 from __future__ import annotations
 
@@ -42,6 +49,22 @@ SDXL_UNET = {"use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_
 # --model: (ComfyUI's model class, its UNet config, latent side at the model's native size, text context
 # width, pooled text embedding width or None)
 MODELS = {"sd15": ("SD15", SD15_UNET, 64, 768, None), "sdxl": ("SDXL", SDXL_UNET, 128, 2048, 1280)}
+# ComfyUI's SD3.5 Large MMDiT and FLUX.1-dev, as comfy/model_detection.py detects them from a checkpoint.
+SD35_LARGE_MMDIT = {"in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 38, "input_size": None,
+                    "adm_in_channels": 2048, "pos_embed_scaling_factor": None, "num_patches": 36864,
+                    "pos_embed_max_size": 192, "qk_norm": "rms", "x_block_self_attn_layers": [],
+                    "context_embedder_config": {"target": "torch.nn.Linear",
+                                                "params": {"in_features": 4096, "out_features": 2432}}}
+FLUX_DEV = {"image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": 768,
+            "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19,
+            "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000, "qkv_bias": True,
+            "guidance_embed": True}
+# --model for the diffusion transformers: (ComfyUI's model class, its config, latent side at 1024x1024, text tokens
+# (ComfyUI's own SD3 conditioning: 77 CLIP + 77 T5 tokens; Flux: 256 T5 tokens), their width, pooled width,
+# KSampler's CFG and steps (the model cards': SD3.5 Large 28 at CFG 4.5, one CFG batch of 2 a step; FLUX.1-dev 28 at CFG 1 with its
+# distilled guidance 3.5)
+TRANSFORMERS = {"sd35": ("SD3", SD35_LARGE_MMDIT, 128, 154, 4096, 2048, 4.5, 28),
+                "flux": ("Flux", FLUX_DEV, 128, 256, 4096, 768, 1.0, 28)}
 SD_VAE = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
           "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
 
@@ -54,18 +77,21 @@ def check_script():
     return module
 
 
-def random_weights(torch, named_tensors) -> dict:
+def random_weights(torch, named_tensors, in_place: bool = False) -> dict:
     """Weights that keep activations O(1) through the network (fan-in scaled; norm scales around 1), so fp16
-    runs stay finite: ComfyUI builds its models uninitialised, and plain N(0, 0.05) overflows at full size."""
+    runs stay finite: ComfyUI builds its models uninitialised, and plain N(0, 0.05) overflows at full size.
+    in_place: drawn into the tensors themselves (no second copy of a 12 B parameter model); returns them."""
     generators, out = {}, {}
     for name, t in named_tensors:  # drawn where the tensor lives (SDXL's 2.6 B weights: on the GPU)
         g = generators.setdefault(t.device, torch.Generator(t.device).manual_seed(0))
+        target = t if in_place else torch.empty(t.shape, device=t.device)
+        target.normal_(generator=g)
         if t.dim() > 1:
-            fan_in = t[0].numel()
-            out[name] = torch.randn(t.shape, generator=g, device=t.device) * fan_in ** -0.5
+            target.mul_(t[0].numel() ** -0.5)
         else:
-            norm_weight = "norm" in name and name.endswith("weight")
-            out[name] = torch.randn(t.shape, generator=g, device=t.device) * 0.02 + (1.0 if norm_weight else 0.0)
+            norm_weight = "norm" in name and name.endswith(("weight", "scale"))  # Flux's RMSNorms: `scale`
+            target.mul_(0.02).add_(1.0 if norm_weight else 0.0)
+        out[name] = target
     return out
 
 
@@ -174,6 +200,61 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_n
     return rows
 
 
+def bench_transformer(torch, comfy, nodes, device, profile_dir, model_name: str, precisions: tuple[str, ...] = (),
+                      latent_side: int | None = None):
+    """KSampler on ComfyUI's own SD3.5 Large or FLUX.1-dev (bf16, random weights drawn on the GPU in place: 8-12 B
+    parameters), untouched and through the node: fused, and with each step cache and 8-bit precision asked."""
+    import comfy.sample
+
+    class_name, config, side, tokens, context_width, pooled_width, cfg, steps = TRANSFORMERS[model_name]
+    side = latent_side or side
+    model_config = getattr(comfy.supported_models, class_name)(dict(config))
+    model_config.set_inference_dtype(torch.bfloat16, None)
+    model = model_config.get_model({}, device=device)
+    with torch.no_grad():  # buffers too: SD3's position embedding is torch.empty
+        random_weights(torch, [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()]
+                               if t.is_floating_point()], in_place=True)
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    noise, latent = torch.randn(1, 16, side, side, generator=g), torch.zeros(1, 16, side, side)
+
+    def conditioning():  # as ComfyUI's text encoders hand it on: the token context, the pooled embedding
+        extra = {"pooled_output": torch.randn(1, pooled_width, generator=g)}
+        if class_name == "Flux":
+            extra["guidance"] = 3.5
+        return [[torch.randn(1, tokens, context_width, generator=g), extra]]
+
+    positive, negative = conditioning(), conditioning()
+
+    def ksampler(p):
+        with torch.inference_mode():
+            return comfy.sample.sample(p, noise, steps, cfg, "euler", "simple", positive, negative, latent, seed=0,
+                                       disable_pbar=True)
+
+    from bench.harness import wall_ms
+
+    node = nodes["RocmSDOptimizeModel"]()
+    variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0],
+                "rocm_sd Optimize Model, cuda_graph off": node.optimize(patcher, cuda_graph=False)[0]}
+    for cache in ("fbcache", "teacache"):  # the published thresholds (dit_cache_threshold -1)
+        variants[f"rocm_sd Optimize Model, cache {cache}"] = node.optimize(patcher, cache=cache)[0]
+    for precision in precisions:
+        variants[f"rocm_sd Optimize Model, precision {precision}"] = node.optimize(patcher, precision=precision)[0]
+    what = (f"{model_name} KSampler step (euler, CFG {cfg}, {side}x{side} latent), ms per step of {steps}")
+    rows, reference = [], None
+    for i, (name, p) in enumerate(variants.items()):
+        wall, out = wall_ms(lambda: ksampler(p), 2, warmup=1)  # the first run loads the model, captures
+        table = os.path.join(profile_dir, f"profile-{model_name}-{i}.txt") if profile_dir else None
+        kernels = kernel_ms(torch, lambda: ksampler(p), table) / steps
+        reference = out if reference is None else reference
+        rel = None if i == 0 else ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+        rows.append((what, name, wall / steps, kernels, rel, None))
+        print(f"{name}: {wall / steps:.2f} ms per step, kernels {kernels:.2f} ms per step, relative difference "
+              f"{'-' if rel is None else f'{rel:.2e}'}", flush=True)
+        comfy.model_management.unload_all_models()  # one 24 GB model on the GPU at a time
+    return rows
+
+
 def bench_vae(torch, comfy, nodes, sizes, profile_dir):
     from comfy.ldm.models.autoencoder import AutoencoderKL
 
@@ -204,7 +285,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="512,1024", help="VAE decode sizes in pixels")
     parser.add_argument("--profile", metavar="DIR", help="write each row's per-op profiler table into DIR")
     parser.add_argument("--ablation", action="store_true", help="UNet rows with one node option on at a time")
-    parser.add_argument("--model", choices=sorted(MODELS), default="sd15", help="the UNet architecture")
+    parser.add_argument("--model", choices=sorted(MODELS) + sorted(TRANSFORMERS), default="sd15",
+                        help="the UNet architecture, or a diffusion transformer (SD3.5 Large, FLUX.1-dev: KSampler "
+                             "rows only, no VAE rows)")
+    parser.add_argument("--latent", type=int, help="the transformers' latent side (default 128: 1024x1024; a small "
+                                                   "one checks the path on a CPU)")
     parser.add_argument("--precision", action="append", choices=("fp8", "int8"), default=[],
                         help="also a row with the node's precision option (repeatable)")
     args = parser.parse_args()
@@ -221,8 +306,12 @@ def main() -> None:
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = (bench_unet(torch, comfy, nodes, device, args.profile, args.ablation, args.model, tuple(args.precision))
-            + bench_vae(torch, comfy, nodes, sizes, args.profile))
+    if args.model in TRANSFORMERS:
+        rows = bench_transformer(torch, comfy, nodes, device, args.profile, args.model, tuple(args.precision),
+                                 args.latent)
+    else:
+        rows = (bench_unet(torch, comfy, nodes, device, args.profile, args.ablation, args.model,
+                           tuple(args.precision)) + bench_vae(torch, comfy, nodes, sizes, args.profile))
     lines = ["| call | model | wall ms | kernel ms | vs ComfyUI | relative difference |", "|---|---|---:|---:|---:|---:|"]
     results = []
     for what, engine, ms, kernel, rel, rounds in rows:
