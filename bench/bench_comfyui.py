@@ -18,7 +18,7 @@ time, the call is host-bound. `--profile DIR` also writes each row's per-op tabl
 
 ComfyUI's own SD3.5 Large MMDiT or FLUX.1-dev (bf16, random weights drawn on the GPU), 1024x1024, a 28-step KSampler
 run (SD3.5: CFG 4.5; Flux: CFG 1, guidance 3.5) untouched and through the node: fused, without graph capture, with
-each step cache at its published threshold, and with each --precision. One timed run after a warm-up per row (a
+each step cache at its published threshold, and with each --precision. The median of two timed runs after a warm-up (a
 step of these models is 50-190 ms: a run is seconds).
 """
 from __future__ import annotations
