@@ -20,6 +20,9 @@ least), normalised by the sum of weights.
 
 Each tile's GroupNorms see that tile's statistics, not the whole image's: tiles differ from the untiled decode as
 diffusers' own tiled decode does (tests/test_vae_tiles.py compares the two).
+
+The plan (Tiles) is apart from the decode: parallel/vae_split.py deals Tiles.bands, overlapping bands of rows, to the
+ranks that make an image, and blends what they decoded with the same ramps.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import cli_args, models
 
 MODES = ("data", "cfg", "seq", "cfg-seq")
-# The VAE decode of an image split over the ranks that make it (vae_split.py): on above its size threshold, always, never.
+# The VAE decode of an image split over the ranks that make it (vae_split.py): above its size threshold, always, never.
 VAE_SPLITS = ("auto", "on", "off")
 # How long a collective may wait for a slow or stuck rank before the job ends with an error. The first
 # one waits for every rank to build its pipeline, which for SDXL on a busy host takes minutes.

@@ -40,9 +40,9 @@ from .cfg import all_gather_single
 from .rounds import LostContact, waiting
 
 # 'auto' splits latents of 128 x 128 latents or more per image: SDXL, SD3 / SD3.5 and Flux at their native
-# 1024x1024 and above. There one H200 decodes in ~22 ms (bench/results/vae-decode-h200.md), 2 to 3 denoising steps
-# of SDXL in cfg mode, and two bands of 72 rows (56% of the image each) save about 10 ms for an all-gather of 3.5
-# MB. At 512x512 (64 latents: 5 ms) two bands are 40 rows each (62%): ~2 ms to gain, within a step's jitter. Not
+# 1024x1024 and above. There one H200 decodes in ~22 ms (bench/results/vae-decode-h200.md), about one SDXL step in
+# cfg mode (21.6 ms, bench/results/parallel-h200.md), and two bands of 72 rows (56% of the image each) save about
+# 10 ms for an all-gather of 3.5 MB. At 512x512 (64 latents: 5 ms) two bands are 40 rows each (62%): ~2 ms to gain, within a step's jitter. Not
 # yet measured on GPUs: bench/bench_parallel.py's vae-split rows are the check.
 AUTO_MIN_AREA = 128 * 128
 _WRAPPED_ATTR = "_rocm_sd_vae_split"
@@ -108,9 +108,11 @@ class VaeSplit:
         return_dict = args[1] if len(args) > 1 else kwargs.get("return_dict", True)
         images = self._decode(z, pieces)
         self.stats[f"split: {len(pieces.tiles.rows)} band(s) per image"] += 1
+        if not return_dict:  # what the pipelines ask for
+            return (images,)
         from diffusers.models.autoencoders.vae import DecoderOutput
 
-        return DecoderOutput(sample=images) if return_dict else (images,)
+        return DecoderOutput(sample=images)
 
     def _pieces(self, z) -> Pieces | None:
         """How this call is dealt, or None (counted in stats) where it is left whole."""
@@ -133,12 +135,12 @@ class VaeSplit:
         crops = tiles.crops()
         mine = [self.decode_piece(z[p // bands:p // bands + 1, :, crops[p % bands][0]].contiguous())[0]
                 for p in pieces.of(self.rank)]
-        shape = self._piece_shape(z, tiles)
-        dtype = mine[0].dtype if mine else self.vae.decoder.conv_out.weight.dtype
-        send = torch.zeros((pieces.slots, *shape), dtype=dtype, device=z.device)
+        # The decoder's dtype on every rank, including one that decodes no piece: the all-gather's must agree.
+        dtype = next(self.vae.decoder.parameters()).dtype
+        send = torch.zeros((pieces.slots, *self._piece_shape(tiles)), dtype=dtype, device=z.device)
         for slot, piece in enumerate(mine):
             send[slot] = piece
-        every = send.new_empty((self.ranks * pieces.slots, *shape))
+        every = send.new_empty((self.ranks * pieces.slots, *send.shape[1:]))
         self._gather(every, send)
         rank_major = every.unflatten(0, (self.ranks, pieces.slots))
 
@@ -148,7 +150,7 @@ class VaeSplit:
         return torch.stack([tiles.blend(piece(image * bands + band) for band in range(bands))
                             for image in range(pieces.batch)])
 
-    def _piece_shape(self, z: torch.Tensor, tiles: Tiles) -> tuple[int, int, int]:
+    def _piece_shape(self, tiles: Tiles) -> tuple[int, int, int]:
         """A decoded piece's [C', side_y * s, width * s], from the VAE's config (a rank may decode no piece)."""
         config = self.vae.config
         scale = 2 ** (len(config.block_out_channels) - 1)
