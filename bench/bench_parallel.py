@@ -3,13 +3,17 @@ torchrun job.
 
     python bench/bench_parallel.py [--gpus 1,2,4] [--prompts 32] [--batch 4] [--latency-model sd15 sdxl]
                                    [--seq-model flux sd35] [--seq-gpus 2,4]
+                                   [--vae-split-model sdxl flux] [--vae-split-sizes 1024,2048] [--vae-split-gpus 2,4]
 
 Throughput: --prompts prompts (SD1.5 512x512, 50 steps by default) in data-parallel mode on each GPU count;
 images/s over the generation phase (after each rank's warm-up, which captures the graphs), and whether
 every image equals the one-GPU image. Latency: one image at a time (batch 1), one GPU in data mode against
-two GPUs in cfg mode; median seconds per image, and PSNR of the cfg images against the one-GPU ones. Sequence
+two GPUs in cfg mode, with the VAE decode whole on each (--vae-split off) and in bands over the pair (on); median
+seconds per image, and PSNR of the cfg images against the one-GPU ones. Sequence
 parallelism (--seq-model, none by default): the diffusion transformers at 1024x1024, one image at a time, one GPU
 against seq mode on each of --seq-gpus (where the heads divide) and, for SD3 / SD3.5, cfg-seq mode (2 x N/2).
+The VAE decode split (--vae-split-model): one image's decode alone, whole on every rank against split in bands over
+--vae-split-gpus, each GPU count one torchrun job of bench/vae_split_decode.py (ms, PSNR of the split image).
 Appends the run to bench/results/data/parallel-<device>.jsonl (rows as docs/performance.md asks; the one-GPU
 latency rows also carry the device-time bounds: unet_b2_ms, unet_b1_ms, vae_decode_b1_ms).
 """
@@ -33,6 +37,7 @@ SUBJECTS = ["a lighthouse", "a red fox", "snowy mountains", "a bowl of fruit", "
 STYLES = ["at dawn, watercolor", "in the rain, oil painting", "at night, photograph", "in autumn, ink drawing"]
 LATENCY = {"sd15": dict(steps=50, size=512, prompts=5), "sdxl": dict(steps=30, size=1024, prompts=3)}
 SEQ_MODELS = ("flux", "flux-schnell", "sd3", "sd35m", "sd35")
+VAE_SPLIT_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vae_split_decode.py")
 
 
 def prompts(n: int) -> list[str]:
@@ -141,6 +146,28 @@ def seq_latency(work: str, model: str, gpu_counts: list[int], rows: list, lines:
         print(lines[-1], flush=True)
 
 
+def vae_split_decode(work: str, model: str, sizes: list[int], gpu_counts: list[int], rows: list, lines: list,
+                     repeats: int = 10) -> None:
+    """The VAE decode of one image whole on every rank against split in bands over the ranks, per GPU count (one
+    torchrun job of vae_split_decode.py each); rows and table lines appended."""
+    for gpus in gpu_counts:
+        out = os.path.join(work, f"vae-split-{model}-{gpus}.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+               VAE_SPLIT_WORKER, "--model", model, "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats),
+               "--out", out]
+        print("$ " + " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "4"})
+        if proc.returncode:
+            raise SystemExit(f"vae-split decode of {model} on {gpus} GPUs failed:\n{proc.stderr[-4000:]}")
+        with open(out) as f:
+            for row in json.load(f):
+                rows.append({"mode": "vae-split decode", **row})
+                lines.append(f"| {model} | {row['size']} | {gpus} | {row['bands']} x {row['band_rows']} of "
+                             f"{row['latent_rows']} | {row['whole_ms']:.1f} | {row['split_ms']:.1f} | "
+                             f"{row['split_vs_whole']:.2f}x | {row['psnr_db']:.1f} |")
+                print(lines[-1], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpus", default="1,2,4", help="GPU counts for the throughput rows")
@@ -153,6 +180,10 @@ def main() -> None:
     parser.add_argument("--seq-model", nargs="*", default=[], choices=SEQ_MODELS,
                         help="diffusion transformers for the sequence-parallel latency rows")
     parser.add_argument("--seq-gpus", default="2,4", help="GPU counts for the sequence-parallel rows")
+    parser.add_argument("--vae-split-model", nargs="*", default=["sdxl", "flux"], choices=sorted(LATENCY) + ["flux"],
+                        help="VAEs for the split-decode rows (sdxl: SD's VAE; flux: the 16-channel one of SD3 / Flux)")
+    parser.add_argument("--vae-split-sizes", default="1024,2048", help="image sides for the split-decode rows")
+    parser.add_argument("--vae-split-gpus", default="2,4", help="GPU counts for the split-decode rows")
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args()
 
@@ -190,24 +221,30 @@ def main() -> None:
             lat = ["--model", model, "--height", str(spec["size"]), "--width", str(spec["size"]),
                    "--steps", str(spec["steps"]), "--batch", "1"]
             single, ref = generate(work, f"lat1-{model}", 1, prompts(spec["prompts"]), *lat)
-            cfg, got = generate(work, f"cfg2-{model}", 2, prompts(spec["prompts"]), *lat, "--mode", "cfg")
-            s1, s2 = single["timings"]["median_round_s"], cfg["timings"]["median_round_s"]
-            quality = min(psnr(a / 255.0, b / 255.0) for a, b in zip(ref, got))  # PNGs: 8-bit
+            s1, cfg_runs = single["timings"]["median_round_s"], []
+            for vae_split in ("off", "on"):  # the decode whole on each rank of the pair, or in bands over the pair
+                cfg, got = generate(work, f"cfg2-{model}-{vae_split}", 2, prompts(spec["prompts"]), *lat, "--mode",
+                                    "cfg", "--vae-split", vae_split)
+                cfg_runs.append((vae_split, cfg["timings"]["median_round_s"],
+                                 min(psnr(a / 255.0, b / 255.0) for a, b in zip(ref, got)), len(got)))  # 8-bit PNGs
             bound = split_bound(model, spec["size"])
             bounds.append(f"- {model} {spec['size']}x{spec['size']}: UNet step {bound['unet_b2_ms']:.2f} ms on the CFG "
                           f"batch of 2, {bound['unet_b1_ms']:.2f} ms on half of it "
                           f"({bound['unet_b1_ms'] / bound['unet_b2_ms']:.2f}x); VAE decode of one image "
-                          f"{bound['vae_decode_b1_ms']:.1f} ms (both ranks of a pair run it).")
-            for gpus, mode, s in ((1, "data", s1), (2, "cfg", s2)):
+                          f"{bound['vae_decode_b1_ms']:.1f} ms (both ranks of a pair run it with --vae-split off).")
+            for gpus, mode, vae_split, s, quality, images in ((1, "data", None, s1, None, 0),
+                                                              *((2, "cfg", *run) for run in cfg_runs)):
                 rows.append({"gpus": gpus, "mode": mode, "model": model, "height": spec["size"], "width": spec["size"],
                              "steps": spec["steps"], "batch": 1, "latency_s": round(s, 4),
                              "speedup_vs_1gpu": round(s1 / s, 3), "psnr_db": None if gpus == 1 else round(quality, 1),
-                             **({"psnr_images": len(got)} if gpus == 2 else {}),
+                             **({"psnr_images": images, "vae_split": vae_split} if gpus == 2 else {}),
                              **({"unet_b2_ms": round(bound["unet_b2_ms"], 2),
                                  "unet_b1_ms": round(bound["unet_b1_ms"], 2),
                                  "vae_decode_b1_ms": round(bound["vae_decode_b1_ms"], 1)} if gpus == 1 else {})})
-                lines.append(f"| {model} | {spec['size']} | {spec['steps']} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
-                             + ("-" if gpus == 1 else f"{quality:.1f} (lowest of {len(got)})") + " |")
+                label = mode if gpus == 1 else f"{mode}, vae split {vae_split}"
+                lines.append(f"| {model} | {spec['size']} | {spec['steps']} | {gpus} | {label} | {s:.3f} | "
+                             f"{s / s1:.2f}x | "
+                             + ("-" if gpus == 1 else f"{quality:.1f} (lowest of {images})") + " |")
                 print(lines[-1], flush=True)
         if bounds:
             lines += ["", "One GPU, optimized, device time of a graph replay (what bounds the cfg rows):", ""] + bounds
@@ -217,6 +254,13 @@ def main() -> None:
                       "|---|---:|---:|---:|---|---:|---:|---:|"]
             for model in args.seq_model:
                 seq_latency(work, model, [int(g) for g in args.seq_gpus.split(",")], rows, lines)
+        if args.vae_split_model:
+            lines += ["", "## The VAE decode of one image: whole on every rank vs split in bands over the ranks", "",
+                      "| VAE of | size | GPUs | bands x latent rows | whole ms | split ms | split vs whole | PSNR vs "
+                      "whole dB |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+            for model in args.vae_split_model:
+                vae_split_decode(work, model, [int(s) for s in args.vae_split_sizes.split(",")],
+                                 [int(g) for g in args.vae_split_gpus.split(",")], rows, lines)
     print(write_results("parallel", rows, "\n".join(lines), args.out_dir))
 
 

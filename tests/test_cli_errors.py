@@ -119,6 +119,10 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
     ("rocm_sd", [*GENERATE, "--mode", "seq", "--model", "tiny"], 2,
      "argument --mode: seq splits a diffusion transformer's tokens; tiny is a UNet model: give --model sd3 / sd35m / "
      "sd35 / flux / flux-schnell (or a model folder of one), or --mode cfg"),
+    ("rocm_sd", [*GENERATE, "--vae-split", "on"], 2, "argument --vae-split: on splits the decode of an image over the "
+                                                     "ranks that make it together (--mode cfg, seq or cfg-seq); in "
+                                                     "data mode each image is one rank's"),
+    ("rocm_sd", [*GENERATE, "--vae-split", "yes"], 2, "argument --vae-split: invalid choice: 'yes'"),
     ("rocm_sd", [*GENERATE, "--model", "sd16"], 2, "argument --model: 'sd16' is neither an architecture nor an "
                                                    "existing file or folder; accepted: an architecture (flux, "
                                                    "flux-schnell, sd15, sd21, sd3"),

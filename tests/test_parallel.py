@@ -188,7 +188,7 @@ def test_lookout_names_the_live_rank_that_was_not_waiting_in_a_collective():
 
 # ---- end to end: torchrun -m rocm_sd generate -------------------------------------------------------
 
-# "<rank> <setup|warm-up|round|attention> <raise|die|hang>": read by this module's main (_inject_fault)
+# "<rank> <setup|warm-up|round|attention|decode> <raise|die|hang>": read by this module's main (_inject_fault)
 _FAULT = "TEST_PARALLEL_FAULT"
 _FAULT_AT = "fault injected at unix time "
 _PID_OF = "test_parallel: the process of rank "  # each rank of a job with a fault says "<rank> is <pid>"
@@ -234,7 +234,8 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
     partner (or sequence-parallel group) has been through one step's collectives with it and waits in the next.
     'attention' (seq and cfg-seq modes): in the first round's second step, in its first attention, between the
     all-to-all that sent this rank's Q, K and V and the one that would bring its rows back: the group waits in
-    the second."""
+    the second. 'decode' (--vae-split): in the first round's VAE decode, in this rank's first band, before the
+    all-gather of the bands that the image's other ranks wait in."""
     from rocm_sd.parallel import generate
 
     if os.environ["RANK"] != rank:
@@ -263,8 +264,13 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
 
         shard._all_to_all = failing_all_to_all
 
+    def fail_in_decode(pipe):
+        pipe.vae.decode.decode_piece = lambda latent: fault()  # parallel/vae_split.py's VaeSplit
+
     def failing_call(pipe, job, indices, steps=None):
-        if (steps is not None) == (phase == "warm-up"):  # warm-up calls are the short ones
+        if phase == "decode" and steps is None:
+            fail_in_decode(pipe)
+        elif (steps is not None) == (phase == "warm-up"):  # warm-up calls are the short ones
             denoiser = generate.models.denoiser(pipe)
             unet_step, count = denoiser.forward, itertools.count(1)
 
@@ -351,11 +357,12 @@ def _failed_job(tmp_path, nproc: int, mode: str, fault: str, timeout_s: int = 12
 
 
 def _failed_job_and_root_cause(tmp_path, nproc: int, mode: str, fault: str, timeout_s: int = 120,
-                               wall_s: float = 300, model: str = "tiny",
-                               size: int | None = None) -> tuple[str, float, int]:
-    """_failed_job's report and seconds, and the rank torchrun names as the root cause (its first failure)."""
+                               wall_s: float = 300, model: str = "tiny", size: int | None = None,
+                               extra: tuple[str, ...] = ()) -> tuple[str, float, int]:
+    """_failed_job's report and seconds, and the rank torchrun names as the root cause (its first failure);
+    `extra`: more arguments for generate."""
     sizes = ("--height", str(size), "--width", str(size)) if size else ()
-    proc, _ = _generate(tmp_path, "failed", nproc, "--mode", mode, *sizes, fault=fault, timeout_s=timeout_s,
+    proc, _ = _generate(tmp_path, "failed", nproc, "--mode", mode, *sizes, *extra, fault=fault, timeout_s=timeout_s,
                         wall_s=wall_s, model=model)
     ended = time.time()
     assert proc.returncode != 0

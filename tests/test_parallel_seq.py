@@ -141,7 +141,7 @@ def test_cfg_parallel_splits_the_transformer_step(monkeypatch):
 
     monkeypatch.setattr(cfg.dist, "get_world_size", lambda group: 2)
     monkeypatch.setattr(cfg.dist, "get_rank", lambda group: 0)
-    monkeypatch.setattr(cfg, "_all_gather_single", all_gather)
+    monkeypatch.setattr(cfg, "all_gather_single", all_gather)
     model = _transformer("tiny-sd3")
     inputs = _inputs(model, batch=4)
     with torch.no_grad():

@@ -20,11 +20,16 @@ least), normalised by the sum of weights.
 
 Each tile's GroupNorms see that tile's statistics, not the whole image's: tiles differ from the untiled decode as
 diffusers' own tiled decode does (tests/test_vae_tiles.py compares the two).
+
+The plan (Tiles) is apart from the decode: parallel/vae_split.py deals Tiles.bands, overlapping bands of rows, to the
+ranks that make an image, and blends what they decoded with the same ramps.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -43,7 +48,76 @@ def axis_tiles(length: int, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP) ->
         if best is None or count * side < best[0] * best[1]:
             best = (side, count)
     side, count = best
-    return side, [round(k * (length - side) / (count - 1)) if count > 1 else 0 for k in range(count)]
+    return side, _spread(length, side, count)
+
+
+def axis_bands(length: int, count: int, min_overlap: int = MIN_OVERLAP) -> tuple[int, list[int]]:
+    """(band side, band starts): `count` bands of one side along an axis of `length` latents, the smallest side
+    whose neighbours overlap by min_overlap or more (parallel/decode.py deals them to ranks)."""
+    if count < 1:
+        raise ValueError(f"a band count must be >= 1, got {count}")
+    side = length if count == 1 else min(length, math.ceil((length - min_overlap) / count) + min_overlap)
+    return side, _spread(length, side, count)
+
+
+def _spread(length: int, side: int, count: int) -> list[int]:
+    """Starts of `count` tiles of `side`: the first at 0, the last flush with the edge, the overlaps even between."""
+    return [round(k * (length - side) / (count - 1)) if count > 1 else 0 for k in range(count)]
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Where a latent's tiles lie: side_y x side_x latents each, at every (row, col) start, in row-major order."""
+    side_y: int
+    rows: tuple[int, ...]
+    side_x: int
+    cols: tuple[int, ...]
+
+    @classmethod
+    def plan(cls, height: int, width: int, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP) -> Tiles:
+        """The fixed-shape tiles of a tiled() latent (the module's docstring)."""
+        side_y, rows = axis_tiles(height, sizes, min_overlap)
+        side_x, cols = axis_tiles(width, sizes, min_overlap)
+        return cls(side_y, tuple(rows), side_x, tuple(cols))
+
+    @classmethod
+    def bands(cls, height: int, width: int, count: int, min_overlap: int = MIN_OVERLAP) -> Tiles:
+        """`count` overlapping bands of rows, each the whole width."""
+        side_y, rows = axis_bands(height, count, min_overlap)
+        return cls(side_y, tuple(rows), width, (0,))
+
+    @property
+    def height(self) -> int:
+        return self.rows[-1] + self.side_y
+
+    @property
+    def width(self) -> int:
+        return self.cols[-1] + self.side_x
+
+    def crops(self) -> list[tuple[slice, slice]]:
+        """Each tile's (rows, columns) of the latent, in row-major order."""
+        return [(slice(top, top + self.side_y), slice(left, left + self.side_x))
+                for top in self.rows for left in self.cols]
+
+    def blend(self, decoded) -> torch.Tensor:
+        """The image [C', H * s, W * s] of the tiles' decodes [C', side_y * s, side_x * s] (an iterable, in crops()
+        order, consumed one tile at a time), each weighted by its ramps and normalised by the sum of weights (the
+        module's docstring)."""
+        out = total = None
+        places = itertools.product(range(len(self.rows)), range(len(self.cols)))
+        for (rows, cols), tile, (i, j) in zip(self.crops(), decoded, places):
+            if out is None:  # the decoder's upscaling, read off the first tile
+                scale = tile.shape[-1] // self.side_x
+                weights_y = _ramps(self.rows, self.side_y, scale, tile.device)
+                weights_x = _ramps(self.cols, self.side_x, scale, tile.device)
+                out = torch.zeros(tile.shape[0], self.height * scale, self.width * scale, device=tile.device)
+                total = torch.zeros(1, self.height * scale, self.width * scale, device=tile.device)
+            weight = weights_y[i][:, None] * weights_x[j][None, :]
+            region = (slice(None), slice(rows.start * scale, rows.stop * scale),
+                      slice(cols.start * scale, cols.stop * scale))
+            out[region] += tile.float() * weight
+            total[region] += weight
+        return (out / total).to(tile.dtype)
 
 
 def tiled(height: int, width: int, sizes=TILE_SIZES) -> bool:
@@ -73,7 +147,7 @@ def _ramps(starts: list[int], side: int, scale: int, device) -> list[torch.Tenso
     return weights
 
 
-def _decode_tile(vae, tile: torch.Tensor) -> torch.Tensor:
+def decode_tile(vae, tile: torch.Tensor) -> torch.Tensor:
     # AutoencoderKL._decode's untiled path (its own would tile again where vae.enable_tiling() is on)
     if vae.post_quant_conv is not None:
         tile = vae.post_quant_conv(tile)
@@ -89,28 +163,9 @@ def zero_padded(model: torch.nn.Module) -> bool:
 def decode_in_tiles(decode, z: torch.Tensor, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP) -> torch.Tensor:
     """decode (a [1, C, h, w] latent tile -> its [1, C', h * s, w * s] image) over z [B, C, H, W], tiled() latents
     only, one image at a time, the tiles blended (the module's docstring): [B, C', H * s, W * s]."""
-    height, width = z.shape[-2:]
-    side_y, rows = axis_tiles(height, sizes, min_overlap)
-    side_x, cols = axis_tiles(width, sizes, min_overlap)
-    images, weights_y, weights_x = [], None, None
-    for latent in z.split(1):
-        out = total = None
-        for i, top in enumerate(rows):
-            for j, left in enumerate(cols):
-                tile = decode(latent[:, :, top:top + side_y, left:left + side_x].contiguous())
-                if out is None:  # the decoder's upscaling, read off the first tile
-                    scale = tile.shape[-1] // side_x
-                    weights_y = _ramps(rows, side_y, scale, tile.device)
-                    weights_x = _ramps(cols, side_x, scale, tile.device)
-                    out = torch.zeros(tile.shape[1], height * scale, width * scale, device=tile.device)
-                    total = torch.zeros(1, height * scale, width * scale, device=tile.device)
-                weight = weights_y[i][:, None] * weights_x[j][None, :]
-                region = (slice(None), slice(top * scale, (top + side_y) * scale),
-                          slice(left * scale, (left + side_x) * scale))
-                out[region] += tile[0].float() * weight
-                total[region] += weight
-        images.append((out / total).to(tile.dtype))
-    return torch.stack(images)
+    tiles = Tiles.plan(*z.shape[-2:], sizes, min_overlap)
+    return torch.stack([tiles.blend(decode(latent[:, :, rows, cols].contiguous())[0] for rows, cols in tiles.crops())
+                        for latent in z.split(1)])
 
 
 def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_SIZES, min_overlap: int = MIN_OVERLAP):
@@ -120,7 +175,7 @@ def tiled_decode(vae, z: torch.Tensor, return_dict: bool = True, *, sizes=TILE_S
 
     if not tiled(*z.shape[-2:], sizes) or not zero_padded(vae):
         return type(vae)._decode(vae, z, return_dict=return_dict)
-    decoded = decode_in_tiles(functools.partial(_decode_tile, vae), z, sizes, min_overlap)
+    decoded = decode_in_tiles(functools.partial(decode_tile, vae), z, sizes, min_overlap)
     return DecoderOutput(sample=decoded) if return_dict else (decoded,)
 
 

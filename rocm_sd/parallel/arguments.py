@@ -5,6 +5,8 @@ from __future__ import annotations
 from .. import cli_args, models
 
 MODES = ("data", "cfg", "seq", "cfg-seq")
+# The VAE decode of an image split over the ranks that make it (vae_split.py): above its size threshold, always, never.
+VAE_SPLITS = ("auto", "on", "off")
 # How long a collective may wait for a slow or stuck rank before the job ends with an error. The first
 # one waits for every rank to build its pipeline, which for SDXL on a busy host takes minutes.
 DEFAULT_TIMEOUT_S = 600.0
@@ -36,5 +38,10 @@ def add_arguments(parser) -> None:
                         help="default: float16 on a GPU (bfloat16 for the diffusion transformers), float32 on a CPU")
     parser.add_argument("--no-optimize", action="store_true", help="plain diffusers (to compare)")
     parser.add_argument("--no-warmup", action="store_true", help="time the first calls too")
+    parser.add_argument("--vae-split", choices=VAE_SPLITS, default="auto",
+                        help="cfg, seq and cfg-seq modes: the final VAE decode of each image in bands of rows over the "
+                             "ranks that make it, blended as a tiled decode (auto: for latents of 128x128 or more, "
+                             "1024x1024 images; on: every latent taller than the bands' overlap; off: every rank "
+                             "decodes the whole image)")
     parser.add_argument("--timeout-s", type=cli_args.positive_float, default=DEFAULT_TIMEOUT_S,
                         help="longest wait for another rank before the job fails")

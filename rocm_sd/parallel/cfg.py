@@ -4,7 +4,8 @@ With guidance the pipeline calls the UNet (or the SD3 / SD3.5 transformer) on [u
 stacked in the batch. Each rank of a pair runs its half (the model treats the samples of a batch
 independently, so the halves compute what the whole would), then one all-gather per step puts the whole
 output on both ranks,
-which then take identical scheduler steps. The VAE decode is split the same way when the batch is even.
+which then take identical scheduler steps. The VAE decode is split the same way when the batch is even, unless
+vae_split.py, wrapped around it, deals the decode in bands (large latents).
 
 The wrapper goes around whatever the model's forward is at that point, so with rocm_sd.optimize()
 applied first each rank replays a graph of the half batch.
@@ -27,7 +28,7 @@ SPLIT_CALLS = (("unet", "forward"), ("transformer", "forward"), ("controlnet", "
 _SAMPLE_KEYWORDS = ("sample", "hidden_states", "z")
 _WRAPPED_ATTR = "_rocm_sd_cfg_parallel"
 # torch 2.13 renamed all_gather_into_tensor (and deprecated the old name); both exist in between.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class SplitBatchCall:
@@ -62,7 +63,7 @@ class SplitBatchCall:
         whole = part.new_empty((2 * part.shape[0], *part.shape[1:]))
         try:
             with waiting(self.lookout):
-                _all_gather_single(whole, part.contiguous(), group=self.group)
+                all_gather_single(whole, part.contiguous(), group=self.group)
         except Exception as exc:  # noqa: BLE001 -- the backends' error types differ (gloo, NCCL, RCCL)
             raise LostContact(f"the all-gather of {self.label} with this rank's CFG partner broke") from exc
         return whole

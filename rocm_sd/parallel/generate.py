@@ -30,6 +30,7 @@ from .lookout import Lookout
 from .mesh import Mesh, init, shutdown
 from .rounds import JobFailed, all_gather, batches, checked, gather_to_root, run_rounds
 from .seq import enable_sequence_parallel
+from .vae_split import enable_vae_split
 
 WARMUP_STEPS = 2   # a short call per batch shape before timing: graph capture and kernel choice happen there
 PNG_THREADS = 4
@@ -81,8 +82,9 @@ def weights_fingerprint(pipe) -> float:
         return float(sum(p.detach().double().sum() for p in models.denoiser(pipe).parameters()))
 
 
-def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool):
-    """The pipeline on this rank's device, optimized, split for cfg or seq mode; checked against the other ranks."""
+def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool, vae_split: str = "auto"):
+    """The pipeline on this rank's device, optimized, split for cfg or seq mode (and its VAE decode over the ranks
+    of an image, `vae_split`: auto, on or off; vae_split.py); checked against the other ranks."""
     def build():
         pipe = models.load_pipeline(model, mesh.device, dtype)
         if optimize:
@@ -91,6 +93,8 @@ def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool):
             enable_cfg_parallel(pipe, mesh.cfg_group, mesh.lookout)
         if mesh.seq_group is not None:
             enable_sequence_parallel(pipe, mesh.seq_group, mesh.lookout)
+        if mesh.image_group is not None:
+            enable_vae_split(pipe, mesh.image_group, mesh.lookout, vae_split)
         return pipe, weights_fingerprint(pipe)
 
     pipe, fingerprint = checked(mesh, "pipeline setup", build)
@@ -188,6 +192,9 @@ def main(args) -> int:
         raise cli_args.UsageError(f"argument --mode: {args.mode} splits a diffusion transformer's tokens; {args.model} "
                                   "is a UNet model: give --model sd3 / sd35m / sd35 / flux / flux-schnell (or a model "
                                   "folder of one), or --mode cfg")
+    if args.vae_split == "on" and args.mode == "data":
+        raise cli_args.UsageError("argument --vae-split: on splits the decode of an image over the ranks that make it "
+                                  "together (--mode cfg, seq or cfg-seq); in data mode each image is one rank's")
     try:
         mesh = init(args.mode, args.timeout_s)
     except ValueError as error:  # cfg mode on an odd number of processes (one without torchrun): init says so
@@ -199,7 +206,7 @@ def main(args) -> int:
     model = args.model or defaults[0 if on_gpu else 1]
     dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(model) if on_gpu else torch.float32
     try:
-        pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize)
+        pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize, vae_split=args.vae_split)
         setup_s = time.perf_counter() - start
         images, timings = run(mesh, pipe, job, out_dir=args.out, warmup=not args.no_warmup)
     except JobFailed as exc:
@@ -214,7 +221,8 @@ def main(args) -> int:
     if mesh.rank == 0:
         summary = timings.summary(len(job.prompts))
         write_json_atomically(os.path.join(args.out, "run.json"), {
-            "model": model, "dtype": str(dtype).removeprefix("torch."), "mode": args.mode, "gpus": mesh.world,
+            "model": model, "dtype": str(dtype).removeprefix("torch."), "mode": args.mode, "vae_split": args.vae_split,
+            "gpus": mesh.world,
             "device": torch.cuda.get_device_name(mesh.device) if on_gpu else "cpu",
             "arch": platform.device_arch(mesh.device) if on_gpu else "cpu", "optimized": not args.no_optimize,
             "job": asdict(job), "timings": summary, "images": [f"{i:05d}.png" for i in range(len(images))]})

@@ -24,7 +24,8 @@ thread of its own, the same way on both backends:
     sees it within POLL_S, leaves GRACE_S for the agreement to end the job the ordinary way, and then
     reports and ends its process: what NCCL's watchdog does at the timeout, at once and with the error.
     The failed ranks end first and the others outlive them by a moment, so that torchrun names a failed
-    rank as the first failure (the root cause), not the rank that waited for it;
+    rank as the first failure (the root cause), not the rank that waited for it; so do ranks that end through
+    the agreement (a failed rank's lookout beats on until its process has ended);
   * every lookout beats a counter. When a collective breaks, or SIGTERM comes, the ranks whose counter
     stands still through a roll call of ROLL_CALL_S are named as lost;
   * every lookout also publishes its rank's step and whether the rank waits in a collective. When a
@@ -83,6 +84,7 @@ class Lookout:
         self._parent = os.getppid()  # the launcher
         self._ending = threading.Lock()
         self._stopped = threading.Event()
+        self._beating_on = False  # after conclude(): the thread beats on, and does nothing else
         self._signals, self._signal_writer = socket.socketpair()
         self._thread = threading.Thread(target=self._watch, name="rocm_sd lookout", daemon=True)
         self._sigterm_before = None  # (wake-up fd, handler) to put back
@@ -107,12 +109,17 @@ class Lookout:
         nothing more, and SIGTERM (torchrun stopping the other ranks) waits until the report is out. Blocks
         for good if the lookout is ending the process already."""
         self._ending.acquire()
+        self._beating_on = True  # for the ranks that outlive this one: its beats stop when its process ends
         self._stopped.set()
         try:
             self.report(message)
         finally:
             self._release_sigterm()
-        self._outlive(self._named)
+        try:
+            failed = [f.rank for f in self.failures()]
+        except Exception:  # noqa: BLE001 - the store left with torchrun's agent: nobody is left to outlive
+            failed = []
+        self._outlive(self._named + ([] if self.rank in failed else failed))
 
     def publish(self, error: RankError) -> None:
         try:
@@ -201,6 +208,12 @@ class Lookout:
             except Exception as exc:  # noqa: BLE001 - the store left with torchrun's agent: nothing more to learn
                 if terminated:
                     self._end(f"stopped by SIGTERM during {self.step} (the job's store: {exc})", _TERMINATED)
+        while self._beating_on:  # concluded: beats (a daemon thread's) until the process ends, nothing else
+            time.sleep(POLL_S)
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 - the store left with torchrun's agent: nobody counts them
+                return
 
     def _end(self, message: str, code: int, outlive: list[int] = ()) -> None:
         """Report and end the process, after the ranks `outlive` (a few seconds at most), unless the main thread

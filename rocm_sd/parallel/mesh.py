@@ -38,6 +38,7 @@ class Mesh:
     cfg_group: object = None      # the process group of this rank's CFG pair (cfg mode only)
     seq: int = 1                  # ranks splitting an image's tokens: every rank in seq mode, else 1
     seq_group: object = None      # the process group that splits this rank's images by tokens (seq mode only)
+    image_group: object = None    # the ranks that make this rank's images together: the pair, the seq group, or both
     lookout: Lookout | None = None  # this rank's watch on the others, where the caller started one
     timeout_s: float = DEFAULT_TIMEOUT_S  # every group's and collective's longest wait for another rank
 
@@ -114,8 +115,13 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
         return mine
 
     cfg_group, seq_group = joined(pairs), joined(blocks)
+    # The ranks of one image (vae_split.py splits its decode over them): the pair in cfg mode, the group in seq
+    # mode, and in cfg-seq mode both halves' groups, a group of its own.
+    image_group = (cfg_group if mode == "cfg" else seq_group if mode == "seq" else
+                   joined([list(range(first, first + cfg * seq)) for first in range(0, world, cfg * seq)])
+                   if mode == "cfg-seq" else None)
     return Mesh(rank=rank, world=world, local_rank=local_rank, cfg=cfg, device=device, cfg_group=cfg_group,
-                seq=seq, seq_group=seq_group, timeout_s=timeout_s)
+                seq=seq, seq_group=seq_group, image_group=image_group, timeout_s=timeout_s)
 
 
 def shutdown(wait_s: float = 60.0) -> None:

@@ -32,10 +32,10 @@ import torch.distributed as dist
 
 from ..modules.joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor
 from ..modules.joint_attention import attend as attend_here
+from .cfg import all_gather_single
 from .rounds import LostContact, waiting
 
 _WRAPPED_ATTR = "_rocm_sd_seq_parallel"
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # Per model class: (the submodule whose output rows are the image tokens to split, whether the image rows come
 # first in the joint attention, the submodule whose output rows are gathered, a submodule whose rotary table is
@@ -81,7 +81,7 @@ class SequenceShard:
     def gather(self, part: torch.Tensor) -> torch.Tensor:
         """The image rows of every rank, in order: (B, l, C) -> (B, L, C)."""
         whole = part.new_empty((self.world * part.shape[0], *part.shape[1:]))  # rank-major, as the backends write
-        self._collective("all-gather", _all_gather_single, whole, part.contiguous())
+        self._collective("all-gather", all_gather_single, whole, part.contiguous())
         return whole.unflatten(0, (self.world, part.shape[0])).transpose(0, 1).flatten(1, 2)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
