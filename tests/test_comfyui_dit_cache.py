@@ -4,7 +4,9 @@ makes a sampling run's evaluations as ComfyUI's sampler does (comfy/samplers.py:
 cond_or_uncond, sigmas and the run's sample_sigmas; the model_function_wrapper called per evaluation)."""
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ from rocm_sd.modules.comfy_sigmas import SamplingRuns
 from rocm_sd.modules.step_cache import relative_change
 from rocm_sd.patch import comfy as comfy_patch
 from rocm_sd.patch.comfy_graph import graph_stats, installed_step_cache
-from tests.comfyui_standin import standin_model
+from tests.comfyui_standin import ROOT, standin_model
 from tests.test_comfyui_dit import MODELS, dit_model
 from tests.test_dit_cache import cpu_graphs  # noqa: F401 - a fixture: GraphedCall captures and replays CPU calls
 from tests.test_dit_cache import keep_residuals
@@ -253,6 +255,41 @@ def test_sampling_runs_positions():
     assert runs.locate(1.0, schedule) == (0, 4) and runs.runs == 2   # the first sigma again: another run
     assert runs.locate(0.5, torch.tensor([0.5, 0.0])) == (0, 2) and runs.runs == 3   # a new schedule
     assert runs.locate(0.5, None) is None and runs.runs == 3
+
+
+def load_check(monkeypatch):
+    """integrations/comfyui/check_in_comfyui.py as a module (it imports ComfyUI only when run); the
+    ROCM_SD_TUNE_DEFAULTS=0 its import sets is undone after the test."""
+    monkeypatch.setenv("ROCM_SD_TUNE_DEFAULTS", os.environ.get("ROCM_SD_TUNE_DEFAULTS", "0"))
+    path = os.path.join(ROOT, "integrations", "comfyui", "check_in_comfyui.py")
+    spec = importlib.util.spec_from_file_location("check_in_comfyui_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("mode", ["fbcache", "teacache"])
+def test_the_real_comfyui_checks_random_weights_keep_the_samplers_schedule(comfy, nodes, monkeypatch, mode):
+    """check_in_comfyui.py gives the SD3.5-style model it builds with ComfyUI's classes random weights. ComfyUI's
+    BaseModel holds model_sampling beside the diffusion model, and KSampler's schedule comes from its `sigmas` buffer:
+    the random weights must leave it as it is, and on that schedule (6 steps, CFG batched) a threshold no change
+    reaches caches every evaluation after the first (teacache: but the run's last). Randomizing that buffer too made
+    the real ComfyUI's schedule rise (-0.99 .. 0.21), each sigma a new run: the cache skipped nothing (issue 50)."""
+    from comfy.model_sampling import ModelSamplingDiscreteFlow
+    from comfy.samplers import calculate_sigmas
+
+    check = load_check(monkeypatch)
+    patcher = dit_model(comfy, "sd35m", model_sampling=ModelSamplingDiscreteFlow(shift=3.0))  # supported_models.SD3's
+    own = calculate_sigmas(patcher.model.model_sampling, "normal", 6)
+    weight = patcher.model.diffusion_model.final_layer.linear.weight.clone()
+    check.random_weights(torch, patcher.model)
+    sigmas = calculate_sigmas(patcher.model.model_sampling, "normal", 6)
+    assert not torch.equal(patcher.model.diffusion_model.final_layer.linear.weight, weight)
+    assert torch.equal(sigmas, own) and sigmas[0] == 1.0
+    cached = optimized(nodes, patcher, cache=mode, dit_cache_threshold=HUGE, **EXACT)
+    run(cached, "mmdit", sigmas=sigmas.tolist())
+    last = mode == "teacache"
+    assert counts(cached) == {"step cache: full calls": 1 + last, "step cache: cached calls": 5 - last}
 
 
 @pytest.mark.parametrize("name", NAMES)

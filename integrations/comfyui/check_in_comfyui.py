@@ -80,11 +80,20 @@ def small_model(torch, comfy, device, dtype, model_class="SD15", base=SMALL_UNET
     config = getattr(comfy.supported_models, model_class)(base | unet_config)
     config.set_inference_dtype(dtype, None)
     model = config.get_model({}, device=device)
+    random_weights(torch, model)
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+
+
+def random_weights(torch, model) -> None:
+    """Random weights (seed 0) for the diffusion model of a ComfyUI BaseModel built without a state dict, its buffers
+    too (SD3's position embedding is torch.empty). Not the BaseModel's model_sampling beside it: KSampler's schedule
+    comes from its sigmas buffer (comfy.samplers.calculate_sigmas), and random ones gave SD3's 6 steps sigmas from
+    -0.99 rising to 0.21, each a new sampling run for the step cache (issue 50), and SD1.5's negative sigmas."""
     torch.manual_seed(0)
-    for p in [*model.parameters(), *model.buffers()]:  # buffers too: SD3's position embedding is torch.empty
+    network = model.diffusion_model
+    for p in [*network.parameters(), *network.buffers()]:
         if p.is_floating_point():
             p.data.normal_(0, 0.1)
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
 
 
 def count_override_calls(optimized) -> tuple[list, object]:
@@ -417,6 +426,7 @@ def check_transformer_cache(torch, comfy, nodes, device, dtype):
     the latents stay finite and differ; the input MODEL samples as before, exactly; on a GPU the cache's calls replay
     their own graphs."""
     import comfy.sample
+    import comfy.samplers
     from rocm_sd.patch.comfy_graph import graph_stats
 
     def sample(p, cfg):
@@ -433,6 +443,11 @@ def check_transformer_cache(torch, comfy, nodes, device, dtype):
     optimize = nodes["RocmSDOptimizeModel"]().optimize
     for what, model_class, config, _, cfg in (TRANSFORMERS[0], TRANSFORMERS[2]):
         patcher = small_model(torch, comfy, device, dtype, model_class, base=config)
+        # KSampler's schedule (6 steps, "normal"): a cached step needs one going down, or every sigma is a new run
+        sigmas = comfy.samplers.calculate_sigmas(patcher.get_model_object("model_sampling"), "normal", 6)
+        falls = bool((sigmas[1:] < sigmas[:-1]).all()) and sigmas[-1] == 0
+        print(f"{what}: KSampler's sigmas {[round(s, 4) for s in sigmas.tolist()]}, going down: {falls}")
+        ok = ok and falls
         reference = sample(patcher, cfg)
         plain = sample(optimize(patcher)[0], cfg)
         for mode in ("fbcache", "teacache"):
