@@ -8,6 +8,11 @@ database, which rocm_sd.optimize() points later processes at). cuDNN's benchmark
 cuDNN keeps its choices in the process only: on NVIDIA this fills the searches of the process that calls run() (the
 ComfyUI Tune node's), not of a later one.
 
+run_sizes() is the machinery: per size a "run one size" callable under the vendors' searches and the problem recorder,
+the time and new problems per size, the printed lines. run() gives it a diffusers pipeline; a host gives it its own
+loaded model (the A1111 / Forge tab: a one-step txt2img of the webui's model, integrations/a1111), which is more exact
+(the host's dtypes and layouts) and needs no diffusers: this module imports diffusers only inside run().
+
 Per size, the pipeline as rocm_sd.optimize() runs it (graphs off: nothing is searched inside a capture) makes one
 call of one step: the text encoders, the UNet or transformer step at the pipeline's batch (twice the images with
 CFG), and the VAE decode, in fixed-shape tiles where optimize()'s vae_tiles is on (the default on ROCm), so that any
@@ -24,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
-from . import models, patch, platform
+from . import platform
 from .tune.harvest import _spec
 
 # aten ops that are a convolution library's or a GEMM library's problem (linear layers decompose into mm / addmm).
@@ -96,36 +101,26 @@ def _vendor_searches(device: torch.device):
 def _default_size(pipe) -> int:
     """A model folder's pipeline's own image size: its denoiser's sample size in latents (SDXL, SD3 and Flux
     pipelines keep it as default_sample_size), times the VAE's scale."""
+    from . import models
+
     latents = getattr(pipe, "default_sample_size", None) or models.denoiser(pipe).config.sample_size
     return latents * pipe.vae_scale_factor
 
 
-def run(model: str = "sd15", sizes=None, batch: int = 1, dtype: torch.dtype | None = None,
-        device: str | torch.device | None = None, progress: bool = True, **flags) -> Prepared:
-    """Runs every convolution and GEMM problem of `model` (an architecture name, random weights, or a local diffusers
-    folder) at each (width, height) of `sizes` (default: the model's own square size), `batch` images per
-    call, once, with the vendors' searches on. `flags`: optimize() flags, as the later runs will use them (e.g.
-    vae_tiles=False where the host decodes the VAE itself). Prints a line per size and the total."""
-    device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
-    if device.type == "cuda":
-        if device.index is None:  # torch.cuda.set_device takes only a numbered device
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
-    dtype = dtype or (models.gpu_dtype(model) if device.type == "cuda" else torch.float32)
-    result = Prepared(model, searched=_searches(device))
-    built = time.perf_counter()
-    pipe = patch.optimize(models.load_pipeline(model, device, dtype), **{"cuda_graph": False, **flags})
-    tiles = ("VAE decode in fixed-shape tiles" if "decode in fixed-shape tiles" in patch.report(pipe).get("vae", {})
-             else "VAE decode untiled")
-    conditioning = models.conditioning(pipe, [PROMPT] * batch)
-    sizes = list(sizes or [(models.default_size(model) if model in models.ARCHITECTURES else _default_size(pipe),) * 2])
-    built = time.perf_counter() - built
+def run_sizes(name: str, run_size, sizes, device: str | torch.device, describe: str = "",
+              progress: bool = True) -> Prepared:
+    """Calls `run_size(width, height)` once per (width, height) of `sizes`, under the vendors' searches and the
+    problem recorder, and returns what ran as a Prepared named `name`. `describe`: what runs, for the first printed
+    line (dtype, batch, how it decodes). Prints a line per size and the total."""
+    device = torch.device(device)
+    result = Prepared(name, searched=_searches(device))
+    sizes = list(sizes)
     recorder = VendorProblems()
     with _vendor_searches(device) as notes, torch.no_grad():
         for width, height in tqdm(sizes, unit="size", disable=not progress or None, desc="prepare"):
             before, start = set(recorder.problems), time.perf_counter()
             with recorder:
-                pipe(**conditioning, height=height, width=width, num_inference_steps=1, output_type="np")
+                run_size(width, height)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             new = [kind for key, kind in recorder.problems.items() if key not in before]
@@ -133,11 +128,7 @@ def run(model: str = "sd15", sizes=None, batch: int = 1, dtype: torch.dtype | No
                 "convolution"), "GEMM": new.count("GEMM")}
     result.problems = recorder.problems
     result.seconds = sum(row["seconds"] for row in result.sizes.values())
-    del pipe
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    result.lines = [f"rocm_sd prepare: {model}, {str(dtype).removeprefix('torch.')}, batch {batch}, on {device} "
-                    f"(built in {built:.1f} s); {tiles}"]
+    result.lines = [f"rocm_sd prepare: {name}{', ' * bool(describe)}{describe}"]
     result.lines += [f"  {width}x{height}: {row['seconds']:.1f} s, {row['convolution']} new convolution and "
                      f"{row['GEMM']} new GEMM problems" for (width, height), row in result.sizes.items()]
     result.lines += [f"  {note}" for note in notes or []]
@@ -146,3 +137,37 @@ def run(model: str = "sd15", sizes=None, batch: int = 1, dtype: torch.dtype | No
                         f"{result.searched}")
     print("\n".join(result.lines))
     return result
+
+
+def run(model: str = "sd15", sizes=None, batch: int = 1, dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None, progress: bool = True, **flags) -> Prepared:
+    """Runs every convolution and GEMM problem of `model` (an architecture name, random weights, or a local diffusers
+    folder) at each (width, height) of `sizes` (default: the model's own square size), `batch` images per
+    call, once, with the vendors' searches on. `flags`: optimize() flags, as the later runs will use them (e.g.
+    vae_tiles=False where the host decodes the VAE itself). Prints a line per size and the total."""
+    from . import models, patch
+
+    device = torch.device(device or ("cuda" if platform.gpu_available() else "cpu"))
+    if device.type == "cuda":
+        if device.index is None:  # torch.cuda.set_device takes only a numbered device
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    dtype = dtype or (models.gpu_dtype(model) if device.type == "cuda" else torch.float32)
+    built = time.perf_counter()
+    pipe = patch.optimize(models.load_pipeline(model, device, dtype), **{"cuda_graph": False, **flags})
+    tiles = ("VAE decode in fixed-shape tiles" if "decode in fixed-shape tiles" in patch.report(pipe).get("vae", {})
+             else "VAE decode untiled")
+    conditioning = models.conditioning(pipe, [PROMPT] * batch)
+    sizes = list(sizes or [(models.default_size(model) if model in models.ARCHITECTURES else _default_size(pipe),) * 2])
+    built = time.perf_counter() - built
+
+    def run_size(width: int, height: int) -> None:
+        pipe(**conditioning, height=height, width=width, num_inference_steps=1, output_type="np")
+
+    try:
+        return run_sizes(model, run_size, sizes, device, progress=progress, describe=(
+            f"{str(dtype).removeprefix('torch.')}, batch {batch}, on {device} (built in {built:.1f} s); {tiles}"))
+    finally:
+        del pipe, run_size
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,20 +1,20 @@
-"""The A1111 extension's "rocm_sd" tab (integrations/a1111/scripts/rocm_sd_prepare.py): its Prepare button runs
-rocm_sd.prepare for the webui's loaded model, against the stand-in of the webui modules (tests/standins/a1111).
-integrations/a1111/check_in_a1111.py presses it in a real webui."""
+"""The A1111 extension's "rocm_sd" tab (integrations/a1111/scripts/rocm_sd_prepare.py): its Prepare button runs the
+webui's own loaded model (a one-step txt2img per size) under rocm_sd.prepare's machinery, against the stand-in of
+the webui modules (tests/standins/a1111). integrations/a1111/check_in_a1111.py presses it in a real webui."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from rocm_sd import prepare
-from rocm_sd.patch.a1111 import FEATURES, prepare_flags
-from rocm_sd.patch.flags import FLAG_NAMES
-
-from tests.test_a1111 import EXTENSION, _load, webui  # noqa: F401  (the stand-in webui fixture)
+from tests.test_a1111 import EXTENSION, ROOT, STANDINS, _load, webui  # noqa: F401  (the stand-in webui fixture)
 
 LDM = "model.diffusion_model."
 
@@ -30,75 +30,128 @@ def _checkpoint(tmp_path, arch: str) -> str:
     return path
 
 
-@pytest.fixture()
-def tab(webui, monkeypatch):
-    """The tab's script as the webui loads it, with prepare.run recorded (a real run builds a whole random model)."""
-    from modules import call_queue, sd_models
+class _UNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv_in, self.context, self.conv_out = (torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.Linear(16, 8),
+                                                     torch.nn.Conv2d(8, 4, 3, padding=1))
 
-    runs = []
+    def forward(self, x, timesteps=None, context=None, y=None):
+        h = self.conv_in(x) + self.context(context.mean(1))[:, :, None, None]
+        return self.conv_out(torch.nn.functional.silu(h))
 
-    def run(model, sizes=None, **kwargs):
-        runs.append({"model": model, "sizes": sizes, "lock held": call_queue.queue_lock.locked(),
-                     "moves before": list(sd_models.moves), **kwargs})
-        if model == "sdxl" and kwargs.get("batch") == 7:
+
+class TinyWebuiModel(torch.nn.Module):
+    """A webui model's interface as the stand-in txt2img calls it (ldm's LatentDiffusion: model.diffusion_model,
+    first_stage_model, get_learned_conditioning, apply_model, decode_first_stage), with convolutions and GEMMs.
+    `calls` records each UNet and VAE call's batch and whether the webui's queue lock was held."""
+
+    def __init__(self, checkpoint: str):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.diffusion_model = _UNet()
+        self.text = torch.nn.Linear(4, 16)
+        self.first_stage_model = torch.nn.Sequential(
+            torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.GroupNorm(4, 8), torch.nn.Upsample(scale_factor=2),
+            torch.nn.Conv2d(8, 3, 3, padding=1))
+        self.sd_checkpoint_info = SimpleNamespace(filename=checkpoint)
+        self.calls, self.fail_at_batch = [], None
+
+    def _locked(self) -> bool:
+        from modules.call_queue import queue_lock
+
+        return queue_lock.locked()
+
+    def get_learned_conditioning(self, prompts):
+        return self.text(torch.ones(len(prompts), 77, 4) * len(prompts[0]))
+
+    def apply_model(self, x, t, cond):
+        if x.shape[0] == self.fail_at_batch:
             raise torch.cuda.OutOfMemoryError("HIP out of memory")
-        return prepare.Prepared(model, lines=[f"prepared {model}", "on a CPU: nothing searched"])
+        self.calls.append(("unet", x.shape[0], self._locked()))
+        return self.model.diffusion_model(x, t, context=cond)
 
-    monkeypatch.setattr(prepare, "run", run)
-    sd_models.moves.clear()
+    def decode_first_stage(self, z):
+        self.calls.append(("vae", z.shape[0], self._locked()))
+        return self.first_stage_model(z)
+
+
+@pytest.fixture()
+def tab(webui):
+    """The tab's script as the webui loads it."""
+    from modules import processing, sd_models
+
+    processing.runs.clear()
     script = _load(os.path.join(EXTENSION, "scripts", "rocm_sd_prepare.py"), "rocm_sd_prepare_under_test")
-    yield SimpleNamespace(script=script, runs=runs, sd_models=sd_models)
+    yield SimpleNamespace(script=script, sd_models=sd_models, processing=processing, state=webui["shared"].state)
     sd_models.model_data.sd_model = None
 
 
-def _load_model(sd_models, path: str):
-    model = SimpleNamespace(sd_checkpoint_info=SimpleNamespace(filename=path))
+def _load_model(sd_models, path: str) -> TinyWebuiModel:
+    torch.manual_seed(0)
+    model = TinyWebuiModel(path).eval()
     sd_models.model_data.sd_model = model
     return model
-
-
-def test_prepare_flags_are_the_features_and_nothing_the_webuis_model_lacks():
-    on = prepare_flags(dict.fromkeys(FEATURES, True) | {"attention": True, "channels_last": False})
-    assert set(on) == set(FLAG_NAMES)
-    assert {name for name, value in on.items() if value} == {"group_norm", "layer_norm", "fold_upsample", "attention"}
-    assert not any(prepare_flags(None).values())  # the webui's own model: nothing of rocm_sd's
-    with pytest.raises(ValueError, match="'tiling' is not an optimize"):
-        prepare_flags({"tiling": True})
 
 
 def test_the_tab_is_registered(webui, tab):
     assert webui["callbacks"].callbacks_ui_tabs == [tab.script.on_ui_tabs]
 
 
-def test_prepare_runs_for_the_loaded_model_with_its_patches(webui, tab, tmp_path):
-    from modules import sd_hijack
-
+def test_prepare_runs_the_webuis_own_model_once_per_size(tab, tmp_path):
     model = _load_model(tab.sd_models, _checkpoint(tmp_path, "sdxl"))
-    sd_hijack.current_optimizer = SimpleNamespace(name="rocm_sd")
-    webui["shared"].opts.rocm_sd_channels_last = False
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    text = tab.script.prepare_loaded_model("64x64, 96x64", 2.0)  # gr.Number may give a float
+    lines = text.splitlines()
+    assert lines[0] == ("rocm_sd prepare: sdxl.safetensors, the webui's model (UNet float32, VAE float32, "
+                        "optimization none), batch 2, on cpu; a Euler step of txt2img and its VAE decode per size")
+    # At the first size: the UNet's 2 convolutions and its context GEMM at cond + uncond (twice the batch), the text
+    # encoder's GEMM (prompt and negative prompt: one problem), the VAE's 2 convolutions (one image at a time, as the
+    # webui decodes). At the second, only the convolutions are new: the linear layers' problems are the same.
+    assert re.fullmatch(r"  64x64: [\d.]+ s, 4 new convolution and 2 new GEMM problems", lines[1]), lines[1]
+    assert re.fullmatch(r"  96x64: [\d.]+ s, 4 new convolution and 0 new GEMM problems", lines[2]), lines[2]
+    assert lines[-1].startswith("prepared 2 sizes in ") and "8 convolution and 2 GEMM problems; on a CPU" in lines[-1]
+    runs = [(p.width, p.height, p.steps, p.batch_size, p.sampler_name, p.do_not_save_samples, p.do_not_save_grid,
+             p.closed) for p in tab.processing.runs]
+    assert runs == [(64, 64, 1, 2, "Euler", True, True, True), (96, 64, 1, 2, "Euler", True, True, True)]
+    assert model.calls == [("unet", 4, True), ("vae", 1, True), ("vae", 1, True)] * 2  # all under the queue lock
+    assert tab.state.jobs == [("begin", "rocm_sd_prepare"), ("end",)]
+    # The webui's model is neither moved nor changed.
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+    assert {p.device for p in model.parameters()} == {torch.device("cpu")}
+
+
+def test_prepare_runs_the_problems_of_rocm_sds_patches_as_applied(tab, tmp_path):
+    """With rocm_sd applied (here its channels_last convolutions) the problems are the patched model's: convolutions
+    on channels_last activations, other searches than the webui's own model's."""
+    from rocm_sd.patch.a1111 import patch_sd_model
+
+    model = _load_model(tab.sd_models, _checkpoint(tmp_path, "sd15"))
+    prepared, real = [], tab.script.prepare.run_sizes
+    tab.script.prepare.run_sizes = lambda *a, **k: prepared.append(real(*a, **k)) or prepared[-1]
     try:
-        text = tab.script.prepare_loaded_model("1024x1024, 832x1216", 2.0)  # gr.Number may give a float
+        tab.script.prepare_loaded_model("64x64", 1)
+        record = patch_sd_model(model, group_norm=False, layer_norm=False, fold_upsample=False, channels_last=True,
+                                cuda_graph=False, host_path=lambda module: False)
+        try:
+            tab.script.prepare_loaded_model("64x64", 1)
+        finally:
+            record.revert()
     finally:
-        del webui["shared"].opts.rocm_sd_channels_last
-    assert text == "prepared sdxl\non a CPU: nothing searched"
-    [run] = tab.runs
-    expected = prepare_flags(dict.fromkeys(FEATURES, True) | {"attention": True, "channels_last": False})
-    assert {k: run[k] for k in expected} == expected
-    assert (run["model"], run["sizes"], run["batch"], run["device"], run["dtype"]) == (
-        "sdxl", [(1024, 1024), (832, 1216)], 2, torch.device("cpu"), None)
-    # Under the webui's queue lock, with the webui's model on the CPU meanwhile, and back after.
-    assert run["lock held"] and run["moves before"] == [("cpu", model)]
-    assert tab.sd_models.moves == [("cpu", model), ("device", model)]
+        tab.script.prepare.run_sizes = real
+    own, patched = ({key for key, kind in result.problems.items() if kind == "convolution"} for result in prepared)
+    def channels_last(problems):  # the input's channel stride is 1
+        return {key for key in problems if key[1][0].stride[1] == 1}
+
+    assert len(own) == len(patched) == 4 and not channels_last(own)
+    assert channels_last(patched) and channels_last(patched) <= patched - own
 
 
-def test_prepare_for_the_webuis_own_model_and_its_default_size(webui, tab, tmp_path):
-    from modules import sd_hijack
-
+def test_prepare_without_sizes_takes_the_models_own_size(tab, tmp_path):
     _load_model(tab.sd_models, _checkpoint(tmp_path, "sd15"))
-    sd_hijack.current_optimizer = SimpleNamespace(name="sdp")  # rocm_sd not applied: the webui's own problems
-    assert tab.script.prepare_loaded_model("  ", 1) == "prepared sd15\non a CPU: nothing searched"
-    [run] = tab.runs
-    assert run["model"] == "sd15" and run["sizes"] is None and not any(run[k] for k in FLAG_NAMES)
+    text = tab.script.prepare_loaded_model("  ", 1)
+    assert text.splitlines()[1].startswith("  512x512: ")
+    assert [(p.width, p.height) for p in tab.processing.runs] == [(512, 512)]
 
 
 @pytest.mark.parametrize("arch,sizes,batch,why", [
@@ -107,19 +160,58 @@ def test_prepare_for_the_webuis_own_model_and_its_default_size(webui, tab, tmp_p
     ("sd15", "512x500", 1, "nothing prepared: image sizes: 512x500: "),
     ("sd15", "512x512", 0, "nothing prepared: batch size: 0 is not a positive integer"),
     ("sd15", "512x512", 1.5, "nothing prepared: batch size: 1.5 is not a positive integer"),
-    ("unknown", "512x512", 1, "nothing prepared: .*no Stable Diffusion UNet found"),
-    ("missing", "512x512", 1, "nothing prepared: "),
-    ("sdxl", "512x512", 7, r"prepare stopped \(OutOfMemoryError: HIP out of memory\); the first image will search"),
+    ("unknown", "", 1, "nothing prepared: .*no Stable Diffusion UNet found"),
+    ("missing", "", 1, "nothing prepared: "),
+    ("sdxl", "64x64", 7, r"prepare stopped \(OutOfMemoryError: HIP out of memory\); the first image will search"),
 ])
 def test_bad_input_or_a_failed_run_is_a_message_not_a_traceback(tab, tmp_path, arch, sizes, batch, why):
-    import re
-
     if arch is not None:
         path = str(tmp_path / "gone.safetensors") if arch == "missing" else _checkpoint(tmp_path, arch)
         model = _load_model(tab.sd_models, path)
+        model.fail_at_batch = 14  # the UNet's batch for 7 images with CFG
     text = tab.script.prepare_loaded_model(sizes, batch)
     assert re.match(why, text), text
     ran = arch == "sdxl"
-    assert len(tab.runs) == ran
-    # The model goes back to its device whether prepare ran, failed or never started.
-    assert tab.sd_models.moves == ([("cpu", model), ("device", model)] if ran else [])
+    assert len(tab.processing.runs) == ran
+    # A run that failed ended its job and let go of the queue lock; input refused started none.
+    assert tab.state.jobs == ([("begin", "rocm_sd_prepare"), ("end",)] if ran else [])
+    from modules.call_queue import queue_lock
+
+    assert not queue_lock.locked()
+
+
+def test_the_a1111_prepare_path_never_imports_diffusers(tmp_path):
+    """In a process where importing diffusers fails (as beside the webui's pinned huggingface_hub), the button
+    prepares; and no import of diffusers was even tried."""
+    script = textwrap.dedent(f"""
+        import importlib.abc, os, sys
+        tried = []
+
+        class NoDiffusers(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "diffusers":
+                    tried.append(name)
+                    raise ImportError("cannot import name 'resolve_revision' from 'huggingface_hub'")
+
+        sys.meta_path.insert(0, NoDiffusers())
+        try:
+            import diffusers  # the blocker works: the check below can fail
+            raise SystemExit("diffusers imported despite the blocker")
+        except ImportError:
+            tried.clear()
+        sys.path.insert(0, {STANDINS!r})
+        from tests.test_a1111 import _load
+        from tests.test_a1111_prepare import TinyWebuiModel, _checkpoint
+        from modules import sd_models
+        import pathlib
+        script = _load(os.path.join({EXTENSION!r}, "scripts", "rocm_sd_prepare.py"), "rocm_sd_prepare")
+        sd_models.model_data.sd_model = TinyWebuiModel(_checkpoint(pathlib.Path({str(tmp_path)!r}), "sd15"))
+        text = script.prepare_loaded_model("64x64", 1)
+        print(text)
+        assert text.splitlines()[-1].startswith("prepared 1 size in "), text
+        assert not tried and not [m for m in sys.modules if m.split(".")[0] == "diffusers"], tried
+        print("NO DIFFUSERS")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    assert result.returncode == 0 and result.stdout.rstrip().endswith("NO DIFFUSERS"), result.stdout + result.stderr

@@ -14,9 +14,9 @@ padding_mode="circular" on every Conv2d) with "sdp" and with "rocm_sd" must agre
 able to fail: the tiled image differs beyond the tolerance from the untiled one, and from rocm_sd's with its folded
 VAE upsamplers convolving with zero padding whatever the mode (as before issue 46 item 7b's fix). Then the Prepare
 order (--prepare-models): the extension's "rocm_sd" tab as the webui builds it (gradio), its Prepare button's
-function pressed for the loaded model at the check's size; it must have run rocm_sd.prepare for the model's
-architecture there (convolution and GEMM problems), and the convolution problems of a webui txt2img at that size are
-counted against prepare's (reported), and an image after it must be the image before. Writes the images and
+function pressed for the loaded model at the check's size; it must have run the webui's own model there under
+rocm_sd.prepare's machinery, every convolution and GEMM problem of a webui txt2img at that size must be among those it
+ran, and an image after it must be the image before. Writes the images and
 check.json to --out. On the CPU the extension's optimization is offered although the kernels
 cannot run there (rocm_sd's PyTorch path runs: what is checked is that the patches are in use).
 """
@@ -179,36 +179,40 @@ def prepare_button():
 
 
 def check_prepare(modules, args, out: str, arch: str, before: dict) -> dict:
-    """The Prepare button pressed for the loaded model (with "rocm_sd" the optimization) at the check's size."""
+    """The Prepare button pressed for the loaded model (with "rocm_sd" the optimization) at the check's size: it must
+    have run the webui's own model there under rocm_sd.prepare's machinery (run_sizes), and every convolution and
+    GEMM problem of a webui txt2img at that size must be among the ones it ran."""
     from rocm_sd import prepare
 
     real_webui.select_optimization(modules, ROCM_SD)
-    press, runs, real_run = prepare_button(), [], prepare.run
-    prepare.run = lambda *a, **k: runs.append(real_run(*a, **k)) or runs[-1]  # observed, not replaced
+    press, runs, real_run = prepare_button(), [], prepare.run_sizes
+    prepare.run_sizes = lambda *a, **k: runs.append(real_run(*a, **k)) or runs[-1]  # observed, not replaced
     try:
         start = time.perf_counter()
         text = press(f"{args.size}x{args.size}", 1)
         seconds = time.perf_counter() - start
     finally:
-        prepare.run = real_run
+        prepare.run_sizes = real_run
     print(text)
     recorder = prepare.VendorProblems()  # the webui's own problems at that size, for comparison
     with recorder:
         real_webui.txt2img(modules, args.size, args.steps)
-    webui_convolutions = {key for key, kind in recorder.problems.items() if kind == "convolution"}
     after = generate(modules, ROCM_SD, args, out, f"{arch}-rocm_sd-after-prepare")
     real_webui.select_optimization(modules, SDP)
-    result = {"button": text.splitlines(), "seconds": round(seconds, 1), "ran": len(runs)}
+    result = {"button": text.splitlines(), "seconds": round(seconds, 1), "ran": len(runs),
+              "diffusers imported": "diffusers" in sys.modules}
     ok = len(runs) == 1 and text == "\n".join(runs[0].lines)
     if runs:
         prepared = runs[0]
-        covered = webui_convolutions & set(k for k, kind in prepared.problems.items() if kind == "convolution")
-        result.update({"model": prepared.model, "sizes": [list(s) for s in prepared.sizes],
-                       "convolution problems": prepared.count("convolution"), "GEMM problems": prepared.count("GEMM"),
-                       "webui txt2img convolution problems": len(webui_convolutions),
-                       "of them prepared": len(covered)})
-        ok = (ok and prepared.model == arch and list(prepared.sizes) == [(args.size, args.size)]
-              and prepared.count("convolution") > 0 and prepared.count("GEMM") > 0)
+        result.update({"model": prepared.model, "sizes": [list(s) for s in prepared.sizes]})
+        ok = ok and prepared.model == f"rocm_sd-random-{arch}.safetensors" and list(prepared.sizes) == [
+            (args.size, args.size)]
+        for kind in ("convolution", "GEMM"):
+            webui = {key for key, k in recorder.problems.items() if k == kind}
+            covered = webui & {key for key, k in prepared.problems.items() if k == kind}
+            result[f"{kind} problems"] = {"prepared": prepared.count(kind), "webui txt2img": len(webui),
+                                          "of them prepared": len(covered)}
+            ok = ok and prepared.count(kind) > 0 and covered == webui
     result["image after = before"] = all(bool((after["images"][h] == before[h]).all()) for h in (False, True))
     result["ok"] = bool(ok and result["image after = before"])
     return result
@@ -224,8 +228,7 @@ def main():
                         "link, settings); default: OUT/webui-data")
     parser.add_argument("--models", default="sd15,sdxl")
     parser.add_argument("--prepare-models", default=None, help="the models whose Prepare button is pressed (default: "
-                        "all on the GPU, sd15 on the CPU, where SDXL's fp32 model and prepare's fp32 random copy of it "
-                        "would need about 30 GB of memory together)")
+                        "all on the GPU, sd15 on the CPU, where SDXL's fp32 txt2img is slow on a few cores)")
     parser.add_argument("--size", type=int, default=None, help="image size (default: 64 on the CPU, 512 on the GPU)")
     parser.add_argument("--steps", type=int, default=None, help="sampling steps (default: 2 on the CPU, 8 on the GPU)")
     args = parser.parse_args()

@@ -15,7 +15,6 @@ from torch import nn
 from . import ldm_swaps
 from .a1111_graph import GraphedUNetForward, sgm_timestep_embedding, sgm_timestep_embedding_site, webui_module
 from .core import PatchRecord
-from .flags import FLAG_NAMES
 
 FEATURES = ("group_norm", "layer_norm", "fold_upsample", "channels_last", "cuda_graph")
 
@@ -94,17 +93,4 @@ def graph_stats(record: PatchRecord | None):
     return Counter(graphed.stats) if graphed is not None else Counter()
 
 
-def prepare_flags(features: dict[str, bool] | None) -> dict[str, bool]:
-    """optimize() flags under which rocm_sd.prepare runs the convolution and GEMM problems the webui's model runs:
-    `features` (patch_sd_model's, as the extension's checkboxes give them; None: the webui's own model, not patched),
-    and every other flag off, since the webui's model gets none of them (fusions change the problems; the webui
-    decodes the VAE untiled; nothing is searched inside a graph capture)."""
-    flags = dict.fromkeys(FLAG_NAMES, False)
-    for feature, enabled in (features or {}).items():
-        if feature not in flags:
-            raise ValueError(f"{feature!r} is not an optimize() flag")
-        flags[feature] = bool(enabled) and feature != "cuda_graph"
-    return flags
-
-
-__all__ = ["FEATURES", "patch_sd_model", "prepare_flags", "graph_stats", "webui_host_path"]
+__all__ = ["FEATURES", "patch_sd_model", "graph_stats", "webui_host_path"]

@@ -1,51 +1,35 @@
-"""rocm_sd for AUTOMATIC1111: a "rocm_sd" tab whose Prepare button runs `rocm_sd.prepare` for the loaded model
-(`python -m rocm_sd prepare`): every convolution and GEMM problem the model issues at the sizes given, once, so that
-MIOpen's first-run search (find, minutes per new size on ROCm) and TunableOp are done before the first image and
-kept for later launches (on NVIDIA, cuDNN's benchmark mode for this process). The problems are the webui's model's:
-its architecture (read from the loaded checkpoint), dtype and device, and rocm_sd's checkboxes while "rocm_sd" is the
-cross attention optimization (the webui's own model otherwise). The webui's model waits on the CPU meanwhile (its
-memory for prepare's random-weight copy), and generation waits for the button (the webui's queue lock), as it does
-for any other job.
+"""rocm_sd for AUTOMATIC1111: a "rocm_sd" tab whose Prepare button runs every convolution and GEMM problem the loaded
+model issues at the sizes given, once, under `rocm_sd.prepare`'s machinery (`python -m rocm_sd prepare`'s: the
+vendors' searches, the problem count, its lines), so that MIOpen's first-run search (find, minutes per new size on
+ROCm) and TunableOp are done before the first image and kept for later launches (on NVIDIA, cuDNN's benchmark mode
+for this process). Each size is a one-step txt2img of the webui's own model (modules.processing, no saving): its
+text encoders, its UNet through the webui's sampling path (cond and uncond batched as the settings say, with rocm_sd's
+patches while "rocm_sd" is the optimization, the webui's own forwards otherwise) and its VAE decode as the webui
+decodes (its decode method setting). So the problems are exactly the webui's (dtypes, layouts, the VAE's batch of
+one), and no diffusers is imported: the webui pins a huggingface_hub that current diffusers cannot import beside.
+Generation waits for the button (the webui's queue lock), as it does for any other job.
 """
 import argparse
+import os
 
 from modules import script_callbacks, sd_models, shared
 
 try:
-    from rocm_sd import checkpoints, cli_args, prepare
-    from rocm_sd.patch.a1111 import FEATURES, prepare_flags
+    from rocm_sd import checkpoints, cli_args, models, prepare
     UNAVAILABLE = None
 except ImportError as exc:  # the main script says so once; without rocm_sd there is no tab
     UNAVAILABLE = f"rocm_sd is not importable ({exc})"
 
 SIZES_HINT = "WIDTHxHEIGHT, comma-separated, e.g. 1024x1024,832x1216 (empty: the model's own size)"
-
-
-def _features():
-    """The checkboxes' features while "rocm_sd" is the webui's optimization; None (the webui's own model) else."""
-    from modules import sd_hijack
-
-    if getattr(sd_hijack.current_optimizer, "name", None) != "rocm_sd":
-        return None
-    return {feature: bool(getattr(shared.opts, f"rocm_sd_{feature}", True)) for feature in FEATURES + ("attention",)}
-
-
-def _webui_dtype(device):
-    """The UNet's compute dtype on a GPU (prepare's default, float32, on a CPU)."""
-    import torch
-
-    from modules import devices
-
-    dtype = getattr(devices, "dtype_unet", None)
-    return dtype if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16, torch.float32) else None
+SAMPLER = "Euler"  # one model evaluation per step: a step's problems and no more
 
 
 def _arguments(sd_model, sizes_text: str, batch):
-    """(architecture, sizes or None, batch) for prepare.run; ValueError saying what is wrong with them."""
+    """(checkpoint name, sizes, batch) for the run; ValueError saying what is wrong with them. Without sizes, the
+    model's own square size (its architecture read from the checkpoint)."""
     info = getattr(sd_model, "sd_checkpoint_info", None)
     if info is None:
         raise ValueError("no model is loaded (pick a checkpoint first)")
-    arch = checkpoints.architecture_of(info.filename)
     try:
         sizes = cli_args.image_sizes(sizes_text) if (sizes_text or "").strip() else None
     except argparse.ArgumentTypeError as error:
@@ -54,32 +38,60 @@ def _arguments(sd_model, sizes_text: str, batch):
         batch = cli_args.positive_int("1" if batch is None else str(batch).removesuffix(".0"))
     except argparse.ArgumentTypeError as error:
         raise ValueError(f"batch size: {error}") from None
-    return arch, sizes, batch
+    if sizes is None:
+        sizes = [(models.default_size(checkpoints.architecture_of(info.filename)),) * 2]
+    return os.path.basename(info.filename), sizes, batch
+
+
+def _txt2img(sd_model, batch: int):
+    """run_size for prepare.run_sizes: one step of the webui's txt2img at (width, height), `batch` images."""
+    from modules import processing
+
+    def run_size(width: int, height: int) -> None:
+        p = processing.StableDiffusionProcessingTxt2Img(
+            sd_model=sd_model, prompt=prepare.PROMPT, negative_prompt="", steps=1, width=width, height=height,
+            batch_size=batch, n_iter=1, sampler_name=SAMPLER, do_not_save_samples=True, do_not_save_grid=True)
+        try:
+            processing.process_images(p)
+        finally:
+            p.close()
+    return run_size
+
+
+def _describe(batch: int) -> str:
+    from modules import devices, sd_hijack
+
+    dtypes = ", ".join(f"{part} {str(getattr(devices, f'dtype_{part.lower()}', '?')).removeprefix('torch.')}"
+                       for part in ("UNet", "VAE"))
+    optimization = getattr(sd_hijack.current_optimizer, "name", None) or "none"
+    return (f"the webui's model ({dtypes}, optimization {optimization}), batch {batch}, on {devices.device}; "
+            f"a {SAMPLER} step of txt2img and its VAE decode per size")
 
 
 def prepare_loaded_model(sizes_text: str, batch) -> str:
-    """The Prepare button: rocm_sd.prepare for the loaded model at `sizes_text`, `batch` images per call. Returns
-    what it did (prepare's own lines) or why it did nothing, for the tab's result box; never raises."""
+    """The Prepare button: the loaded model's problems at `sizes_text`, `batch` images per call. Returns what it did
+    (prepare's lines) or why it did nothing, for the tab's result box; never raises."""
     if UNAVAILABLE:
         return f"nothing prepared: {UNAVAILABLE}"
     sd_model = getattr(sd_models.model_data, "sd_model", None)  # not shared.sd_model: that would load one
     try:
-        arch, sizes, batch = _arguments(sd_model, sizes_text, batch)
+        name, sizes, batch = _arguments(sd_model, sizes_text, batch)
     except (ValueError, OSError) as error:  # OSError: the checkpoint file is gone or unreadable
         return f"nothing prepared: {error}"
     from modules import devices
     from modules.call_queue import queue_lock
 
-    device = devices.device
+    state = getattr(shared, "state", None)
     with queue_lock:  # not while an image is generated
-        sd_models.send_model_to_cpu(sd_model)
+        if state is not None:  # as the webui's own jobs start: a past Interrupt must not stop this one
+            state.begin(job="rocm_sd_prepare")
         try:
-            result = prepare.run(arch, sizes, batch=batch, dtype=_webui_dtype(device), device=device,
-                                 **prepare_flags(_features()))
+            result = prepare.run_sizes(name, _txt2img(sd_model, batch), sizes, devices.device, _describe(batch))
         except Exception as error:  # noqa: BLE001 - a failed warm-up must not take the webui down
             return f"prepare stopped ({type(error).__name__}: {error}); the first image will search as usual"
         finally:
-            sd_models.send_model_to_device(sd_model)
+            if state is not None:
+                state.end()
     return "\n".join(result.lines)
 
 

@@ -1,4 +1,4 @@
-"""modules.sd_models (stand-in): where the webui keeps its loaded model, and its moves of it (recorded in `moves`)."""
+"""modules.sd_models (stand-in): where the webui keeps its loaded model."""
 
 
 class ModelData:
@@ -7,13 +7,3 @@ class ModelData:
 
 model_data = ModelData()
 
-
-moves = []
-
-
-def send_model_to_cpu(m):
-    moves.append(("cpu", m))
-
-
-def send_model_to_device(m):
-    moves.append(("device", m))

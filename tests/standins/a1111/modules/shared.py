@@ -28,6 +28,22 @@ class Options:
             onchange()
 
 
+class State:
+    """shared.state: begin / end as the webui's jobs call them (recorded in `jobs`); interrupted is reset by begin."""
+    interrupted = False
+
+    def __init__(self):
+        self.jobs = []
+
+    def begin(self, job="(unknown)"):
+        self.interrupted = False
+        self.jobs.append(("begin", job))
+
+    def end(self):
+        self.jobs.append(("end",))
+
+
 opts = Options()
+state = State()
 loaded_hypernetworks = []
 cmd_opts = argparse.Namespace(rocm_sd=False)
