@@ -262,6 +262,22 @@ __device__ __forceinline__ auto operand(const uint32_t (&words)[N]) {
     return __builtin_bit_cast(short_vec<2 * N>, v);
 }
 
+// Two probabilities as one word of 16-bit values, `lo` in the low half (pack2's layout and rounding), for RDNA3's
+// to_p (issue 49). f16 as one vector conversion, which gfx11 writes straight into the word's two halves
+// (v_cvt_f16_f32 to .l and .h) where pack2's shift and masks take three instructions more a pair: 16 to 118
+// fewer a key tile over gfx1100's f16 attention instances, no wave lost. Not on gfx1151, where
+// attention_kernel<f16,32,4,2,32> then allocates one VGPR more (145: 9 waves a SIMD for 10). bf16 as pack2: its
+// rounding written as selects, or the halves merged by a byte permute, took more instructions (the selects also
+// registers: spills) on gfx1100.
+template <class T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+#if !defined(__gfx1151__)
+  if constexpr (std::is_same<T, __half>::value)
+    return __builtin_bit_cast(uint32_t, half_vec<2>{static_cast<_Float16>(lo), static_cast<_Float16>(hi)});
+#endif
+  return pack2<T>(lo, hi);
+}
+
 template <int N>
 __device__ __forceinline__ float_vec<N> accumulator(const float (&c)[N]) {
   float_vec<N> v;
@@ -444,7 +460,7 @@ struct Rdna3Wmma16 : Wave32Wmma16<Rdna3Wmma16> {
     PFrag f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t mine = pack2<T>(p.v[2 * j], p.v[2 * j + 1]), other = swap_rows16(mine);
+      const uint32_t mine = amd::pack_pair<T>(p.v[2 * j], p.v[2 * j + 1]), other = swap_rows16(mine);
       f.w[2 * j] = __builtin_amdgcn_perm(other, mine, even);
       f.w[2 * j + 1] = __builtin_amdgcn_perm(other, mine, odd);
     }
