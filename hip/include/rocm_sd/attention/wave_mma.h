@@ -263,12 +263,9 @@ __device__ __forceinline__ auto operand(const uint32_t (&words)[N]) {
 }
 
 // Two probabilities as one word of 16-bit values, `lo` in the low half (pack2's layout and rounding), for RDNA3's
-// to_p (issue 49). f16 as one vector conversion, which gfx11 writes straight into the word's two halves
-// (v_cvt_f16_f32 to .l and .h) where pack2's shift and masks take three instructions more a pair: 16 to 118
-// fewer a key tile over gfx1100's f16 attention instances, no wave lost. Not on gfx1151, where
-// attention_kernel<f16,32,4,2,32> then allocates one VGPR more (145: 9 waves a SIMD for 10). bf16 as pack2: its
-// rounding written as selects, or the halves merged by a byte permute, took more instructions (the selects also
-// registers: spills) on gfx1100.
+// to_p. f16 as one vector conversion, which gfx11 writes straight into the word's two halves where pack2's shift
+// and masks take more instructions; not on gfx1151, where it costs a wave of one instance (docs/amd.md). bf16 as
+// pack2: the alternatives tried took more instructions or registers (docs/amd.md).
 template <class T>
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 #if !defined(__gfx1151__)
