@@ -215,3 +215,58 @@ def test_the_a1111_prepare_path_never_imports_diffusers(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
     assert result.returncode == 0 and result.stdout.rstrip().endswith("NO DIFFUSERS"), result.stdout + result.stderr
+
+
+class _ForgeRocmSdScript:
+    """The extension's RocmSdScript as Forge's script runner holds it: its per-sampling callback installs a patched
+    UNet patcher (here a marker) on the model's forge_objects, as the real one installs a patched clone."""
+
+    def __init__(self, name="rocm_sd"):
+        self.name, self.calls = name, []
+
+    def title(self):
+        return self.name
+
+    def process_before_every_sampling(self, p, *args, **kwargs):
+        self.calls.append((args, sorted(kwargs)))
+        p.sd_model.forge_objects.unet = "rocm_sd's clone"
+
+
+class ForgeWebuiModel(TinyWebuiModel):
+    """A Forge model: its UNet patcher in forge_objects; each UNet call records the patcher it ran with."""
+
+    def __init__(self, checkpoint: str):
+        super().__init__(checkpoint)
+        self.forge_objects = SimpleNamespace(unet="Forge's own patcher")
+
+    def apply_model(self, x, t, cond):
+        self.calls.append(("unet with", self.forge_objects.unet))
+        return super().apply_model(x, t, cond)
+
+
+@pytest.mark.parametrize("rocm_sd_on", [True, False])
+def test_on_forge_prepare_samples_with_rocm_sd_installed_as_a_generation_installs_it(tab, tmp_path, webui,
+                                                                                      monkeypatch, rocm_sd_on):
+    """Forge installs rocm_sd only per sampling, through p.scripts (which a txt2img built by the tab lacks): the run
+    gets a runner forwarding just that callback to the extension's script, so the problems prepared are those of the
+    patched model; no other script's callbacks run. Without --rocm-sd, Forge's own model, and the line says so."""
+    from modules import scripts
+
+    torch.manual_seed(0)
+    model = ForgeWebuiModel(_checkpoint(tmp_path, "sd15"))
+    tab.sd_models.model_data.sd_model = model
+    ours, other = _ForgeRocmSdScript(), _ForgeRocmSdScript("ControlNet")
+    monkeypatch.setattr(scripts, "scripts_txt2img", SimpleNamespace(alwayson_scripts=[other, ours]), raising=False)
+    monkeypatch.setattr(webui["shared"].cmd_opts, "rocm_sd", rocm_sd_on, raising=False)
+    lines = tab.script.prepare_loaded_model("64x64", 1).splitlines()
+    assert lines[-1].startswith("prepared 1 size in "), lines
+    unet_calls = [call for call in model.calls if call[0] == "unet with"]
+    assert other.calls == []
+    if rocm_sd_on:
+        assert "optimization rocm_sd per sampling" in lines[0]
+        assert ours.calls == [((), ["c", "noise", "uc", "x"])]
+        assert unet_calls == [("unet with", "rocm_sd's clone")]
+    else:
+        assert "optimization Forge's own (rocm_sd not on: --rocm-sd)" in lines[0]
+        assert ours.calls == [] and unet_calls == [("unet with", "Forge's own patcher")]
+        assert all(p.scripts is None for p in tab.processing.runs)

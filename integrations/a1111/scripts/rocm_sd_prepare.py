@@ -7,7 +7,9 @@ text encoders, its UNet through the webui's sampling path (cond and uncond batch
 patches while "rocm_sd" is the optimization, the webui's own forwards otherwise) and its VAE decode as the webui
 decodes (its decode method setting). So the problems are exactly the webui's (dtypes, layouts, the VAE's batch of
 one), and no diffusers is imported: the webui pins a huggingface_hub that current diffusers cannot import beside.
-Generation waits for the button (the webui's queue lock), as it does for any other job.
+Generation waits for the button (the webui's queue lock), as it does for any other job. On Forge with --rocm-sd, each
+size's sampling gets rocm_sd as a generation gets it (the extension's per-sampling patch): the problems are those of
+the model Forge then samples with.
 """
 import argparse
 import os
@@ -43,14 +45,48 @@ def _arguments(sd_model, sizes_text: str, batch):
     return os.path.basename(info.filename), sizes, batch
 
 
+class _ForgeSamplingHook:
+    """p.scripts of a prepare run on Forge. Forge installs rocm_sd per sampling, from the extension's script
+    (RocmSdScript.process_before_every_sampling), and calls scripts only through p.scripts, which a txt2img built here
+    lacks: without this runner the run would prepare Forge's unpatched model. It forwards that one callback; every
+    other callback does nothing, so no other extension's script runs with arguments it was never given."""
+
+    def __init__(self, script):
+        self._script = script
+
+    def process_before_every_sampling(self, p, **kwargs):
+        self._script.process_before_every_sampling(p, **kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
+def _forge_rocm_sd_script(sd_model):
+    """The extension's loaded RocmSdScript where the model is Forge's (forge_objects) and rocm_sd patches it per
+    sampling (--rocm-sd); None on A1111, whose rocm_sd patches are the optimization itself and always on."""
+    if getattr(sd_model, "forge_objects", None) is None or not getattr(shared.cmd_opts, "rocm_sd", False):
+        return None
+    from modules import scripts
+
+    runner = getattr(scripts, "scripts_txt2img", None)
+    return next((s for s in getattr(runner, "alwayson_scripts", None) or [] if s.title() == "rocm_sd"), None)
+
+
 def _txt2img(sd_model, batch: int):
-    """run_size for prepare.run_sizes: one step of the webui's txt2img at (width, height), `batch` images."""
+    """run_size for prepare.run_sizes: one step of the webui's txt2img at (width, height), `batch` images; on Forge
+    with --rocm-sd, with rocm_sd installed as a generation installs it."""
     from modules import processing
+
+    forge_script = _forge_rocm_sd_script(sd_model)
 
     def run_size(width: int, height: int) -> None:
         p = processing.StableDiffusionProcessingTxt2Img(
             sd_model=sd_model, prompt=prepare.PROMPT, negative_prompt="", steps=1, width=width, height=height,
             batch_size=batch, n_iter=1, sampler_name=SAMPLER, do_not_save_samples=True, do_not_save_grid=True)
+        if forge_script is not None:
+            p.scripts = _ForgeSamplingHook(forge_script)
         try:
             processing.process_images(p)
         finally:
@@ -58,12 +94,16 @@ def _txt2img(sd_model, batch: int):
     return run_size
 
 
-def _describe(batch: int) -> str:
+def _describe(sd_model, batch: int) -> str:
     from modules import devices, sd_hijack
 
     dtypes = ", ".join(f"{part} {str(getattr(devices, f'dtype_{part.lower()}', '?')).removeprefix('torch.')}"
                        for part in ("UNet", "VAE"))
-    optimization = getattr(sd_hijack.current_optimizer, "name", None) or "none"
+    if getattr(sd_model, "forge_objects", None) is not None:
+        optimization = ("rocm_sd per sampling" if _forge_rocm_sd_script(sd_model) is not None
+                        else "Forge's own (rocm_sd not on: --rocm-sd)")
+    else:
+        optimization = getattr(sd_hijack.current_optimizer, "name", None) or "none"
     return (f"the webui's model ({dtypes}, optimization {optimization}), batch {batch}, on {devices.device}; "
             f"a {SAMPLER} step of txt2img and its VAE decode per size")
 
@@ -86,7 +126,8 @@ def prepare_loaded_model(sizes_text: str, batch) -> str:
         if state is not None:  # as the webui's own jobs start: a past Interrupt must not stop this one
             state.begin(job="rocm_sd_prepare")
         try:
-            result = prepare.run_sizes(name, _txt2img(sd_model, batch), sizes, devices.device, _describe(batch))
+            result = prepare.run_sizes(name, _txt2img(sd_model, batch), sizes, devices.device,
+                                       _describe(sd_model, batch))
         except Exception as error:  # noqa: BLE001 - a failed warm-up must not take the webui down
             return f"prepare stopped ({type(error).__name__}: {error}); the first image will search as usual"
         finally:
