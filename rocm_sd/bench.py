@@ -23,6 +23,8 @@ after the other engines, with a rocm_sd row added before them if none was asked 
   rocm_sd-adaptive         rocm_sd.optimize(pipe, cache="adaptive") (cache_threshold 0.15)
   rocm_sd-fbcache          rocm_sd.optimize(pipe, cache="fbcache") (the diffusion transformers; the published threshold)
   rocm_sd-teacache         rocm_sd.optimize(pipe, cache="teacache") (the diffusion transformers; the published threshold)
+  rocm_sd-fp8-fbcache      both: fp8 linear layers and the fbcache step cache (the diffusion transformers)
+  rocm_sd-fp8-teacache     both: fp8 linear layers and the teacache step cache (the diffusion transformers)
   rocm_sd-attnfp8          rocm_sd.optimize(pipe, attention_precision="fp8")
 Their rows add PSNR against the rocm_sd (fp16) image (psnr_vs_fp16_db) and the table a speed-up against the rocm_sd
 row. A mode that optimize() could not apply here (report() or the log says why: no FP8 on this GPU, a CPU) is a

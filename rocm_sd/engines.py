@@ -18,6 +18,8 @@ MODES = {
     "rocm_sd-adaptive": {"cache": "adaptive"},
     "rocm_sd-fbcache": {"cache": "fbcache"},
     "rocm_sd-teacache": {"cache": "teacache"},
+    "rocm_sd-fp8-fbcache": {"precision": "fp8", "cache": "fbcache"},
+    "rocm_sd-fp8-teacache": {"precision": "fp8", "cache": "teacache"},
     "rocm_sd-attnfp8": {"attention_precision": "fp8"},
 }
 
