@@ -124,6 +124,11 @@ def kernel_ms(torch, fn, table_path: str | None = None) -> float:
     return sum(e.self_device_time_total for e in kernels) / 1e3
 
 
+def relative_difference(out, reference) -> float:
+    """|out - reference| / |reference| (Frobenius), in float32: how far a variant's output is from the untouched one."""
+    return ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+
+
 def measure(torch, fn, repeats: int, warmup: int, profile_path: str | None):
     from bench.harness import wall_ms
 
@@ -192,7 +197,7 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_n
         table = os.path.join(profile_dir, f"profile-unet-{i}.txt") if profile_dir else None
         kernels, out = kernel_ms(torch, lambda: ksampler(p), table) / STEPS, ksampler(p)
         reference = out if reference is None else reference
-        rel = None if i == 0 else ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+        rel = None if i == 0 else relative_difference(out, reference)
         rows.append((what, name, statistics.median(samples[name]), kernels, rel, samples[name]))
         graphs = graph_stats(p)
         print(f"KSampler ms per step per round, {name}: " + ", ".join(f"{w:.2f}" for w in samples[name])
@@ -247,7 +252,7 @@ def bench_transformer(torch, comfy, nodes, device, profile_dir, model_name: str,
         table = os.path.join(profile_dir, f"profile-{model_name}-{i}.txt") if profile_dir else None
         kernels = kernel_ms(torch, lambda: ksampler(p), table) / steps
         reference = out if reference is None else reference
-        rel = None if i == 0 else ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+        rel = None if i == 0 else relative_difference(out, reference)
         rows.append((what, name, wall / steps, kernels, rel, None))
         print(f"{name}: {wall / steps:.2f} ms per step, kernels {kernels:.2f} ms per step, relative difference "
               f"{'-' if rel is None else f'{rel:.2e}'}", flush=True)
@@ -270,8 +275,7 @@ def bench_vae(torch, comfy, nodes, sizes, profile_dir):
             base_ms, base_kernel, reference = measure(torch, lambda: vae.decode(z), 10, 2, path("comfyui"))
             opt_ms, opt_kernel, got = measure(torch, lambda: optimized.decode(z), 10, 2, path("rocm_sd"))
             nchw_ms, nchw_kernel, nchw_got = measure(torch, lambda: nchw.decode(z), 10, 2, None)
-        rel, nchw_rel = (((out.float() - reference.float()).norm() / reference.float().norm()).item()
-                         for out in (got, nchw_got))
+        rel, nchw_rel = (relative_difference(out, reference) for out in (got, nchw_got))
         what = f"SD VAE decode {size}x{size} ({vae.vae_dtype})"
         rows += [(what, "ComfyUI", base_ms, base_kernel, None, None), (what, "rocm_sd Optimize VAE", opt_ms, opt_kernel, rel, None),
                  (what, "rocm_sd Optimize VAE, channels_last off", nchw_ms, nchw_kernel, nchw_rel, None)]
