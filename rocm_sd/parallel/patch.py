@@ -21,7 +21,7 @@ docs/multi-gpu.md).
 
 The default warm-up is one step: the first step of an image has no previous step to take stale activations from,
 and every further warm-up step is a step whose exchanges hold up the compute. DistriFusion's own code defaults to
-4 of 50 steps; `warmup` sets it.
+4 of 50 steps; `warmup` (--patch-warmup) sets it.
 
 Apply after rocm_sd.optimize(pipe) without its graphs (cuda_graph=False; a captured step would replay one step's
 exchanges, stale or fresh, for ever): the wrappers take the place of nn.Conv2d, nn.GroupNorm and rocm_sd's
@@ -31,6 +31,7 @@ take diffusers' forward instead. disable_patch_parallel puts every module back, 
 """
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 
 import torch
@@ -38,10 +39,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .arguments import PATCH_WARMUP
 from .cfg import all_gather_single
 from .rounds import LostContact, waiting
 
-DEFAULT_WARMUP = 1
 _WRAPPED_ATTR = "_rocm_sd_patch_parallel"
 
 
@@ -50,14 +51,24 @@ def downsamplings(unet) -> int:
     return sum(1 for block in unet.down_blocks if getattr(block, "downsamplers", None))
 
 
-def rows_problem(latent_height: int, halvings: int, world: int) -> str:
-    """Why a latent of `latent_height` rows cannot be cut into bands for `world` ranks, or ''."""
+def rows_problem(latent_height: int, halvings: int, world: int, vae_scale: int | None = None) -> str:
+    """Why a latent of `latent_height` rows cannot be cut into bands for `world` ranks, or '' (`vae_scale`: image
+    rows per latent row, where known, for the image height to ask for)."""
     unit = world * 2 ** halvings
     if latent_height % unit:
-        return (f"patch parallelism cuts the latent's {latent_height} rows into {world} bands that the UNet's "
-                f"{halvings} downsamplings halve alike: the latent height must divide by {world} x 2**{halvings} = "
-                f"{unit} (an image height that divides by {unit * 8} for SD's VAE)")
+        image = f" (images {unit * vae_scale} pixels high, or a multiple)" if vae_scale else ""
+        return (f"patch parallelism cuts the latent's {latent_height} rows into {world} bands, which the UNet halves "
+                f"{halvings} time(s): the latent height must divide by {world} x 2**{halvings} = {unit}{image}")
     return ""
+
+
+def architecture_rows_problem(architecture, height: int | None, world: int) -> str:
+    """rows_problem for an image `height` (None: the architecture's default size) of a models.ARCHITECTURES entry,
+    from its configuration: diffusers' UNet downsamples after every down block but the last (4 blocks where the
+    configuration keeps diffusers' default, as SD1.5's does)."""
+    scale = 2 ** (len(architecture.vae["block_out_channels"]) - 1)
+    blocks = len(architecture.unet.get("down_block_types", range(4)))
+    return rows_problem((height or architecture.size) // scale, blocks - 1, world, scale)
 
 
 class PatchShard:
@@ -67,7 +78,8 @@ class PatchShard:
         self.group, self.label, self.halvings, self.warmup, self.lookout = group, label, halvings, warmup, lookout
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.step = 0                  # of the current image: steps below `warmup` exchange synchronously
-        self.last_timestep = None      # a timestep not below the last one starts a new image
+        self.last_step = None          # (timestep, latent shape) of the last step
+        self.new_image = True          # set by the pipeline's scheduler.set_timesteps, which each pipeline call runs
         self.layers: list = []         # every wrapper: its stale exchange is dropped when a new image starts
         self.stats: Counter = Counter()
 
@@ -76,16 +88,16 @@ class PatchShard:
         return self.step < self.warmup
 
     def begin_step(self, timestep, shape) -> None:
-        """Count the step; a new image (the timesteps start again, or another latent shape) begins with warm-up."""
+        """Count the step. A new image begins with warm-up: a new pipeline call, or where the UNet is called on its
+        own, a timestep above the last (they fall within an image; Heun's repeat) or another latent shape."""
         t = float(timestep.flatten()[0]) if torch.is_tensor(timestep) else float(timestep)
-        key = (t, tuple(shape))
-        if self.last_timestep is None or t >= self.last_timestep[0] or key[1] != self.last_timestep[1]:
+        last, self.last_step = self.last_step, (t, tuple(shape))
+        if self.new_image or last is None or t > last[0] or tuple(shape) != last[1]:
             for layer in self.layers:
                 layer.forget()
-            self.step = 0
+            self.step, self.new_image = 0, False
         else:
             self.step += 1
-        self.last_timestep = key
         self.stats["fresh steps" if self.fresh else "stale steps"] += 1
 
     def split(self, sample: torch.Tensor) -> torch.Tensor:
@@ -282,6 +294,18 @@ class _BandStep:
         return out
 
 
+class _NewImage:
+    """The scheduler's set_timesteps, which tells the shard that a pipeline call, a new image, begins."""
+
+    def __init__(self, inner, shard: PatchShard):
+        self.inner, self.shard = inner, shard
+        self.__signature__ = inspect.signature(inner)  # diffusers' retrieve_timesteps reads the parameters
+
+    def __call__(self, *args, **kwargs):
+        self.shard.new_image = True
+        return self.inner(*args, **kwargs)
+
+
 def _unet(pipe):
     """The pipeline's UNet, or `pipe` itself where it is one."""
     return pipe if type(pipe).__name__ == "UNet2DConditionModel" else getattr(pipe, "unet", None)
@@ -296,7 +320,7 @@ def _wrapped_calls(forward) -> list[str]:
     return names
 
 
-def enable_patch_parallel(pipe, group, lookout=None, warmup: int = DEFAULT_WARMUP):
+def enable_patch_parallel(pipe, group, lookout=None, warmup: int = PATCH_WARMUP):
     """Split every step of `pipe`'s UNet (SD1.5 / SDXL; or `pipe` is the UNet) over the ranks of `group` by bands
     of rows, displaced after `warmup` synchronous steps of each image (`lookout`: this rank's, told when the rank
     waits in the group's exchanges). Apply rocm_sd.optimize(pipe, cuda_graph=False) first where wanted."""
@@ -337,9 +361,11 @@ def enable_patch_parallel(pipe, group, lookout=None, warmup: int = DEFAULT_WARMU
             processor = attn.processor
             attn.set_processor(PatchSelfAttention(processor, shard))
             wrapped.append((attn, "processor", processor))
-    previous = unet.__dict__.get("forward")
-    unet.forward = _BandStep(unet.forward, shard)
-    wrapped.append((unet, "forward", previous))
+    for owner, name, kind in ((unet, "forward", _BandStep), (getattr(pipe, "scheduler", None), "set_timesteps",
+                                                             _NewImage)):
+        if owner is not None:
+            wrapped.append((owner, name, owner.__dict__.get(name)))
+            setattr(owner, name, kind(getattr(owner, name), shard))
     setattr(unet, _WRAPPED_ATTR, (shard, wrapped))
     return pipe
 
@@ -351,7 +377,7 @@ def disable_patch_parallel(pipe):
     for owner, name, previous in reversed(wrapped):
         if name == "processor":
             owner.set_processor(previous)
-        elif name == "forward" and previous is None:
+        elif previous is None:  # a method of the class's: the instance's stand-in goes
             delattr(owner, name)
         else:
             setattr(owner, name, previous)
