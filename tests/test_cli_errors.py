@@ -125,6 +125,8 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
      "argument --mode: patch splits a UNet's rows (SD1.5 / SDXL); flux is a diffusion transformer: use --mode seq (or "
      "cfg-seq for SD3 / SD3.5)"),
     ("rocm_sd", [*GENERATE, "--patch-warmup", "0"], 2, "argument --patch-warmup: 0 is not a positive integer"),
+    ("rocm_sd", [*GENERATE, "--mode", "cfg", "--patch-warmup", "2"], 2,
+     "argument --patch-warmup: only --mode patch has warm-up steps, not cfg"),
     ("rocm_sd", [*GENERATE, "--vae-split", "on"], 2, "argument --vae-split: on splits the decode of an image over the "
                                                      "ranks that make it together (--mode cfg, seq, cfg-seq or patch); "
                                                      "in data mode each image is one rank's"),

@@ -46,9 +46,9 @@ def add_arguments(parser) -> None:
                              "over the ranks that make it, blended as a tiled decode (auto: for latents of 128x128 or more, "
                              "1024x1024 images; on: every latent taller than the bands' overlap; off: every rank "
                              "decodes the whole image)")
-    parser.add_argument("--patch-warmup", type=cli_args.positive_int, default=PATCH_WARMUP,
+    parser.add_argument("--patch-warmup", type=cli_args.positive_int,
                         help="patch mode: the first steps of each image whose boundary rows, keys and values and "
-                             "GroupNorm statistics are exchanged synchronously (exact); later steps use the previous "
-                             "step's, sent while the step computes")
+                             f"GroupNorm statistics are exchanged synchronously (exact; default {PATCH_WARMUP}); later "
+                             "steps use the previous step's, sent while the step computes")
     parser.add_argument("--timeout-s", type=cli_args.positive_float, default=DEFAULT_TIMEOUT_S,
                         help="longest wait for another rank before the job fails")

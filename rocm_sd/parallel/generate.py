@@ -208,6 +208,9 @@ def main(args) -> int:
             "WORLD_SIZE", "1")))
         if problem:
             raise cli_args.UsageError(f"argument --height: {problem}")
+    if args.patch_warmup is not None and args.mode != "patch":
+        raise cli_args.UsageError(f"argument --patch-warmup: only --mode patch has warm-up steps, not {args.mode}")
+    patch_warmup = args.patch_warmup or PATCH_WARMUP
     if args.vae_split == "on" and args.mode == "data":
         raise cli_args.UsageError("argument --vae-split: on splits the decode of an image over the ranks that make it "
                                   "together (--mode cfg, seq, cfg-seq or patch); in data mode each image is one rank's")
@@ -223,7 +226,7 @@ def main(args) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(model) if on_gpu else torch.float32
     try:
         pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize, vae_split=args.vae_split,
-                       patch_warmup=args.patch_warmup)
+                       patch_warmup=patch_warmup)
         setup_s = time.perf_counter() - start
         images, timings = run(mesh, pipe, job, out_dir=args.out, warmup=not args.no_warmup)
     except JobFailed as exc:
@@ -239,7 +242,7 @@ def main(args) -> int:
         summary = timings.summary(len(job.prompts))
         write_json_atomically(os.path.join(args.out, "run.json"), {
             "model": model, "dtype": str(dtype).removeprefix("torch."), "mode": args.mode, "vae_split": args.vae_split,
-            **({"patch_warmup": args.patch_warmup} if args.mode == "patch" else {}),
+            **({"patch_warmup": patch_warmup} if args.mode == "patch" else {}),
             "gpus": mesh.world,
             "device": torch.cuda.get_device_name(mesh.device) if on_gpu else "cpu",
             "arch": platform.device_arch(mesh.device) if on_gpu else "cpu", "optimized": not args.no_optimize,

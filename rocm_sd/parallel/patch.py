@@ -88,8 +88,9 @@ class PatchShard:
         return self.step < self.warmup
 
     def begin_step(self, timestep, shape) -> None:
-        """Count the step. A new image begins with warm-up: a new pipeline call, or where the UNet is called on its
-        own, a timestep above the last (they fall within an image; Heun's repeat) or another latent shape."""
+        """Count the step. A new image begins with warm-up: a new pipeline call, or, where the UNet is called on its
+        own, a timestep above the last (within an image they fall, or repeat for Heun's second evaluation) or
+        another latent shape."""
         t = float(timestep.flatten()[0]) if torch.is_tensor(timestep) else float(timestep)
         last, self.last_step = self.last_step, (t, tuple(shape))
         if self.new_image or last is None or t > last[0] or tuple(shape) != last[1]:
@@ -150,7 +151,9 @@ class PatchShard:
 
 
 class _Exchanging(nn.Module):
-    """A wrapped module and its exchange: `pending` holds what the previous step sent (handle, tensor)."""
+    """A wrapped module and its exchange: `pending` holds what the previous step sent (handle, tensor). The wrapped
+    module is a submodule (`inner`): parameters and devices are the model's as before, though the state-dict keys
+    gain `.inner` while patch parallelism is on (load weights or LoRAs before enabling it)."""
 
     def __init__(self, inner: nn.Module, shard: PatchShard):
         super().__init__()
