@@ -43,9 +43,9 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _patch_job(rank: int, world: int, store: str, results) -> None:
-    """Per case (architecture, optimize): one process's image, then split over the group with every step a warm-up step, then
-    displaced after one; whether disable_patch_parallel restored the pipeline; the exchange counts; then a latent
-    height the bands cannot take."""
+    """Per case (architecture, optimize): one process's image, then split over the group with every step a warm-up
+    step, then displaced after one; whether disable_patch_parallel restored the pipeline; the exchange counts; then
+    a latent height the bands cannot take."""
     import rocm_sd
     from rocm_sd import models
     from rocm_sd.parallel.generate import Job, call_pipeline
@@ -217,6 +217,26 @@ def test_four_process_patch_mode_stays_close_to_one_process(tmp_path):
     for i, (a, b) in enumerate(zip(one, images)):
         quality = psnr(a, b)
         assert PSNR_BOUND["tiny", 4] < quality < float("inf"), f"image {i}: PSNR {quality:.2f} dB"
+
+
+@pytest.mark.slow  # four processes
+def test_cfg_patch_mode_with_every_step_warm_makes_one_process_images(tmp_path):
+    """The guidance halves over two pairs, each half's rows over its pair (ranks 0, 1 the unconditional half's)."""
+    torch.set_num_threads(1)
+    proc, out = _generate(tmp_path, "cfg-patch", 4, "--mode", "cfg-patch", "--patch-warmup", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    images, one = _images(out), _one_process_images()
+    assert len(images) == len(one) == len(PROMPTS)
+    for i, (a, b) in enumerate(zip(one, images)):
+        assert abs(a - b).max() <= 2, f"image {i}: max difference {abs(a - b).max()}"
+
+
+def test_cfg_patch_mode_needs_two_ranks_per_guidance_half(monkeypatch):
+    from rocm_sd.parallel.mesh import init
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="cfg-patch mode splits each guidance half's rows over two or more processes"):
+        init("cfg-patch")
 
 
 # ---- a rank that fails: every rank ends within seconds (a hang: at --timeout-s), the failed rank named ---------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import cli_args, models
 
-MODES = ("data", "cfg", "seq", "cfg-seq", "patch")
+MODES = ("data", "cfg", "seq", "cfg-seq", "patch", "cfg-patch")
 # The VAE decode of an image split over the ranks that make it (vae_split.py): above its size threshold, always, never.
 VAE_SPLITS = ("auto", "on", "off")
 # How long a collective may wait for a slow or stuck rank before the job ends with an error. The first
@@ -30,7 +30,9 @@ def add_arguments(parser) -> None:
                              "each step of a diffusion transformer (SD3 / SD3.5, Flux) split over all GPUs by image "
                              "tokens; cfg-seq: the guidance halves on two halves of the GPUs, each half's tokens split "
                              "over its GPUs; patch: each UNet step (SD1.5 / SDXL) split over all GPUs by bands of "
-                             "rows, DistriFusion's displaced patch parallelism (approximate after its warm-up)")
+                             "rows, DistriFusion's displaced patch parallelism (approximate after its warm-up); "
+                             "cfg-patch: the guidance halves on two halves of the GPUs, each half's rows split over "
+                             "its GPUs")
     cli_args.add_height_and_width(parser)
     parser.add_argument("--steps", type=cli_args.positive_int, default=50, help="denoising steps per image")
     parser.add_argument("--guidance", type=cli_args.finite_float, default=7.5,
@@ -42,13 +44,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-optimize", action="store_true", help="plain diffusers (to compare)")
     parser.add_argument("--no-warmup", action="store_true", help="time the first calls too")
     parser.add_argument("--vae-split", choices=VAE_SPLITS, default="auto",
-                        help="cfg, seq, cfg-seq and patch modes: the final VAE decode of each image in bands of rows "
-                             "over the ranks that make it, blended as a tiled decode (auto: for latents of 128x128 or more, "
+                        help="every mode but data: the final VAE decode of each image in bands of rows over the "
+                             "ranks that make it, blended as a tiled decode (auto: for latents of 128x128 or more, "
                              "1024x1024 images; on: every latent taller than the bands' overlap; off: every rank "
                              "decodes the whole image)")
     parser.add_argument("--patch-warmup", type=cli_args.positive_int,
-                        help="patch mode: the first steps of each image whose boundary rows, keys and values and "
-                             f"GroupNorm statistics are exchanged synchronously (exact; default {PATCH_WARMUP}); later "
-                             "steps use the previous step's, sent while the step computes")
+                        help="patch and cfg-patch modes: the first steps of each image whose boundary rows, keys and "
+                             f"values and GroupNorm statistics are exchanged synchronously (exact; default "
+                             f"{PATCH_WARMUP}); later steps use the previous step's, sent while the step computes")
     parser.add_argument("--timeout-s", type=cli_args.positive_float, default=DEFAULT_TIMEOUT_S,
                         help="longest wait for another rank before the job fails")

@@ -5,6 +5,7 @@
     torchrun --nproc-per-node 4 -m rocm_sd generate --mode seq --model flux --prompt "a lighthouse at dawn" --out one/
     torchrun --nproc-per-node 4 -m rocm_sd generate --mode cfg-seq --model sd35 --prompt "a lighthouse" --out one/
     torchrun --nproc-per-node 2 -m rocm_sd generate --mode patch --model sdxl --prompt "a lighthouse" --out one/
+    torchrun --nproc-per-node 4 -m rocm_sd generate --mode cfg-patch --model sdxl --prompt "a lighthouse" --out one/
 
 Image i (prompt i of the list) is made from seed `--seed + i` with its own generator, in the same batch
 of consecutive prompts whatever the number of GPUs: the images do not depend on how many GPUs made
@@ -200,20 +201,22 @@ def main(args) -> int:
         raise cli_args.UsageError(f"argument --mode: {args.mode} splits a diffusion transformer's tokens; {args.model} "
                                   "is a UNet model: give --model sd3 / sd35m / sd35 / flux / flux-schnell (or a model "
                                   "folder of one), or --mode cfg")
-    if args.mode == "patch" and args.model in models.ARCHITECTURES and models.is_transformer(args.model):
-        raise cli_args.UsageError(f"argument --mode: patch splits a UNet's rows (SD1.5 / SDXL); {args.model} is a "
-                                  "diffusion transformer: use --mode seq (or cfg-seq for SD3 / SD3.5)")
-    if args.mode == "patch" and args.model in models.ARCHITECTURES:  # a model folder's UNet says so at its first step
-        problem = architecture_rows_problem(models.ARCHITECTURES[args.model], args.height, int(os.environ.get(
-            "WORLD_SIZE", "1")))
+    splits_rows = args.mode in ("patch", "cfg-patch")
+    if splits_rows and args.model in models.ARCHITECTURES and models.is_transformer(args.model):
+        raise cli_args.UsageError(f"argument --mode: {args.mode} splits a UNet's rows (SD1.5 / SDXL); {args.model} is "
+                                  "a diffusion transformer: use --mode seq (or cfg-seq for SD3 / SD3.5)")
+    if splits_rows and args.model in models.ARCHITECTURES:  # a model folder's UNet says so at its first step
+        bands = int(os.environ.get("WORLD_SIZE", "1")) // (2 if args.mode == "cfg-patch" else 1)
+        problem = architecture_rows_problem(models.ARCHITECTURES[args.model], args.height, max(bands, 1))
         if problem:
             raise cli_args.UsageError(f"argument --height: {problem}")
-    if args.patch_warmup is not None and args.mode != "patch":
-        raise cli_args.UsageError(f"argument --patch-warmup: only --mode patch has warm-up steps, not {args.mode}")
+    if args.patch_warmup is not None and not splits_rows:
+        raise cli_args.UsageError(f"argument --patch-warmup: only --mode patch and cfg-patch have warm-up steps, not "
+                                  f"{args.mode}")
     patch_warmup = args.patch_warmup or PATCH_WARMUP
     if args.vae_split == "on" and args.mode == "data":
         raise cli_args.UsageError("argument --vae-split: on splits the decode of an image over the ranks that make it "
-                                  "together (--mode cfg, seq, cfg-seq or patch); in data mode each image is one rank's")
+                                  "together (every --mode but data); in data mode each image is one rank's")
     try:
         mesh = init(args.mode, args.timeout_s)
     except ValueError as error:  # cfg mode on an odd number of processes (one without torchrun): init says so
@@ -242,7 +245,7 @@ def main(args) -> int:
         summary = timings.summary(len(job.prompts))
         write_json_atomically(os.path.join(args.out, "run.json"), {
             "model": model, "dtype": str(dtype).removeprefix("torch."), "mode": args.mode, "vae_split": args.vae_split,
-            **({"patch_warmup": patch_warmup} if args.mode == "patch" else {}),
+            **({"patch_warmup": patch_warmup} if splits_rows else {}),
             "gpus": mesh.world,
             "device": torch.cuda.get_device_name(mesh.device) if on_gpu else "cpu",
             "arch": platform.device_arch(mesh.device) if on_gpu else "cpu", "optimized": not args.no_optimize,
