@@ -252,13 +252,19 @@ def _case(fault: str, *rest, slow: bool = True):
     return pytest.param(fault, *rest, id=fault.replace(" ", "-"), marks=[pytest.mark.slow] if slow else [])
 
 
-def _patch_failed_job(tmp_path, nproc: int, fault: str, **kwargs):
-    return _failed_job_and_root_cause(tmp_path, nproc, "patch", fault, **kwargs)
+def _patch_failed_job(tmp_path, nproc: int, fault: str, mode: str = "patch", **kwargs):
+    return _failed_job_and_root_cause(tmp_path, nproc, mode, fault, **kwargs)
 
 
-@pytest.mark.parametrize("fault", [_case("1 round raise", slow=False), _case("0 halo raise")])
-def test_a_patch_rank_that_raises_ends_the_job_within_seconds(tmp_path, fault):
-    report, seconds, root_rank = _patch_failed_job(tmp_path, 2, fault)
+@pytest.mark.parametrize("fault,nproc,mode", [
+    _case("1 round raise", 2, "patch", slow=False),
+    _case("0 halo raise", 2, "patch"),
+    # rank 3 (the conditional half's second band): its band partner 2 waits in an exchange, its CFG partner 1 in the
+    # pair's all-gather, rank 0 in its own exchanges with 1
+    _case("3 halo raise", 4, "cfg-patch"),
+])
+def test_a_patch_rank_that_raises_ends_the_job_within_seconds(tmp_path, fault, nproc, mode):
+    report, seconds, root_rank = _patch_failed_job(tmp_path, nproc, fault, mode)
     rank = int(fault.split()[0])
     assert report.splitlines()[1] == f"rank {rank} failed during {ROUND}: RuntimeError: out of memory on purpose"
     assert f"rank {rank}'s traceback" in report
