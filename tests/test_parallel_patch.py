@@ -172,7 +172,7 @@ def test_generate_refuses_an_image_height_the_bands_cannot_take(monkeypatch, tmp
 
     monkeypatch.setenv("WORLD_SIZE", "4")  # refused before the job is joined
     status = cli.main(["generate", "--prompt", "a fox", "--out", str(tmp_path / "out"), "--mode", "patch",
-                       "--model", "tiny", "--height", "72"])
+                       "--height", "72"])  # the default model on a CPU: tiny
     err = capsys.readouterr().err
     assert status == 2
     assert err.strip().splitlines()[-1].endswith(

@@ -205,9 +205,10 @@ def main(args) -> int:
     if splits_rows and args.model in models.ARCHITECTURES and models.is_transformer(args.model):
         raise cli_args.UsageError(f"argument --mode: {args.mode} splits a UNet's rows (SD1.5 / SDXL); {args.model} is "
                                   "a diffusion transformer: use --mode seq (or cfg-seq for SD3 / SD3.5)")
-    if splits_rows and args.model in models.ARCHITECTURES:  # a model folder's UNet says so at its first step
+    unet = args.model or ("sd15" if platform.gpu_available() else "tiny")  # the patch modes' default, as below
+    if splits_rows and unet in models.ARCHITECTURES:  # a model folder's UNet says so at its first step
         bands = int(os.environ.get("WORLD_SIZE", "1")) // (2 if args.mode == "cfg-patch" else 1)
-        problem = architecture_rows_problem(models.ARCHITECTURES[args.model], args.height, max(bands, 1))
+        problem = architecture_rows_problem(models.ARCHITECTURES[unet], args.height, max(bands, 1))
         if problem:
             raise cli_args.UsageError(f"argument --height: {problem}")
     if args.patch_warmup is not None and not splits_rows:
