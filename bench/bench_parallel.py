@@ -1,8 +1,9 @@
-"""Multi-GPU throughput, CFG-parallel and sequence-parallel latency of `rocm_sd generate`, each configuration one
+"""Multi-GPU throughput, CFG-, sequence- and patch-parallel latency of `rocm_sd generate`, each configuration one
 torchrun job.
 
     python bench/bench_parallel.py [--gpus 1,2,4] [--prompts 32] [--batch 4] [--latency-model sd15 sdxl]
                                    [--seq-model flux sd35] [--seq-gpus 2,4]
+                                   [--patch-model sd15 sdxl] [--patch-gpus 2,4] [--patch-warmup 1]
                                    [--vae-split-model sdxl flux] [--vae-split-sizes 1024,2048] [--vae-split-gpus 2,4]
 
 Throughput: --prompts prompts (SD1.5 512x512, 50 steps by default) in data-parallel mode on each GPU count;
@@ -12,6 +13,8 @@ two GPUs in cfg mode, with the VAE decode whole on each (--vae-split off) and in
 seconds per image, and PSNR of the cfg images against the one-GPU ones. Sequence
 parallelism (--seq-model, none by default): the diffusion transformers at 1024x1024, one image at a time, one GPU
 against seq mode on each of --seq-gpus (where the heads divide) and, for SD3 / SD3.5, cfg-seq mode (2 x N/2).
+Patch parallelism (--patch-model, none by default): the UNets at their LATENCY size, one GPU against patch mode
+(DistriFusion, --patch-warmup synchronous steps per image) on each of --patch-gpus, PSNR against the one-GPU images.
 The VAE decode split (--vae-split-model): one image's decode alone, whole on every rank against split in bands over
 --vae-split-gpus, each GPU count one torchrun job of bench/vae_split_decode.py (ms, PSNR of the split image).
 Appends the run to bench/results/data/parallel-<device>.jsonl (rows as docs/performance.md asks; the one-GPU
@@ -129,19 +132,36 @@ def seq_latency(work: str, model: str, gpu_counts: list[int], rows: list, lines:
     spec = ARCHITECTURES[model]
     lat = ["--model", model, "--height", "1024", "--width", "1024", "--steps", str(spec.steps), "--batch", "1",
            "--guidance", str(spec.guidance)]
-    single, ref = generate(work, f"seq1-{model}", 1, prompts(3), *lat)
+    split_latency(work, model, 1024, spec.steps, lat, [(gpus, mode) for gpus in gpu_counts
+                                                        for mode in seq_modes(model, gpus)], rows, lines)
+
+
+def patch_latency(work: str, model: str, gpu_counts: list[int], warmup: int, rows: list, lines: list) -> None:
+    """One GPU against patch mode (DistriFusion) on each GPU count, one image at a time; rows and lines appended."""
+    spec = LATENCY[model]
+    lat = ["--model", model, "--height", str(spec["size"]), "--width", str(spec["size"]), "--steps",
+           str(spec["steps"]), "--batch", "1"]
+    split_latency(work, model, spec["size"], spec["steps"], lat, [(gpus, "patch") for gpus in gpu_counts], rows,
+                  lines, ("--patch-warmup", str(warmup)))
+
+
+def split_latency(work: str, model: str, size: int, steps: int, lat: list[str], splits: list[tuple[int, str]],
+                  rows: list, lines: list, extra: tuple[str, ...] = ()) -> None:
+    """One GPU against each (GPU count, mode) of `splits`, 3 images one at a time (`lat`: generate's arguments,
+    `extra`: the split runs' own); rows and table lines appended, PSNR the lowest of the 3 against one GPU's."""
+    single, ref = generate(work, f"one-{model}", 1, prompts(3), *lat)
     s1 = single["timings"]["median_round_s"]
     runs = [(1, "data", s1, None)]
-    for gpus in gpu_counts:
-        for mode in seq_modes(model, gpus):
-            run, got = generate(work, f"{mode}{gpus}-{model}", gpus, prompts(3), *lat, "--mode", mode)
-            runs.append((gpus, mode, run["timings"]["median_round_s"],
-                         min(psnr(a / 255.0, b / 255.0) for a, b in zip(ref, got))))
+    for gpus, mode in splits:
+        run, got = generate(work, f"{mode}{gpus}-{model}", gpus, prompts(3), *lat, "--mode", mode, *extra)
+        runs.append((gpus, mode, run["timings"]["median_round_s"],
+                     min(psnr(a / 255.0, b / 255.0) for a, b in zip(ref, got))))
     for gpus, mode, s, quality in runs:
-        rows.append({"gpus": gpus, "mode": mode, "model": model, "height": 1024, "width": 1024, "steps": spec.steps,
+        rows.append({"gpus": gpus, "mode": mode, "model": model, "height": size, "width": size, "steps": steps,
                      "batch": 1, "latency_s": round(s, 4), "speedup_vs_1gpu": round(s1 / s, 3),
-                     "psnr_db": None if quality is None else round(quality, 1)})
-        lines.append(f"| {model} | 1024 | {spec.steps} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
+                     "psnr_db": None if quality is None else round(quality, 1),
+                     **({"patch_warmup": int(extra[1])} if mode == "patch" else {})})
+        lines.append(f"| {model} | {size} | {steps} | {gpus} | {mode} | {s:.3f} | {s / s1:.2f}x | "
                      + ("-" if quality is None else f"{quality:.1f} (lowest of 3)") + " |")
         print(lines[-1], flush=True)
 
@@ -180,6 +200,10 @@ def main() -> None:
     parser.add_argument("--seq-model", nargs="*", default=[], choices=SEQ_MODELS,
                         help="diffusion transformers for the sequence-parallel latency rows")
     parser.add_argument("--seq-gpus", default="2,4", help="GPU counts for the sequence-parallel rows")
+    parser.add_argument("--patch-model", nargs="*", default=[], choices=sorted(LATENCY),
+                        help="UNets for the patch-parallel (DistriFusion) latency rows")
+    parser.add_argument("--patch-gpus", default="2,4", help="GPU counts for the patch-parallel rows")
+    parser.add_argument("--patch-warmup", type=int, default=1, help="synchronous steps per image in the patch rows")
     parser.add_argument("--vae-split-model", nargs="*", default=["sdxl", "flux"], choices=sorted(LATENCY) + ["flux"],
                         help="VAEs for the split-decode rows (sdxl: SD's VAE; flux: the 16-channel one of SD3 / Flux)")
     parser.add_argument("--vae-split-sizes", default="1024,2048", help="image sides for the split-decode rows")
@@ -254,6 +278,14 @@ def main() -> None:
                       "|---|---:|---:|---:|---|---:|---:|---:|"]
             for model in args.seq_model:
                 seq_latency(work, model, [int(g) for g in args.seq_gpus.split(",")], rows, lines)
+        if args.patch_model:
+            lines += ["", f"## Latency: one image at a time (batch 1), 1 GPU vs patch parallelism ({args.patch_warmup} "
+                      "synchronous step(s) per image)", "",
+                      "| model | size | steps | GPUs | mode | s per image (median) | vs 1 GPU | PSNR vs 1 GPU dB |",
+                      "|---|---:|---:|---:|---|---:|---:|---:|"]
+            for model in args.patch_model:
+                patch_latency(work, model, [int(g) for g in args.patch_gpus.split(",")], args.patch_warmup, rows,
+                              lines)
         if args.vae_split_model:
             lines += ["", "## The VAE decode of one image: whole on every rank vs split in bands over the ranks", "",
                       "| VAE of | size | GPUs | bands x latent rows | whole ms | split ms | split vs whole | PSNR vs "

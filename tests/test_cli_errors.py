@@ -119,9 +119,20 @@ CASES = [  # (CLI, argv, exit status, what the last line of stderr says)
     ("rocm_sd", [*GENERATE, "--mode", "seq", "--model", "tiny"], 2,
      "argument --mode: seq splits a diffusion transformer's tokens; tiny is a UNet model: give --model sd3 / sd35m / "
      "sd35 / flux / flux-schnell (or a model folder of one), or --mode cfg"),
+    ("rocm_sd", [*GENERATE, "--mode", "patch"], 2, "argument --mode: patch mode splits each UNet step over several "
+                                                   "processes, one per GPU: launch with torchrun --nproc-per-node 2"),
+    ("rocm_sd", [*GENERATE, "--mode", "patch", "--model", "flux"], 2,
+     "argument --mode: patch splits a UNet's rows (SD1.5 / SDXL); flux is a diffusion transformer: use --mode seq (or "
+     "cfg-seq for SD3 / SD3.5)"),
+    ("rocm_sd", [*GENERATE, "--patch-warmup", "0"], 2, "argument --patch-warmup: 0 is not a positive integer"),
+    ("rocm_sd", [*GENERATE, "--mode", "cfg", "--patch-warmup", "2"], 2,
+     "argument --patch-warmup: only --mode patch and cfg-patch have warm-up steps, not cfg"),
+    ("rocm_sd", [*GENERATE, "--mode", "cfg-patch"], 2, "argument --mode: cfg-patch mode splits each step over a pair "
+                                                       "of GPUs: it needs an even number of processes, got 1 (torchrun "
+                                                       "--nproc-per-node 4)"),
     ("rocm_sd", [*GENERATE, "--vae-split", "on"], 2, "argument --vae-split: on splits the decode of an image over the "
-                                                     "ranks that make it together (--mode cfg, seq or cfg-seq); in "
-                                                     "data mode each image is one rank's"),
+                                                     "ranks that make it together (every --mode but data); in data "
+                                                     "mode each image is one rank's"),
     ("rocm_sd", [*GENERATE, "--vae-split", "yes"], 2, "argument --vae-split: invalid choice: 'yes'"),
     ("rocm_sd", [*GENERATE, "--model", "sd16"], 2, "argument --model: 'sd16' is neither an architecture nor an "
                                                    "existing file or folder; accepted: an architecture (flux, "

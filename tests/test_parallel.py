@@ -122,6 +122,13 @@ def _launch(world: int, tmp_path, *args, timeout_s: float = 120, target=None) ->
     return dict(results)
 
 
+def _two_process_results(tmp_path_factory, name: str, target, timeout_s: float) -> dict:
+    """_launch's results of a two-process `target` job (a module fixture's), every rank having put its own."""
+    results = _launch(2, tmp_path_factory.mktemp(name), timeout_s=timeout_s, target=target)
+    assert sorted(results) == [0, 1], "a rank failed (its traceback is above)"
+    return results
+
+
 def test_rounds_hand_rank0_every_result_in_order(tmp_path):
     results = _launch(3, tmp_path, "ok")
     assert results[0][0] == "finished" and results[0][1] == [(i, i * 10) for i in range(7)]
@@ -188,7 +195,7 @@ def test_lookout_names_the_live_rank_that_was_not_waiting_in_a_collective():
 
 # ---- end to end: torchrun -m rocm_sd generate -------------------------------------------------------
 
-# "<rank> <setup|warm-up|round|attention|decode> <raise|die|hang>": read by this module's main (_inject_fault)
+# "<rank> <setup|warm-up|round|attention|halo|decode> <raise|die|hang>": read by this module's main (_inject_fault)
 _FAULT = "TEST_PARALLEL_FAULT"
 _FAULT_AT = "fault injected at unix time "
 _PID_OF = "test_parallel: the process of rank "  # each rank of a job with a fault says "<rank> is <pid>"
@@ -234,8 +241,10 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
     partner (or sequence-parallel group) has been through one step's collectives with it and waits in the next.
     'attention' (seq and cfg-seq modes): in the first round's second step, in its first attention, between the
     all-to-all that sent this rank's Q, K and V and the one that would bring its rows back: the group waits in
-    the second. 'decode' (--vae-split): in the first round's VAE decode, in this rank's first band, before the
-    all-gather of the bands that the image's other ranks wait in."""
+    the second. 'halo' (patch mode): in the first round's second step, between its first exchange (conv_in's
+    halo rows) and its second (the first GroupNorm's statistics), which the group waits in (after the warm-up, in
+    the step's output all-gather). 'decode' (--vae-split): in the first round's VAE decode, in this rank's first
+    band, before the all-gather of the bands that the image's other ranks wait in."""
     from rocm_sd.parallel import generate
 
     if os.environ["RANK"] != rank:
@@ -264,6 +273,17 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
 
         shard._all_to_all = failing_all_to_all
 
+    def fail_in_halo(denoiser):
+        shard = getattr(denoiser, "_rocm_sd_patch_parallel")[0]  # parallel/patch.py's PatchShard
+        start, count = shard.start, itertools.count(1)
+
+        def failing_start(part):
+            if next(count) == 2:  # conv_in's halo sent, the first GroupNorm's statistics not
+                fault()
+            return start(part)
+
+        shard.start = failing_start
+
     def fail_in_decode(pipe):
         pipe.vae.decode.decode_piece = lambda latent: fault()  # parallel/vae_split.py's VaeSplit
 
@@ -276,7 +296,7 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
 
             def failing_step(*args, **kwargs):
                 if next(count) == 2:
-                    fail_in_attention(denoiser) if phase == "attention" else fault()
+                    {"attention": fail_in_attention, "halo": fail_in_halo}.get(phase, lambda _: fault())(denoiser)
                 return unet_step(*args, **kwargs)
 
             denoiser.forward = failing_step
@@ -435,6 +455,20 @@ def test_a_hung_rank_ends_the_job_at_the_timeout_and_is_named(tmp_path, mode, fa
     assert "was lost" not in report
     assert root_rank == rank, f"torchrun names rank {root_rank} as the root cause"
     assert seconds < 20 + 30, f"the job ended {seconds:.0f} s after the rank hung"
+
+
+def _assert_hung_rank_named(report: str, seconds: float, root_rank: int, fault: str, step: str, waiting: set[int],
+                            timeout_s: int) -> None:
+    """A job that the hung rank of `fault` ended: rank 0 names it as stopped answering in `step`, for one of the
+    ranks that `waiting` lists, torchrun as the root cause, within seconds of --timeout-s."""
+    rank, line = int(fault.split()[0]), report.splitlines()[1]
+    assert any(line.startswith(f"rank {rank} failed during {step}: {HUNG.format(w, timeout_s)}") for w in waiting), \
+        report
+    assert "was lost" not in report
+    assert root_rank == rank, f"torchrun names rank {root_rank} as the root cause"
+    # A setup hang begins before the others build their pipelines (10-20 s of the 32-38 s measured on two cores).
+    slack = 60 if step == "pipeline setup" else 30
+    assert seconds < timeout_s + slack, f"the job ended {seconds:.0f} s after the rank hung"
 
 
 def _children(pid: int) -> list[int]:

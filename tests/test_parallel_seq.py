@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from rocm_sd.parallel.seq import PLANS, heads_problem
 
-from tests.test_parallel import HUNG, PROMPTS, _failed_job_and_root_cause, _generate, _images, _launch
+from tests.test_parallel import (PROMPTS, _assert_hung_rank_named, _failed_job_and_root_cause, _generate, _images,
+                                 _two_process_results)
 
 CASES = [(arch, optimized) for arch in ("tiny-sd3", "tiny-flux") for optimized in (False, True)]
 # Attentions per step: tiny-sd3 has two blocks, the first with a second (image-only) attention; tiny-flux two double
@@ -92,9 +93,7 @@ def _seq_job(rank: int, world: int, store: str, results) -> None:
 
 @pytest.fixture(scope="module")
 def seq_results(tmp_path_factory):
-    results = _launch(2, tmp_path_factory.mktemp("seq"), timeout_s=240, target=_seq_job)
-    assert sorted(results) == [0, 1], "a rank failed (its traceback is above)"
-    return results
+    return _two_process_results(tmp_path_factory, "seq", _seq_job, timeout_s=240)
 
 
 @pytest.mark.parametrize("arch,optimized", CASES)
@@ -242,14 +241,7 @@ def test_a_killed_seq_rank_is_named_and_the_job_ends_within_seconds(tmp_path, mo
 def test_a_hung_seq_rank_ends_the_job_at_the_timeout_and_is_named(tmp_path, mode, fault, step, waiting):
     timeout_s = 20
     report, seconds, root_rank = _seq_failed_job(tmp_path, mode, fault, timeout_s=timeout_s, wall_s=150)
-    rank, line = int(fault.split()[0]), report.splitlines()[1]
-    assert any(line.startswith(f"rank {rank} failed during {step}: {HUNG.format(w, timeout_s)}") for w in waiting), \
-        report
-    assert "was lost" not in report
-    assert root_rank == rank, f"torchrun names rank {root_rank} as the root cause"
-    # A setup hang begins before the others build their pipelines (10-20 s of the 32-38 s measured on two cores).
-    slack = 60 if step == "pipeline setup" else 30
-    assert seconds < timeout_s + slack, f"the job ended {seconds:.0f} s after the rank hung"
+    _assert_hung_rank_named(report, seconds, root_rank, fault, step, waiting, timeout_s)
 
 
 def test_cfg_seq_mode_needs_two_ranks_per_guidance_half(monkeypatch):

@@ -4,6 +4,8 @@
     torchrun --nproc-per-node 2 -m rocm_sd generate --mode cfg --prompt "a lighthouse at dawn" --out one/
     torchrun --nproc-per-node 4 -m rocm_sd generate --mode seq --model flux --prompt "a lighthouse at dawn" --out one/
     torchrun --nproc-per-node 4 -m rocm_sd generate --mode cfg-seq --model sd35 --prompt "a lighthouse" --out one/
+    torchrun --nproc-per-node 2 -m rocm_sd generate --mode patch --model sdxl --prompt "a lighthouse" --out one/
+    torchrun --nproc-per-node 4 -m rocm_sd generate --mode cfg-patch --model sdxl --prompt "a lighthouse" --out one/
 
 Image i (prompt i of the list) is made from seed `--seed + i` with its own generator, in the same batch
 of consecutive prompts whatever the number of GPUs: the images do not depend on how many GPUs made
@@ -28,6 +30,8 @@ from ..files import write_atomically, write_json_atomically
 from .cfg import enable_cfg_parallel
 from .lookout import Lookout
 from .mesh import Mesh, init, shutdown
+from .patch import architecture_rows_problem, enable_patch_parallel
+from .arguments import PATCH_WARMUP
 from .rounds import JobFailed, all_gather, batches, checked, gather_to_root, run_rounds
 from .seq import enable_sequence_parallel
 from .vae_split import enable_vae_split
@@ -82,17 +86,22 @@ def weights_fingerprint(pipe) -> float:
         return float(sum(p.detach().double().sum() for p in models.denoiser(pipe).parameters()))
 
 
-def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool, vae_split: str = "auto"):
-    """The pipeline on this rank's device, optimized, split for cfg or seq mode (and its VAE decode over the ranks
-    of an image, `vae_split`: auto, on or off; vae_split.py); checked against the other ranks."""
+def prepare(mesh: Mesh, model: str, dtype: torch.dtype, optimize: bool, vae_split: str = "auto",
+            patch_warmup: int = PATCH_WARMUP):
+    """The pipeline on this rank's device, optimized, split for cfg, seq or patch mode (patch mode: `patch_warmup`
+    synchronous steps per image; patch.py) and its VAE decode over the ranks of an image (`vae_split`: auto, on or
+    off; vae_split.py); checked against the other ranks."""
     def build():
         pipe = models.load_pipeline(model, mesh.device, dtype)
         if optimize:
-            patch.optimize(pipe)
+            # Patch mode's exchanges change from step to step: a captured step would replay one step's (patch.py).
+            patch.optimize(pipe, **({"cuda_graph": False} if mesh.patch_group is not None else {}))
         if mesh.cfg_group is not None:
             enable_cfg_parallel(pipe, mesh.cfg_group, mesh.lookout)
         if mesh.seq_group is not None:
             enable_sequence_parallel(pipe, mesh.seq_group, mesh.lookout)
+        if mesh.patch_group is not None:
+            enable_patch_parallel(pipe, mesh.patch_group, mesh.lookout, patch_warmup)
         if mesh.image_group is not None:
             enable_vae_split(pipe, mesh.image_group, mesh.lookout, vae_split)
         return pipe, weights_fingerprint(pipe)
@@ -192,9 +201,23 @@ def main(args) -> int:
         raise cli_args.UsageError(f"argument --mode: {args.mode} splits a diffusion transformer's tokens; {args.model} "
                                   "is a UNet model: give --model sd3 / sd35m / sd35 / flux / flux-schnell (or a model "
                                   "folder of one), or --mode cfg")
+    splits_rows = args.mode in ("patch", "cfg-patch")
+    if splits_rows and args.model in models.ARCHITECTURES and models.is_transformer(args.model):
+        raise cli_args.UsageError(f"argument --mode: {args.mode} splits a UNet's rows (SD1.5 / SDXL); {args.model} is "
+                                  "a diffusion transformer: use --mode seq (or cfg-seq for SD3 / SD3.5)")
+    unet = args.model or ("sd15" if platform.gpu_available() else "tiny")  # the patch modes' default, as below
+    if splits_rows and unet in models.ARCHITECTURES:  # a model folder's UNet says so at its first step
+        bands = int(os.environ.get("WORLD_SIZE", "1")) // (2 if args.mode == "cfg-patch" else 1)
+        problem = architecture_rows_problem(models.ARCHITECTURES[unet], args.height, max(bands, 1))
+        if problem:
+            raise cli_args.UsageError(f"argument --height: {problem}")
+    if args.patch_warmup is not None and not splits_rows:
+        raise cli_args.UsageError(f"argument --patch-warmup: only --mode patch and cfg-patch have warm-up steps, not "
+                                  f"{args.mode}")
+    patch_warmup = args.patch_warmup or PATCH_WARMUP
     if args.vae_split == "on" and args.mode == "data":
         raise cli_args.UsageError("argument --vae-split: on splits the decode of an image over the ranks that make it "
-                                  "together (--mode cfg, seq or cfg-seq); in data mode each image is one rank's")
+                                  "together (every --mode but data); in data mode each image is one rank's")
     try:
         mesh = init(args.mode, args.timeout_s)
     except ValueError as error:  # cfg mode on an odd number of processes (one without torchrun): init says so
@@ -206,7 +229,8 @@ def main(args) -> int:
     model = args.model or defaults[0 if on_gpu else 1]
     dtype = getattr(torch, args.dtype) if args.dtype else models.gpu_dtype(model) if on_gpu else torch.float32
     try:
-        pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize, vae_split=args.vae_split)
+        pipe = prepare(mesh, model, dtype, optimize=not args.no_optimize, vae_split=args.vae_split,
+                       patch_warmup=patch_warmup)
         setup_s = time.perf_counter() - start
         images, timings = run(mesh, pipe, job, out_dir=args.out, warmup=not args.no_warmup)
     except JobFailed as exc:
@@ -222,6 +246,7 @@ def main(args) -> int:
         summary = timings.summary(len(job.prompts))
         write_json_atomically(os.path.join(args.out, "run.json"), {
             "model": model, "dtype": str(dtype).removeprefix("torch."), "mode": args.mode, "vae_split": args.vae_split,
+            **({"patch_warmup": patch_warmup} if splits_rows else {}),
             "gpus": mesh.world,
             "device": torch.cuda.get_device_name(mesh.device) if on_gpu else "cpu",
             "arch": platform.device_arch(mesh.device) if on_gpu else "cpu", "optimized": not args.no_optimize,

@@ -1,13 +1,16 @@
 """Which device and which share of the work this process has: one process per GPU, launched by torchrun.
 
-Four ways to use N processes (shared/reference/integrations.md section 4):
+Six ways to use N processes (shared/reference/integrations.md section 4):
   data  every rank runs its own pipeline on different prompts (throughput);
   cfg   ranks work in pairs: both run the same images, and each UNet step's batch, the unconditional
         and the conditional half of classifier-free guidance, is split over the pair (latency).
         With 4 or more ranks the pairs are data parallel among themselves;
   seq   every rank runs the same images, and each step of a diffusion transformer (SD3 / SD3.5, Flux) is
         split over all of them by image tokens (seq.py; latency);
-  cfg-seq  both: the guidance halves over two groups of N/2 ranks, each half's tokens over its group.
+  cfg-seq  both: the guidance halves over two groups of N/2 ranks, each half's tokens over its group;
+  patch every rank runs the same images, and each UNet step (SD1.5 / SDXL) is split over all of them by bands
+        of rows, DistriFusion's displaced patch parallelism (patch.py; latency, approximate after its warm-up);
+  cfg-patch  both: the guidance halves over two groups of N/2 ranks, each half's rows over its group.
 Without torchrun (no WORLD_SIZE in the environment) it is one process and no process group.
 """
 from __future__ import annotations
@@ -38,7 +41,9 @@ class Mesh:
     cfg_group: object = None      # the process group of this rank's CFG pair (cfg mode only)
     seq: int = 1                  # ranks splitting an image's tokens: every rank in seq mode, else 1
     seq_group: object = None      # the process group that splits this rank's images by tokens (seq mode only)
-    image_group: object = None    # the ranks that make this rank's images together: the pair, the seq group, or both
+    image_group: object = None    # the ranks that make this rank's images together: the pair, the seq or patch group
+    patch: int = 1                # ranks splitting an image's rows: every rank in patch mode, else 1
+    patch_group: object = None    # the process group that splits this rank's images by rows (patch mode only)
     lookout: Lookout | None = None  # this rank's watch on the others, where the caller started one
     timeout_s: float = DEFAULT_TIMEOUT_S  # every group's and collective's longest wait for another rank
 
@@ -49,11 +54,11 @@ class Mesh:
     @property
     def per_image(self) -> int:
         """How many ranks make each image together."""
-        return self.cfg * self.seq
+        return self.cfg * self.seq * self.patch
 
     @property
     def dp(self) -> int:
-        """How many images (batches) are made at once: one per rank, per CFG pair, or one in seq mode."""
+        """How many images (batches) are made at once: one per rank, per CFG pair, or one in seq and patch mode."""
         return self.world // self.per_image
 
     @property
@@ -62,7 +67,7 @@ class Mesh:
 
     @property
     def is_leader(self) -> bool:
-        """The rank that hands in its group's images (every rank of a pair or seq group makes the same ones)."""
+        """The rank that hands in its group's images (every rank of a pair, seq or patch group makes the same ones)."""
         return self.rank % self.per_image == 0
 
 
@@ -73,11 +78,11 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cfg = 2 if mode in ("cfg", "cfg-seq") else 1
+    cfg = 2 if mode in ("cfg", "cfg-seq", "cfg-patch") else 1
     seq = world // cfg if mode in ("seq", "cfg-seq") else 1
     if world % cfg:
         raise ValueError(f"{mode} mode splits each step over a pair of GPUs: it needs an even number of processes, "
-                         f"got {world} (torchrun --nproc-per-node {4 if mode == 'cfg-seq' else 2})")
+                         f"got {world} (torchrun --nproc-per-node {4 if mode in ('cfg-seq', 'cfg-patch') else 2})")
     if mode == "cfg" and world == 1:
         raise ValueError("cfg mode needs 2 processes, one per GPU: launch with torchrun --nproc-per-node 2")
     if mode == "seq" and seq == 1:
@@ -85,6 +90,13 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
                          "--nproc-per-node 2 (or more)")
     if mode == "cfg-seq" and seq == 1:
         raise ValueError("cfg-seq mode splits each guidance half's tokens over two or more processes, one per GPU: "
+                         "launch with torchrun --nproc-per-node 4 (or another even number above 2)")
+    patch = world // cfg if mode in ("patch", "cfg-patch") else 1
+    if mode == "patch" and patch == 1:
+        raise ValueError("patch mode splits each UNet step over several processes, one per GPU: launch with torchrun "
+                         "--nproc-per-node 2 (or more)")
+    if mode == "cfg-patch" and patch == 1:
+        raise ValueError("cfg-patch mode splits each guidance half's rows over two or more processes, one per GPU: "
                          "launch with torchrun --nproc-per-node 4 (or another even number above 2)")
     if platform.gpu_available():
         if local_rank >= torch.cuda.device_count():
@@ -100,8 +112,10 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
                                 device_id=device if device.type == "cuda" else None)
     # cfg: pairs of neighbours. seq: every rank. cfg-seq: ranks [0, N/2) split the unconditional half's tokens,
     # [N/2, N) the conditional half's, and rank i pairs with rank i + N/2.
+    # cfg-patch: likewise, by rows.
     pairs = ([[first, first + 1] for first in range(0, world, 2)] if mode == "cfg" else
-             [[i, i + seq] for i in range(seq)] if mode == "cfg-seq" else [])
+             [[i, i + seq] for i in range(seq)] if mode == "cfg-seq" else
+             [[i, i + patch] for i in range(patch)] if mode == "cfg-patch" else [])
     blocks = [list(range(first, first + seq)) for first in range(0, world, seq)] if seq > 1 else []
 
     def joined(groups: list[list[int]]):
@@ -115,13 +129,19 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
         return mine
 
     cfg_group, seq_group = joined(pairs), joined(blocks)
+    # Patch mode's exchanges run on a group of their own, apart from the rounds' agreements on the default group
+    # (on NCCL: a communicator of their own).
+    patch_group = joined([list(range(first, first + patch)) for first in range(0, world, patch)]) if patch > 1 \
+        else None
     # The ranks of one image (vae_split.py splits its decode over them): the pair in cfg mode, the group in seq
-    # mode, and in cfg-seq mode both halves' groups, a group of its own.
-    image_group = (cfg_group if mode == "cfg" else seq_group if mode == "seq" else
-                   joined([list(range(first, first + cfg * seq)) for first in range(0, world, cfg * seq)])
-                   if mode == "cfg-seq" else None)
+    # or patch mode, and in cfg-seq and cfg-patch mode both halves' groups, a group of its own.
+    image_group = (cfg_group if mode == "cfg" else seq_group if mode == "seq" else patch_group if mode == "patch" else
+                   joined([list(range(first, first + cfg * seq * patch))
+                           for first in range(0, world, cfg * seq * patch)])
+                   if mode in ("cfg-seq", "cfg-patch") else None)
     return Mesh(rank=rank, world=world, local_rank=local_rank, cfg=cfg, device=device, cfg_group=cfg_group,
-                seq=seq, seq_group=seq_group, image_group=image_group, timeout_s=timeout_s)
+                seq=seq, seq_group=seq_group, image_group=image_group, patch=patch, patch_group=patch_group,
+                timeout_s=timeout_s)
 
 
 def shutdown(wait_s: float = 60.0) -> None:
