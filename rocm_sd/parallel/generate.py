@@ -27,11 +27,11 @@ from tqdm import tqdm
 
 from .. import cli_args, models, patch, platform
 from ..files import write_atomically, write_json_atomically
+from .arguments import PATCH_WARMUP
 from .cfg import enable_cfg_parallel
 from .lookout import Lookout
 from .mesh import Mesh, init, shutdown
 from .patch import architecture_rows_problem, enable_patch_parallel
-from .arguments import PATCH_WARMUP
 from .rounds import JobFailed, all_gather, batches, checked, gather_to_root, run_rounds
 from .seq import enable_sequence_parallel
 from .vae_split import enable_vae_split
