@@ -86,13 +86,22 @@ def enable_cfg_parallel(pipe, group, lookout=None):
     return pipe
 
 
+def restore_wrapped(wrapped: list) -> None:
+    """Put back what the parallel modes replaced, newest first. Each entry is (owner, name, previous): an attention
+    module's "processor" goes back through set_processor; a `previous` of None was no instance attribute (the class's
+    method), so the stand-in is deleted; anything else is set again."""
+    for owner, name, previous in reversed(wrapped):
+        if name == "processor":
+            owner.set_processor(previous)
+        elif previous is None:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, previous)
+
+
 def disable_cfg_parallel(pipe):
     """Undo enable_cfg_parallel (before rocm_sd.revert, which restores what was there before optimize)."""
-    for model, method, previous in reversed(getattr(pipe, _WRAPPED_ATTR, [])):
-        if previous is None:
-            delattr(model, method)
-        else:
-            setattr(model, method, previous)
+    restore_wrapped(getattr(pipe, _WRAPPED_ATTR, []))
     if hasattr(pipe, _WRAPPED_ATTR):
         delattr(pipe, _WRAPPED_ATTR)
     return pipe

@@ -71,6 +71,19 @@ class Mesh:
         return self.rank % self.per_image == 0
 
 
+# Why a mode that splits steps cannot run on the processes it was given, where each image's share is one process.
+SPLITS = {
+    "seq": "seq mode splits each step over several processes, one per GPU: launch with torchrun --nproc-per-node 2 "
+           "(or more)",
+    "cfg-seq": "cfg-seq mode splits each guidance half's tokens over two or more processes, one per GPU: launch with "
+               "torchrun --nproc-per-node 4 (or another even number above 2)",
+    "patch": "patch mode splits each UNet step over several processes, one per GPU: launch with torchrun "
+             "--nproc-per-node 2 (or more)",
+    "cfg-patch": "cfg-patch mode splits each guidance half's rows over two or more processes, one per GPU: launch "
+                 "with torchrun --nproc-per-node 4 (or another even number above 2)",
+}
+
+
 def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
     """Join the torchrun job (NCCL on GPUs, which is RCCL on ROCm; gloo on CPUs) and pick this rank's GPU."""
     if mode not in MODES:
@@ -79,25 +92,16 @@ def init(mode: str = "data", timeout_s: float = DEFAULT_TIMEOUT_S) -> Mesh:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cfg = 2 if mode in ("cfg", "cfg-seq", "cfg-patch") else 1
-    seq = world // cfg if mode in ("seq", "cfg-seq") else 1
+    split = world // cfg  # the ranks one image's (or one guidance half's) tokens or rows are split over
+    seq = split if mode in ("seq", "cfg-seq") else 1
+    patch = split if mode in ("patch", "cfg-patch") else 1
     if world % cfg:
         raise ValueError(f"{mode} mode splits each step over a pair of GPUs: it needs an even number of processes, "
                          f"got {world} (torchrun --nproc-per-node {4 if mode in ('cfg-seq', 'cfg-patch') else 2})")
     if mode == "cfg" and world == 1:
         raise ValueError("cfg mode needs 2 processes, one per GPU: launch with torchrun --nproc-per-node 2")
-    if mode == "seq" and seq == 1:
-        raise ValueError("seq mode splits each step over several processes, one per GPU: launch with torchrun "
-                         "--nproc-per-node 2 (or more)")
-    if mode == "cfg-seq" and seq == 1:
-        raise ValueError("cfg-seq mode splits each guidance half's tokens over two or more processes, one per GPU: "
-                         "launch with torchrun --nproc-per-node 4 (or another even number above 2)")
-    patch = world // cfg if mode in ("patch", "cfg-patch") else 1
-    if mode == "patch" and patch == 1:
-        raise ValueError("patch mode splits each UNet step over several processes, one per GPU: launch with torchrun "
-                         "--nproc-per-node 2 (or more)")
-    if mode == "cfg-patch" and patch == 1:
-        raise ValueError("cfg-patch mode splits each guidance half's rows over two or more processes, one per GPU: "
-                         "launch with torchrun --nproc-per-node 4 (or another even number above 2)")
+    if mode in SPLITS and split == 1:
+        raise ValueError(SPLITS[mode])
     if platform.gpu_available():
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible: "

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .arguments import PATCH_WARMUP
-from .cfg import all_gather_single
+from .cfg import all_gather_single, restore_wrapped
 from .rounds import LostContact, waiting
 
 _WRAPPED_ATTR = "_rocm_sd_patch_parallel"
@@ -377,13 +377,7 @@ def disable_patch_parallel(pipe):
     """Undo enable_patch_parallel (before rocm_sd.revert)."""
     unet = _unet(pipe)
     _, wrapped = getattr(unet, _WRAPPED_ATTR, (None, []))
-    for owner, name, previous in reversed(wrapped):
-        if name == "processor":
-            owner.set_processor(previous)
-        elif previous is None:  # a method of the class's: the instance's stand-in goes
-            delattr(owner, name)
-        else:
-            setattr(owner, name, previous)
+    restore_wrapped(wrapped)
     if wrapped:
         delattr(unet, _WRAPPED_ATTR)
     return pipe

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..modules.joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor
 from ..modules.joint_attention import attend as attend_here
-from .cfg import all_gather_single
+from .cfg import all_gather_single, restore_wrapped
 from .rounds import LostContact, waiting
 
 _WRAPPED_ATTR = "_rocm_sd_seq_parallel"
@@ -221,13 +221,7 @@ def disable_sequence_parallel(pipe):
     """Undo enable_sequence_parallel (before rocm_sd.revert)."""
     model = _transformer(pipe)
     _, wrapped = getattr(model, _WRAPPED_ATTR, (None, []))
-    for owner, name, previous in reversed(wrapped):
-        if name == "processor":
-            owner.set_processor(previous)
-        elif previous is None:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, previous)
+    restore_wrapped(wrapped)
     if wrapped:
         delattr(model, _WRAPPED_ATTR)
     return pipe
