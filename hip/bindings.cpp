@@ -20,6 +20,7 @@
 #include "rocm_sd/bias_residual/api.h"
 #include "rocm_sd/ck/api.h"
 #include "rocm_sd/geglu/api.h"
+#include "rocm_sd/gelu_tanh/api.h"
 #include "rocm_sd/group_norm/api.h"
 #include "rocm_sd/im2col_quantize/api.h"
 #include "rocm_sd/layer_norm/api.h"
@@ -72,6 +73,14 @@ rsd::GegluArgs geglu_args(uintptr_t x, uintptr_t y, int dtype, int64_t rows, int
           static_cast<rsd::QuantFormat>(format), static_cast<float>(bound)};
 }
 
+rsd::GeluTanhArgs gelu_tanh_args(uintptr_t x, uintptr_t bias, uintptr_t y, int dtype, int64_t rows, int64_t d,
+                                  uintptr_t stream, int device, uintptr_t q, uintptr_t scale, int format, double bound) {
+  return {as_ptr(x), as_ptr_or_null(bias), y ? as_mut_ptr(y) : nullptr, static_cast<rsd::DType>(dtype), rows, d,
+          as_mut_ptr(stream), device, q ? as_mut_ptr(q) : nullptr,
+          static_cast<float*>(scale ? as_mut_ptr(scale) : nullptr), static_cast<rsd::QuantFormat>(format),
+          static_cast<float>(bound)};
+}
+
 rsd::QuantizeRowsArgs quantize_rows_args(uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows,
                                          int64_t k, uintptr_t stream, int device) {
   return {as_ptr(x), as_mut_ptr(q), static_cast<float*>(as_mut_ptr(scale)), static_cast<rsd::DType>(dtype),
@@ -116,8 +125,9 @@ using Strides2 = std::array<int64_t, 2>;
 rsd::AdaLayerNormArgs ada_layer_norm_args(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t shift, int dtype,
                                           int64_t batch, int64_t tokens, int64_t c, const Strides2& scale_stride,
                                           const Strides2& shift_stride, double eps, uintptr_t stream, int device,
-                                          uintptr_t y, uintptr_t gate, const Strides2& gate_stride, uintptr_t h) {
-  rsd::AdaLayerNormArgs a{as_ptr(x), as_mut_ptr(out), as_ptr(scale), as_ptr(shift), static_cast<rsd::DType>(dtype),
+                                          uintptr_t y, uintptr_t gate, const Strides2& gate_stride, uintptr_t h,
+                                          uintptr_t q, uintptr_t q_scale, int format, double bound) {
+  rsd::AdaLayerNormArgs a{as_ptr(x), out ? as_mut_ptr(out) : nullptr, as_ptr(scale), as_ptr(shift), static_cast<rsd::DType>(dtype),
                           batch, tokens, c, {scale_stride[0], scale_stride[1]}, {shift_stride[0], shift_stride[1]},
                           static_cast<float>(eps), as_mut_ptr(stream), device};
   a.y = as_ptr_or_null(y);
@@ -125,6 +135,10 @@ rsd::AdaLayerNormArgs ada_layer_norm_args(uintptr_t x, uintptr_t out, uintptr_t 
   a.gate_stride[0] = gate_stride[0];
   a.gate_stride[1] = gate_stride[1];
   a.h = h ? as_mut_ptr(h) : nullptr;
+  a.q = q ? as_mut_ptr(q) : nullptr;
+  a.q_scale = static_cast<float*>(q_scale ? as_mut_ptr(q_scale) : nullptr);
+  a.format = static_cast<rsd::QuantFormat>(format);
+  a.bound = static_cast<float>(bound);
   return a;
 }
 
@@ -308,6 +322,29 @@ PYBIND11_MODULE(_C, m) {
       py::arg("layout"), py::arg("n"), py::arg("c"), py::arg("hw"), py::arg("groups"), py::arg("eps"), py::arg("silu"),
       py::arg("workspace"), py::arg("stream"), py::arg("device"), py::arg("path") = 0, py::arg("input_bias") = 0);
 
+  // ---- gelu_tanh (rocm_sd/gelu_tanh/api.h) ----
+  m.def(
+      "gelu_tanh_check",
+      [](uintptr_t x, uintptr_t bias, uintptr_t y, int dtype, int64_t rows, int64_t d, int device, uintptr_t q,
+         uintptr_t scale, int format, double bound) {
+        return rsd::gelu_tanh_check(gelu_tanh_args(x, bias, y, dtype, rows, d, 0, device, q, scale, format, bound));
+      },
+      py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("device"),
+      py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0,
+      "Empty string if the kernel takes these arguments, else why not.");
+
+  m.def(
+      "gelu_tanh_forward",
+      [](uintptr_t x, uintptr_t bias, uintptr_t y, int dtype, int64_t rows, int64_t d, uintptr_t stream, int device,
+         uintptr_t q, uintptr_t scale, int format, double bound) {
+        raise_if(rsd::gelu_tanh_forward(gelu_tanh_args(x, bias, y, dtype, rows, d, stream, device, q, scale, format,
+                                                       bound)));
+      },
+      py::arg("x"), py::arg("bias"), py::arg("y"), py::arg("dtype"), py::arg("rows"), py::arg("d"), py::arg("stream"),
+      py::arg("device"), py::arg("q") = 0, py::arg("scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0,
+      "y = gelu(x + bias, approximate='tanh') over (rows, d); with q and scale instead of y, y quantized per row into "
+      "them.");
+
   // ---- geglu (rocm_sd/geglu/api.h) ----
   m.def(
       "geglu_check",
@@ -450,31 +487,35 @@ PYBIND11_MODULE(_C, m) {
       "ada_layer_norm_check",
       [](uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t shift, int dtype, int64_t batch, int64_t tokens,
          int64_t c, const Strides2& scale_stride, const Strides2& shift_stride, double eps, int device, uintptr_t y,
-         uintptr_t gate, const Strides2& gate_stride, uintptr_t h) {
+         uintptr_t gate, const Strides2& gate_stride, uintptr_t h, uintptr_t q, uintptr_t q_scale, int format,
+         double bound) {
         return rsd::ada_layer_norm_check(ada_layer_norm_args(x, out, scale, shift, dtype, batch, tokens, c,
                                                              scale_stride, shift_stride, eps, 0, device, y, gate,
-                                                             gate_stride, h));
+                                                             gate_stride, h, q, q_scale, format, bound));
       },
       py::arg("x"), py::arg("out"), py::arg("scale"), py::arg("shift"), py::arg("dtype"), py::arg("batch"),
       py::arg("tokens"), py::arg("c"), py::arg("scale_stride"), py::arg("shift_stride"), py::arg("eps"),
       py::arg("device"), py::arg("y") = 0, py::arg("gate") = 0, py::arg("gate_stride") = Strides2{0, 0},
-      py::arg("h") = 0, "Empty string if the kernel takes these arguments, else why not.");
+      py::arg("h") = 0, py::arg("q") = 0, py::arg("q_scale") = 0, py::arg("format") = 0, py::arg("bound") = 0.0,
+      "Empty string if the kernel takes these arguments, else why not.");
 
   m.def(
       "ada_layer_norm_forward",
       [](uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t shift, int dtype, int64_t batch, int64_t tokens,
          int64_t c, const Strides2& scale_stride, const Strides2& shift_stride, double eps, uintptr_t stream,
-         int device, uintptr_t y, uintptr_t gate, const Strides2& gate_stride, uintptr_t h) {
+         int device, uintptr_t y, uintptr_t gate, const Strides2& gate_stride, uintptr_t h, uintptr_t q,
+         uintptr_t q_scale, int format, double bound) {
         raise_if(rsd::ada_layer_norm_forward(ada_layer_norm_args(x, out, scale, shift, dtype, batch, tokens, c,
                                                                  scale_stride, shift_stride, eps, stream, device, y,
-                                                                 gate, gate_stride, h)));
+                                                                 gate, gate_stride, h, q, q_scale, format, bound)));
       },
       py::arg("x"), py::arg("out"), py::arg("scale"), py::arg("shift"), py::arg("dtype"), py::arg("batch"),
       py::arg("tokens"), py::arg("c"), py::arg("scale_stride"), py::arg("shift_stride"), py::arg("eps"),
       py::arg("stream"), py::arg("device"), py::arg("y") = 0, py::arg("gate") = 0,
-      py::arg("gate_stride") = Strides2{0, 0}, py::arg("h") = 0,
+      py::arg("gate_stride") = Strides2{0, 0}, py::arg("h") = 0, py::arg("q") = 0, py::arg("q_scale") = 0,
+      py::arg("format") = 0, py::arg("bound") = 0.0,
       "out = LayerNorm(x) * (1 + scale[b]) + shift[b] over (batch, tokens, c); with y and gate, of h = x + gate[b] * y, "
-      "which is written too.");
+      "which is written too; with q and q_scale instead of out, out quantized per row into them.");
   // ---- rms_norm (rocm_sd/rms_norm/api.h) ----
   m.def(
       "rms_norm_check",

@@ -236,7 +236,33 @@ CASES = [case_group_norm, case_layer_norm, case_add_layer_norm, case_geglu, case
          case_attention, case_attention_fp8, case_conv_bias_residual, case_linear_geglu, case_quantize_rows, case_layer_norm_quantize_rows,
          case_add_layer_norm_quantize_rows, case_layer_norm_quantized, case_add_layer_norm_quantized,
          case_geglu_quantize_rows, case_geglu_quantized, case_im2col_quantize, case_rms_norm]
-CASES += [case_ada_layer_norm, case_add_ada_layer_norm]
+def case_ada_layer_norm_quantized(rng):
+    op, args = case_ada_layer_norm(rng)
+    bound = 0.0 if rng.random() < 0.8 else rng.choice([2.0, -1.0])
+    return torch.ops.rocm_sd.ada_layer_norm_quantized, (*args, _format(rng), bound)
+
+
+def case_add_ada_layer_norm_quantized(rng):
+    op, args = case_add_ada_layer_norm(rng)
+    return torch.ops.rocm_sd.add_ada_layer_norm_quantized, (*args, _format(rng))
+
+
+def case_gelu_tanh(rng):
+    """Mostly (..., D) with a (D,) bias or none; now and then a bias of another length or dtype, or integers."""
+    shape = tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 3)))
+    x = _tensor(rng, shape, _dtype(rng))
+    roll = rng.random()
+    bias = (None if roll < 0.3 else _tensor(rng, (shape[-1] + (1 if roll > 0.95 else 0),), _dtype(rng, x.dtype)))
+    return torch.ops.rocm_sd.gelu_tanh, (x, bias)
+
+
+def case_gelu_tanh_quantized(rng):
+    op, args = case_gelu_tanh(rng)
+    return torch.ops.rocm_sd.gelu_tanh_quantized, (*args, _format(rng))
+
+
+CASES += [case_ada_layer_norm, case_add_ada_layer_norm, case_ada_layer_norm_quantized,
+          case_add_ada_layer_norm_quantized, case_gelu_tanh, case_gelu_tanh_quantized]
 
 
 def test_every_registered_op_is_fuzzed():

@@ -239,6 +239,14 @@ def test_every_planned_launch_names_a_compiled_instance():
                         args = (p, p, p, p, dtype, 2, 77, c, stride, stride, 1e-6, wave, gate, gate, stride, gate)
                         if not plans.ada_layer_norm_check(*args):
                             seen.add(plans.ada_layer_norm_plan(*args))
+                        quantized = (p, 0, p, p, dtype, 2, 77, c, stride, stride, 1e-6, wave, gate, gate, stride, gate,
+                                     0x30000, 0x30000, 0)
+                        if not plans.ada_layer_norm_check(*quantized):
+                            seen.add(plans.ada_layer_norm_plan(*quantized))
+                    for bias, q in itertools.product((0, p), (0, 0x30000)):
+                        args = (p, bias, 0 if q else p, dtype, 3, c, q, q, 0, 0.0, wave)
+                        if not plans.gelu_tanh_check(*args):
+                            seen.add(plans.gelu_tanh_plan(*args[:6], 80, wave, *args[6:10]))
     for platform_, arch in (("cuda", "sm_90"), ("hip", "gfx942"), ("hip", "gfx1100"), ("hip", "gfx1201")):
         for dtype in (1, 2):
             for head_dim in range(8, 513, 8):

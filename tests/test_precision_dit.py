@@ -196,3 +196,27 @@ def test_the_transformers_run_8bit_gemms_on_the_gpu(arch, precision_name):
     assert 0 < _error(first, reference) < 0.1
     rocm_sd.revert(pipe)
     assert torch.equal(generate(pipe).float(), reference)
+
+
+@pytest.mark.parametrize("arch", ["tiny-sd3", "tiny-flux"])
+def test_norms_and_gelus_write_the_8bit_rows_and_change_nothing(fp8_here, arch, monkeypatch):
+    """With 8-bit projections the blocks' AdaLN and feed-forward GELU write only their consumers' rows
+    (modules/mmdit_8bit.py): the same image bit for bit as the norms' outputs quantized by the consumers, with fewer
+    quantize_rows passes."""
+    from rocm_sd.modules import mmdit_8bit
+
+    pipe = models.build_sd_pipeline(arch, "cpu", torch.bfloat16)  # the quantized outputs take 16-bit rows
+    with config.override(log_fallbacks=False):
+        rocm_sd.optimize(pipe, precision="fp8")
+        dispatch.reset_stats()
+        fused = generate(pipe)
+        stats = dispatch.stats()
+        for op in ("ada_layer_norm_quantized", "add_ada_layer_norm_quantized", "gelu_tanh_quantized"):
+            assert sum(stats.get(op, {}).values()) > 0, (op, stats)
+        monkeypatch.setattr(mmdit_8bit, "rows_format", lambda consumers: None)
+        dispatch.reset_stats()
+        plain = generate(pipe)
+        plain_stats = dispatch.stats()
+    assert "ada_layer_norm_quantized" not in plain_stats and "gelu_tanh_quantized" not in plain_stats
+    assert sum(stats["quantize_rows"].values()) < sum(plain_stats["quantize_rows"].values())
+    assert torch.equal(fused, plain)

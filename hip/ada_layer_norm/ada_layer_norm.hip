@@ -17,8 +17,14 @@
 // out (and h). scale / shift / gate are (batch, C) at any strides (chunks of one embedding); their rows are read per
 // element group and stay in cache across the row's tokens. 16-byte accesses where every row and parameter pointer
 // allows them, scalar ones otherwise (C = 33, transposed parameters).
+//
+// With q and scale and no out (optimize(precision="fp8"/"int8"): every consumer of the modulated row is an 8-bit
+// projection), the modulated row, still in registers, is quantized per row as rocm_sd::quantize_rows would quantize
+// out, and only the 8-bit row and its scale are written (and h): the projections' input without writing out and
+// reading it back. The row group's max |out| joins the waves through the block's barrier as the sums do.
 #include "rocm_sd/common.h"
 #include "rocm_sd/compat.h"
+#include "rocm_sd/quantize/encode.h"
 #if !RSD_RTC  // host side; runtime compilation (rocm_sd/jit/) takes the kernels only (rocm_sd/rtc.h)
 #include <algorithm>
 #include <cstdint>
@@ -35,6 +41,16 @@ constexpr int kMaxThreads = 512;     // a block at most: its launch bound leaves
 constexpr int kBlockThreads = 256;   // rows of one wave share blocks of this size
 constexpr int kMaxVecsPerLane = 8;
 constexpr int kTargetVecsPerLane = 2;
+// The quantized output is instantiated for 16-bit activations in 16-byte vectors only (DiT widths are multiples of 64):
+// every other call quantizes out with rocm_sd::quantize_rows instead (the op's check says so).
+constexpr int kQuantizeVec = 8;
+
+struct QuantizedOut {
+  uint8_t* q;
+  float* scale;
+  QuantFormat format;
+  float bound;  // > 0: the tensor's one scale (rocm_sd/quantize/api.h)
+};
 
 // VEC consecutive parameters of channel ch: one access at a channel stride of 1 (VEC > 1: the launcher's rule),
 // else one element at any stride.
@@ -63,15 +79,30 @@ __device__ __forceinline__ float row_sum(float v, int row_threads, float* partia
   return total;
 }
 
-template <class T, int VEC, int VECS, bool kGate>
+// Max |v| over the row group, NaN kept (absmax_nan); called as row_sum.
+__device__ __forceinline__ float row_absmax(float v, int row_threads, float* partial) {
+  v = wave_absmax(v);
+  if (row_threads <= RSD_WAVE) return v;
+  if (lane_id() == 0) partial[wave_id()] = v;
+  __syncthreads();
+  const int waves = row_threads / RSD_WAVE;
+  const int first = int(threadIdx.x) / row_threads * waves;
+  float total = 0.f;
+  for (int w = 0; w < waves; ++w) total = absmax_nan(total, partial[first + w]);
+  return total;
+}
+
+template <class T, int VEC, int VECS, bool kGate, bool kQuantize>
 __global__ void __launch_bounds__(kMaxThreads)
     ada_layer_norm_rows(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ gate,
                         const T* __restrict__ scale, const T* __restrict__ shift, T* __restrict__ h,
                         T* __restrict__ out, int64_t rows, int tokens, int c, int gate_batch_stride,
                         int gate_channel_stride, int scale_batch_stride, int scale_channel_stride,
-                        int shift_batch_stride, int shift_channel_stride, float eps, int row_threads) {
+                        int shift_batch_stride, int shift_channel_stride, float eps, int row_threads,
+                        QuantizedOut quantized) {
   __shared__ float partial_sum[RSD_MAX_WAVES_PER_BLOCK];
   __shared__ float partial_m2[RSD_MAX_WAVES_PER_BLOCK];
+  __shared__ float partial_amax[kQuantize ? RSD_MAX_WAVES_PER_BLOCK : 1];
   const int group = int(threadIdx.x) / row_threads;
   const int t = int(threadIdx.x) - group * row_threads;
   const int64_t row = int64_t(blockIdx.x) * (int(blockDim.x) / row_threads) + group;
@@ -111,6 +142,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   const float rstd = rsqrtf(row_sum(m2, row_threads, partial_m2) / float(c) + eps);  // biased variance, as torch
+  float amax = 0.f;
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = t + k * row_threads;
@@ -119,9 +151,23 @@ __global__ void __launch_bounds__(kMaxThreads)
       const Vec<T, VEC> sh = load_param<T, VEC>(shift, b * shift_batch_stride, shift_channel_stride, j * VEC);
       Vec<T, VEC> o;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e)
+      for (int e = 0; e < VEC; ++e) {
         o.v[e] = from_float<T>(fmaf((to_float(v[k].v[e]) - mean) * rstd, 1.f + to_float(s.v[e]), to_float(sh.v[e])));
-      store_vec(out + offset + j * VEC, o, false);
+        if constexpr (kQuantize) amax = absmax_nan(amax, to_float(o.v[e]));  // of out as stored: quantize_rows(out)
+      }
+      if constexpr (kQuantize) v[k] = o;
+      else store_vec(out + offset + j * VEC, o, false);
+    }
+  }
+  if constexpr (kQuantize) {
+    // the bound is the launch's: uniform, so either every thread joins the barrier or none does
+    if (quantized.bound <= 0.f) amax = row_absmax(amax, row_threads, partial_amax);
+    const float inv = scale_from_amax(quantized.bound > 0.f ? quantized.bound : amax, quantized.format,
+                                      quantized.scale + row, active && t == 0);
+#pragma unroll
+    for (int k = 0; k < VECS; ++k) {
+      const int j = t + k * row_threads;
+      if (j < vectors) store_vec(quantized.q + offset + j * VEC, encode_vec(v[k], inv, quantized.format), false);
     }
   }
 }
@@ -155,7 +201,7 @@ Plan plan_launch(const AdaLayerNormArgs& a) {
   return {vec, vecs, row_threads, std::max(1, kBlockThreads / row_threads)};
 }
 
-template <class T, int VEC, bool kGate>
+template <class T, int VEC, bool kGate, bool kQuantize>
 void launch_vecs(const AdaLayerNormArgs& a, const Plan& p, hipStream_t stream) {
   const unsigned blocks = unsigned(ceil_div(a.batch * a.tokens, p.rows_per_block));
   const int threads = p.row_threads * p.rows_per_block;
@@ -170,20 +216,29 @@ void launch_vecs(const AdaLayerNormArgs& a, const Plan& p, hipStream_t stream) {
   const int tokens = int(a.tokens), c = int(a.c);
   const int gb = int(a.gate_stride[0]), gc = int(a.gate_stride[1]), sb = int(a.scale_stride[0]);
   const int sc = int(a.scale_stride[1]), hb = int(a.shift_stride[0]), hc = int(a.shift_stride[1]);
+  const QuantizedOut qo{static_cast<uint8_t*>(a.q), a.q_scale, a.format, a.bound};
   switch (p.vecs) {
-    case 1: ada_layer_norm_rows<T, VEC, 1, kGate><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads); break;
-    case 2: ada_layer_norm_rows<T, VEC, 2, kGate><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads); break;
-    case 4: ada_layer_norm_rows<T, VEC, 4, kGate><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads); break;
-    default: ada_layer_norm_rows<T, VEC, 8, kGate><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads); break;
+    case 1: ada_layer_norm_rows<T, VEC, 1, kGate, kQuantize><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads, qo); break;
+    case 2: ada_layer_norm_rows<T, VEC, 2, kGate, kQuantize><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads, qo); break;
+    case 4: ada_layer_norm_rows<T, VEC, 4, kGate, kQuantize><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads, qo); break;
+    default: ada_layer_norm_rows<T, VEC, 8, kGate, kQuantize><<<blocks, threads, 0, stream>>>(x, y, g, s, sh, h, out, rows, tokens, c, gb, gc, sb, sc, hb, hc, a.eps, p.row_threads, qo); break;
   }
+}
+
+template <class T, int VEC, bool kGate>
+void launch_quantized_or_not(const AdaLayerNormArgs& a, const Plan& p, hipStream_t stream) {
+  if constexpr (VEC == kQuantizeVec && sizeof(T) == 2) {
+    if (a.q) return launch_vecs<T, VEC, kGate, true>(a, p, stream);
+  }
+  launch_vecs<T, VEC, kGate, false>(a, p, stream);
 }
 
 template <class T, int VEC>
 void launch_vecs(const AdaLayerNormArgs& a, const Plan& p, hipStream_t stream) {
   if (a.y)
-    launch_vecs<T, VEC, true>(a, p, stream);
+    launch_quantized_or_not<T, VEC, true>(a, p, stream);
   else
-    launch_vecs<T, VEC, false>(a, p, stream);
+    launch_quantized_or_not<T, VEC, false>(a, p, stream);
 }
 
 template <class T>
@@ -205,6 +260,16 @@ std::string ada_layer_norm_check(const AdaLayerNormArgs& a) {
   if (a.batch <= 0 || a.tokens <= 0 || a.c <= 0) return "empty tensor";
   if ((a.y == nullptr) != (a.gate == nullptr) || (a.y == nullptr) != (a.h == nullptr))
     return "y, gate and h come together";
+  if ((a.q == nullptr) != (a.q_scale == nullptr)) return "q and scale come together";
+  if ((a.q == nullptr) == (a.out == nullptr)) return "one output: out, or q and scale";
+  if (a.q) {
+    if (a.format != QuantFormat::e4m3fn && a.format != QuantFormat::e4m3fnuz && a.format != QuantFormat::int8)
+      return "unknown format code " + std::to_string(int(a.format));
+    if (!bound_ok(a.bound, a.format)) return bound_problem(a.bound);
+    if (elem_bytes(a.dtype) != 2 || plan_launch(a).vec != kQuantizeVec || !aligned(a.q, kQuantizeVec) ||
+        !aligned(a.q_scale, 4))
+      return "quantized output needs fp16/bf16 rows of a multiple of 8 channels and parameters, 16-byte aligned";
+  }
   for (const void* ptr : {a.x, static_cast<const void*>(a.out), a.scale, a.shift, a.y, a.gate,
                           static_cast<const void*>(a.h)})
     if (!aligned(ptr, elem_bytes(a.dtype))) return "misaligned data pointer";

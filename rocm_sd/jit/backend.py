@@ -25,6 +25,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 COVERED = ("bias_residual", "parity_shuffle", "geglu", "quantize_rows", "layer_norm", "add_layer_norm", "attention",
            "layer_norm_quantize_rows", "add_layer_norm_quantize_rows", "geglu_quantize_rows", "group_norm", "rms_norm")
 COVERED += ("ada_layer_norm", "add_ada_layer_norm")  # add_ada_layer_norm: ada_layer_norm's gated-residual form
+COVERED += ("ada_layer_norm_quantized", "add_ada_layer_norm_quantized", "gelu_tanh", "gelu_tanh_quantized")
 
 
 class JitBackend:
@@ -198,6 +199,15 @@ class JitBackend:
         self._run(device, plans.geglu_plan(x, y, dtype, rows, d, *self._facts(device), q, scale, format, bound),
                   stream)
 
+    def gelu_tanh_check(self, x, bias, y, dtype, rows, d, device, q=0, scale=0, format=0, bound=0.0):
+        return plans.gelu_tanh_check(x, bias, y, dtype, rows, d, q, scale, format, bound, self._facts(device)[1])
+
+    def gelu_tanh_forward(self, x, bias, y, dtype, rows, d, stream, device, q=0, scale=0, format=0, bound=0.0):
+        self._raise_if(plans.gelu_tanh_check(x, bias, y, dtype, rows, d, q, scale, format, bound,
+                                             self._facts(device)[1]))
+        self._run(device, plans.gelu_tanh_plan(x, bias, y, dtype, rows, d, *self._facts(device), q, scale, format,
+                                               bound), stream)
+
     def quantize_rows_check(self, x, q, scale, dtype, format, rows, k, device):
         return plans.quantize_rows_check(x, q, scale, dtype, format, rows, k)
 
@@ -220,14 +230,16 @@ class JitBackend:
                                                 *quantized), stream)
 
     def ada_layer_norm_check(self, x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps,
-                             device, y=0, gate=0, gate_stride=(0, 0), h=0):
+                             device, y=0, gate=0, gate_stride=(0, 0), h=0, q=0, q_scale=0, format=0, bound=0.0):
         return plans.ada_layer_norm_check(x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride,
-                                          eps, self._facts(device)[1], y, gate, gate_stride, h)
+                                          eps, self._facts(device)[1], y, gate, gate_stride, h, q, q_scale, format,
+                                          bound)
 
     def ada_layer_norm_forward(self, x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps,
-                               stream, device, y=0, gate=0, gate_stride=(0, 0), h=0):
+                               stream, device, y=0, gate=0, gate_stride=(0, 0), h=0, q=0, q_scale=0, format=0,
+                               bound=0.0):
         args = (x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps, self._facts(device)[1],
-                y, gate, gate_stride, h)
+                y, gate, gate_stride, h, q, q_scale, format, bound)
         self._raise_if(plans.ada_layer_norm_check(*args))
         self._run(device, plans.ada_layer_norm_plan(*args), stream)
 

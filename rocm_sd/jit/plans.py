@@ -190,6 +190,53 @@ def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0, bound=0.
                   "ppqdq", (x, y, vectors, d // vec, d))
 
 
+# ---- gelu_tanh (hip/gelu_tanh/gelu_tanh.hip) ------------------------------------------------------------------------
+
+GELU_TANH_ROW_MAX_THREADS, GELU_TANH_ROW_VECTORS = 1024, 2  # gelu_tanh.hip's kRowMaxThreads, kRowVectors
+
+
+def gelu_tanh_row_block_threads(d: int, vec: int, wave: int) -> int:
+    """gelu_tanh.hip's gelu_tanh_row_block_threads: a row block's threads, or 0 where a row is longer than one."""
+    threads = ceil_div(ceil_div(d // vec, GELU_TANH_ROW_VECTORS), wave) * wave
+    return threads if threads <= GELU_TANH_ROW_MAX_THREADS else 0
+
+
+def gelu_tanh_check(x, bias, y, dtype, rows, d, q=0, scale=0, format=0, bound=0.0, wave=32) -> str:
+    if rows <= 0 or d <= 0:
+        return "empty tensor"
+    if (q == 0) != (scale == 0):
+        return "q and scale come together"
+    if (q == 0) == (y == 0):
+        return "one output: y, or q and scale"
+    if not all(aligned(p, elem_bytes(dtype)) for p in (x, bias, y)):
+        return "misaligned data pointer"
+    if rows * d >= TWO_31:
+        return "2^31 or more elements"
+    if q:
+        if format not in FORMAT_CODES:
+            return f"unknown format code {format}"
+        if bound != 0:
+            return "quantized output takes a scale per row only (bound 0)"
+        if (elem_bytes(dtype) != 2 or widest_vec(dtype, d, (x, bias, y)) != QUANTIZE_VEC or not aligned(q, QUANTIZE_VEC)
+                or not aligned(scale, 4)):
+            return "quantized output needs fp16/bf16 rows of a multiple of 8 features, 16-byte aligned"
+        if not gelu_tanh_row_block_threads(d, QUANTIZE_VEC, wave):
+            return f"quantized output: rows of {d} features are longer than one block holds"
+    return ""
+
+
+def gelu_tanh_plan(x, bias, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0, bound=0.0) -> Launch:
+    with_bias = "true" if bias else "false"
+    if q:  # gelu_tanh_forward's quantized rows: a block a row
+        return Launch("gelu_tanh", f"rsd::gelu_tanh_row_block_quantized<{TYPES[dtype]}, {QUANTIZE_VEC}, {with_bias}>",
+                      rows, "ppppqi", (x, bias, q, scale, d, format),
+                      block=gelu_tanh_row_block_threads(d, QUANTIZE_VEC, wave))
+    vec = widest_vec(dtype, d, (x, bias, y))
+    vectors = rows * d // vec
+    return Launch("gelu_tanh", f"rsd::gelu_tanh_kernel<{TYPES[dtype]}, {vec}, {with_bias}>",
+                  grid_stride_blocks(sms, vectors, THREADS), "pppqd", (x, bias, y, vectors, d // vec))
+
+
 # ---- quantize_rows (hip/quantize/quantize_rows.hip) ---------------------------------------------------------------
 
 def quantize_rows_check(x, q, scale, dtype, format, rows, k) -> str:
@@ -308,11 +355,23 @@ def _ada_plan(x, out, scale, shift, dtype, c, scale_stride, shift_stride, wave, 
 
 
 def ada_layer_norm_check(x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps, wave, y=0,
-                         gate=0, gate_stride=(0, 0), h=0) -> str:
+                         gate=0, gate_stride=(0, 0), h=0, q=0, q_scale=0, format=0, bound=0.0) -> str:
     if batch <= 0 or tokens <= 0 or c <= 0:
         return "empty tensor"
     if (y == 0) != (gate == 0) or (y == 0) != (h == 0):
         return "y, gate and h come together"
+    if (q == 0) != (q_scale == 0):
+        return "q and scale come together"
+    if (q == 0) == (out == 0):
+        return "one output: out, or q and scale"
+    if q:
+        if format not in FORMAT_CODES:
+            return f"unknown format code {format}"
+        if why := bound_problem(bound, format):
+            return why
+        vec = _ada_plan(x, out, scale, shift, dtype, c, scale_stride, shift_stride, wave, y, gate, gate_stride, h)[0]
+        if elem_bytes(dtype) != 2 or vec != QUANTIZE_VEC or not aligned(q, QUANTIZE_VEC) or not aligned(q_scale, 4):
+            return "quantized output needs fp16/bf16 rows of a multiple of 8 channels and parameters, 16-byte aligned"
     if not all(aligned(p, elem_bytes(dtype)) for p in (x, out, scale, shift, y, gate, h)):
         return "misaligned data pointer"
     if tokens >= TWO_31 or batch * tokens * c >= TWO_40:
@@ -326,14 +385,18 @@ def ada_layer_norm_check(x, out, scale, shift, dtype, batch, tokens, c, scale_st
 
 
 def ada_layer_norm_plan(x, out, scale, shift, dtype, batch, tokens, c, scale_stride, shift_stride, eps, wave, y=0,
-                        gate=0, gate_stride=(0, 0), h=0) -> Launch:
+                        gate=0, gate_stride=(0, 0), h=0, q=0, q_scale=0, format=0, bound=0.0) -> Launch:
     vec, vecs, row_threads, rows_per_block = _ada_plan(x, out, scale, shift, dtype, c, scale_stride, shift_stride,
                                                        wave, y, gate, gate_stride, h)
-    return Launch(ada_layer_norm_unit(dtype, vec),
-                  f"rsd::ada_layer_norm_rows<{TYPES[dtype]}, {vec}, {vecs}, {'true' if y else 'false'}>",
-                  ceil_div(batch * tokens, rows_per_block), "pppppppqiiiiiiiifi",
+    quantize = bool(q) and vec == QUANTIZE_VEC and elem_bytes(dtype) == 2  # launch_quantized_or_not
+    flags = f"{'true' if y else 'false'}, {'true' if quantize else 'false'}"
+    return Launch(ada_layer_norm_unit(dtype, vec, quantize),
+                  f"rsd::ada_layer_norm_rows<{TYPES[dtype]}, {vec}, {vecs}, {flags}>",
+                  ceil_div(batch * tokens, rows_per_block), "pppppppqiiiiiiiifio",
                   (x, y, gate, scale, shift, h, out, batch * tokens, tokens, c, *gate_stride, *scale_stride,
-                   *shift_stride, eps, row_threads), block=row_threads * rows_per_block)
+                   *shift_stride, eps, row_threads, (q, q_scale, format, bound)), block=row_threads * rows_per_block)
+
+
 # ---- rms_norm (hip/rms_norm/rms_norm.hip) ---------------------------------------------------------------------------
 
 RMS_NORM_MAX_VECS_PER_LANE = 8  # kMaxVecsPerLane

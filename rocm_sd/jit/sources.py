@@ -75,16 +75,21 @@ def layer_norm_unit(dtype: int, float_params: bool, vec: int, quantize: bool) ->
 
 def _ada_layer_norm_units() -> dict[str, "Unit"]:
     """A unit per input type and vector width (ada_layer_norm.hip's launcher's first two choices), each with 1..8
-    vectors a lane, with and without the gated residual (add_ada_layer_norm)."""
-    return {ada_layer_norm_unit(code, vec): Unit(ada_layer_norm_unit(code, vec), "ada_layer_norm/ada_layer_norm.hip",
-                                                 tuple(f"rsd::ada_layer_norm_rows<{t}, {vec}, {vecs}, {_bool(gate)}>"
-                                                       for vecs, gate in itertools.product((1, 2, 4, 8),
-                                                                                           (False, True))))
-            for code, t in TYPES.items() for vec in VECS_BY_TYPE[t]}
+    vectors a lane, with and without the gated residual (add_ada_layer_norm); for 16-byte vectors of 16-bit inputs the
+    quantized output's instances in a unit of their own, which only precision="fp8" / "int8" loads."""
+    units = {}
+    for code, t in TYPES.items():
+        for vec in VECS_BY_TYPE[t]:
+            for quantize in (False, True) if t != "float" and vec == 8 else (False,):
+                name = ada_layer_norm_unit(code, vec, quantize)
+                units[name] = Unit(name, "ada_layer_norm/ada_layer_norm.hip", tuple(
+                    f"rsd::ada_layer_norm_rows<{t}, {vec}, {vecs}, {_bool(gate)}, {_bool(quantize)}>"
+                    for vecs, gate in itertools.product((1, 2, 4, 8), (False, True))))
+    return units
 
 
-def ada_layer_norm_unit(dtype: int, vec: int) -> str:
-    return f"ada_layer_norm_{DTYPE_NAMES[dtype]}_v{vec}"
+def ada_layer_norm_unit(dtype: int, vec: int, quantize: bool = False) -> str:
+    return f"ada_layer_norm_{DTYPE_NAMES[dtype]}_v{vec}{'_q' if quantize else ''}"
 
 
 def _rms_norm_units() -> dict[str, "Unit"]:
@@ -194,6 +199,9 @@ UNITS = {
         f"rsd::{kernel}<{t}, {vec}, {rows_only}>" for kernel in ("geglu_row_block_quantized", "geglu_bounded_quantized")
         for t in ("__half", "rsd::bf16") for vec in VECS_BY_TYPE[t] for rows_only in ("true", "false"))),
     "quantize_rows": Unit("quantize_rows", "quantize/quantize_rows.hip", _typed_vec("quantize_rows_kernel")),
+    "gelu_tanh": Unit("gelu_tanh", "gelu_tanh/gelu_tanh.hip", _typed_vec("gelu_tanh_kernel", ("true", "false")) + tuple(
+        f"rsd::gelu_tanh_row_block_quantized<{t}, 8, {bias}>" for t in ("__half", "rsd::bf16")
+        for bias in ("true", "false"))),
     **_layer_norm_units(),
     **_ada_layer_norm_units(),
     **_rms_norm_units(),

@@ -6,7 +6,9 @@ AdaLN-Zero modulation around each LayerNorm (`norm(x) * (1 + scale) + shift`), t
     ada_layer_norm (norm1, both streams) -> attention -> add_ada_layer_norm (gated residual + norm2) -> feed-forward
     -> addcmul (gated residual)
 instead of about ten elementwise kernels per stream. The modulation vectors are strided views of the block's
-embedding chunks, read as they are. Same math as diffusers' forwards, op for op; the fused steps round once.
+embedding chunks, read as they are. Same math as diffusers' forwards, op for op; the fused steps round once. With
+8-bit projections (precision="fp8" / "int8") the norms and GELUs in front of them write those projections' 8-bit rows
+instead of their outputs where they can (modules/mmdit_8bit.py).
 
 Each forward here replaces diffusers' only on the exact block classes whose structure `fusable` checks, and
 hands calls it does not cover (joint_attention_kwargs, IP-Adapter outputs, feed-forward chunking) to the
@@ -18,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.ada_layer_norm import ada_layer_norm, add_ada_layer_norm
+from ..ops.ada_layer_norm import ada_layer_norm
 from .layer_norm import RocmLayerNorm
+from .mmdit_8bit import add_modulated, attention_consumers, feed_forward, feed_forward_consumers, mlp_gelu, modulated
 from .quantized_linear import RocmQuantizedLinear, RocmQuantizedSplitLinear
 
 def _is_plain_layer_norm(norm) -> bool:
@@ -73,32 +76,34 @@ def joint_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_states
     if self.use_dual_attention:
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_msa2, scale_msa2,
          gate_msa2) = _modulation(self.norm1, temb, 9)
-        norm_hidden_states2 = ada_layer_norm.call(hidden_states, scale_msa2, shift_msa2, eps)
+        norm_hidden_states2 = modulated(hidden_states, scale_msa2, shift_msa2, eps, attention_consumers(self.attn2))
     else:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _modulation(self.norm1, temb, 6)
-    norm_hidden_states = ada_layer_norm.call(hidden_states, scale_msa, shift_msa, eps)
+    norm_hidden_states = modulated(hidden_states, scale_msa, shift_msa, eps, attention_consumers(self.attn))
     if self.context_pre_only:
         norm_encoder_hidden_states = _continuous(self.norm1_context, encoder_hidden_states, temb)
     else:
         c_shift_msa, c_scale_msa, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(
             self.norm1_context, temb, 6)
-        norm_encoder_hidden_states = ada_layer_norm.call(encoder_hidden_states, c_scale_msa, c_shift_msa,
-                                                         self.norm1_context.norm.eps)
+        norm_encoder_hidden_states = modulated(encoder_hidden_states, c_scale_msa, c_shift_msa,
+                                               self.norm1_context.norm.eps, attention_consumers(self.attn, True))
 
     attn_output, context_attn_output = self.attn(hidden_states=norm_hidden_states,
                                                  encoder_hidden_states=norm_encoder_hidden_states)
     if self.use_dual_attention:
         hidden_states = gated(hidden_states, gate_msa, attn_output)
         attn_output, gate_msa = self.attn2(hidden_states=norm_hidden_states2), gate_msa2
-    hidden_states, norm_hidden_states = add_ada_layer_norm.call(hidden_states, attn_output, gate_msa, scale_mlp,
-                                                                shift_mlp, self.norm2.eps)
-    hidden_states = gated(hidden_states, gate_mlp, self.ff(norm_hidden_states))
+    hidden_states, norm_hidden_states = add_modulated(hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp,
+                                                      self.norm2.eps, feed_forward_consumers(self.ff))
+    hidden_states = gated(hidden_states, gate_mlp, feed_forward(self.ff, norm_hidden_states))
 
     if self.context_pre_only:
         return None, hidden_states
-    encoder_hidden_states, norm_encoder_hidden_states = add_ada_layer_norm.call(
-        encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps)
-    encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp, self.ff_context(norm_encoder_hidden_states))
+    encoder_hidden_states, norm_encoder_hidden_states = add_modulated(
+        encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps,
+        feed_forward_consumers(self.ff_context))
+    encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp,
+                                  feed_forward(self.ff_context, norm_encoder_hidden_states))
     return encoder_hidden_states, hidden_states
 
 
@@ -123,20 +128,24 @@ def flux_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_states:
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _modulation(self.norm1, temb, 6)
     c_shift_msa, c_scale_msa, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(
         self.norm1_context, temb, 6)
-    norm_hidden_states = ada_layer_norm.call(hidden_states, scale_msa, shift_msa, self.norm1.norm.eps)
-    norm_encoder_hidden_states = ada_layer_norm.call(encoder_hidden_states, c_scale_msa, c_shift_msa,
-                                                     self.norm1_context.norm.eps)
+    norm_hidden_states = modulated(hidden_states, scale_msa, shift_msa, self.norm1.norm.eps,
+                                   attention_consumers(self.attn, rotary=image_rotary_emb))
+    norm_encoder_hidden_states = modulated(encoder_hidden_states, c_scale_msa, c_shift_msa,
+                                           self.norm1_context.norm.eps,
+                                           attention_consumers(self.attn, True, image_rotary_emb))
     attn_output, context_attn_output = self.attn(hidden_states=norm_hidden_states,
                                                  encoder_hidden_states=norm_encoder_hidden_states,
                                                  image_rotary_emb=image_rotary_emb)
 
-    hidden_states, norm_hidden_states = add_ada_layer_norm.call(hidden_states, attn_output, gate_msa, scale_mlp,
-                                                                shift_mlp, self.norm2.eps)
-    hidden_states = gated(hidden_states, gate_mlp, self.ff(norm_hidden_states))
+    hidden_states, norm_hidden_states = add_modulated(hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp,
+                                                      self.norm2.eps, feed_forward_consumers(self.ff))
+    hidden_states = gated(hidden_states, gate_mlp, feed_forward(self.ff, norm_hidden_states))
 
-    encoder_hidden_states, norm_encoder_hidden_states = add_ada_layer_norm.call(
-        encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps)
-    encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp, self.ff_context(norm_encoder_hidden_states))
+    encoder_hidden_states, norm_encoder_hidden_states = add_modulated(
+        encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps,
+        feed_forward_consumers(self.ff_context))
+    encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp,
+                                  feed_forward(self.ff_context, norm_encoder_hidden_states))
     return _clip_fp16(encoder_hidden_states), hidden_states
 
 
@@ -170,8 +179,13 @@ def flux_single_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_
     text_seq_len = encoder_hidden_states.shape[1]
     residual = _joined(encoder_hidden_states, hidden_states)
     shift, scale, gate = _modulation(self.norm, temb, 3)
-    norm_hidden_states = ada_layer_norm.call(residual, scale, shift, self.norm.norm.eps)
-    mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states)
+    consumers = attention_consumers(self.attn, rotary=image_rotary_emb)
+    norm_hidden_states = modulated(residual, scale, shift, self.norm.norm.eps,
+                                   consumers and consumers + [self.proj_mlp])
+    second_half = self.proj_out.second if type(self.proj_out) is RocmQuantizedSplitLinear else None
+    mlp_hidden_states = mlp_gelu(self.proj_mlp, norm_hidden_states, second_half)
+    if mlp_hidden_states is None:
+        mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states)
     attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb)
 
     hidden_states = _clip_fp16(gated(residual, gate, split_proj_out(self.proj_out, attn_output,

@@ -8,7 +8,7 @@ what must not import torch. The ops themselves are
 from . import (attention, attention_fp8, bias_residual, conv_bias_residual, geglu, group_norm,  # noqa: F401
                im2col_quantize, layer_norm, linear_geglu, parity_shuffle, quantize, quantized_outputs,
                rms_norm)
-from . import ada_layer_norm  # noqa: F401
+from . import ada_layer_norm, ada_layer_norm_quantized, gelu_tanh  # noqa: F401
 from .spec import REGISTRY, OpSpec, Plan  # noqa: F401
 from ..op_names import OPS
 

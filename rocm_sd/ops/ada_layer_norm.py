@@ -158,13 +158,13 @@ def add_ada_layer_norm_ref(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor,
 
 
 def check_add_args(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
-                   shift: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+                   shift: torch.Tensor, op: str = ADD_OP) -> tuple[torch.dtype, torch.dtype]:
     """Raises what the reference's PyTorch ops would raise; returns the dtypes of h and n (type promotion)."""
-    check_floating(ADD_OP, y=y, gate=gate)
-    check_args(x, scale, shift, ADD_OP)  # h has x's shape and device
-    check_same_device(ADD_OP, x, y=y, gate=gate)
-    check_broadcasts_to(ADD_OP, "y", y, x)
-    _check_modulation(ADD_OP, x, gate=gate)
+    check_floating(op, y=y, gate=gate)
+    check_args(x, scale, shift, op)  # h has x's shape and device
+    check_same_device(op, x, y=y, gate=gate)
+    check_broadcasts_to(op, "y", y, x)
+    _check_modulation(op, x, gate=gate)
     h = torch.promote_types(x.dtype, torch.promote_types(gate.dtype, y.dtype))
     return h, torch.promote_types(torch.promote_types(h, scale.dtype), shift.dtype)
 

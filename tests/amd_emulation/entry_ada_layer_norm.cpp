@@ -22,4 +22,25 @@ const char* rsd_emu_ada_layer_norm(const void* x, const void* y, const void* gat
   return rsd_emu::answer(rsd::ada_layer_norm_forward(a));
 }
 
+// The same without out: out quantized per row into q (batch * tokens, c) bytes and q_scale (batch * tokens,) float32,
+// with the bound (0: a scale per row).
+const char* rsd_emu_ada_layer_norm_quantized(const void* x, const void* y, const void* gate, const void* scale,
+                                             const void* shift, void* h, int dtype, int64_t batch, int64_t tokens,
+                                             int64_t c, const int64_t* gate_stride, const int64_t* scale_stride,
+                                             const int64_t* shift_stride, float eps, void* q, void* q_scale,
+                                             int format, float bound) {
+  rsd::AdaLayerNormArgs a{x,   nullptr, scale, shift, rsd::DType(dtype), batch, tokens, c,
+                          {scale_stride[0], scale_stride[1]}, {shift_stride[0], shift_stride[1]}, eps, nullptr, 0};
+  a.y = y;
+  a.gate = gate;
+  a.gate_stride[0] = gate_stride[0];
+  a.gate_stride[1] = gate_stride[1];
+  a.h = h;
+  a.q = q;
+  a.q_scale = static_cast<float*>(q_scale);
+  a.format = rsd::QuantFormat(format);
+  a.bound = bound;
+  return rsd_emu::answer(rsd::ada_layer_norm_forward(a));
+}
+
 }  // extern "C"
