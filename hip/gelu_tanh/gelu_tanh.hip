@@ -30,12 +30,15 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRowMaxThreads = 1024;  // the largest row block
-constexpr int kRowVectors = 2;        // vectors of y a thread of a row block keeps in registers
+// Vectors of y a thread of a row block keeps in registers: 4, so that a DiT row (9728-12288 features) takes 320-384
+// threads and a multiprocessor holds several rows at once; with 2 (768 threads a row) the rows' barriers left too
+// few loads in flight (bench/results/notes/2026-12-02-dit-fp8-fusions-h200.md).
+constexpr int kRowVectors = 4;
 constexpr int kQuantizeVec = 8;       // the quantized rows' one vector width (16-bit rows of a multiple of 8)
 
 __device__ __forceinline__ float gelu_tanh(float v) {
   const float u = 0.79788456080286536f * fmaf(0.044715f * v, v * v, v);
-  return v / (1.f + __expf(-2.f * u));
+  return __fdividef(v, 1.f + __expf(-2.f * u));  // 1 + exp beyond 2^126: 0 (the true value is below 2^-119)
 }
 
 template <class T, int VEC, bool kBias>

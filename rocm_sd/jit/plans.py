@@ -192,7 +192,7 @@ def geglu_plan(x, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0, bound=0.
 
 # ---- gelu_tanh (hip/gelu_tanh/gelu_tanh.hip) ------------------------------------------------------------------------
 
-GELU_TANH_ROW_MAX_THREADS, GELU_TANH_ROW_VECTORS = 1024, 2  # gelu_tanh.hip's kRowMaxThreads, kRowVectors
+GELU_TANH_ROW_MAX_THREADS, GELU_TANH_ROW_VECTORS = 1024, 4  # gelu_tanh.hip's kRowMaxThreads, kRowVectors
 
 
 def gelu_tanh_row_block_threads(d: int, vec: int, wave: int) -> int:
