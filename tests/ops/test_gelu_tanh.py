@@ -159,5 +159,5 @@ def test_ops_run_the_kernels_in_strict_mode_and_in_a_graph():
     static.copy_(x * 0.5)
     graph.replay()
     assert torch.equal(static_y, gelu_tanh_kernel(x * 0.5, bias)) and not torch.equal(static_y, y)
-    long_row = torch.randn(2, 20000, device="cuda", dtype=torch.bfloat16)  # 2500 vectors: over one block
+    long_row = torch.randn(2, 40000, device="cuda", dtype=torch.bfloat16)  # 5000 vectors: over one block
     assert any("longer than one block" in r for r in QUANTIZED_SPEC.supports(long_row, None, "int8"))
