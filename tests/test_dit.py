@@ -228,3 +228,20 @@ def test_tune_lists_the_transformers_problems(capsys, monkeypatch):
         assert op in out, out
     for layer in ("K=32,N=96,shared=2,input=rows", "K=32,N=128,shared=2,input=rows", "K=128,N=32,shared=1,input=rows"):
         assert f"linear_8bit|bfloat16|e4m3fn|{layer}|" in out, out
+
+
+def test_value_rows_join_as_torch_cat_for_views_and_contiguous_tensors():
+    """joint_attention.joined: fuse_qkv's strided V views and plain tensors, batch 1 and 2, gradients included."""
+    from rocm_sd.modules.joint_attention import joined
+
+    for batch in (1, 2):
+        qkv = torch.randn(batch, 7, 3 * 4 * 8, dtype=torch.float64, requires_grad=True)
+        c_qkv = torch.randn(batch, 3, 3 * 4 * 8, dtype=torch.float64, requires_grad=True)
+        value = qkv.unflatten(-1, (3, 4, 8))[:, :, 2]
+        c_value = c_qkv.unflatten(-1, (3, 4, 8))[:, :, 2]
+        assert not value.is_contiguous()
+        out = joined(value, c_value)
+        assert torch.equal(out, torch.cat([value, c_value], dim=1)) and out.is_contiguous()
+        out.square().sum().backward()
+        assert torch.equal(qkv.grad.unflatten(-1, (3, 4, 8))[:, :, 2], 2 * value.detach())
+        assert torch.equal(joined(value.contiguous(), c_value.contiguous()), out)

@@ -39,6 +39,7 @@ from ..ops.ada_layer_norm import ada_layer_norm, add_ada_layer_norm
 from ..ops.rms_norm import rms_norm
 from .host_copies import face_class, host_face, unpatched
 from .mmdit import gated, linear_gelu_tanh, split_proj_out
+from .joint_attention import joined
 
 MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit"
 FLUX = "comfy.ldm.flux.layers"
@@ -228,7 +229,7 @@ def _joint_block(base: type, self, *args, **kwargs):
     xq, xk, xv = _heads(xb.attn, ada_layer_norm.call(_rows(x), x_mods[1], x_mods[0], xb.norm1.eps))
     q = _normed(xq, xb.attn.ln_q, cq, cb.attn.ln_q).flatten(2)  # the context's rows first, as ComfyUI joins them
     k = _normed(xk, xb.attn.ln_k, ck, cb.attn.ln_k).flatten(2)
-    v = torch.cat((cv, xv), dim=1).flatten(2)
+    v = joined(cv, xv).flatten(2)
     out = attention(q, k, v, heads=xb.attn.num_heads, transformer_options=options)
     context_out, x_out = out[:, :context.shape[1]], out[:, context.shape[1]:]
 
@@ -350,7 +351,7 @@ def _double_chain(port: _FluxPort, self, img, txt, vec, pe, txt_first: bool, mas
                               lead_attn.norm.query_norm)
     k, _ = _flux_normed(qkv[1], attn.norm.key_norm, rope, port.rms_eps(attn.norm.key_norm), lead[1],
                         lead_attn.norm.key_norm)
-    v = torch.cat((lead[2], qkv[2]), dim=1)
+    v = joined(lead[2], qkv[2])
     out = port.attention(self, q, k, v, pe, rotated, mask, options)
     split = streams[first][0].shape[1]
     outputs = {first: out[:, :split], second: out[:, split:]}

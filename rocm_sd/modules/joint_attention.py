@@ -3,7 +3,8 @@ its fused-QKV variant) and RocmFluxAttnProcessor (Flux's FluxAttnProcessor), ste
 
 - the RMSNorm of Q and K per head, the joining of the image and text streams' rows, and Flux's rotary embedding as
   one rocm_sd::rms_norm per Q and per K, written as the [B, L, H, D] layout the attention reads (diffusers: two
-  norms, a concatenation, and for Flux a rotary pass of six elementwise kernels, per Q and per K);
+  norms, a concatenation, and for Flux a rotary pass of six elementwise kernels, per Q and per K); V joined by
+  `joined`;
 - the attention through rocm_sd::attention on [B, L, H, D] views (ops/attention.py decides between its kernel and
   SDPA per shape).
 
@@ -46,6 +47,18 @@ def _joined_normed(x, norm, lead=None, lead_norm=None, rotary=None) -> torch.Ten
 
         x = apply_rotary_emb(x, rotary, sequence_dim=1)
     return x
+
+
+def joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """torch.cat([first, second], dim=1) of two [B, L, H, D] value tensors. Views of fuse_qkv's projection (a row
+    stride of 3 * H * D) are copied into one buffer by two strided copies: PyTorch's cat takes its slow gather path
+    for such views (bench/results/notes/2026-12-02-dit-fp8-fusions-h200.md)."""
+    if first.is_contiguous() and second.is_contiguous() or first.dtype != second.dtype:
+        return torch.cat([first, second], dim=1)
+    out = first.new_empty(first.shape[0], first.shape[1] + second.shape[1], *first.shape[2:])
+    out[:, :first.shape[1]].copy_(first)
+    out[:, first.shape[1]:].copy_(second)
+    return out
 
 
 def _rotary_pair(rotary) -> bool:
@@ -94,7 +107,7 @@ class RocmJointAttnProcessor:
             # SD3 puts the image rows first: they are the op's leading rows, the text its own
             query = _joined_normed(c_query, attn.norm_added_q, query, attn.norm_q)
             key = _joined_normed(c_key, attn.norm_added_k, key, attn.norm_k)
-            value = torch.cat([value, c_value], dim=1)
+            value = joined(value, c_value)
 
         hidden = self.attend(query, key, value)
         if encoder_hidden_states is None:
@@ -134,7 +147,7 @@ class RocmFluxAttnProcessor:
             c_query, c_key, c_value = (_heads(t, attn.head_dim) for t in context)
             query = _joined_normed(query, attn.norm_q, c_query, attn.norm_added_q, image_rotary_emb)
             key = _joined_normed(key, attn.norm_k, c_key, attn.norm_added_k, image_rotary_emb)
-            value = torch.cat([c_value, value], dim=1)
+            value = joined(c_value, value)
         else:
             query = _joined_normed(query, attn.norm_q, rotary=image_rotary_emb)
             key = _joined_normed(key, attn.norm_k, rotary=image_rotary_emb)
