@@ -82,9 +82,10 @@ rsd::GeluTanhArgs gelu_tanh_args(uintptr_t x, uintptr_t bias, uintptr_t y, int d
 }
 
 rsd::QuantizeRowsArgs quantize_rows_args(uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows,
-                                         int64_t k, uintptr_t stream, int device) {
+                                         int64_t k, uintptr_t stream, int device, int64_t rows_per_batch = 0,
+                                         int64_t batch_stride = 0) {
   return {as_ptr(x), as_mut_ptr(q), static_cast<float*>(as_mut_ptr(scale)), static_cast<rsd::DType>(dtype),
-          static_cast<rsd::QuantFormat>(format), rows, k, as_mut_ptr(stream), device};
+          static_cast<rsd::QuantFormat>(format), rows, k, as_mut_ptr(stream), device, rows_per_batch, batch_stride};
 }
 
 rsd::Im2colQuantizeArgs im2col_quantize_args(uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t n,
@@ -369,20 +370,26 @@ PYBIND11_MODULE(_C, m) {
   // ---- quantize_rows (rocm_sd/quantize/api.h) ----
   m.def(
       "quantize_rows_check",
-      [](uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows, int64_t k, int device) {
-        return rsd::quantize_rows_check(quantize_rows_args(x, q, scale, dtype, format, rows, k, 0, device));
+      [](uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows, int64_t k, int device,
+         int64_t rows_per_batch, int64_t batch_stride) {
+        return rsd::quantize_rows_check(quantize_rows_args(x, q, scale, dtype, format, rows, k, 0, device,
+                                                           rows_per_batch, batch_stride));
       },
       py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("dtype"), py::arg("format"), py::arg("rows"), py::arg("k"),
-      py::arg("device"), "Empty string if the kernel takes these arguments, else why not.");
+      py::arg("device"), py::arg("rows_per_batch") = 0, py::arg("batch_stride") = 0,
+      "Empty string if the kernel takes these arguments, else why not.");
 
   m.def(
       "quantize_rows_forward",
       [](uintptr_t x, uintptr_t q, uintptr_t scale, int dtype, int format, int64_t rows, int64_t k, uintptr_t stream,
-         int device) {
-        raise_if(rsd::quantize_rows_forward(quantize_rows_args(x, q, scale, dtype, format, rows, k, stream, device)));
+         int device, int64_t rows_per_batch, int64_t batch_stride) {
+        raise_if(rsd::quantize_rows_forward(quantize_rows_args(x, q, scale, dtype, format, rows, k, stream, device,
+                                                               rows_per_batch, batch_stride)));
       },
       py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("dtype"), py::arg("format"), py::arg("rows"), py::arg("k"),
-      py::arg("stream"), py::arg("device"), "q, scale = per-row 8-bit quantization of x (rows, k).");
+      py::arg("stream"), py::arg("device"), py::arg("rows_per_batch") = 0, py::arg("batch_stride") = 0,
+      "q, scale = per-row 8-bit quantization of x (rows, k); with rows_per_batch, x's rows in batches of that many "
+      "contiguous rows, batch_stride elements apart.");
 
   // ---- im2col_quantize (rocm_sd/im2col_quantize/api.h) ----
   m.def(

@@ -208,12 +208,14 @@ class JitBackend:
         self._run(device, plans.gelu_tanh_plan(x, bias, y, dtype, rows, d, *self._facts(device), q, scale, format,
                                                bound), stream)
 
-    def quantize_rows_check(self, x, q, scale, dtype, format, rows, k, device):
-        return plans.quantize_rows_check(x, q, scale, dtype, format, rows, k)
+    def quantize_rows_check(self, x, q, scale, dtype, format, rows, k, device, rows_per_batch=0, batch_stride=0):
+        return plans.quantize_rows_check(x, q, scale, dtype, format, rows, k, rows_per_batch, batch_stride)
 
-    def quantize_rows_forward(self, x, q, scale, dtype, format, rows, k, stream, device):
-        self._raise_if(plans.quantize_rows_check(x, q, scale, dtype, format, rows, k))
-        self._run(device, plans.quantize_rows_plan(x, q, scale, dtype, format, rows, k, self._facts(device)[1]),
+    def quantize_rows_forward(self, x, q, scale, dtype, format, rows, k, stream, device, rows_per_batch=0,
+                              batch_stride=0):
+        self._raise_if(plans.quantize_rows_check(x, q, scale, dtype, format, rows, k, rows_per_batch, batch_stride))
+        self._run(device, plans.quantize_rows_plan(x, q, scale, dtype, format, rows, k, self._facts(device)[1],
+                                                   rows_per_batch, batch_stride),
                   stream)
 
     def layer_norm_check(self, x, y, gamma, beta, dtype, param_dtype, rows, c, eps, device, residual=0, sum=0, q=0,

@@ -239,7 +239,7 @@ def gelu_tanh_plan(x, bias, y, dtype, rows, d, sms, wave, q=0, scale=0, format=0
 
 # ---- quantize_rows (hip/quantize/quantize_rows.hip) ---------------------------------------------------------------
 
-def quantize_rows_check(x, q, scale, dtype, format, rows, k) -> str:
+def quantize_rows_check(x, q, scale, dtype, format, rows, k, rows_per_batch=0, batch_stride=0) -> str:
     if rows <= 0 or k <= 0:
         return "empty tensor"
     if format not in FORMAT_CODES:
@@ -248,15 +248,18 @@ def quantize_rows_check(x, q, scale, dtype, format, rows, k) -> str:
         return "misaligned data pointer"
     if rows >= TWO_31 // (THREADS // 32):
         return "too many rows"
+    if rows_per_batch < 0 or rows_per_batch > 0 and (rows % rows_per_batch or batch_stride < rows_per_batch * k):
+        return "batches of rows: rows_per_batch must divide rows, and batch_stride hold a batch's rows"
     return ""
 
 
-def quantize_rows_plan(x, q, scale, dtype, format, rows, k, wave) -> Launch:
+def quantize_rows_plan(x, q, scale, dtype, format, rows, k, wave, rows_per_batch=0, batch_stride=0) -> Launch:
     vec = widest_vec(dtype, k, (x,))
-    while vec > 1 and not aligned(q, vec):
+    while vec > 1 and (not aligned(q, vec) or batch_stride % vec):
         vec //= 2
+    per_batch, stride = (rows_per_batch, batch_stride) if rows_per_batch > 0 else (rows, rows * k)
     return Launch("quantize_rows", f"rsd::quantize_rows_kernel<{TYPES[dtype]}, {vec}>",
-                  ceil_div(rows, THREADS // wave), "pppqqi", (x, q, scale, rows, k, format))
+                  ceil_div(rows, THREADS // wave), "pppqqiqq", (x, q, scale, rows, k, format, per_batch, stride))
 
 
 # ---- layer_norm and add_layer_norm (hip/layer_norm/layer_norm.hip) ------------------------------------------------

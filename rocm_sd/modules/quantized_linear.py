@@ -35,7 +35,7 @@ from torch import nn
 
 from .. import dispatch
 from ..op_names import LINEAR_8BIT
-from ..ops.quantize import FORMATS, MIN_AMAX, dequantize_rows, quantize_rows, quantize_rows_ref
+from ..ops.quantize import FORMATS, MIN_AMAX, dequantize_rows, quantize_rows, quantize_rows_ref, row_batches
 from ..ops.spec import dtype_name, problem_key
 from .fusing import called_plainly
 
@@ -310,8 +310,9 @@ def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.
         flat = rows.reshape(-1, in_features)
         out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
         return out.view(*rows.shape[:-1], weight_q.shape[0]).permute(0, 3, 1, 2)
-    flat = x.reshape(-1, in_features)
-    out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
+    # batches of contiguous rows (a joint attention output's image or text rows) are quantized where they lie
+    rows = x if x.dim() == 3 and not x.is_contiguous() and row_batches(x) is not None else x.reshape(-1, in_features)
+    out = linear_8bit(*input_rows(x, rows, format), weight_q, weight_scale, bias, format, x.dtype)
     return out.view(*x.shape[:-1], weight_q.shape[0])
 
 
@@ -341,17 +342,19 @@ def quantize_weight(weight: torch.Tensor, format: str, per_tensor: bool = False)
 
 
 def input_rows(x: torch.Tensor, rows: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """x's rows (`rows`: x as (M, K), a view or a copy) quantized: (q (M, K), scale (M,)), from x's remembered
-    quantization if it has one, else by rocm_sd::quantize_rows, remembered for the next layers that take x."""
+    """x's rows (`rows`: x as (M, K), a view or a copy, or x itself where quantize_rows reads its row batches in
+    place) quantized: (q (M, K), scale (M,)), from x's remembered quantization if it has one, else by
+    rocm_sd::quantize_rows, remembered for the next layers that take x."""
     quantized = remembered_rows(x, format)
     if quantized is None:
         if getattr(x, _STAND_IN, False):
             raise RuntimeError(f"rocm_sd: an 8-bit layer got a stand-in (rows_stand_in) without its {format} rows: the "
                                "producer wrote no output for this layer to read")
-        quantized = quantize_rows.call(rows.contiguous(), format)
+        quantized = quantize_rows.call(rows if row_batches(rows) is not None else rows.contiguous(), format)
         remember_rows(x, format, *quantized)
     q, scale = quantized
-    return q.reshape(rows.shape), scale if scale.dim() == 0 else scale.reshape(rows.shape[0])
+    k = rows.shape[-1]
+    return q.reshape(-1, k), scale if scale.dim() == 0 else scale.reshape(-1)
 
 
 def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, weight_scale: torch.Tensor,

@@ -77,12 +77,23 @@ def check_args(x: torch.Tensor, format: str) -> None:
     check_format(OP, format)
 
 
+def row_batches(x: torch.Tensor) -> tuple[int, int] | None:
+    """How the kernel reads x's rows: (0, 0) contiguous; (L, batch stride) for a (B, L, K) view whose batches each
+    hold L contiguous rows (x[:, :L] of a joint attention's (B, L + L_txt, K) output); None where it cannot."""
+    if x.is_contiguous():
+        return 0, 0
+    if (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and x.stride(0) >= x.shape[1] * x.shape[2]):
+        return x.shape[1], x.stride(0)
+    return None
+
+
 def input_reasons(x: torch.Tensor) -> list[str]:
     reasons = dtype_reasons(x.dtype)
     if x.dim() == 0 or x.numel() == 0:
         reasons.append("empty tensor")
-    if not x.is_contiguous():
-        reasons.append(f"strides {tuple(x.stride())} are not contiguous")
+    if row_batches(x) is None:
+        reasons.append(f"strides {tuple(x.stride())} are neither contiguous nor batches of contiguous rows")
     return reasons
 
 
@@ -97,16 +108,23 @@ def _kernel_args(x, q, scale, format):
     return (x.data_ptr(), q.data_ptr(), scale.data_ptr(), DTYPE_CODES[x.dtype], FORMATS[format][0], x.numel() // k, k)
 
 
+def _batches(x) -> dict:
+    rows_per_batch, batch_stride = row_batches(x) or (0, 0)
+    return {"rows_per_batch": rows_per_batch, "batch_stride": batch_stride}
+
+
 def supports(x: torch.Tensor, format: str) -> list[str]:
     """Reasons the kernel cannot run this call; empty when it can."""
     return kernel_reasons(x.device, input_reasons(x),
-                          lambda: _ext._C.quantize_rows_check(*_kernel_args(x, x, x, format), x.device.index))
+                          lambda: _ext._C.quantize_rows_check(*_kernel_args(x, x, x, format), x.device.index,
+                                                              **_batches(x)))
 
 
 def quantize_rows_kernel(x: torch.Tensor, format: str, out=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The HIP kernel itself, no dispatch; `out`: (q, scale) to write into."""
+    """The HIP kernel itself, no dispatch; `out`: (q, scale) to write into (contiguous, whatever x's layout)."""
     q, scale = quantized_like(x, format) if out is None else out
-    _ext._C.quantize_rows_forward(*_kernel_args(x, q, scale, format), stream_handle(x.device), x.device.index)
+    _ext._C.quantize_rows_forward(*_kernel_args(x, q, scale, format), stream_handle(x.device), x.device.index,
+                                  **_batches(x))
     return q, scale
 
 

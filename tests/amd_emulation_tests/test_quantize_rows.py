@@ -18,7 +18,8 @@ LIBRARIES = {"emulated": ["quantize_rows"]}
 @pytest.fixture(scope="module", params=ARCHS)
 def emulated(request):
     return request.param, library(request.param, LIBRARIES["emulated"], rsd_emu_quantize_rows=[ctypes.c_void_p] * 3 + [
-        ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
+        ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64], rsd_emu_quantize_batched_rows=[ctypes.c_void_p] * 3 + [
+        ctypes.c_int, ctypes.c_int] + [ctypes.c_int64] * 4)
 
 
 def _run(lib, x, fmt):
@@ -53,3 +54,18 @@ def test_every_fp16_value_encodes_as_torch_does(emulated, fmt):
     q_ref, scale_ref = quantize_rows_ref(x, fmt)
     assert torch.equal(scale.nan_to_num(-1.0), scale_ref.nan_to_num(-1.0))
     assert same_codes(q, q_ref), f"{arch} {fmt}: codes differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("part", ["image", "text"])
+def test_batches_of_rows_are_read_where_they_lie(emulated, part, dtype):
+    """x[:, :L] and x[:, L:] of a joint attention output (B, L + L_txt, K), quantized in place."""
+    arch, lib = emulated
+    joint = make_rows((3, 7 + 5, 40), dtype, "cpu")
+    x = joint[:, :7] if part == "image" else joint[:, 7:]
+    q = torch.full(x.shape, 0x55, dtype=torch.uint8)
+    scale = torch.full(x.shape[:-1], float("nan"))
+    run(lib.rsd_emu_quantize_batched_rows, pointer(x), pointer(q), pointer(scale), DTYPE_CODES[dtype],
+        FORMATS["e4m3fn"][0], x.shape[0] * x.shape[1], x.shape[2], x.shape[1], x.stride(0))
+    q_ref, scale_ref = quantize_rows_ref(x.contiguous(), "e4m3fn")
+    assert torch.equal(scale, scale_ref) and same_codes(q, q_ref), arch

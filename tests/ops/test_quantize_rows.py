@@ -135,11 +135,26 @@ def test_cpu_call_falls_back_to_the_reference():
 
 @pytest.mark.parametrize("case, expected", [
     (lambda: (torch.zeros(4, 8, dtype=torch.float64), "int8"), "dtype torch.float64"),
-    (lambda: (torch.zeros(8, 4).t(), "int8"), "not contiguous"),
+    (lambda: (torch.zeros(8, 4).t(), "int8"), "neither contiguous nor batches of contiguous rows"),
+    (lambda: (torch.zeros(2, 5, 8)[:, :, :4], "int8"), "neither contiguous"),
     (lambda: (torch.zeros(0, 4), "int8"), "empty tensor"),
 ])
 def test_unsupported_arguments_are_named(case, expected):
     assert any(expected in r for r in supports(*case()))
+
+
+def test_batches_of_contiguous_rows_are_read_where_they_lie():
+    """x[:, :L] of (B, L + L_txt, K): the kernel takes it (its row batches), the CPU path is the definition."""
+    from rocm_sd.ops.quantize import row_batches
+
+    joint = torch.randn(2, 7, 16)
+    assert row_batches(joint[:, :5]) == (5, 7 * 16) and row_batches(joint[:, 5:]) == (2, 7 * 16)
+    assert row_batches(joint) == (0, 0) and row_batches(joint[:, :, :8]) is None
+    assert not any("contiguous" in r for r in supports(joint[:, :5], "int8"))
+    with config.override(log_fallbacks=False):
+        q, scale = quantize_rows(joint[:, :5], "e4m3fn")
+    q_ref, scale_ref = quantize_rows_ref(joint[:, :5].contiguous(), "e4m3fn")
+    assert q.is_contiguous() and same_codes(q, q_ref) and torch.equal(scale, scale_ref)
 
 
 def test_bad_format_is_a_clear_error():
@@ -161,6 +176,18 @@ def test_kernel_is_bit_exact(shape, dtype, fmt):
     q_ref, scale_ref = quantize_rows_ref(x, fmt)
     assert torch.equal(scale, scale_ref)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows, text, k", [(4096, 333, 2432), (4096, 512, 3072), (5, 3, 33)], ids=str)
+def test_kernel_reads_batches_of_rows_in_place(rows, text, k, dtype):
+    """The image and text rows of a joint attention output (B, L + L_txt, K), each quantized where they lie."""
+    joint = make_rows((2, rows + text, k), dtype, "cuda")
+    for part in (joint[:, :rows], joint[:, rows:]):
+        q, scale = quantize_rows_kernel(part, "e4m3fn")
+        q_ref, scale_ref = quantize_rows_ref(part.contiguous(), "e4m3fn")
+        assert q.is_contiguous() and torch.equal(scale, scale_ref) and same_codes(q, q_ref)
 
 
 @pytest.mark.gpu

@@ -37,6 +37,8 @@ struct QuantizeRowsArgs {
   int64_t rows, k;
   void* stream;
   int device;
+  int64_t rows_per_batch = 0;  // > 0: x's rows come in batches of this many contiguous rows, batch_stride elements
+  int64_t batch_stride = 0;    // apart (q and scale stay contiguous); 0: x is (rows, k) contiguous
 };
 #if !RSD_RTC
 std::string quantize_rows_check(const QuantizeRowsArgs& a);
