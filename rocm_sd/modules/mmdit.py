@@ -17,10 +17,10 @@ original forward.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..ops.ada_layer_norm import ada_layer_norm
+from ..ops.gelu_tanh import gelu_tanh
 from .layer_norm import RocmLayerNorm
 from .mmdit_8bit import add_modulated, attention_consumers, feed_forward, feed_forward_consumers, mlp_gelu, modulated
 from .quantized_linear import RocmQuantizedLinear, RocmQuantizedSplitLinear
@@ -93,17 +93,19 @@ def joint_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_states
     if self.use_dual_attention:
         hidden_states = gated(hidden_states, gate_msa, attn_output)
         attn_output, gate_msa = self.attn2(hidden_states=norm_hidden_states2), gate_msa2
+    ff_rows = feed_forward_consumers(self.ff)
     hidden_states, norm_hidden_states = add_modulated(hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp,
-                                                      self.norm2.eps, feed_forward_consumers(self.ff))
-    hidden_states = gated(hidden_states, gate_mlp, feed_forward(self.ff, norm_hidden_states))
+                                                      self.norm2.eps, ff_rows)
+    hidden_states = gated(hidden_states, gate_mlp, feed_forward(self.ff, norm_hidden_states, ff_rows))
 
     if self.context_pre_only:
         return None, hidden_states
+    context_ff_rows = feed_forward_consumers(self.ff_context)
     encoder_hidden_states, norm_encoder_hidden_states = add_modulated(
         encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps,
-        feed_forward_consumers(self.ff_context))
+        context_ff_rows)
     encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp,
-                                  feed_forward(self.ff_context, norm_encoder_hidden_states))
+                                  feed_forward(self.ff_context, norm_encoder_hidden_states, context_ff_rows))
     return encoder_hidden_states, hidden_states
 
 
@@ -137,15 +139,17 @@ def flux_block_forward(self, hidden_states: torch.Tensor, encoder_hidden_states:
                                                  encoder_hidden_states=norm_encoder_hidden_states,
                                                  image_rotary_emb=image_rotary_emb)
 
+    ff_rows = feed_forward_consumers(self.ff)
     hidden_states, norm_hidden_states = add_modulated(hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp,
-                                                      self.norm2.eps, feed_forward_consumers(self.ff))
-    hidden_states = gated(hidden_states, gate_mlp, feed_forward(self.ff, norm_hidden_states))
+                                                      self.norm2.eps, ff_rows)
+    hidden_states = gated(hidden_states, gate_mlp, feed_forward(self.ff, norm_hidden_states, ff_rows))
 
+    context_ff_rows = feed_forward_consumers(self.ff_context)
     encoder_hidden_states, norm_encoder_hidden_states = add_modulated(
         encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp, self.norm2_context.eps,
-        feed_forward_consumers(self.ff_context))
+        context_ff_rows)
     encoder_hidden_states = gated(encoder_hidden_states, c_gate_mlp,
-                                  feed_forward(self.ff_context, norm_encoder_hidden_states))
+                                  feed_forward(self.ff_context, norm_encoder_hidden_states, context_ff_rows))
     return _clip_fp16(encoder_hidden_states), hidden_states
 
 
@@ -211,14 +215,15 @@ def split_proj_out(proj_out: nn.Module, attn_output: torch.Tensor, mlp_hidden_st
 def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor, plain: bool | None = None) -> torch.Tensor:
     """gelu(linear(x), approximate="tanh") as one GEMM with the bias and GELU in the vendor's epilogue (cuBLASLt /
     hipBLASLt through torch._addmm_activation, whose GELU is the tanh approximation); on other devices, without a
-    bias, or for any layer but a plain Linear (an 8-bit layer, a LoRA layer: its own forward), as two steps.
+    bias, or for any layer but a plain Linear (an 8-bit layer, a LoRA layer: its own forward), as two steps: the layer,
+    then rocm_sd::gelu_tanh.
     `plain`: whether `linear` computes x @ weight.T + bias with the weight and bias it holds (default: it is an
     nn.Linear itself; a host's Linear subclass is plain where the host does not cast or patch its weights per call)."""
     if plain is None:
         plain = type(linear) is nn.Linear
     if (not plain or linear.bias is None or x.device.type != "cuda"
             or torch.is_grad_enabled() and x.requires_grad):
-        return F.gelu(linear(x), approximate="tanh")
+        return gelu_tanh.call(linear(x), None)
     rows = x.reshape(-1, x.shape[-1])
     return torch._addmm_activation(linear.bias, rows, linear.weight.t(), use_gelu=True).view(
         *x.shape[:-1], -1)  # out_features: Forge's older Linears do not say it

@@ -24,7 +24,7 @@ from ..ops.ada_layer_norm_quantized import ada_layer_norm_quantized, add_ada_lay
 from ..ops.gelu_tanh import gelu_tanh_quantized
 from .fusing import called_plainly
 from .joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor, _rotary_pair
-from .quantized_linear import RocmQuantizedLinear, rows_stand_in, takes_rows_for_good
+from .quantized_linear import rows_stand_in, takes_rows_for_good
 
 
 def rows_format(consumers: list[nn.Module] | None) -> str | None:
@@ -86,9 +86,10 @@ def add_modulated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: t
     return h, rows_stand_in(h.shape, h.dtype, fmt, q, row_scale)
 
 
-def feed_forward(ff: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """ff(x); for an 8-bit FeedForward (feed_forward_consumers), the GELU writing only its output projection's rows."""
-    if feed_forward_consumers(ff) is None:
+def feed_forward(ff: nn.Module, x: torch.Tensor, consumers: list[nn.Module] | None) -> torch.Tensor:
+    """ff(x); for an 8-bit FeedForward (`consumers`: its feed_forward_consumers, found once for the norm in front and
+    this call), the GELU writing only its output projection's rows."""
+    if consumers is None:
         return ff(x)
     net = ff.net
     q, row_scale = gelu_tanh_quantized.call(net[0].proj(x), None, net[2].format)
@@ -99,10 +100,8 @@ def mlp_gelu(proj_mlp: nn.Module, x: torch.Tensor, second_half: nn.Module | None
     """gelu(proj_mlp(x), approximate="tanh") as the stand-in of its 8-bit rows, where proj_mlp and `second_half` (the
     layer taking the GELU's output: a split proj_out's second half) multiply 8-bit rows for good; else None (the caller
     runs its own path)."""
-    if type(proj_mlp) is not RocmQuantizedLinear or second_half is None:
-        return None
-    fmt = rows_format([second_half])
-    if fmt is None or rows_format([proj_mlp]) is None:
+    fmt = rows_format([second_half]) if second_half is not None else None
+    if fmt is None or rows_format([proj_mlp]) is None:  # takes_rows_for_good: both RocmQuantizedLinear
         return None
     pre = proj_mlp(x)
     q, row_scale = gelu_tanh_quantized.call(pre, None, fmt)

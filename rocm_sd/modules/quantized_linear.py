@@ -311,7 +311,7 @@ def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.
         out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
         return out.view(*rows.shape[:-1], weight_q.shape[0]).permute(0, 3, 1, 2)
     # batches of contiguous rows (a joint attention output's image or text rows) are quantized where they lie
-    rows = x if x.dim() == 3 and not x.is_contiguous() and row_batches(x) is not None else x.reshape(-1, in_features)
+    rows = x if row_batches(x) not in (None, (0, 0)) else x.reshape(-1, in_features)
     out = linear_8bit(*input_rows(x, rows, format), weight_q, weight_scale, bias, format, x.dtype)
     return out.view(*x.shape[:-1], weight_q.shape[0])
 

@@ -21,18 +21,18 @@ from .ada_layer_norm import _add_samples, _add_torch_path, _args, _gate_args, _p
 from .ada_layer_norm import _torch_path as _modulated
 from .ada_layer_norm import ada_layer_norm_ref, add_ada_layer_norm_ref, check_add_args, check_args, input_reasons
 from .layer_norm import _residual_reasons
-from .quantize import FORMATS, check_bound, check_format, quantize_rows_ref, quantized_like
+from .quantize import check_bound, check_format, quantize_rows_ref, quantized_like
 from .quantized_outputs import _key as quantized_key
+from .quantized_outputs import _quantized_args as quantized_outputs_args
 from .quantized_outputs import _sixteen_bit, _with_format
 from .spec import OpSpec, as_meta, kernel_reasons, tensor_key
 
-_ALIGNED = 256  # the C++ checks ask for q and row_scale pointers only for their alignment: a fresh allocation's
-
-
 def _quantized_args(q, row_scale, format: str, bound: float) -> dict:
-    return {"q": q.data_ptr() if q is not None else _ALIGNED,
-            "q_scale": row_scale.data_ptr() if row_scale is not None else _ALIGNED,
-            "format": FORMATS[format][0], "bound": float(bound)}
+    """quantized_outputs' arguments of the quantized rows, the row scales under the binding's name `q_scale` (its
+    `scale` is the modulation's)."""
+    args = quantized_outputs_args(q, row_scale, format, bound)
+    args["q_scale"] = args.pop("scale")
+    return args
 
 
 def _without_out(x, scale, shift, eps) -> tuple:

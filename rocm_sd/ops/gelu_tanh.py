@@ -19,11 +19,11 @@ from ._checks import check_floating, check_min_dims, check_same_device, fail
 from ._common import DTYPE_CODES, dtype_reasons, stream_handle
 from .quantize import FORMATS, check_format, quantize_rows_ref, quantized_like
 from .quantized_outputs import _key as quantized_key
+from .quantized_outputs import _quantized_args
 from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, layout_name, problem_key, tensor_key
 
 OP = "gelu_tanh"
 QUANTIZED_OP = "gelu_tanh_quantized"
-_ALIGNED = 256  # the C++ checks ask for output pointers only for their alignment: a fresh allocation's
 
 
 def gelu_tanh_ref(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -62,11 +62,6 @@ def _kernel_args(x: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor | N
     d = x.shape[-1]
     return (x.data_ptr(), bias.data_ptr() if bias is not None else 0, y.data_ptr() if y is not None else 0,
             DTYPE_CODES[x.dtype], x.numel() // d, d)
-
-
-def _quantized_args(q, row_scale, format: str) -> dict:
-    return {"q": q.data_ptr() if q is not None else _ALIGNED,
-            "scale": row_scale.data_ptr() if row_scale is not None else _ALIGNED, "format": FORMATS[format][0]}
 
 
 def _key(x, bias) -> str:
@@ -135,14 +130,14 @@ def quantized_supports(x, bias, format) -> list[str]:
         f"quantized output needs fp16 or bf16, not {x.dtype}"]
     return kernel_reasons(x.device, input_reasons(x, bias) + sixteen_bit,
                           lambda: _ext._C.gelu_tanh_check(*_kernel_args(x, bias, None), x.device.index,
-                                                          **_quantized_args(None, None, format)))
+                                                          **_quantized_args(None, None, format, 0.0)))
 
 
 def gelu_tanh_quantized_kernel(x, bias, format, out=None):
     """The HIP kernel itself, no dispatch; `out`: (q, row_scale) to write into."""
     q, row_scale = quantized_like(x, format) if out is None else out
     _ext._C.gelu_tanh_forward(*_kernel_args(x, bias, None), stream_handle(x.device), x.device.index,
-                              **_quantized_args(q, row_scale, format))
+                              **_quantized_args(q, row_scale, format, 0.0))
     return q, row_scale
 
 
