@@ -39,7 +39,7 @@ from ..ops.ada_layer_norm import ada_layer_norm, add_ada_layer_norm
 from ..ops.rms_norm import rms_norm
 from .host_copies import face_class, host_face, unpatched
 from .mmdit import gated, linear_gelu_tanh, split_proj_out
-from .joint_attention import joined
+from .joint_rows import joint_linear, linear_rows
 
 MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit"
 FLUX = "comfy.ldm.flux.layers"
@@ -190,6 +190,18 @@ def _joint_block_problem(block) -> str | None:
     return None
 
 
+def _host_plain(host_path: Callable[[nn.Module], bool]) -> Callable[[nn.Module, torch.Tensor], bool]:
+    """plain_linear for joint_rows: whether the host runs a Linear as the GEMM of the weight and bias it holds."""
+    return lambda linear, x: plain_linear(linear, x, host_path)
+
+
+def _split_joint(qkv: torch.Tensor, head_dim: int, lead: int):
+    """((q of the lead rows, q of the rest), (k ..., k ...), v): (B, L, H, D) views of a joint (B, L, 3 * H * D)
+    projection (mmdit's split_qkv and Flux's view(B, L, 3, H, -1) are one layout)."""
+    q, k, v = qkv.view(qkv.shape[0], qkv.shape[1], 3, -1, head_dim).unbind(2)
+    return (q[:, :lead], q[:, lead:]), (k[:, :lead], k[:, lead:]), v
+
+
 def _heads(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mmdit's split_qkv: q, k, v (B, L, H, D) views of attn.qkv(x)."""
     qkv = attn.qkv(x)
@@ -225,11 +237,14 @@ def _joint_block(base: type, self, *args, **kwargs):
     cb, xb, host_path = self.context_block, self.x_block, self.rocm_sd_host_path
     c_mods = cb.adaLN_modulation(c).chunk(2 if cb.pre_only else 6, dim=1)
     x_mods = xb.adaLN_modulation(c).chunk(9 if xb.x_block_self_attn else 6, dim=1)
-    cq, ck, cv = _heads(cb.attn, ada_layer_norm.call(_rows(context), c_mods[1], c_mods[0], cb.norm1.eps))
-    xq, xk, xv = _heads(xb.attn, ada_layer_norm.call(_rows(x), x_mods[1], x_mods[0], xb.norm1.eps))
-    q = _normed(xq, xb.attn.ln_q, cq, cb.attn.ln_q).flatten(2)  # the context's rows first, as ComfyUI joins them
+    # the context's rows first, as ComfyUI joins them; both streams' qkv written into one joint tensor
+    qkv = joint_linear(cb.attn.qkv, ada_layer_norm.call(_rows(context), c_mods[1], c_mods[0], cb.norm1.eps),
+                       xb.attn.qkv, ada_layer_norm.call(_rows(x), x_mods[1], x_mods[0], xb.norm1.eps),
+                       _host_plain(host_path))
+    (cq, xq), (ck, xk), v = _split_joint(qkv, xb.attn.head_dim, context.shape[1])
+    q = _normed(xq, xb.attn.ln_q, cq, cb.attn.ln_q).flatten(2)
     k = _normed(xk, xb.attn.ln_k, ck, cb.attn.ln_k).flatten(2)
-    v = joined(cv, xv).flatten(2)
+    v = v.flatten(2)
     out = attention(q, k, v, heads=xb.attn.num_heads, transformer_options=options)
     context_out, x_out = out[:, :context.shape[1]], out[:, context.shape[1]:]
 
@@ -337,28 +352,31 @@ def _double_chain(port: _FluxPort, self, img, txt, vec, pe, txt_first: bool, mas
     """DoubleStreamBlock.forward with the chains fused; (img, txt) out."""
     host_path = self.rocm_sd_host_path
     streams = {}
+    normed = {}
     for name, x in (("img", img), ("txt", txt)):
         mod1, mod2 = port.modulations(getattr(self, f"{name}_mod"), vec)
         shift, scale, gate = mod1
         attn = getattr(self, f"{name}_attn")
-        qkv = _flux_heads(attn.qkv(ada_layer_norm.call(_rows(x), scale, shift, getattr(self, f"{name}_norm1").eps)),
-                          self.num_heads)
-        streams[name] = (x, attn, qkv, gate, mod2)
+        normed[name] = ada_layer_norm.call(_rows(x), scale, shift, getattr(self, f"{name}_norm1").eps)
+        streams[name] = (x, attn, None, gate, mod2)
     first, second = ("txt", "img") if txt_first else ("img", "txt")
-    (_, lead_attn, lead, *_), (_, attn, qkv, *_) = streams[first], streams[second]
+    lead_attn, attn = streams[first][1], streams[second][1]
+    # both streams' qkv written into one joint tensor, the leading stream's rows first
+    qkv = joint_linear(lead_attn.qkv, normed[first], attn.qkv, normed[second], _host_plain(host_path))
+    (lead_q, q), (lead_k, k), v = _split_joint(qkv, qkv.shape[-1] // (3 * self.num_heads), normed[first].shape[1])
     rope = port.rope(self, pe)
-    q, rotated = _flux_normed(qkv[0], attn.norm.query_norm, rope, port.rms_eps(attn.norm.query_norm), lead[0],
+    q, rotated = _flux_normed(q, attn.norm.query_norm, rope, port.rms_eps(attn.norm.query_norm), lead_q,
                               lead_attn.norm.query_norm)
-    k, _ = _flux_normed(qkv[1], attn.norm.key_norm, rope, port.rms_eps(attn.norm.key_norm), lead[1],
+    k, _ = _flux_normed(k, attn.norm.key_norm, rope, port.rms_eps(attn.norm.key_norm), lead_k,
                         lead_attn.norm.key_norm)
-    v = joined(lead[2], qkv[2])
     out = port.attention(self, q, k, v, pe, rotated, mask, options)
     split = streams[first][0].shape[1]
     outputs = {first: out[:, :split], second: out[:, split:]}
     for name in ("img", "txt"):
         x, attn, _, gate, (shift, scale, gate_mlp) = streams[name]
         mlp, norm2 = getattr(self, f"{name}_mlp"), getattr(self, f"{name}_norm2")
-        h, n = add_ada_layer_norm.call(_rows(x), attn.proj(outputs[name]), gate, scale, shift, norm2.eps)
+        h, n = add_ada_layer_norm.call(_rows(x), linear_rows(attn.proj, outputs[name], _host_plain(host_path)), gate,
+                                       scale, shift, norm2.eps)
         streams[name] = gated(h, gate_mlp, _gelu_mlp(mlp[0], mlp[2], n, host_path))
     return streams["img"], port.clip(self, streams["txt"])
 

@@ -19,6 +19,7 @@ from torch import nn
 from ..ops.attention import scaled_dot_product_attention
 from ..ops.rms_norm import rms_norm
 from .attention import heads_last
+from .joint_rows import joint_linear, linear_rows
 
 
 def _rms_parameters(norm) -> tuple[torch.Tensor | None, float] | None:
@@ -61,6 +62,48 @@ def joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _projections(attn, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """to_q, to_k and to_v of hidden_states (fuse_qkv: views of to_qkv's)."""
+    if getattr(attn, "fused_projections", False):
+        return attn.to_qkv(hidden_states).chunk(3, dim=-1)
+    return attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+
+
+def _context_projections(attn, encoder_hidden_states: torch.Tensor):
+    if getattr(attn, "fused_projections", False) and hasattr(attn, "to_added_qkv"):
+        return attn.to_added_qkv(encoder_hidden_states).chunk(3, dim=-1)
+    return (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
+            attn.add_v_proj(encoder_hidden_states))
+
+
+def _joint_projections(attn, first: torch.Tensor, second: torch.Tensor, head_dim: int, text_first: bool = False):
+    """((Q of first, Q of second), (K ..., K ...), V joined), each [B, L, H, D]: `first` is the stream whose rows
+    lead the joint sequence (SD3's image, Flux's text). V, or with fuse_qkv all three, is written by the two streams'
+    projections into one joint tensor (joint_rows.joint_linear), so nothing concatenates it; Q and K stay the streams'
+    own, which the Q / K norm joins."""
+    image, text = (second, first) if text_first else (first, second)
+    fused = getattr(attn, "fused_projections", False)
+    if fused and hasattr(attn, "to_added_qkv"):
+        layers = (attn.to_added_qkv, attn.to_qkv) if text_first else (attn.to_qkv, attn.to_added_qkv)
+        query, key, value = (_heads(t, head_dim) for t in joint_linear(layers[0], first, layers[1], second).chunk(3, -1))
+        split = first.shape[1]
+        return (query[:, :split], query[:, split:]), (key[:, :split], key[:, split:]), value
+    if fused:  # fused image projections only: V of the two kinds joined by copies
+        i_query, i_key, i_value = _projections(attn, image)
+        c_query, c_key, c_value = _context_projections(attn, text)
+        i_query, i_key, i_value, c_query, c_key, c_value = (
+            _heads(t, head_dim) for t in (i_query, i_key, i_value, c_query, c_key, c_value))
+        value = joined(c_value, i_value) if text_first else joined(i_value, c_value)
+    else:
+        i_query, i_key = _heads(attn.to_q(image), head_dim), _heads(attn.to_k(image), head_dim)
+        c_query, c_key = _heads(attn.add_q_proj(text), head_dim), _heads(attn.add_k_proj(text), head_dim)
+        v_layers = (attn.add_v_proj, attn.to_v) if text_first else (attn.to_v, attn.add_v_proj)
+        value = _heads(joint_linear(v_layers[0], first, v_layers[1], second), head_dim)
+    if text_first:
+        return (c_query, i_query), (c_key, i_key), value
+    return (i_query, c_query), (i_key, c_key), value
+
+
 def _rotary_pair(rotary) -> bool:
     return (isinstance(rotary, tuple) and len(rotary) == 2
             and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in rotary))
@@ -89,25 +132,16 @@ class RocmJointAttnProcessor:
         if attention_mask is not None or args or kwargs or hidden_states.dim() != 3:
             return self.fallback(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
         head_dim = attn.inner_dim // attn.heads
-        if getattr(attn, "fused_projections", False):
-            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
-        else:
-            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        query, key, value = (_heads(t, head_dim) for t in (query, key, value))
         if encoder_hidden_states is None:
+            query, key, value = (_heads(t, head_dim) for t in _projections(attn, hidden_states))
             query = _joined_normed(query, attn.norm_q)
             key = _joined_normed(key, attn.norm_k)
         else:
-            if getattr(attn, "fused_projections", False) and hasattr(attn, "to_added_qkv"):
-                context = attn.to_added_qkv(encoder_hidden_states).chunk(3, dim=-1)
-            else:
-                context = (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
-                           attn.add_v_proj(encoder_hidden_states))
-            c_query, c_key, c_value = (_heads(t, head_dim) for t in context)
             # SD3 puts the image rows first: they are the op's leading rows, the text its own
+            (query, c_query), (key, c_key), value = _joint_projections(attn, hidden_states, encoder_hidden_states,
+                                                                        head_dim)
             query = _joined_normed(c_query, attn.norm_added_q, query, attn.norm_q)
             key = _joined_normed(c_key, attn.norm_added_k, key, attn.norm_k)
-            value = joined(value, c_value)
 
         hidden = self.attend(query, key, value)
         if encoder_hidden_states is None:
@@ -115,8 +149,8 @@ class RocmJointAttnProcessor:
         length = hidden_states.shape[1]
         hidden, context_out = hidden[:, :length], hidden[:, length:]
         if not attn.context_pre_only:
-            context_out = attn.to_add_out(context_out)
-        return attn.to_out[1](attn.to_out[0](hidden)), context_out
+            context_out = linear_rows(attn.to_add_out, context_out)
+        return attn.to_out[1](linear_rows(attn.to_out[0], hidden)), context_out
 
 
 class RocmFluxAttnProcessor:
@@ -131,24 +165,15 @@ class RocmFluxAttnProcessor:
         if attention_mask is not None or kwargs or (image_rotary_emb is not None and not _rotary_pair(image_rotary_emb)):
             return self.fallback(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb,
                                  **kwargs)
-        fused = getattr(attn, "fused_projections", False)
-        if fused:
-            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
-        else:
-            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        query, key, value = (_heads(t, attn.head_dim) for t in (query, key, value))
         joint = encoder_hidden_states is not None and attn.added_kv_proj_dim is not None
         if joint:
-            if fused and hasattr(attn, "to_added_qkv"):
-                context = attn.to_added_qkv(encoder_hidden_states).chunk(3, dim=-1)
-            else:
-                context = (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
-                           attn.add_v_proj(encoder_hidden_states))
-            c_query, c_key, c_value = (_heads(t, attn.head_dim) for t in context)
+            # Flux puts the text rows first
+            (c_query, query), (c_key, key), value = _joint_projections(attn, encoder_hidden_states, hidden_states,
+                                                                        attn.head_dim, text_first=True)
             query = _joined_normed(query, attn.norm_q, c_query, attn.norm_added_q, image_rotary_emb)
             key = _joined_normed(key, attn.norm_k, c_key, attn.norm_added_k, image_rotary_emb)
-            value = joined(c_value, value)
         else:
+            query, key, value = (_heads(t, attn.head_dim) for t in _projections(attn, hidden_states))
             query = _joined_normed(query, attn.norm_q, rotary=image_rotary_emb)
             key = _joined_normed(key, attn.norm_k, rotary=image_rotary_emb)
 
@@ -157,5 +182,5 @@ class RocmFluxAttnProcessor:
             return hidden
         text_length = encoder_hidden_states.shape[1]
         context_out, hidden = hidden[:, :text_length], hidden[:, text_length:]
-        hidden = attn.to_out[1](attn.to_out[0](hidden))
-        return hidden, attn.to_add_out(context_out)
+        hidden = attn.to_out[1](linear_rows(attn.to_out[0], hidden))
+        return hidden, linear_rows(attn.to_add_out, context_out)

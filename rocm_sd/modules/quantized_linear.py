@@ -316,6 +316,18 @@ def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.
     return out.view(*x.shape[:-1], weight_q.shape[0])
 
 
+def forward_8bit_into(x: torch.Tensor, in_features: int, weight_q: torch.Tensor, weight_scale: torch.Tensor,
+                      bias: torch.Tensor | None, format: str, out: torch.Tensor) -> None:
+    """forward_8bit of a (B, L, K) x written into `out`, a (B, L, N) view whose batches each are L contiguous rows (a
+    stream's part of a joint buffer, modules/joint_rows.py): one GEMM a batch, each writing its rows in place."""
+    q, scale = input_rows(x, x if row_batches(x) not in (None, (0, 0)) else x.reshape(-1, in_features), format)
+    length = x.shape[1]
+    for b in range(x.shape[0]):
+        rows = slice(b * length, (b + 1) * length)
+        linear_8bit(q[rows], scale if scale.dim() == 0 else scale[rows], weight_q, weight_scale, bias, format,
+                    out.dtype, out=out[b])
+
+
 def quantizable_weight(weight) -> bool:
     """A plain floating-point weight (fp8 storage included); not a tensor subclass such as a host's own quantized
     layout, whose values only its own forward knows how to read."""
@@ -358,33 +370,36 @@ def input_rows(x: torch.Tensor, rows: torch.Tensor, format: str) -> tuple[torch.
 
 
 def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, weight_scale: torch.Tensor,
-                bias: torch.Tensor | None, format: str, dtype: torch.dtype) -> torch.Tensor:
+                bias: torch.Tensor | None, format: str, dtype: torch.dtype,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """(q * scale) @ (weight_q * weight_scale).T + bias in `dtype`: the 8-bit GEMM on a GPU, the same product of the
     dequantized operands in fp32 elsewhere. scale: (M,) per row or 0-dim per tensor; weight_scale: (1, N) per output
-    channel or (1, 1) per tensor. Both per tensor: the per-tensor GEMM; else the row-wise one."""
+    channel or (1, 1) per tensor. Both per tensor: the per-tensor GEMM; else the row-wise one. `out`: a contiguous
+    (M, N) tensor of `dtype` to write the product into (returned), else a new one."""
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)  # a host that stores its weights in another dtype casts per call too
     if q.is_cuda and q.shape[0] > 0 and format != "int8":
         if scale.dim() == 0 and weight_scale.numel() == 1:
             return torch._scaled_mm(q, weight_q.t(), scale_a=scale, scale_b=weight_scale.reshape(()), bias=bias,
-                                    out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION)
+                                    out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION, out=out)
         scale = scale.expand(q.shape[0]) if scale.dim() == 0 else scale
         if weight_scale.numel() == 1:
             weight_scale = weight_scale.expand(1, weight_q.shape[0]).contiguous()
         return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1).contiguous(), scale_b=weight_scale,
-                                bias=bias, out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION)
+                                bias=bias, out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION, out=out)
     if q.is_cuda and q.shape[0] > 16:  # int8: torch._int_mm's smallest M
         acc = torch._int_mm(q, weight_q.t())
         # Two passes over the int32 product (not five): the row scale makes it fp32, then one pass applies the column
         # scale and the bias in fp32 and writes `dtype`.
         rows_scaled = torch.mul(acc, scale.unsqueeze(1))
-        out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+        if out is None:
+            out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
         if bias is None:
             return torch.mul(rows_scaled, weight_scale, out=out)
         return torch.addcmul(bias, rows_scaled, weight_scale, out=out)
-    out = F.linear(dequantize_rows(q, scale), dequantize_rows(weight_q, weight_scale.squeeze(0)),
-                   None if bias is None else bias.float())
-    return out.to(dtype)
+    product = F.linear(dequantize_rows(q, scale), dequantize_rows(weight_q, weight_scale.squeeze(0)),
+                       None if bias is None else bias.float())
+    return product.to(dtype) if out is None else out.copy_(product)
 
 
 class QuantizedHostCopy:

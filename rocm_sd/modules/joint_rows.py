@@ -1,0 +1,108 @@
+"""The joint sequence's rows, written and read where they lie.
+
+The diffusion transformers' joint attention takes one sequence per image, the image stream's rows and the text
+stream's side by side ([image, text] in SD3, [text, image] in Flux), and gives back one such sequence. Eager code
+concatenates the two streams' projections into it (a copy of Q, K and V) and reshapes each stream's part of the output
+into the rows its output projection reads (another copy). Here
+
+- `joint_linear` runs each stream's projection (its V, or the fused QKV) as GEMMs that write its rows into the joint
+  buffer, so nothing concatenates them;
+- `linear_rows` runs an output projection on its stream's part of the attention output (a (B, L, K) view whose batches
+  each are L contiguous rows) as GEMMs that read those rows in place.
+
+A GEMM's rows must be one matrix with one row stride, and a stream's rows in the joint buffer are one per batch: so
+there is one GEMM per batch (the CFG batch of 2 in SD3.5, 1 in Flux). Layers these cannot run (a LoRA layer, a hooked
+or host-patched one, gradients, torch.compile tracing) run their own forward, and the result is copied.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .fusing import called_plainly
+from .quantized_linear import RocmQuantizedLinear, forward_8bit_into
+
+Plain = Callable[[nn.Module, torch.Tensor], bool]
+
+
+def plain_torch_linear(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether `layer` computes x @ weight.T + bias with the weight and bias it holds: diffusers' own nn.Linear."""
+    return (type(layer) is nn.Linear and called_plainly(layer)
+            and all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in (layer.weight, layer.bias)))
+
+
+def _batches_of_rows(x: torch.Tensor) -> bool:
+    """A (B, L, K) tensor whose batches each are L contiguous rows: a batch is one matrix with one row stride."""
+    return x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])
+
+
+def _gemm_batches(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out[b] = x[b] @ weight.T + bias for each batch b, each a GEMM reading and writing its rows in place (the bias in
+    the GEMM's epilogue)."""
+    w_t = weight.t()
+    for b in range(x.shape[0]):
+        if bias is None:
+            torch.mm(x[b], w_t, out=out[b])
+        else:
+            torch.addmm(bias, x[b], w_t, out=out[b])
+
+
+def _runs_in_place(layer: nn.Module, x: torch.Tensor, plain: Plain) -> str | None:
+    """How `layer` can run on x's rows in place: "16-bit" (a plain Linear), "8-bit" (a RocmQuantizedLinear running its
+    8-bit GEMM), else None (its own forward)."""
+    if torch.compiler.is_compiling() or torch.is_grad_enabled():  # out= GEMMs have no autograd
+        return None
+    if type(layer) is RocmQuantizedLinear:
+        return "8-bit" if layer.runs_8bit and not layer.conv and called_plainly(layer) else None
+    return "16-bit" if not x.is_meta and _batches_of_rows(x) and plain(layer, x) else None
+
+
+def _write(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, way: str) -> None:
+    if way == "16-bit":
+        _gemm_batches(x, layer.weight, layer.bias, out)
+    else:
+        forward_8bit_into(x, layer.in_features, layer.weight_q, layer.weight_scale, layer.bias, layer.format, out)
+
+
+def _out_features(layer: nn.Module, way: str) -> int:
+    return (layer.weight if way == "16-bit" else layer.weight_q).shape[0]  # Forge's older Linears lack out_features
+
+
+def _device(layer: nn.Module, way: str) -> torch.device:
+    """Where the layer's output lives: its weight's device (x may be an 8-bit producer's stand-in, on meta)."""
+    return (layer.weight if way == "16-bit" else layer.weight_q).device
+
+
+def joint_linear(first: nn.Module, first_x: torch.Tensor, second: nn.Module, second_x: torch.Tensor,
+                 plain: Plain = plain_torch_linear) -> torch.Tensor:
+    """torch.cat([first(first_x), second(second_x)], dim=1) for (B, L, K) inputs, each projection writing its rows
+    into the joint (B, L1 + L2, N) tensor. `plain`: whether a layer may be run as the GEMM of its weight and bias."""
+    parts = [(first, first_x, _runs_in_place(first, first_x, plain)),
+             (second, second_x, _runs_in_place(second, second_x, plain))]
+    if all(way is None for *_, way in parts):
+        return torch.cat([first(first_x), second(second_x)], dim=1)
+    layer, x, way = next(part for part in parts if part[2] is not None)
+    joint = torch.empty(x.shape[0], first_x.shape[1] + second_x.shape[1], _out_features(layer, way), dtype=x.dtype,
+                        device=_device(layer, way))
+    start = 0
+    for layer, x, way in parts:
+        rows = joint[:, start:start + x.shape[1]]
+        if way is None:
+            rows.copy_(layer(x))
+        else:
+            _write(layer, x, rows, way)
+        start += x.shape[1]
+    return joint
+
+
+def linear_rows(layer: nn.Module, x: torch.Tensor, plain: Plain = plain_torch_linear) -> torch.Tensor:
+    """layer(x) for x a (B, L, K) view whose batches are contiguous rows (a stream's part of the joint attention
+    output), read in place by a GEMM a batch where the layer is a plain Linear; otherwise the layer's own forward
+    (an 8-bit layer reads such rows in place itself)."""
+    if x.is_contiguous() or _runs_in_place(layer, x, plain) != "16-bit":
+        return layer(x)
+    out = torch.empty(*x.shape[:-1], layer.out_features, dtype=x.dtype, device=x.device)
+    _gemm_batches(x, layer.weight, layer.bias, out)
+    return out
