@@ -110,41 +110,19 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int vectors = active ? c / VEC : 0;
   const int64_t b = active ? row / tokens : 0;
   const int64_t offset = row * c;
-  // kEarly (the DiT rows: two 16-byte vectors a lane): every load of the row first, then the math. A load behind the
-  // bounds check of the vector before it waits for that vector's math, so the row's loads went out one at a time.
-  // Vectors past the row's end (and an idle group's) load the row's last one again, an address inside the tensor, and
-  // are dropped. The modulation comes with them: nothing needs it before the two reductions, which hide its latency.
-  // Longer rows keep their loads in the loop (all of them at once would spill).
-  constexpr bool kEarly = VEC == 8 && VECS <= 2;
-  const int64_t load_offset = active ? offset : 0;
-  Vec<T, VEC> v[VECS], r[kEarly ? VECS : 1], g[kEarly ? VECS : 1], s[kEarly ? VECS : 1], sh[kEarly ? VECS : 1];
-  if constexpr (kEarly) {
-#pragma unroll
-    for (int k = 0; k < VECS; ++k) {
-      const int wanted = t + k * row_threads;
-      const int j = wanted < c / VEC ? wanted : c / VEC - 1;
-      v[k] = load_vec<T, VEC>(x + load_offset + j * VEC);
-      if constexpr (kGate) {
-        r[k] = load_vec<T, VEC>(y + load_offset + j * VEC);
-        g[k] = load_param<T, VEC>(gate, b * gate_batch_stride, gate_channel_stride, j * VEC);
-      }
-      s[k] = load_param<T, VEC>(scale, b * scale_batch_stride, scale_channel_stride, j * VEC);
-      sh[k] = load_param<T, VEC>(shift, b * shift_batch_stride, shift_channel_stride, j * VEC);
-    }
-  }
+  Vec<T, VEC> v[VECS];
   float sum = 0.f;
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = t + k * row_threads;
     if (j < vectors) {
-      if constexpr (!kEarly) v[k] = load_vec<T, VEC>(x + offset + j * VEC);
+      v[k] = load_vec<T, VEC>(x + offset + j * VEC);
       if constexpr (kGate) {
-        const Vec<T, VEC> rk = kEarly ? r[k] : load_vec<T, VEC>(y + offset + j * VEC);
-        const Vec<T, VEC> gk =
-            kEarly ? g[k] : load_param<T, VEC>(gate, b * gate_batch_stride, gate_channel_stride, j * VEC);
+        const Vec<T, VEC> r = load_vec<T, VEC>(y + offset + j * VEC);
+        const Vec<T, VEC> g = load_param<T, VEC>(gate, b * gate_batch_stride, gate_channel_stride, j * VEC);
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-          v[k].v[e] = from_float<T>(fmaf(to_float(gk.v[e]), to_float(rk.v[e]), to_float(v[k].v[e])));
+          v[k].v[e] = from_float<T>(fmaf(to_float(g.v[e]), to_float(r.v[e]), to_float(v[k].v[e])));
         store_vec(h + offset + j * VEC, v[k], false);
       }
 #pragma unroll
@@ -169,15 +147,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int k = 0; k < VECS; ++k) {
     const int j = t + k * row_threads;
     if (j < vectors) {
-      const Vec<T, VEC> sk =
-          kEarly ? s[k] : load_param<T, VEC>(scale, b * scale_batch_stride, scale_channel_stride, j * VEC);
-      const Vec<T, VEC> shk =
-          kEarly ? sh[k] : load_param<T, VEC>(shift, b * shift_batch_stride, shift_channel_stride, j * VEC);
+      const Vec<T, VEC> s = load_param<T, VEC>(scale, b * scale_batch_stride, scale_channel_stride, j * VEC);
+      const Vec<T, VEC> sh = load_param<T, VEC>(shift, b * shift_batch_stride, shift_channel_stride, j * VEC);
       Vec<T, VEC> o;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        o.v[e] = from_float<T>(
-            fmaf((to_float(v[k].v[e]) - mean) * rstd, 1.f + to_float(sk.v[e]), to_float(shk.v[e])));
+        o.v[e] = from_float<T>(fmaf((to_float(v[k].v[e]) - mean) * rstd, 1.f + to_float(s.v[e]), to_float(sh.v[e])));
         if constexpr (kQuantize) amax = absmax_nan(amax, to_float(o.v[e]));  // of out as stored: quantize_rows(out)
       }
       if constexpr (kQuantize) v[k] = o;

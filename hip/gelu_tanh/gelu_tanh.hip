@@ -42,19 +42,15 @@ __device__ __forceinline__ float gelu_tanh(float v) {
 }
 
 template <class T, int VEC, bool kBias>
-__device__ __forceinline__ Vec<T, VEC> activated(const Vec<T, VEC>& v, const Vec<T, VEC>& b) {
+__device__ __forceinline__ Vec<T, VEC> activated(const T* __restrict__ x, const T* __restrict__ bias, int64_t offset,
+                                                  int64_t col) {
+  const Vec<T, VEC> v = load_vec<T, VEC>(x + offset);
+  Vec<T, VEC> b;
+  if constexpr (kBias) b = load_vec<T, VEC>(bias + col);
   Vec<T, VEC> out;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(gelu_tanh(to_float(v.v[k]) + (kBias ? to_float(b.v[k]) : 0.f)));
   return out;
-}
-
-template <class T, int VEC, bool kBias>
-__device__ __forceinline__ Vec<T, VEC> activated(const T* __restrict__ x, const T* __restrict__ bias, int64_t offset,
-                                                  int64_t col) {
-  Vec<T, VEC> b;
-  if constexpr (kBias) b = load_vec<T, VEC>(bias + col);
-  return activated<T, VEC, kBias>(load_vec<T, VEC>(x + offset), b);
 }
 
 template <class T, int VEC, bool kBias>
@@ -77,22 +73,13 @@ __global__ void __launch_bounds__(kRowMaxThreads)
   __shared__ float wave_amax[kRowMaxThreads / 32];  // a wave is 32 or 64 lanes
   const int64_t row = blockIdx.x;
   const int64_t vectors = d / VEC;
-  // Every load of the row first, then the math: a load behind the bounds check of the vector before it waits for
-  // that vector's math, and the row's loads went out one at a time. Vectors past the row's end load its last one
-  // again (an address inside the row) and are dropped.
-  Vec<T, VEC> y[kRowVectors], b[kRowVectors];
-#pragma unroll
-  for (int i = 0; i < kRowVectors; ++i) {
-    const int64_t wanted = threadIdx.x + int64_t(i) * blockDim.x;
-    const int64_t j = wanted < vectors ? wanted : vectors - 1;
-    y[i] = load_vec<T, VEC>(x + row * d + j * VEC);
-    if constexpr (kBias) b[i] = load_vec<T, VEC>(bias + j * VEC);
-  }
+  Vec<T, VEC> y[kRowVectors];
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kRowVectors; ++i) {
-    if (threadIdx.x + int64_t(i) * blockDim.x < vectors) {
-      y[i] = activated<T, VEC, kBias>(y[i], b[i]);
+    const int64_t j = threadIdx.x + int64_t(i) * blockDim.x;
+    if (j < vectors) {
+      y[i] = activated<T, VEC, kBias>(x, bias, row * d + j * VEC, j * VEC);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) amax = absmax_nan(amax, to_float(y[i].v[k]));  // of y as stored: quantize_rows(y)
     }

@@ -60,33 +60,17 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= rows) return;  // whole waves leave together: row is uniform within a wave
   const int vectors = c / VEC;
   const T* xr = x + row * c;
-  // kEarly (rows of up to two 16-byte vectors a lane, with a residual): every load of the row first, then the math. A
-  // load behind the bounds check of the vector before it waits for that vector's math, so the row's loads went out
-  // one at a time. Vectors past the row's end load its last one again and are dropped. Longer rows keep their loads
-  // in the loop (all of them at once would spill).
-  constexpr bool kEarly = kResidual && VEC == 8 && VECS <= 2;
-  Vec<T, VEC> v[VECS], r[kEarly ? VECS : 1];
-  if constexpr (kEarly) {
-#pragma unroll
-    for (int k = 0; k < VECS; ++k) {
-      const int wanted = lane_id() + k * RSD_WAVE;
-      const int j = wanted < vectors ? wanted : vectors - 1;
-      v[k] = load_vec<T, VEC>(xr + j * VEC);
-      r[k] = load_vec<T, VEC>(residual + row * c + j * VEC);
-    }
-  }
+  Vec<T, VEC> v[VECS];
   float sum = 0.f;
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = lane_id() + k * RSD_WAVE;
     if (j < vectors) {
-      if constexpr (!kEarly) v[k] = load_vec<T, VEC>(xr + j * VEC);
+      v[k] = load_vec<T, VEC>(xr + j * VEC);
       if constexpr (kResidual) {
-        Vec<T, VEC> rk;
-        if constexpr (kEarly) rk = r[k];
-        else rk = load_vec<T, VEC>(residual + row * c + j * VEC);
+        const Vec<T, VEC> r = load_vec<T, VEC>(residual + row * c + j * VEC);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) v[k].v[e] = from_float<T>(to_float(v[k].v[e]) + to_float(rk.v[e]));
+        for (int e = 0; e < VEC; ++e) v[k].v[e] = from_float<T>(to_float(v[k].v[e]) + to_float(r.v[e]));
         store_vec(sum_out + row * c + j * VEC, v[k], false);
       }
 #pragma unroll
