@@ -19,8 +19,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
-from rocm_sd.modules.joint_attention import joined  # noqa: E402
-from rocm_sd.modules.joint_rows import joint_linear, linear_rows  # noqa: E402
+from rocm_sd.modules.joint_rows import joined, joint_linear, linear_rows  # noqa: E402
 from rocm_sd.modules.quantized_linear import RocmQuantizedLinear  # noqa: E402
 
 # (name, batch, image rows, text rows, width, image rows first)

@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from rocm_sd.modules.joint_rows import joint_linear, linear_rows
-from rocm_sd.modules.quantized_linear import RocmQuantizedLinear, rows_stand_in
+from rocm_sd.modules import joint_rows
+from rocm_sd.modules.joint_rows import joint_linear, joint_qkv, linear_rows
+from rocm_sd.modules.quantized_linear import RocmQuantizedLinear, _aligned, rows_stand_in
 from rocm_sd.ops.quantize import quantize_rows_ref
 
 
@@ -77,3 +78,44 @@ def test_linear_rows_of_other_views_and_layers_is_their_forward():
         hooked.register_forward_hook(lambda module, args, out: out + 1)
         view = torch.randn(2, 8, 16)[:, :4]
         _close(linear_rows(hooked, view), hooked.forward(view) + 1)
+
+
+def _qkv_reference(first, x1, second, x2):
+    (q1, k1, v1), (q2, k2, v2) = (layer(x).chunk(3, dim=-1) for layer, x in ((first, x1), (second, x2)))
+    return (q1, q2), (k1, k2), torch.cat([v1, v2], dim=1)
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_joint_qkv_is_the_streams_q_k_and_the_joint_v(hooked, monkeypatch):
+    """In place (plain layers: Q, K, V of one joint tensor) and not (hooked layers: each stream's own projection,
+    V alone joined, never the whole QKV concatenated)."""
+    first, second = _layers(n=24)
+    if hooked:
+        for layer in (first, second):
+            layer.register_forward_hook(lambda module, args, out: out * 2)
+    cats = []
+    real_cat = torch.cat
+    monkeypatch.setattr(joint_rows.torch, "cat", lambda tensors, dim=0: cats.append(tensors[0].shape) or
+                        real_cat(tensors, dim=dim))
+    x1, x2 = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        got = joint_qkv(first, x1, second, x2)
+        monkeypatch.setattr(joint_rows.torch, "cat", real_cat)
+        want = _qkv_reference(first, x1, second, x2)
+    for g, w in zip(got[:2], want[:2]):
+        _close(g[0], w[0])
+        _close(g[1], w[1])
+    _close(got[2], want[2])
+    assert all(shape[-1] == 8 for shape in cats), f"a concatenation wider than V: {cats}"
+    if not hooked:
+        assert got[2]._base is not None and got[0][1]._base is got[2]._base  # one joint tensor
+
+
+def test_row_scales_are_aligned_for_the_8bit_gemm():
+    scales = torch.rand(2 * 333)
+    second_batch = scales[333:].unsqueeze(1)
+    assert second_batch.data_ptr() % 16 != 0
+    aligned = _aligned(second_batch)
+    assert aligned.data_ptr() % 16 == 0 and aligned.is_contiguous() and torch.equal(aligned, second_batch)
+    first_batch = scales[:333].unsqueeze(1)
+    assert _aligned(first_batch) is first_batch

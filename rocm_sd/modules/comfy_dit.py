@@ -39,7 +39,7 @@ from ..ops.ada_layer_norm import ada_layer_norm, add_ada_layer_norm
 from ..ops.rms_norm import rms_norm
 from .host_copies import face_class, host_face, unpatched
 from .mmdit import gated, linear_gelu_tanh, split_proj_out
-from .joint_rows import joint_linear, linear_rows
+from .joint_rows import joint_qkv, linear_rows
 
 MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit"
 FLUX = "comfy.ldm.flux.layers"
@@ -195,11 +195,14 @@ def _host_plain(host_path: Callable[[nn.Module], bool]) -> Callable[[nn.Module, 
     return lambda linear, x: plain_linear(linear, x, host_path)
 
 
-def _split_joint(qkv: torch.Tensor, head_dim: int, lead: int):
-    """((q of the lead rows, q of the rest), (k ..., k ...), v): (B, L, H, D) views of a joint (B, L, 3 * H * D)
-    projection (mmdit's split_qkv and Flux's view(B, L, 3, H, -1) are one layout)."""
-    q, k, v = qkv.view(qkv.shape[0], qkv.shape[1], 3, -1, head_dim).unbind(2)
-    return (q[:, :lead], q[:, lead:]), (k[:, :lead], k[:, lead:]), v
+def _joint_heads(first_attn, first_x, second_attn, second_x, num_heads: int, plain):
+    """((q of the lead rows, q of the rest), (k ..., k ...), v): (B, L, H, D) views of the two streams' qkv
+    projections (mmdit's split_qkv and Flux's view(B, L, 3, H, -1) are one layout: [q | k | v]), V joined."""
+    queries, keys, v = joint_qkv(first_attn.qkv, first_x, second_attn.qkv, second_x, plain)
+
+    def heads(t):
+        return t.unflatten(-1, (num_heads, -1))
+    return tuple(map(heads, queries)), tuple(map(heads, keys)), heads(v)
 
 
 def _heads(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -237,11 +240,11 @@ def _joint_block(base: type, self, *args, **kwargs):
     cb, xb, host_path = self.context_block, self.x_block, self.rocm_sd_host_path
     c_mods = cb.adaLN_modulation(c).chunk(2 if cb.pre_only else 6, dim=1)
     x_mods = xb.adaLN_modulation(c).chunk(9 if xb.x_block_self_attn else 6, dim=1)
-    # the context's rows first, as ComfyUI joins them; both streams' qkv written into one joint tensor
-    qkv = joint_linear(cb.attn.qkv, ada_layer_norm.call(_rows(context), c_mods[1], c_mods[0], cb.norm1.eps),
-                       xb.attn.qkv, ada_layer_norm.call(_rows(x), x_mods[1], x_mods[0], xb.norm1.eps),
-                       _host_plain(host_path))
-    (cq, xq), (ck, xk), v = _split_joint(qkv, xb.attn.head_dim, context.shape[1])
+    c_normed = ada_layer_norm.call(_rows(context), c_mods[1], c_mods[0], cb.norm1.eps)
+    x_normed = ada_layer_norm.call(_rows(x), x_mods[1], x_mods[0], xb.norm1.eps)
+    # the context's rows first, as ComfyUI joins them
+    (cq, xq), (ck, xk), v = _joint_heads(cb.attn, c_normed, xb.attn, x_normed, xb.attn.num_heads,
+                                         _host_plain(host_path))
     q = _normed(xq, xb.attn.ln_q, cq, cb.attn.ln_q).flatten(2)
     k = _normed(xk, xb.attn.ln_k, ck, cb.attn.ln_k).flatten(2)
     v = v.flatten(2)
@@ -361,9 +364,8 @@ def _double_chain(port: _FluxPort, self, img, txt, vec, pe, txt_first: bool, mas
         streams[name] = (x, attn, None, gate, mod2)
     first, second = ("txt", "img") if txt_first else ("img", "txt")
     lead_attn, attn = streams[first][1], streams[second][1]
-    # both streams' qkv written into one joint tensor, the leading stream's rows first
-    qkv = joint_linear(lead_attn.qkv, normed[first], attn.qkv, normed[second], _host_plain(host_path))
-    (lead_q, q), (lead_k, k), v = _split_joint(qkv, qkv.shape[-1] // (3 * self.num_heads), normed[first].shape[1])
+    (lead_q, q), (lead_k, k), v = _joint_heads(lead_attn, normed[first], attn, normed[second], self.num_heads,
+                                               _host_plain(host_path))
     rope = port.rope(self, pe)
     q, rotated = _flux_normed(q, attn.norm.query_norm, rope, port.rms_eps(attn.norm.query_norm), lead_q,
                               lead_attn.norm.query_norm)

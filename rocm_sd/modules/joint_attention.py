@@ -3,8 +3,8 @@ its fused-QKV variant) and RocmFluxAttnProcessor (Flux's FluxAttnProcessor), ste
 
 - the RMSNorm of Q and K per head, the joining of the image and text streams' rows, and Flux's rotary embedding as
   one rocm_sd::rms_norm per Q and per K, written as the [B, L, H, D] layout the attention reads (diffusers: two
-  norms, a concatenation, and for Flux a rotary pass of six elementwise kernels, per Q and per K); V joined by
-  `joined`;
+  norms, a concatenation, and for Flux a rotary pass of six elementwise kernels, per Q and per K); V written
+  into the joint sequence by the projections themselves (modules/joint_rows.py);
 - the attention through rocm_sd::attention on [B, L, H, D] views (ops/attention.py decides between its kernel and
   SDPA per shape).
 
@@ -19,7 +19,7 @@ from torch import nn
 from ..ops.attention import scaled_dot_product_attention
 from ..ops.rms_norm import rms_norm
 from .attention import heads_last
-from .joint_rows import joint_linear, linear_rows
+from .joint_rows import joined, joint_linear, joint_qkv, linear_rows
 
 
 def _rms_parameters(norm) -> tuple[torch.Tensor | None, float] | None:
@@ -50,18 +50,6 @@ def _joined_normed(x, norm, lead=None, lead_norm=None, rotary=None) -> torch.Ten
     return x
 
 
-def joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """torch.cat([first, second], dim=1) of two [B, L, H, D] value tensors. Views of fuse_qkv's projection (a row
-    stride of 3 * H * D) are copied into one buffer by two strided copies: PyTorch's cat takes its slow gather path
-    for such views (bench/results/notes/2026-12-02-dit-fp8-fusions-h200.md)."""
-    if first.is_contiguous() and second.is_contiguous() or first.dtype != second.dtype:
-        return torch.cat([first, second], dim=1)
-    out = first.new_empty(first.shape[0], first.shape[1] + second.shape[1], *first.shape[2:])
-    out[:, :first.shape[1]].copy_(first)
-    out[:, first.shape[1]:].copy_(second)
-    return out
-
-
 def _projections(attn, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """to_q, to_k and to_v of hidden_states (fuse_qkv: views of to_qkv's)."""
     if getattr(attn, "fused_projections", False):
@@ -79,15 +67,15 @@ def _context_projections(attn, encoder_hidden_states: torch.Tensor):
 def _joint_projections(attn, first: torch.Tensor, second: torch.Tensor, head_dim: int, text_first: bool = False):
     """((Q of first, Q of second), (K ..., K ...), V joined), each [B, L, H, D]: `first` is the stream whose rows
     lead the joint sequence (SD3's image, Flux's text). V, or with fuse_qkv all three, is written by the two streams'
-    projections into one joint tensor (joint_rows.joint_linear), so nothing concatenates it; Q and K stay the streams'
-    own, which the Q / K norm joins."""
+    projections into one joint tensor (joint_rows.joint_linear / joint_qkv), so nothing concatenates it; Q and K stay
+    the streams' own, which the Q / K norm joins."""
     image, text = (second, first) if text_first else (first, second)
     fused = getattr(attn, "fused_projections", False)
     if fused and hasattr(attn, "to_added_qkv"):
         layers = (attn.to_added_qkv, attn.to_qkv) if text_first else (attn.to_qkv, attn.to_added_qkv)
-        query, key, value = (_heads(t, head_dim) for t in joint_linear(layers[0], first, layers[1], second).chunk(3, -1))
-        split = first.shape[1]
-        return (query[:, :split], query[:, split:]), (key[:, :split], key[:, split:]), value
+        queries, keys, value = joint_qkv(layers[0], first, layers[1], second)
+        return (tuple(_heads(t, head_dim) for t in queries), tuple(_heads(t, head_dim) for t in keys),
+                _heads(value, head_dim))
     if fused:  # fused image projections only: V of the two kinds joined by copies
         i_query, i_key, i_value = _projections(attn, image)
         c_query, c_key, c_value = _context_projections(attn, text)

@@ -7,6 +7,8 @@ into the rows its output projection reads (another copy). Here
 
 - `joint_linear` runs each stream's projection (its V, or the fused QKV) as GEMMs that write its rows into the joint
   buffer, so nothing concatenates them;
+- `joint_qkv` does so for the two streams' fused QKV projections where one of them can, and otherwise joins only V
+  (Q and K stay the streams' own: the Q / K norm reads them where they lie and writes the joint sequence);
 - `linear_rows` runs an output projection on its stream's part of the attention output (a (B, L, K) view whose batches
   each are L contiguous rows) as GEMMs that read those rows in place.
 
@@ -95,6 +97,32 @@ def joint_linear(first: nn.Module, first_x: torch.Tensor, second: nn.Module, sec
             _write(layer, x, rows, way)
         start += x.shape[1]
     return joint
+
+
+def joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """torch.cat([first, second], dim=1). Views of a fused QKV projection (a row stride of 3 * C) are copied into one
+    buffer by two strided copies: PyTorch's cat takes its slow gather path for such views
+    (bench/results/notes/2026-12-02-dit-fp8-fusions-h200.md)."""
+    if first.is_contiguous() and second.is_contiguous() or first.dtype != second.dtype:
+        return torch.cat([first, second], dim=1)
+    out = first.new_empty(first.shape[0], first.shape[1] + second.shape[1], *first.shape[2:])
+    out[:, :first.shape[1]].copy_(first)
+    out[:, first.shape[1]:].copy_(second)
+    return out
+
+
+def joint_qkv(first: nn.Module, first_x: torch.Tensor, second: nn.Module, second_x: torch.Tensor,
+              plain: Plain = plain_torch_linear):
+    """((Q of first, Q of second), (K of first, K of second), V of both joined), (B, L, C) each, of two streams' fused
+    QKV projections ([q | k | v] along the last dimension): all three written into one joint tensor where a projection
+    can run in place, else V alone joined (a copy of one third of what torch.cat of the whole would move)."""
+    if _runs_in_place(first, first_x, plain) or _runs_in_place(second, second_x, plain):
+        query, key, value = joint_linear(first, first_x, second, second_x, plain).chunk(3, dim=-1)
+        split = first_x.shape[1]
+        return (query[:, :split], query[:, split:]), (key[:, :split], key[:, split:]), value
+    (first_q, first_k, first_v), (second_q, second_k, second_v) = (
+        layer(x).chunk(3, dim=-1) for layer, x in ((first, first_x), (second, second_x)))
+    return (first_q, second_q), (first_k, second_k), joined(first_v, second_v)
 
 
 def linear_rows(layer: nn.Module, x: torch.Tensor, plain: Plain = plain_torch_linear) -> torch.Tensor:

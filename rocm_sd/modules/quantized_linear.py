@@ -369,6 +369,15 @@ def input_rows(x: torch.Tensor, rows: torch.Tensor, format: str) -> tuple[torch.
     return q.reshape(-1, k), scale if scale.dim() == 0 else scale.reshape(-1)
 
 
+def _aligned(scale: torch.Tensor) -> torch.Tensor:
+    """A contiguous row-scale vector on a 16-byte boundary, as cuBLASLt's row-wise fp8 GEMM needs (it answers
+    CUBLAS_STATUS_NOT_SUPPORTED otherwise): one batch's scales sliced from a joint sequence's (the second batch's of
+    333 text rows start 1332 bytes in) are copied."""
+    if scale.is_contiguous() and scale.data_ptr() % 16 == 0:
+        return scale
+    return scale.clone(memory_format=torch.contiguous_format)
+
+
 def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, weight_scale: torch.Tensor,
                 bias: torch.Tensor | None, format: str, dtype: torch.dtype,
                 out: torch.Tensor | None = None) -> torch.Tensor:
@@ -385,7 +394,7 @@ def linear_8bit(q: torch.Tensor, scale: torch.Tensor, weight_q: torch.Tensor, we
         scale = scale.expand(q.shape[0]) if scale.dim() == 0 else scale
         if weight_scale.numel() == 1:
             weight_scale = weight_scale.expand(1, weight_q.shape[0]).contiguous()
-        return torch._scaled_mm(q, weight_q.t(), scale_a=scale.unsqueeze(1).contiguous(), scale_b=weight_scale,
+        return torch._scaled_mm(q, weight_q.t(), scale_a=_aligned(scale.unsqueeze(1)), scale_b=weight_scale,
                                 bias=bias, out_dtype=dtype, use_fast_accum=FAST_ACCUMULATION, out=out)
     if q.is_cuda and q.shape[0] > 16:  # int8: torch._int_mm's smallest M
         acc = torch._int_mm(q, weight_q.t())
