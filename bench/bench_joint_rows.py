@@ -5,7 +5,7 @@ written and read in place by one GEMM a batch (modules/joint_rows.py).
 
 Per model, at 1024x1024 (SD3.5 Large with its CFG batch of 2, Flux dev with 1):
   v join      to_v and add_v_proj, then torch.cat          | joint_linear: both GEMMs write the joint V
-  qkv fp8     fuse_qkv's 8-bit to_qkv / to_added_qkv, V joined by two strided copies | joint_linear
+  qkv fp8     fuse_qkv's 8-bit to_qkv / to_added_qkv, V joined by two strided copies | joint_qkv
   to_out      to_out on the image rows of the attention output (a reshape copy, then the GEMM) | linear_rows
 Device ms from graph replays over rotating inputs.
 """
@@ -19,7 +19,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench.harness import device_ms, kernel_bench_args, rotating_inputs, write_results  # noqa: E402
-from rocm_sd.modules.joint_rows import joined, joint_linear, linear_rows  # noqa: E402
+from rocm_sd.modules.joint_rows import joined, joint_linear, joint_qkv, linear_rows  # noqa: E402
 from rocm_sd.modules.quantized_linear import RocmQuantizedLinear  # noqa: E402
 
 # (name, batch, image rows, text rows, width, image rows first)
@@ -50,8 +50,8 @@ def measure_model(name, batch, image, text, width, image_first, dtype) -> list[d
         return joined(first[2], second[2])
 
     qkv_paths = {"eager": qkv_eager,
-                 "in place": lambda xs: joint_linear(order(to_qkv, add_qkv)[0], order(*xs)[0],
-                                                     order(to_qkv, add_qkv)[1], order(*xs)[1])}
+                 "in place": lambda xs: joint_qkv(order(to_qkv, add_qkv)[0], order(*xs)[0],
+                                                  order(to_qkv, add_qkv)[1], order(*xs)[1])}
     to_out = nn.Linear(width, width, device="cuda", dtype=dtype)
     joint_outputs = rotating_inputs(lambda: torch.randn(batch, image + text, width, device="cuda", dtype=dtype),
                                     batch * (image + text) * width * dtype.itemsize)

@@ -177,6 +177,41 @@ def test_the_blocks_linears_run_8bit_and_unpatching_restores_the_model(comfy, no
     assert torch.equal(run(patcher, x, ctx, extra, family(name)), reference)
 
 
+@pytest.mark.parametrize("name,choice", [("sd35m", "fp8"), ("sd35", "int8"), ("flux", "fp8"), ("flux", "int8")])
+def test_norms_and_gelus_write_the_8bit_rows_and_change_nothing(comfy, nodes, eight_bit_here, monkeypatch, name,
+                                                               choice):
+    """Once the layers' first calls have decided (precision_layers="measured", nothing measured: all stay 8-bit), each
+    AdaLN in front of an 8-bit qkv / fc1 / linear1 and each GELU in front of an 8-bit fc2 writes only its consumer's
+    rows, as in diffusers' blocks: fewer quantize_rows passes, the same output bit for bit as the plain path (the norm's
+    output, then the layers quantizing it)."""
+    patcher = model(comfy, name)
+    x, ctx, extra = dit_inputs()
+    optimized = optimize(nodes, patcher, precision=choice)
+    layers = eight_bit_patches(optimized)
+    optimized.patch_model()
+    try:
+        with config.override(log_fallbacks=False):
+            first = run(optimized, x, ctx, extra, family(name))  # the first calls decide: the plain path
+            assert all(m.rocm_sd_fp16_offer is None and not m.rocm_sd_fp16 for m in layers.values())
+            dispatch.reset_stats()
+            fused = run(optimized, x, ctx, extra, family(name))
+            stats = dispatch.stats()
+            from rocm_sd.modules import mmdit_8bit
+
+            monkeypatch.setattr(mmdit_8bit, "rows_format", lambda consumers, x=None: None)
+            dispatch.reset_stats()
+            plain = run(optimized, x, ctx, extra, family(name))
+            plain_stats = dispatch.stats()
+    finally:
+        optimized.unpatch_model()
+    for op in ("ada_layer_norm_quantized", "add_ada_layer_norm_quantized", "gelu_tanh_quantized"):
+        assert sum(stats.get(op, {}).values()) > 0, (op, stats)
+        assert op not in plain_stats
+    assert sum(stats["quantize_rows"].values()) < sum(plain_stats["quantize_rows"].values())
+    assert torch.equal(fused, plain)
+    torch.testing.assert_close(first, plain)  # a GEMM a batch (the joint rows in place) rounds as its own blocking
+
+
 def test_layer_norm_off_still_quantizes_the_layers_comfyuis_blocks_call(comfy, nodes, eight_bit_here):
     """The 8-bit layers sit at the Linears' own paths: ComfyUI's own block forwards call them too."""
     patcher = model(comfy, "flux")

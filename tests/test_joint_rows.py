@@ -59,6 +59,27 @@ def test_joint_linear_of_8bit_layers_and_a_stand_in():
     assert joint.device.type == "cpu"
 
 
+@pytest.mark.parametrize("host_path", [False, True])
+def test_joint_linear_of_a_hosts_8bit_copies(host_path):
+    """A host's layers copied as 8-bit ones (ComfyUI's) write their rows in place too, one from a producer's rows (a
+    stand-in); where the host takes a call itself (weights it casts per call) the copy is not run in place."""
+    from rocm_sd.modules.host_copies import quantized_linear_copy
+
+    first, second = _layers()
+    c1, c2 = (quantized_linear_copy(layer, "e4m3fn", lambda module: host_path) for layer in (first, second))
+    x1, x2 = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        assert (joint_rows._runs_in_place(c1, x1, joint_rows.plain_torch_linear) is None) == host_path
+        if host_path:
+            _close(joint_linear(c1, x1, c2, x2), torch.cat([first(x1), second(x2)], dim=1))
+            return
+        rows_q, rows_scale = quantize_rows_ref(x1.reshape(-1, 16), "e4m3fn")
+        stand_in = rows_stand_in(x1.shape, x1.dtype, "e4m3fn", rows_q, rows_scale)
+        joint = joint_linear(c1, stand_in, c2, x2)
+        _close(joint, torch.cat([c1(x1), c2(x2)], dim=1))
+        assert c1(stand_in).device.type == "cpu"  # its own forward takes the stand-in's rows too
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_linear_rows_reads_a_streams_part_of_the_joint_output(batch):
     layer, _ = _layers()

@@ -35,10 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.ada_layer_norm import ada_layer_norm, add_ada_layer_norm
+from ..ops.ada_layer_norm import ada_layer_norm
 from ..ops.rms_norm import rms_norm
 from .host_copies import face_class, host_face, unpatched
 from .mmdit import gated, linear_gelu_tanh, split_proj_out
+from .mmdit_8bit import add_modulated, gelu_mlp_rows, modulated
 from .joint_rows import joint_qkv, linear_rows
 
 MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit"
@@ -82,8 +83,10 @@ def plain_linear(linear: nn.Module, x: torch.Tensor, host_path: Callable[[nn.Mod
 
 
 def _gelu_mlp(fc1: nn.Module, fc2: nn.Module, x: torch.Tensor, host_path) -> torch.Tensor:
-    """fc2(gelu_tanh(fc1(x))), fc1's bias and GELU in its GEMM's epilogue where fc1 is plain."""
-    return fc2(linear_gelu_tanh(fc1, x, plain=plain_linear(fc1, x, host_path)))
+    """fc2(gelu_tanh(fc1(x))): the GELU writing only fc2's rows where both are 8-bit copies running their GEMMs
+    (mmdit_8bit.gelu_mlp_rows), else fc1's bias and GELU in its GEMM's epilogue where fc1 is plain."""
+    out = gelu_mlp_rows(fc1, fc2, x)
+    return fc2(linear_gelu_tanh(fc1, x, plain=plain_linear(fc1, x, host_path))) if out is None else out
 
 
 def _is_gelu_tanh(module) -> bool:
@@ -222,8 +225,8 @@ def _normed(x: torch.Tensor, norm, lead: torch.Tensor | None = None, lead_norm=N
 def _post(block, x: torch.Tensor, attention_out: torch.Tensor, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp,
           host_path) -> torch.Tensor:
     """DismantledBlock.post_attention: x + gate_msa * proj(attention), then + gate_mlp * mlp(modulated norm2)."""
-    h, n = add_ada_layer_norm.call(_rows(x), attn.post_attention(attention_out), gate_msa, scale_mlp, shift_mlp,
-                                   block.norm2.eps)
+    h, n = add_modulated(_rows(x), attn.post_attention(attention_out), gate_msa, scale_mlp, shift_mlp,
+                         block.norm2.eps, [block.mlp.fc1])
     return gated(h, gate_mlp, _gelu_mlp(block.mlp.fc1, block.mlp.fc2, n, host_path))
 
 
@@ -240,8 +243,9 @@ def _joint_block(base: type, self, *args, **kwargs):
     cb, xb, host_path = self.context_block, self.x_block, self.rocm_sd_host_path
     c_mods = cb.adaLN_modulation(c).chunk(2 if cb.pre_only else 6, dim=1)
     x_mods = xb.adaLN_modulation(c).chunk(9 if xb.x_block_self_attn else 6, dim=1)
-    c_normed = ada_layer_norm.call(_rows(context), c_mods[1], c_mods[0], cb.norm1.eps)
-    x_normed = ada_layer_norm.call(_rows(x), x_mods[1], x_mods[0], xb.norm1.eps)
+    # each norm1 feeds only its stream's qkv: where that is an 8-bit copy, the norm writes only its rows
+    c_normed = modulated(_rows(context), c_mods[1], c_mods[0], cb.norm1.eps, [cb.attn.qkv])
+    x_normed = modulated(_rows(x), x_mods[1], x_mods[0], xb.norm1.eps, [xb.attn.qkv])
     # the context's rows first, as ComfyUI joins them
     (cq, xq), (ck, xk), v = _joint_heads(cb.attn, c_normed, xb.attn, x_normed, xb.attn.num_heads,
                                          _host_plain(host_path))
@@ -254,7 +258,7 @@ def _joint_block(base: type, self, *args, **kwargs):
     context = None if cb.pre_only else _post(cb, context, context_out, cb.attn, *c_mods[2:6], host_path)
     gate_msa = x_mods[2]
     if xb.x_block_self_attn:  # SD3.5 Medium: a second self-attention of x, from norm1 with its own modulation
-        q2, k2, v2 = _heads(xb.attn2, ada_layer_norm.call(_rows(x), x_mods[7], x_mods[6], xb.norm1.eps))
+        q2, k2, v2 = _heads(xb.attn2, modulated(_rows(x), x_mods[7], x_mods[6], xb.norm1.eps, [xb.attn2.qkv]))
         x_out2 = attention(_normed(q2, xb.attn2.ln_q).flatten(2), _normed(k2, xb.attn2.ln_k).flatten(2),
                            v2.flatten(2), heads=xb.attn2.num_heads, transformer_options=options)
         x = gated(x, gate_msa, xb.attn.post_attention(x_out))
@@ -360,7 +364,7 @@ def _double_chain(port: _FluxPort, self, img, txt, vec, pe, txt_first: bool, mas
         mod1, mod2 = port.modulations(getattr(self, f"{name}_mod"), vec)
         shift, scale, gate = mod1
         attn = getattr(self, f"{name}_attn")
-        normed[name] = ada_layer_norm.call(_rows(x), scale, shift, getattr(self, f"{name}_norm1").eps)
+        normed[name] = modulated(_rows(x), scale, shift, getattr(self, f"{name}_norm1").eps, [attn.qkv])
         streams[name] = (x, attn, None, gate, mod2)
     first, second = ("txt", "img") if txt_first else ("img", "txt")
     lead_attn, attn = streams[first][1], streams[second][1]
@@ -377,8 +381,8 @@ def _double_chain(port: _FluxPort, self, img, txt, vec, pe, txt_first: bool, mas
     for name in ("img", "txt"):
         x, attn, _, gate, (shift, scale, gate_mlp) = streams[name]
         mlp, norm2 = getattr(self, f"{name}_mlp"), getattr(self, f"{name}_norm2")
-        h, n = add_ada_layer_norm.call(_rows(x), linear_rows(attn.proj, outputs[name], _host_plain(host_path)), gate,
-                                       scale, shift, norm2.eps)
+        h, n = add_modulated(_rows(x), linear_rows(attn.proj, outputs[name], _host_plain(host_path)), gate, scale,
+                             shift, norm2.eps, [mlp[0]])
         streams[name] = gated(h, gate_mlp, _gelu_mlp(mlp[0], mlp[2], n, host_path))
     return streams["img"], port.clip(self, streams["txt"])
 
@@ -387,7 +391,7 @@ def _single_chain(port: _FluxPort, self, x, vec, pe, mask=None, options=None):
     """SingleStreamBlock.forward with the AdaLN and Q / K RMSNorm (+ rope) fused, and linear2 of [attention, MLP] as
     two GEMMs into one output where linear2 is plain."""
     (shift, scale, gate), = port.modulations(self.modulation, vec)
-    qkv, mlp = torch.split(self.linear1(ada_layer_norm.call(_rows(x), scale, shift, self.pre_norm.eps)),
+    qkv, mlp = torch.split(self.linear1(modulated(_rows(x), scale, shift, self.pre_norm.eps, [self.linear1])),
                            [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
     q, k, v = _flux_heads(qkv, self.num_heads)
     rope = port.rope(self, pe)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .fusing import called_plainly
-from .quantized_linear import RocmQuantizedLinear, forward_8bit_into
+from .quantized_linear import EightBit, eight_bit, forward_8bit_into
 
 Plain = Callable[[nn.Module, torch.Tensor], bool]
 
@@ -51,43 +51,45 @@ def _gemm_batches(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             torch.addmm(bias, x[b], w_t, out=out[b])
 
 
-def _runs_in_place(layer: nn.Module, x: torch.Tensor, plain: Plain) -> str | None:
-    """How `layer` can run on x's rows in place: "16-bit" (a plain Linear), "8-bit" (a RocmQuantizedLinear running its
-    8-bit GEMM), else None (its own forward)."""
+Way = str | EightBit | None  # how a layer runs on rows in place: "16-bit", its 8-bit GEMM's operands, or None
+
+
+def _runs_in_place(layer: nn.Module, x: torch.Tensor, plain: Plain) -> Way:
+    """How `layer` can run on x's rows in place: "16-bit" (a plain Linear), the operands of its 8-bit GEMM (an 8-bit
+    layer running it: quantized_linear.eight_bit), else None (its own forward)."""
     if torch.compiler.is_compiling() or torch.is_grad_enabled():  # out= GEMMs have no autograd
         return None
-    if type(layer) is RocmQuantizedLinear:
-        return "8-bit" if layer.runs_8bit and not layer.conv and called_plainly(layer) else None
+    way = eight_bit(layer, x)
+    if way is not None:
+        return way
     return "16-bit" if not x.is_meta and _batches_of_rows(x) and plain(layer, x) else None
 
 
-def _write(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, way: str) -> None:
+def _write(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, way: Way) -> None:
     if way == "16-bit":
         _gemm_batches(x, layer.weight, layer.bias, out)
     else:
-        forward_8bit_into(x, layer.in_features, layer.weight_q, layer.weight_scale, layer.bias, layer.format, out)
+        forward_8bit_into(x, way.in_features, way.weight_q, way.weight_scale, way.bias, way.format, out)
 
 
-def _out_features(layer: nn.Module, way: str) -> int:
-    return (layer.weight if way == "16-bit" else layer.weight_q).shape[0]  # Forge's older Linears lack out_features
+def _weight(layer: nn.Module, way: Way) -> torch.Tensor:
+    """The weight the layer's GEMM reads: its out features and device are the output's (Forge's older Linears lack
+    out_features; x may be an 8-bit producer's stand-in, on meta)."""
+    return layer.weight if way == "16-bit" else way.weight_q
 
 
-def _device(layer: nn.Module, way: str) -> torch.device:
-    """Where the layer's output lives: its weight's device (x may be an 8-bit producer's stand-in, on meta)."""
-    return (layer.weight if way == "16-bit" else layer.weight_q).device
+def _parts(first: nn.Module, first_x: torch.Tensor, second: nn.Module, second_x: torch.Tensor,
+           plain: Plain) -> list[tuple[nn.Module, torch.Tensor, Way]]:
+    return [(first, first_x, _runs_in_place(first, first_x, plain)),
+            (second, second_x, _runs_in_place(second, second_x, plain))]
 
 
-def joint_linear(first: nn.Module, first_x: torch.Tensor, second: nn.Module, second_x: torch.Tensor,
-                 plain: Plain = plain_torch_linear) -> torch.Tensor:
-    """torch.cat([first(first_x), second(second_x)], dim=1) for (B, L, K) inputs, each projection writing its rows
-    into the joint (B, L1 + L2, N) tensor. `plain`: whether a layer may be run as the GEMM of its weight and bias."""
-    parts = [(first, first_x, _runs_in_place(first, first_x, plain)),
-             (second, second_x, _runs_in_place(second, second_x, plain))]
-    if all(way is None for *_, way in parts):
-        return torch.cat([first(first_x), second(second_x)], dim=1)
+def _joint_linear(parts: list[tuple[nn.Module, torch.Tensor, Way]]) -> torch.Tensor:
+    """joint_linear of parts [(layer, x, way)] whose ways _runs_in_place decided, one of them not None."""
     layer, x, way = next(part for part in parts if part[2] is not None)
-    joint = torch.empty(x.shape[0], first_x.shape[1] + second_x.shape[1], _out_features(layer, way), dtype=x.dtype,
-                        device=_device(layer, way))
+    weight = _weight(layer, way)
+    joint = torch.empty(x.shape[0], sum(x.shape[1] for _, x, _ in parts), weight.shape[0], dtype=x.dtype,
+                        device=weight.device)
     start = 0
     for layer, x, way in parts:
         rows = joint[:, start:start + x.shape[1]]
@@ -97,6 +99,16 @@ def joint_linear(first: nn.Module, first_x: torch.Tensor, second: nn.Module, sec
             _write(layer, x, rows, way)
         start += x.shape[1]
     return joint
+
+
+def joint_linear(first: nn.Module, first_x: torch.Tensor, second: nn.Module, second_x: torch.Tensor,
+                 plain: Plain = plain_torch_linear) -> torch.Tensor:
+    """torch.cat([first(first_x), second(second_x)], dim=1) for (B, L, K) inputs, each projection writing its rows
+    into the joint (B, L1 + L2, N) tensor. `plain`: whether a layer may be run as the GEMM of its weight and bias."""
+    parts = _parts(first, first_x, second, second_x, plain)
+    if all(way is None for *_, way in parts):
+        return torch.cat([first(first_x), second(second_x)], dim=1)
+    return _joint_linear(parts)
 
 
 def joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -116,8 +128,9 @@ def joint_qkv(first: nn.Module, first_x: torch.Tensor, second: nn.Module, second
     """((Q of first, Q of second), (K of first, K of second), V of both joined), (B, L, C) each, of two streams' fused
     QKV projections ([q | k | v] along the last dimension): all three written into one joint tensor where a projection
     can run in place, else V alone joined (a copy of one third of what torch.cat of the whole would move)."""
-    if _runs_in_place(first, first_x, plain) or _runs_in_place(second, second_x, plain):
-        query, key, value = joint_linear(first, first_x, second, second_x, plain).chunk(3, dim=-1)
+    parts = _parts(first, first_x, second, second_x, plain)
+    if any(way is not None for *_, way in parts):
+        query, key, value = _joint_linear(parts).chunk(3, dim=-1)
         split = first_x.shape[1]
         return (query[:, :split], query[:, split:]), (key[:, :split], key[:, split:]), value
     (first_q, first_k, first_v), (second_q, second_k, second_v) = (

@@ -10,6 +10,11 @@ kernels in front of the 8-bit projections write those projections' 8-bit rows in
 - The feed-forward's GELU(tanh) after its 8-bit projection writes only its output projection's rows
   (ops/gelu_tanh.py's gelu_tanh_quantized), and a single block's MLP GELU only proj_out's second half's.
 
+ComfyUI's blocks (modules/comfy_dit.py) take the same producers in front of its layers copied as 8-bit ones
+(QuantizedHostCopy): each norm1 in front of its stream's qkv (a Flux single block's in front of linear1), each norm2
+in front of fc1, each MLP's GELU in front of fc2 (gelu_mlp_rows). The host decides per call whether such a copy runs
+its GEMM (weights it offloads or patches per call), so there the condition is checked per call.
+
 Wherever a condition does not hold (a layer measured faster in 16 bits, a LoRA layer or hook installed since, another
 processor, an extra argument, torch.compile tracing) the call takes the plain path: the norm's output, then
 quantize_rows in each consumer. Both paths give the projections the same operands bit for bit.
@@ -21,18 +26,23 @@ from torch import nn
 
 from ..ops.ada_layer_norm import ada_layer_norm, add_ada_layer_norm
 from ..ops.ada_layer_norm_quantized import ada_layer_norm_quantized, add_ada_layer_norm_quantized
-from ..ops.gelu_tanh import gelu_tanh_quantized
+from ..ops.gelu_tanh import gelu_tanh, gelu_tanh_quantized
 from .fusing import called_plainly
 from .joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor, _rotary_pair
-from .quantized_linear import rows_stand_in, takes_rows_for_good
+from .quantized_linear import eight_bit, rows_stand_in, takes_rows_for_good
 
 
-def rows_format(consumers: list[nn.Module] | None) -> str | None:
-    """The 8-bit format every one of `consumers` multiplies its producer's rows in for good, else None."""
+def rows_format(consumers: list[nn.Module] | None, x: torch.Tensor | None = None) -> str | None:
+    """The 8-bit format every one of `consumers` multiplies its producer's rows in for good, else None. With x (what
+    the producer writes, or a tensor of its shape, dtype and device), a host's 8-bit copies count as well, for this
+    call (quantized_linear.takes_rows_for_good)."""
     if not consumers or torch.compiler.is_compiling():
         return None
-    fmt = getattr(consumers[0], "format", None)
-    return fmt if fmt is not None and takes_rows_for_good(consumers, fmt) else None
+    if x is None:
+        fmt = getattr(consumers[0], "format", None)
+        return fmt if fmt is not None and takes_rows_for_good(consumers, fmt) else None
+    way = eight_bit(consumers[0], x)
+    return way.format if way is not None and takes_rows_for_good(consumers, way.format, x) else None
 
 
 def attention_consumers(attn: nn.Module, context: bool = False, rotary=None) -> list[nn.Module] | None:
@@ -68,7 +78,7 @@ def feed_forward_consumers(ff: nn.Module) -> list[nn.Module] | None:
 def modulated(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float,
               consumers: list[nn.Module] | None) -> torch.Tensor:
     """ada_layer_norm(x, scale, shift), or the stand-in of its 8-bit rows where `consumers` take only those."""
-    fmt = rows_format(consumers)
+    fmt = rows_format(consumers, x)
     if fmt is None:
         return ada_layer_norm.call(x, scale, shift, eps)
     q, row_scale = ada_layer_norm_quantized.call(x, scale, shift, eps, fmt)
@@ -79,7 +89,7 @@ def add_modulated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: t
                   eps: float, consumers: list[nn.Module] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """add_ada_layer_norm(x, y, gate, scale, shift): (h, n), n as the stand-in of its 8-bit rows where `consumers` take
     only those."""
-    fmt = rows_format(consumers)
+    fmt = rows_format(consumers, x)
     if fmt is None:
         return add_ada_layer_norm.call(x, y, gate, scale, shift, eps)
     h, q, row_scale = add_ada_layer_norm_quantized.call(x, y, gate, scale, shift, eps, fmt)
@@ -106,3 +116,17 @@ def mlp_gelu(proj_mlp: nn.Module, x: torch.Tensor, second_half: nn.Module | None
     pre = proj_mlp(x)
     q, row_scale = gelu_tanh_quantized.call(pre, None, fmt)
     return rows_stand_in(pre.shape, pre.dtype, fmt, q, row_scale)
+
+
+def gelu_mlp_rows(fc1: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """fc2(gelu(fc1(x), approximate="tanh")) for a host's MLP of two 8-bit layers (ComfyUI's and Forge's blocks call
+    them as they are): the GELU writes only fc2's rows where fc2 multiplies them in this call. None where fc1 does not
+    run its 8-bit GEMM (a 16-bit fc1 takes the GELU in its GEMM's epilogue: the caller's path)."""
+    if rows_format([fc1], x) is None:
+        return None
+    pre = fc1(x)
+    fmt = rows_format([fc2], pre)
+    if fmt is None:
+        return fc2(gelu_tanh.call(pre, None))
+    q, row_scale = gelu_tanh_quantized.call(pre, None, fmt)
+    return fc2(rows_stand_in(pre.shape, pre.dtype, fmt, q, row_scale))

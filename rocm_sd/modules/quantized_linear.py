@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +122,12 @@ def rows_stand_in(shape: torch.Size, dtype: torch.dtype, format: str, q: torch.T
     return stand_in
 
 
+def rows_device(x: torch.Tensor) -> torch.device:
+    """Where x's rows are: x's device, or for a stand-in (rows_stand_in, on meta) its quantized rows'."""
+    memory = getattr(x, _REMEMBERED, None) if getattr(x, _STAND_IN, False) else None
+    return x.device if memory is None else memory[3].device
+
+
 # Who quantizes an 8-bit layer's input: quantize_rows, or the kernel writing it (a LayerNorm / SkipLayerNorm, the GEGLU:
 # ops/quantized_outputs.py), which costs that kernel less than a quantize_rows pass; "-tensor": with one scale for
 # the input (a bound: patch/precision.py) and the weight, multiplied by the per-tensor GEMM.
@@ -157,12 +164,41 @@ def fp16_measured_faster(x: torch.Tensor, problem: str) -> bool:
     return dispatch.tuned_choice(x.device, lambda: problem) == dispatch.TORCH
 
 
-def takes_rows_for_good(layers, format: str) -> bool:
+class EightBit(NamedTuple):
+    """What an 8-bit linear layer's GEMM multiplies: its quantized weight (N, K), column scales (1, N), bias, format."""
+    in_features: int
+    weight_q: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+    format: str
+
+
+def eight_bit(layer: nn.Module, x: torch.Tensor) -> EightBit | None:
+    """The operands of `layer`'s 8-bit GEMM where its call on x (or on a stand-in of x's rows: rows_stand_in) runs that
+    GEMM as the product of x's rows: a RocmQuantizedLinear (not a 1x1 convolution) with no fp16 offer left to decide and
+    not gone back to fp16, or a host's layer copied as an 8-bit one (QuantizedHostCopy) where the host leaves this call
+    to it; with no hooks. Else None (its own forward runs it)."""
+    if not called_plainly(layer):
+        return None
+    if type(layer) is RocmQuantizedLinear:
+        if not layer.runs_8bit or layer.conv:
+            return None
+        return EightBit(layer.in_features, layer.weight_q, layer.weight_scale, layer.bias, layer.format)
+    if isinstance(layer, QuantizedHostCopy):
+        return layer.rocm_sd_eight_bit(x)
+    return None
+
+
+def takes_rows_for_good(layers, format: str, x: torch.Tensor | None = None) -> bool:
     """Whether every one of `layers` is an 8-bit linear layer of `format` that multiplies its producer's quantized rows
     from now on: no fp16 offer left to decide, not gone back to fp16, no hooks. A producer can then write only its rows
-    for them (modules/geglu.py, modules/transformer.py)."""
-    return all(type(layer) is RocmQuantizedLinear and not layer.conv and layer.format == format and layer.runs_8bit
-               and called_plainly(layer) for layer in layers)
+    for them (modules/geglu.py, modules/transformer.py). With x (the producer's output as it would be, or its input of
+    that shape and dtype), a host's 8-bit copies count too: the host decides per call whether a copy runs its GEMM
+    (offloaded or patched weights), so for them "for good" holds for this call."""
+    if x is None:
+        return all(type(layer) is RocmQuantizedLinear and not layer.conv and layer.format == format and layer.runs_8bit
+                   and called_plainly(layer) for layer in layers)
+    return all((way := eight_bit(layer, x)) is not None and way.format == format for layer in layers)
 
 
 class RocmQuantizedLinear(nn.Module):
@@ -310,17 +346,22 @@ def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.
         flat = rows.reshape(-1, in_features)
         out = linear_8bit(*input_rows(x, flat, format), weight_q, weight_scale, bias, format, x.dtype)
         return out.view(*rows.shape[:-1], weight_q.shape[0]).permute(0, 3, 1, 2)
-    # batches of contiguous rows (a joint attention output's image or text rows) are quantized where they lie
-    rows = x if row_batches(x) not in (None, (0, 0)) else x.reshape(-1, in_features)
-    out = linear_8bit(*input_rows(x, rows, format), weight_q, weight_scale, bias, format, x.dtype)
+    out = linear_8bit(*input_rows(x, _gemm_rows(x, in_features), format), weight_q, weight_scale, bias, format,
+                      x.dtype)
     return out.view(*x.shape[:-1], weight_q.shape[0])
+
+
+def _gemm_rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x's rows as quantize_rows reads them: x itself where they are batches of contiguous rows (a joint attention
+    output's image or text rows, quantized where they lie), else x as (M, K)."""
+    return x if row_batches(x) not in (None, (0, 0)) else x.reshape(-1, in_features)
 
 
 def forward_8bit_into(x: torch.Tensor, in_features: int, weight_q: torch.Tensor, weight_scale: torch.Tensor,
                       bias: torch.Tensor | None, format: str, out: torch.Tensor) -> None:
     """forward_8bit of a (B, L, K) x written into `out`, a (B, L, N) view whose batches each are L contiguous rows (a
     stream's part of a joint buffer, modules/joint_rows.py): one GEMM a batch, each writing its rows in place."""
-    q, scale = input_rows(x, x if row_batches(x) not in (None, (0, 0)) else x.reshape(-1, in_features), format)
+    q, scale = input_rows(x, _gemm_rows(x, in_features), format)
     length = x.shape[1]
     for b in range(x.shape[0]):
         rows = slice(b * length, (b + 1) * length)
@@ -493,11 +534,22 @@ class QuantizedHostCopy:
 
     def _rocm_sd_takes(self, x: torch.Tensor) -> bool:
         if (self.rocm_sd_host_path(self) or torch.compiler.is_compiling() or not quantizable_weight(self.weight)
-                or x.device != self.weight.device or x.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
+                or rows_device(x) != self.weight.device
+                or x.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
             return False
         if self.rocm_sd_conv:
             return x.dim() == 4 and x.shape[1] == self.in_channels
         return x.dim() >= 1 and x.shape[-1] == self.in_features
+
+    def rocm_sd_eight_bit(self, x: torch.Tensor) -> EightBit | None:
+        """eight_bit for this copy: its GEMM's operands (the weight quantized again if the host changed it) where its
+        call on x runs the 8-bit GEMM with no first-call fp16 decision left to make, else None."""
+        if (self.rocm_sd_conv or self.rocm_sd_fp16 or self.rocm_sd_fp16_offer is not None
+                or not self._rocm_sd_takes(x)):
+            return None
+        self._rocm_sd_quantize_if_stale()
+        return EightBit(self.in_features, self.rocm_sd_weight_q, self.rocm_sd_weight_scale, self.bias,
+                        self.rocm_sd_format)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or kwargs or not self._rocm_sd_takes(x):  # arguments of a host's own forward: its own path
