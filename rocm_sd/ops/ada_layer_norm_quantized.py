@@ -41,6 +41,12 @@ def _without_out(x, scale, shift, eps) -> tuple:
     return (x_ptr, 0, *rest)
 
 
+def _kernel_samples(samples: list[tuple]) -> list[tuple]:
+    """ada_layer_norm's samples the quantized kernel takes: channels a multiple of 8 (its 33-channel one takes the
+    plain op and quantize_rows instead: the kernel's check says so)."""
+    return [args for args in samples if args[0].shape[-1] % 8 == 0]
+
+
 def _quantized_key(op, x, format, bound):
     return quantized_key(op, x, format, bound, as_meta(x).shape[-1])
 
@@ -91,7 +97,7 @@ SPEC = OpSpec(OP, reference=ada_layer_norm_quantized_ref, check_args=_check, fak
                                                                          tensor_key(shift), format, bound),
               key=lambda x, scale, shift, eps, format, bound=0.0: _quantized_key(OP, x, format, bound),
               candidates=lambda *args: {dispatch.TORCH: _torch_path, "rocm_sd": ada_layer_norm_quantized_kernel},
-              samples=lambda device, dtype: _with_format(_samples(device, dtype)),
+              samples=lambda device, dtype: _with_format(_kernel_samples(_samples(device, dtype))),
               kernel=ada_layer_norm_quantized_kernel)
 
 
@@ -157,7 +163,7 @@ ADD_SPEC = OpSpec(ADD_OP, reference=add_ada_layer_norm_quantized_ref, check_args
                                                                                               bound),
                   candidates=lambda *args: {dispatch.TORCH: _add_torch_path_quantized,
                                             "rocm_sd": add_ada_layer_norm_quantized_kernel},
-                  samples=lambda device, dtype: _with_format(_add_samples(device, dtype)),
+                  samples=lambda device, dtype: _with_format(_kernel_samples(_add_samples(device, dtype))),
                   kernel=add_ada_layer_norm_quantized_kernel)
 
 
