@@ -205,8 +205,12 @@ def bench_unet(torch, comfy, nodes, device, profile_dir, ablation: bool, model_n
     return rows
 
 
+# The transformers' node rows: fused with graph capture, without it, and each step cache at its published threshold.
+NODE_ROWS = ("fused", "eager", "fbcache", "teacache")
+
+
 def bench_transformer(torch, comfy, nodes, device, profile_dir, model_name: str, precisions: tuple[str, ...] = (),
-                      latent_side: int | None = None):
+                      latent_side: int | None = None, node_rows: tuple[str, ...] = NODE_ROWS):
     """KSampler on ComfyUI's own SD3.5 Large or FLUX.1-dev (bf16, random weights drawn on the GPU in place: 8-12 B
     parameters), untouched and through the node: fused, and with each step cache and 8-bit precision asked."""
     import comfy.sample
@@ -239,10 +243,14 @@ def bench_transformer(torch, comfy, nodes, device, profile_dir, model_name: str,
     from bench.harness import wall_ms
 
     node = nodes["RocmSDOptimizeModel"]()
-    variants = {"ComfyUI": patcher, "rocm_sd Optimize Model": node.optimize(patcher)[0],
-                "rocm_sd Optimize Model, cuda_graph off": node.optimize(patcher, cuda_graph=False)[0]}
+    variants = {"ComfyUI": patcher}
+    if "fused" in node_rows:
+        variants["rocm_sd Optimize Model"] = node.optimize(patcher)[0]
+    if "eager" in node_rows:
+        variants["rocm_sd Optimize Model, cuda_graph off"] = node.optimize(patcher, cuda_graph=False)[0]
     for cache in ("fbcache", "teacache"):  # the published thresholds (dit_cache_threshold -1)
-        variants[f"rocm_sd Optimize Model, cache {cache}"] = node.optimize(patcher, cache=cache)[0]
+        if cache in node_rows:
+            variants[f"rocm_sd Optimize Model, cache {cache}"] = node.optimize(patcher, cache=cache)[0]
     for precision in precisions:
         variants[f"rocm_sd Optimize Model, precision {precision}"] = node.optimize(patcher, precision=precision)[0]
     what = (f"{model_name} KSampler step (euler, CFG {cfg}, {side}x{side} latent), ms per step of {steps}")
@@ -296,7 +304,14 @@ def main() -> None:
                                                    "one checks the path on a CPU)")
     parser.add_argument("--precision", action="append", choices=("fp8", "int8"), default=[],
                         help="also a row with the node's precision option (repeatable)")
+    parser.add_argument("--node-rows", default=",".join(NODE_ROWS),
+                        help="the transformers' node rows beside ComfyUI's (comma-separated, of "
+                             f"{', '.join(NODE_ROWS)}; default all): each row is a model load and four 28-step runs")
     args = parser.parse_args()
+    node_rows = tuple(row for row in args.node_rows.split(",") if row)
+    if not set(node_rows) <= set(NODE_ROWS):
+        parser.error(f"--node-rows: {', '.join(sorted(set(node_rows) - set(NODE_ROWS)))} not among "
+                     f"{', '.join(NODE_ROWS)}")
     check = check_script()
     argv = list(sys.argv)
     comfy = check.import_comfyui(args.comfyui)  # it sets sys.argv to ComfyUI's own command line
@@ -312,7 +327,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.model in TRANSFORMERS:
         rows = bench_transformer(torch, comfy, nodes, device, args.profile, args.model, tuple(args.precision),
-                                 args.latent)
+                                 args.latent, node_rows)
     else:
         rows = (bench_unet(torch, comfy, nodes, device, args.profile, args.ablation, args.model,
                            tuple(args.precision)) + bench_vae(torch, comfy, nodes, sizes, args.profile))
