@@ -152,7 +152,9 @@ def _quantized_fake(x, bias, format):
 
 
 def _quantized_samples(device, dtype) -> list[tuple]:
-    samples = _samples(device, dtype)
+    """gelu_tanh's samples the quantized kernel takes: widths a multiple of 8 (its 7-wide one takes the plain op and
+    quantize_rows instead: the kernel's check says so)."""
+    samples = [args for args in _samples(device, dtype) if args[0].shape[-1] % 8 == 0]
     return [(*samples[0], format) for format in FORMATS] + [(*args, "e4m3fn") for args in samples[1:]]
 
 
