@@ -183,9 +183,10 @@ def test_norms_and_gelus_write_the_8bit_rows_and_change_nothing(comfy, nodes, ei
     """Once the layers' first calls have decided (precision_layers="measured", nothing measured: all stay 8-bit), each
     AdaLN in front of an 8-bit qkv / fc1 / linear1 and each GELU in front of an 8-bit fc2 writes only its consumer's
     rows, as in diffusers' blocks: fewer quantize_rows passes, the same output bit for bit as the plain path (the norm's
-    output, then the layers quantizing it)."""
-    patcher = model(comfy, name)
-    x, ctx, extra = dit_inputs()
+    output, then the layers quantizing it). bf16: the producers' kernels take 16-bit rows (an fp32 model takes the
+    plain path)."""
+    patcher = model(comfy, name, dtype=torch.bfloat16)
+    x, ctx, extra = dit_inputs(2, "cpu", torch.bfloat16)
     optimized = optimize(nodes, patcher, precision=choice)
     layers = eight_bit_patches(optimized)
     optimized.patch_model()
@@ -210,6 +211,25 @@ def test_norms_and_gelus_write_the_8bit_rows_and_change_nothing(comfy, nodes, ei
     assert sum(stats["quantize_rows"].values()) < sum(plain_stats["quantize_rows"].values())
     assert torch.equal(fused, plain)
     torch.testing.assert_close(first, plain)  # a GEMM a batch (the joint rows in place) rounds as its own blocking
+
+
+def test_an_fp32_model_takes_the_plain_8bit_path(comfy, nodes, eight_bit_here):
+    """The quantizing producers' kernels take 16-bit rows: in fp32 the norms write their output and the 8-bit layers
+    quantize it, from the first call on and after."""
+    patcher = model(comfy, "flux")
+    x, ctx, extra = dit_inputs()
+    optimized = optimize(nodes, patcher, precision="fp8")
+    optimized.patch_model()
+    try:
+        with config.override(log_fallbacks=False):
+            dispatch.reset_stats()
+            for _ in range(2):
+                run(optimized, x, ctx, extra, "flux")
+            stats = dispatch.stats()
+    finally:
+        optimized.unpatch_model()
+    assert stats["ada_layer_norm"] and stats["quantize_rows"]
+    assert not {"ada_layer_norm_quantized", "add_ada_layer_norm_quantized", "gelu_tanh_quantized"} & set(stats)
 
 
 def test_layer_norm_off_still_quantizes_the_layers_comfyuis_blocks_call(comfy, nodes, eight_bit_here):

@@ -208,7 +208,7 @@ def _joint_heads(first_attn, first_x, second_attn, second_x, num_heads: int, pla
     return tuple(map(heads, queries)), tuple(map(heads, keys)), heads(v)
 
 
-def _heads(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _split_qkv(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mmdit's split_qkv: q, k, v (B, L, H, D) views of attn.qkv(x)."""
     qkv = attn.qkv(x)
     return qkv.view(qkv.shape[0], qkv.shape[1], 3, -1, attn.head_dim).unbind(2)
@@ -258,7 +258,7 @@ def _joint_block(base: type, self, *args, **kwargs):
     context = None if cb.pre_only else _post(cb, context, context_out, cb.attn, *c_mods[2:6], host_path)
     gate_msa = x_mods[2]
     if xb.x_block_self_attn:  # SD3.5 Medium: a second self-attention of x, from norm1 with its own modulation
-        q2, k2, v2 = _heads(xb.attn2, modulated(_rows(x), x_mods[7], x_mods[6], xb.norm1.eps, [xb.attn2.qkv]))
+        q2, k2, v2 = _split_qkv(xb.attn2, modulated(_rows(x), x_mods[7], x_mods[6], xb.norm1.eps, [xb.attn2.qkv]))
         x_out2 = attention(_normed(q2, xb.attn2.ln_q).flatten(2), _normed(k2, xb.attn2.ln_k).flatten(2),
                            v2.flatten(2), heads=xb.attn2.num_heads, transformer_options=options)
         x = gated(x, gate_msa, xb.attn.post_attention(x_out))

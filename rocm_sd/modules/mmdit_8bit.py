@@ -41,6 +41,8 @@ def rows_format(consumers: list[nn.Module] | None, x: torch.Tensor | None = None
     if x is None:
         fmt = getattr(consumers[0], "format", None)
         return fmt if fmt is not None and takes_rows_for_good(consumers, fmt) else None
+    if x.dtype not in (torch.float16, torch.bfloat16):  # the producers' kernels write 16-bit rows' quantization only
+        return None
     way = eight_bit(consumers[0], x)
     return way.format if way is not None and takes_rows_for_good(consumers, way.format, x) else None
 
