@@ -39,7 +39,7 @@ from ..ops.ada_layer_norm import ada_layer_norm
 from ..ops.rms_norm import rms_norm
 from .host_copies import face_class, host_face, unpatched
 from .mmdit import gated, linear_gelu_tanh, split_proj_out
-from .mmdit_8bit import add_modulated, gelu_mlp_rows, modulated
+from .mmdit_8bit import add_modulated, mlp_gelu, modulated
 from .joint_rows import joint_qkv, linear_rows
 
 MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit"
@@ -84,9 +84,9 @@ def plain_linear(linear: nn.Module, x: torch.Tensor, host_path: Callable[[nn.Mod
 
 def _gelu_mlp(fc1: nn.Module, fc2: nn.Module, x: torch.Tensor, host_path) -> torch.Tensor:
     """fc2(gelu_tanh(fc1(x))): the GELU writing only fc2's rows where both are 8-bit copies running their GEMMs
-    (mmdit_8bit.gelu_mlp_rows), else fc1's bias and GELU in its GEMM's epilogue where fc1 is plain."""
-    out = gelu_mlp_rows(fc1, fc2, x)
-    return fc2(linear_gelu_tanh(fc1, x, plain=plain_linear(fc1, x, host_path))) if out is None else out
+    (mmdit_8bit.mlp_gelu), else fc1's bias and GELU in its GEMM's epilogue where fc1 is plain."""
+    hidden = mlp_gelu(fc1, x, fc2)
+    return fc2(linear_gelu_tanh(fc1, x, plain=plain_linear(fc1, x, host_path)) if hidden is None else hidden)
 
 
 def _is_gelu_tanh(module) -> bool:

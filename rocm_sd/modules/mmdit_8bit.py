@@ -12,7 +12,7 @@ kernels in front of the 8-bit projections write those projections' 8-bit rows in
 
 ComfyUI's blocks (modules/comfy_dit.py) take the same producers in front of its layers copied as 8-bit ones
 (QuantizedHostCopy): each norm1 in front of its stream's qkv (a Flux single block's in front of linear1), each norm2
-in front of fc1, each MLP's GELU in front of fc2 (gelu_mlp_rows). The host decides per call whether such a copy runs
+in front of fc1, each MLP's GELU in front of fc2 (mlp_gelu). The host decides per call whether such a copy runs
 its GEMM (weights it offloads or patches per call), so there the condition is checked per call.
 
 Wherever a condition does not hold (a layer measured faster in 16 bits, a LoRA layer or hook installed since, another
@@ -35,16 +35,14 @@ from .quantized_linear import eight_bit, rows_stand_in, takes_rows_for_good
 def rows_format(consumers: list[nn.Module] | None, x: torch.Tensor | None = None) -> str | None:
     """The 8-bit format every one of `consumers` multiplies its producer's rows in for good, else None. With x (what
     the producer writes, or a tensor of its shape, dtype and device), a host's 8-bit copies count as well, for this
-    call (quantized_linear.takes_rows_for_good)."""
+    call (quantized_linear.takes_rows_for_good), and only 16-bit rows are taken: the producers' kernels quantize no
+    others."""
     if not consumers or torch.compiler.is_compiling():
         return None
-    if x is None:
-        fmt = getattr(consumers[0], "format", None)
-        return fmt if fmt is not None and takes_rows_for_good(consumers, fmt) else None
-    if x.dtype not in (torch.float16, torch.bfloat16):  # the producers' kernels write 16-bit rows' quantization only
+    if x is not None and x.dtype not in (torch.float16, torch.bfloat16):
         return None
-    way = eight_bit(consumers[0], x)
-    return way.format if way is not None and takes_rows_for_good(consumers, way.format, x) else None
+    first = eight_bit(consumers[0], x)
+    return first.format if first is not None and takes_rows_for_good(consumers[1:], first.format, x) else None
 
 
 def attention_consumers(attn: nn.Module, context: bool = False, rotary=None) -> list[nn.Module] | None:
@@ -108,27 +106,16 @@ def feed_forward(ff: nn.Module, x: torch.Tensor, consumers: list[nn.Module] | No
     return net[2].multiply_rows(q, row_scale, x.dtype)
 
 
-def mlp_gelu(proj_mlp: nn.Module, x: torch.Tensor, second_half: nn.Module | None) -> torch.Tensor | None:
-    """gelu(proj_mlp(x), approximate="tanh") as the stand-in of its 8-bit rows, where proj_mlp and `second_half` (the
-    layer taking the GELU's output: a split proj_out's second half) multiply 8-bit rows for good; else None (the caller
-    runs its own path)."""
-    fmt = rows_format([second_half]) if second_half is not None else None
-    if fmt is None or rows_format([proj_mlp]) is None:  # takes_rows_for_good: both RocmQuantizedLinear
+def mlp_gelu(proj: nn.Module, x: torch.Tensor, consumer: nn.Module | None) -> torch.Tensor | None:
+    """gelu(proj(x), approximate="tanh") where proj runs its 8-bit GEMM: as the stand-in of its 8-bit rows where
+    `consumer` (the layer taking the GELU's output: a split proj_out's second half, a host MLP's fc2) multiplies them
+    in this call, else the GELU's output. None where proj does not run its 8-bit GEMM (the caller's path: a 16-bit proj
+    takes the GELU in its GEMM's epilogue)."""
+    if rows_format([proj], x) is None:
         return None
-    pre = proj_mlp(x)
+    pre = proj(x)
+    fmt = rows_format([consumer], pre) if consumer is not None else None
+    if fmt is None:
+        return gelu_tanh.call(pre, None)
     q, row_scale = gelu_tanh_quantized.call(pre, None, fmt)
     return rows_stand_in(pre.shape, pre.dtype, fmt, q, row_scale)
-
-
-def gelu_mlp_rows(fc1: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """fc2(gelu(fc1(x), approximate="tanh")) for a host's MLP of two 8-bit layers (ComfyUI's and Forge's blocks call
-    them as they are): the GELU writes only fc2's rows where fc2 multiplies them in this call. None where fc1 does not
-    run its 8-bit GEMM (a 16-bit fc1 takes the GELU in its GEMM's epilogue: the caller's path)."""
-    if rows_format([fc1], x) is None:
-        return None
-    pre = fc1(x)
-    fmt = rows_format([fc2], pre)
-    if fmt is None:
-        return fc2(gelu_tanh.call(pre, None))
-    q, row_scale = gelu_tanh_quantized.call(pre, None, fmt)
-    return fc2(rows_stand_in(pre.shape, pre.dtype, fmt, q, row_scale))

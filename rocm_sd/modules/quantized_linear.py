@@ -173,31 +173,28 @@ class EightBit(NamedTuple):
     format: str
 
 
-def eight_bit(layer: nn.Module, x: torch.Tensor) -> EightBit | None:
+def eight_bit(layer: nn.Module, x: torch.Tensor | None = None) -> EightBit | None:
     """The operands of `layer`'s 8-bit GEMM where its call on x (or on a stand-in of x's rows: rows_stand_in) runs that
     GEMM as the product of x's rows: a RocmQuantizedLinear (not a 1x1 convolution) with no fp16 offer left to decide and
-    not gone back to fp16, or a host's layer copied as an 8-bit one (QuantizedHostCopy) where the host leaves this call
-    to it; with no hooks. Else None (its own forward runs it)."""
+    not gone back to fp16, or, given x, a host's layer copied as an 8-bit one (QuantizedHostCopy) where the host leaves
+    this call to it; with no hooks. Else None (its own forward runs it)."""
     if not called_plainly(layer):
         return None
     if type(layer) is RocmQuantizedLinear:
         if not layer.runs_8bit or layer.conv:
             return None
         return EightBit(layer.in_features, layer.weight_q, layer.weight_scale, layer.bias, layer.format)
-    if isinstance(layer, QuantizedHostCopy):
+    if x is not None and isinstance(layer, QuantizedHostCopy):
         return layer.rocm_sd_eight_bit(x)
     return None
 
 
 def takes_rows_for_good(layers, format: str, x: torch.Tensor | None = None) -> bool:
     """Whether every one of `layers` is an 8-bit linear layer of `format` that multiplies its producer's quantized rows
-    from now on: no fp16 offer left to decide, not gone back to fp16, no hooks. A producer can then write only its rows
-    for them (modules/geglu.py, modules/transformer.py). With x (the producer's output as it would be, or its input of
-    that shape and dtype), a host's 8-bit copies count too: the host decides per call whether a copy runs its GEMM
+    from now on (eight_bit). A producer can then write only its rows for them (modules/geglu.py,
+    modules/transformer.py, modules/mmdit_8bit.py). With x (the producer's output as it would be, or its input of that
+    shape and dtype), a host's 8-bit copies count too: the host decides per call whether a copy runs its GEMM
     (offloaded or patched weights), so for them "for good" holds for this call."""
-    if x is None:
-        return all(type(layer) is RocmQuantizedLinear and not layer.conv and layer.format == format and layer.runs_8bit
-                   and called_plainly(layer) for layer in layers)
     return all((way := eight_bit(layer, x)) is not None and way.format == format for layer in layers)
 
 

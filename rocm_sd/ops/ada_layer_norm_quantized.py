@@ -24,7 +24,7 @@ from .layer_norm import _residual_reasons
 from .quantize import check_bound, check_format, quantize_rows_ref, quantized_like
 from .quantized_outputs import _key as quantized_key
 from .quantized_outputs import _quantized_args as quantized_outputs_args
-from .quantized_outputs import _sixteen_bit, _with_format
+from .quantized_outputs import _sixteen_bit, _with_format, kernel_widths
 from .spec import OpSpec, as_meta, kernel_reasons, tensor_key
 
 def _quantized_args(q, row_scale, format: str, bound: float) -> dict:
@@ -39,12 +39,6 @@ def _without_out(x, scale, shift, eps) -> tuple:
     """ada_layer_norm's kernel arguments with no out: only q and row_scale (and h) are written."""
     x_ptr, _, *rest = _args(x, x, scale, shift, eps)
     return (x_ptr, 0, *rest)
-
-
-def _kernel_samples(samples: list[tuple]) -> list[tuple]:
-    """ada_layer_norm's samples the quantized kernel takes: channels a multiple of 8 (its 33-channel one takes the
-    plain op and quantize_rows instead: the kernel's check says so)."""
-    return [args for args in samples if args[0].shape[-1] % 8 == 0]
 
 
 def _quantized_key(op, x, format, bound):
@@ -97,7 +91,7 @@ SPEC = OpSpec(OP, reference=ada_layer_norm_quantized_ref, check_args=_check, fak
                                                                          tensor_key(shift), format, bound),
               key=lambda x, scale, shift, eps, format, bound=0.0: _quantized_key(OP, x, format, bound),
               candidates=lambda *args: {dispatch.TORCH: _torch_path, "rocm_sd": ada_layer_norm_quantized_kernel},
-              samples=lambda device, dtype: _with_format(_kernel_samples(_samples(device, dtype))),
+              samples=lambda device, dtype: _with_format(kernel_widths(_samples(device, dtype))),
               kernel=ada_layer_norm_quantized_kernel)
 
 
@@ -163,7 +157,7 @@ ADD_SPEC = OpSpec(ADD_OP, reference=add_ada_layer_norm_quantized_ref, check_args
                                                                                               bound),
                   candidates=lambda *args: {dispatch.TORCH: _add_torch_path_quantized,
                                             "rocm_sd": add_ada_layer_norm_quantized_kernel},
-                  samples=lambda device, dtype: _with_format(_kernel_samples(_add_samples(device, dtype))),
+                  samples=lambda device, dtype: _with_format(kernel_widths(_add_samples(device, dtype))),
                   kernel=add_ada_layer_norm_quantized_kernel)
 
 

@@ -19,7 +19,7 @@ from ._checks import check_floating, check_min_dims, check_same_device, fail
 from ._common import DTYPE_CODES, dtype_reasons, stream_handle
 from .quantize import FORMATS, check_format, quantize_rows_ref, quantized_like
 from .quantized_outputs import _key as quantized_key
-from .quantized_outputs import _quantized_args
+from .quantized_outputs import _quantized_args, kernel_widths
 from .spec import OpSpec, as_meta, dtype_name, kernel_reasons, layout_name, problem_key, tensor_key
 
 OP = "gelu_tanh"
@@ -152,9 +152,7 @@ def _quantized_fake(x, bias, format):
 
 
 def _quantized_samples(device, dtype) -> list[tuple]:
-    """gelu_tanh's samples the quantized kernel takes: widths a multiple of 8 (its 7-wide one takes the plain op and
-    quantize_rows instead: the kernel's check says so)."""
-    samples = [args for args in _samples(device, dtype) if args[0].shape[-1] % 8 == 0]
+    samples = kernel_widths(_samples(device, dtype))
     return [(*samples[0], format) for format in FORMATS] + [(*args, "e4m3fn") for args in samples[1:]]
 
 

@@ -59,10 +59,15 @@ def _with_format(samples: list[tuple]) -> list[tuple]:
             + [(*args, fp8[0], bound) for args in samples[1:] for bound in (0.0, 3.0)])
 
 
+def kernel_widths(samples: list[tuple]) -> list[tuple]:
+    """The samples of a plain op that its quantized-output kernel takes: a last dimension of a multiple of 8 (the plain
+    ops' scalar-tail samples take the plain op and quantize_rows instead: the kernels' checks say so)."""
+    return [args for args in samples if args[0].shape[-1] % 8 == 0]
+
+
 def _layer_norm_samples(device, dtype) -> list[tuple]:
-    """layer_norm's 320-channel sample (its 33-channel one takes quantize_rows instead: the kernel's check says so)
-    and a 1280-channel one (several vectors a lane on wave32)."""
-    return [args for args in _samples(device, dtype) if args[0].shape[-1] % 8 == 0] + [
+    """layer_norm's 320-channel sample (kernel_widths) and a 1280-channel one (several vectors a lane on wave32)."""
+    return kernel_widths(_samples(device, dtype)) + [
         (torch.randn(2, 3, 1280, device=device, dtype=dtype), torch.rand(1280, device=device, dtype=dtype),
          torch.randn(1280, device=device, dtype=dtype), 1e-6)]
 
