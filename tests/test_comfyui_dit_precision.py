@@ -199,7 +199,7 @@ def test_norms_and_gelus_write_the_8bit_rows_and_change_nothing(comfy, nodes, ei
             stats = dispatch.stats()
             from rocm_sd.modules import mmdit_8bit
 
-            monkeypatch.setattr(mmdit_8bit, "rows_format", lambda consumers, x=None: None)
+            monkeypatch.setattr(mmdit_8bit, "producers_write_rows", lambda x=None: False)
             dispatch.reset_stats()
             plain = run(optimized, x, ctx, extra, family(name))
             plain_stats = dispatch.stats()
@@ -211,6 +211,38 @@ def test_norms_and_gelus_write_the_8bit_rows_and_change_nothing(comfy, nodes, ei
     assert sum(stats["quantize_rows"].values()) < sum(plain_stats["quantize_rows"].values())
     assert torch.equal(fused, plain)
     torch.testing.assert_close(first, plain)  # a GEMM a batch (the joint rows in place) rounds as its own blocking
+
+
+@pytest.mark.parametrize("choice", ["fp8", "int8"])
+def test_flux_single_blocks_run_their_8bit_layers_in_blocks(comfy, nodes, eight_bit_here, monkeypatch, choice):
+    """From the first call on, a single block's 8-bit linear1 runs as two GEMMs of one quantization of its
+    input (qkv; the MLP's, whose GELU writes linear2's rows) and linear2 as two GEMMs of [attention, MLP] into one
+    output: neither copy's own forward runs (so no concatenation is written), the output within fp8's reach of the
+    unquantized node's."""
+    from rocm_sd.modules.quantized_linear import QuantizedHostCopy
+
+    patcher = model(comfy, "flux", dtype=torch.bfloat16)
+    x, ctx, extra = dit_inputs(2, "cpu", torch.bfloat16)
+    unquantized = evaluate(optimize(nodes, patcher), "flux", x, ctx, extra)
+    optimized = optimize(nodes, patcher, precision=choice)
+    singles = {m for k, m in eight_bit_patches(optimized).items() if k.endswith((".linear1", ".linear2"))}
+    assert len(singles) == 4  # two single blocks
+    called = []
+    forward = QuantizedHostCopy.forward
+    monkeypatch.setattr(QuantizedHostCopy, "forward",
+                        lambda self, *a, **k: (called.append(self), forward(self, *a, **k))[1])
+    optimized.patch_model()
+    try:
+        with config.override(log_fallbacks=False):
+            run(optimized, x, ctx, extra, "flux")  # the first calls decide: the blocks make their layers' choice
+            dispatch.reset_stats()
+            got = run(optimized, x, ctx, extra, "flux")
+            stats = dispatch.stats()
+    finally:
+        optimized.unpatch_model()
+    assert not singles & set(called) and called  # the double blocks' layers still run their own forwards
+    assert sum(stats["gelu_tanh_quantized"].values()) == 2 + 2 * 2  # each single block's, each double block's two
+    assert torch.isfinite(got).all() and 0 < error(got, unquantized) < 0.1
 
 
 def test_an_fp32_model_takes_the_plain_8bit_path(comfy, nodes, eight_bit_here):

@@ -7,7 +7,8 @@ from torch import nn
 
 import rocm_sd
 from rocm_sd import bench, config, dispatch, models
-from rocm_sd.modules.quantized_linear import RocmQuantizedLinear, RocmQuantizedSplitLinear
+from rocm_sd.modules.quantized_linear import (RocmQuantizedLinear, RocmQuantizedSplitLinear, eight_bit,
+                                               forward_8bit_blocks, forward_8bit_parts)
 from rocm_sd.ops.quantize import dequantize_rows, quantize_rows_ref
 from rocm_sd.patch import precision
 from rocm_sd.patch.diffusers import fused_away
@@ -130,6 +131,58 @@ def test_the_split_proj_out_is_the_8bit_layer_of_the_concatenation():
         RocmQuantizedSplitLinear(linear, 160, "e4m3fn")
 
 
+@pytest.mark.parametrize("fmt", ["e4m3fn", "int8"])
+def test_blocks_of_an_8bit_gemm_are_views_that_compute_the_layer(fmt):
+    """EightBit.output_block / input_block (ComfyUI's Flux single blocks: linear1's qkv and MLP outputs, linear2's
+    [attention, MLP] inputs): views of the one 8-bit weight, the bias with the first block only; the output blocks'
+    products are the layer's, the input blocks' sum is the float64 product of each part's own row quantization; a block
+    off the GEMMs' 16-element boundaries is refused."""
+    linear = nn.Linear(160, 48)
+    layer = RocmQuantizedLinear.from_module(linear, fmt)
+    way = eight_bit(layer)
+    x = torch.randn(2, 7, 160)
+    with config.override(log_fallbacks=False):
+        outputs = way.output_block(0, 16), way.output_block(16, 48)
+        assert all(b.weight_q.untyped_storage().data_ptr() == way.weight_q.untyped_storage().data_ptr()
+                   for b in outputs)
+        assert outputs[1].weight_q.storage_offset() == 16 * 160 and torch.equal(outputs[1].bias, layer.bias[16:])
+        qkv, rest = forward_8bit_blocks(x, list(outputs))
+        torch.testing.assert_close(torch.cat([qkv, rest], -1), layer(x), rtol=1e-6, atol=1e-6)
+        inputs = way.input_block(0, 32), way.input_block(32, 160)
+        assert inputs[1].weight_q.storage_offset() == 32 and inputs[1].weight_q.stride() == (160, 1)
+        assert inputs[0].bias is layer.bias and inputs[1].bias is None
+        first, second = x[..., :32].contiguous(), x[..., 32:].contiguous()
+        out = forward_8bit_parts([first, second], list(inputs))
+    truth = linear.bias.double()
+    w = dequantize_rows(layer.weight_q, layer.weight_scale.squeeze(0)).double()
+    for part, columns in ((first, slice(0, 32)), (second, slice(32, 160))):
+        q, scale = quantize_rows_ref(part.reshape(-1, part.shape[-1]), fmt)
+        truth = truth + dequantize_rows(q, scale).double() @ w[:, columns].t()
+    torch.testing.assert_close(out.reshape(-1, 48).double(), truth, rtol=1e-5, atol=1e-5)
+    assert way.output_block(0, 8) is None and way.output_block(8, 48) is None and way.output_block(16, 64) is None
+    assert way.input_block(8, 160) is None and way.input_block(0, 200) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3fn", "int8"])
+def test_8bit_gemms_take_column_blocks_of_the_weight_in_place(fmt):
+    """input_block's weight is a column slice, its leading dimension the whole row: torch._scaled_mm / torch._int_mm
+    multiply it as they do a contiguous copy, bit for bit."""
+    layer = RocmQuantizedLinear.from_module(nn.Linear(3072 + 1536, 512, device="cuda", dtype=torch.bfloat16), fmt)
+    way = eight_bit(layer)
+    parts = [torch.randn(64, 3072, device="cuda", dtype=torch.bfloat16),
+             torch.randn(64, 1536, device="cuda", dtype=torch.bfloat16)]
+    blocks = [way.input_block(0, 3072), way.input_block(3072, 4608)]
+    assert not blocks[1].weight_q.is_contiguous()
+    copies = [b._replace(weight_q=b.weight_q.contiguous()) for b in blocks]
+    dispatch.reset_stats()
+    with config.override(strict=True):
+        got = forward_8bit_parts(parts, blocks)
+        want = forward_8bit_parts(parts, copies)
+    assert dispatch.stats()["quantize_rows"].keys() == {"rocm_sd"}
+    assert torch.equal(got, want)
+
+
 def test_layers_go_back_to_the_models_dtype_where_measured_faster(fp8_here, monkeypatch):
     """precision_layers="measured": each layer (each half of a split proj_out too) asks the database at its first call
     with its own shape and how many layers share its input (q, k, v and proj_mlp in a single block); where it says
@@ -213,7 +266,7 @@ def test_norms_and_gelus_write_the_8bit_rows_and_change_nothing(fp8_here, arch, 
         stats = dispatch.stats()
         for op in ("ada_layer_norm_quantized", "add_ada_layer_norm_quantized", "gelu_tanh_quantized"):
             assert sum(stats.get(op, {}).values()) > 0, (op, stats)
-        monkeypatch.setattr(mmdit_8bit, "rows_format", lambda consumers, x=None: None)
+        monkeypatch.setattr(mmdit_8bit, "producers_write_rows", lambda x=None: False)
         dispatch.reset_stats()
         plain = generate(pipe)
         plain_stats = dispatch.stats()

@@ -38,8 +38,10 @@ from torch import nn
 from ..ops.ada_layer_norm import ada_layer_norm
 from ..ops.rms_norm import rms_norm
 from .host_copies import face_class, host_face, unpatched
-from .mmdit import gated, linear_gelu_tanh, split_proj_out
-from .mmdit_8bit import add_modulated, mlp_gelu, modulated
+from .mmdit import addmm_gelu_tanh, gated, linear_gelu_tanh, split_proj_out
+from .mmdit_8bit import add_modulated, gelu_for, mlp_gelu, modulated
+from .quantized_linear import (EightBit, QuantizedHostCopy, eight_bit, forward_8bit_blocks, forward_8bit_parts,
+                               rows_device)
 from .joint_rows import joint_qkv, linear_rows
 
 MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit"
@@ -388,22 +390,69 @@ def _double_chain(port: _FluxPort, self, img, txt, vec, pe, txt_first: bool, mas
 
 
 def _single_chain(port: _FluxPort, self, x, vec, pe, mask=None, options=None):
-    """SingleStreamBlock.forward with the AdaLN and Q / K RMSNorm (+ rope) fused, and linear2 of [attention, MLP] as
-    two GEMMs into one output where linear2 is plain."""
+    """SingleStreamBlock.forward with the AdaLN and Q / K RMSNorm (+ rope) fused, linear1 as two GEMMs (qkv; the MLP's
+    with its GELU) and linear2 of [attention, MLP] as two GEMMs into one output where the layers allow
+    (_single_linear1, _single_linear2)."""
     (shift, scale, gate), = port.modulations(self.modulation, vec)
-    qkv, mlp = torch.split(self.linear1(modulated(_rows(x), scale, shift, self.pre_norm.eps, [self.linear1])),
-                           [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
+    normed = modulated(_rows(x), scale, shift, self.pre_norm.eps, [self.linear1])
+    halves = _linear2_halves(self, normed)
+    qkv, mlp = _single_linear1(self, normed, halves)
     q, k, v = _flux_heads(qkv, self.num_heads)
     rope = port.rope(self, pe)
     q, rotated = _flux_normed(q, self.norm.query_norm, rope, port.rms_eps(self.norm.query_norm))
     k, _ = _flux_normed(k, self.norm.key_norm, rope, port.rms_eps(self.norm.key_norm))
     attention = port.attention(self, q, k, v, pe, rotated, mask, options)
-    mlp = F.gelu(mlp, approximate="tanh")
+    return port.clip(self, gated(x, gate, _single_linear2(self, attention, mlp, halves)))
+
+
+def _linear2_halves(self, like: torch.Tensor) -> list[EightBit] | None:
+    """linear2's 8-bit GEMM as its two input blocks, [attention, MLP] (EightBit.input_block), where it runs that GEMM
+    in this call (`like`: a tensor of the rows' dtype and device) and the blocks fit it; else None."""
+    features = getattr(self.linear2, "in_features", None)
+    if not isinstance(features, int):
+        return None
+    rows = torch.empty((), dtype=like.dtype, device=rows_device(like)).expand(*like.shape[:-1], features)
+    way = eight_bit(_decided(self.linear2, rows), rows)
+    halves = None if way is None else [way.input_block(0, self.hidden_size),
+                                       way.input_block(self.hidden_size, features)]
+    return None if halves is None or None in halves else halves
+
+
+def _decided(layer: nn.Module, x: torch.Tensor) -> nn.Module:
+    """`layer` with the first call's choice made for an input like x where it is an 8-bit copy waiting for it: the
+    blocks run its GEMM themselves from the first call on, so every call multiplies the same operands."""
+    if isinstance(layer, QuantizedHostCopy):
+        layer.rocm_sd_decide(x)
+    return layer
+
+
+def _single_linear1(self, x: torch.Tensor, halves: list[EightBit] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qkv, the MLP's GELU) of linear1 on the block's normed rows x: two GEMMs where linear1 runs its 8-bit GEMM (x
+    quantized once for both; the GELU writing only linear2's rows of it where linear2's `halves` take them) or is plain
+    (the MLP's bias and GELU in its GEMM's epilogue); else linear1, then the GELU of its MLP columns, as ComfyUI."""
+    width = 3 * self.hidden_size
+    way = eight_bit(_decided(self.linear1, x), x)
+    blocks = None if way is None else [way.output_block(0, width), way.output_block(width, way.weight_q.shape[0])]
+    if blocks is not None and None not in blocks:
+        qkv, pre = forward_8bit_blocks(x, blocks)
+        return qkv, gelu_for(pre, None if halves is None else halves[1])
+    if plain_linear(self.linear1, x, self.rocm_sd_host_path):
+        weight, bias = self.linear1.weight, self.linear1.bias
+        mlp = addmm_gelu_tanh(x, weight[width:], None if bias is None else bias[width:])
+        if mlp is not None:
+            return F.linear(x, weight[:width], bias[:width]), mlp
+    qkv, mlp = torch.split(self.linear1(x), [width, self.mlp_hidden_dim], dim=-1)
+    return qkv, F.gelu(mlp, approximate="tanh")
+
+
+def _single_linear2(self, attention: torch.Tensor, mlp: torch.Tensor, halves: list[EightBit] | None) -> torch.Tensor:
+    """linear2 of cat([attention, mlp], -1): its 8-bit `halves` or, where linear2 is plain, its weight's column
+    blocks, each a GEMM into one output (no concatenation written); else linear2 of the concatenation."""
+    if halves is not None:
+        return forward_8bit_parts([attention, mlp], halves)
     if plain_linear(self.linear2, attention, self.rocm_sd_host_path):
-        out = split_proj_out(self.linear2, attention, mlp).view(*x.shape[:-1], -1)  # Forge's: no out_features
-    else:
-        out = self.linear2(torch.cat((attention, mlp), 2))
-    return port.clip(self, gated(x, gate, out))
+        return split_proj_out(self.linear2, attention, mlp).view(*attention.shape[:-1], -1)  # Forge's: no out_features
+    return self.linear2(torch.cat((attention, mlp), 2))
 
 
 def _last_chain(self, x, vec):

@@ -221,12 +221,18 @@ def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor, plain: bool | None = No
     nn.Linear itself; a host's Linear subclass is plain where the host does not cast or patch its weights per call)."""
     if plain is None:
         plain = type(linear) is nn.Linear
-    if (not plain or linear.bias is None or x.device.type != "cuda"
-            or torch.is_grad_enabled() and x.requires_grad):
-        return gelu_tanh.call(linear(x), None)
+    out = addmm_gelu_tanh(x, linear.weight, linear.bias) if plain else None
+    return gelu_tanh.call(linear(x), None) if out is None else out
+
+
+def addmm_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """gelu(x @ weight.T + bias, approximate="tanh") as one GEMM with the bias and GELU in the vendor's epilogue
+    (torch._addmm_activation: cuBLASLt / hipBLASLt), (..., N); None without a bias, off a GPU or where gradients
+    flow."""
+    if bias is None or x.device.type != "cuda" or torch.is_grad_enabled() and x.requires_grad:
+        return None
     rows = x.reshape(-1, x.shape[-1])
-    return torch._addmm_activation(linear.bias, rows, linear.weight.t(), use_gelu=True).view(
-        *x.shape[:-1], -1)  # out_features: Forge's older Linears do not say it
+    return torch._addmm_activation(bias, rows, weight.t(), use_gelu=True).view(*x.shape[:-1], weight.shape[0])
 
 
 class RocmGELU(nn.Module):

@@ -29,7 +29,13 @@ from ..ops.ada_layer_norm_quantized import ada_layer_norm_quantized, add_ada_lay
 from ..ops.gelu_tanh import gelu_tanh, gelu_tanh_quantized
 from .fusing import called_plainly
 from .joint_attention import RocmFluxAttnProcessor, RocmJointAttnProcessor, _rotary_pair
-from .quantized_linear import eight_bit, rows_stand_in, takes_rows_for_good
+from .quantized_linear import EightBit, eight_bit, rows_stand_in, takes_rows_for_good
+
+
+def producers_write_rows(x: torch.Tensor | None = None) -> bool:
+    """Whether a producer may write its 8-bit consumers' rows instead of its output (x: that output, or a tensor of its
+    dtype): not while torch.compile traces, and only 16-bit rows (the producers' kernels quantize no others)."""
+    return not torch.compiler.is_compiling() and (x is None or x.dtype in (torch.float16, torch.bfloat16))
 
 
 def rows_format(consumers: list[nn.Module] | None, x: torch.Tensor | None = None) -> str | None:
@@ -37,9 +43,7 @@ def rows_format(consumers: list[nn.Module] | None, x: torch.Tensor | None = None
     the producer writes, or a tensor of its shape, dtype and device), a host's 8-bit copies count as well, for this
     call (quantized_linear.takes_rows_for_good), and only 16-bit rows are taken: the producers' kernels quantize no
     others."""
-    if not consumers or torch.compiler.is_compiling():
-        return None
-    if x is not None and x.dtype not in (torch.float16, torch.bfloat16):
+    if not consumers or not producers_write_rows(x):
         return None
     first = eight_bit(consumers[0], x)
     return first.format if first is not None and takes_rows_for_good(consumers[1:], first.format, x) else None
@@ -104,6 +108,16 @@ def feed_forward(ff: nn.Module, x: torch.Tensor, consumers: list[nn.Module] | No
     net = ff.net
     q, row_scale = gelu_tanh_quantized.call(net[0].proj(x), None, net[2].format)
     return net[2].multiply_rows(q, row_scale, x.dtype)
+
+
+def gelu_for(pre: torch.Tensor, consumer: EightBit | None) -> torch.Tensor:
+    """gelu(pre, approximate="tanh") for `consumer`, the GEMM that multiplies it in this call where it is 8-bit (a
+    layer's eight_bit, or a block of its input: EightBit.input_block): the stand-in of only its rows where producers
+    write them, else the GELU's output."""
+    if consumer is None or not producers_write_rows(pre):
+        return gelu_tanh.call(pre, None)
+    q, row_scale = gelu_tanh_quantized.call(pre, None, consumer.format)
+    return rows_stand_in(pre.shape, pre.dtype, consumer.format, q, row_scale)
 
 
 def mlp_gelu(proj: nn.Module, x: torch.Tensor, consumer: nn.Module | None) -> torch.Tensor | None:

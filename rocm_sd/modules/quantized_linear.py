@@ -172,6 +172,34 @@ class EightBit(NamedTuple):
     bias: torch.Tensor | None
     format: str
 
+    def output_block(self, start: int, stop: int) -> "EightBit | None":
+        """The GEMM of output features [start, stop): the weight's rows (a contiguous view), their column scales and
+        bias. None where the block does not start on a GEMM boundary (_BLOCK_ALIGNMENT)."""
+        if not (_on_boundary(start, stop - start) and 0 <= start < stop <= self.weight_q.shape[0]):
+            return None
+        scale = self.weight_scale if self.weight_scale.numel() == 1 else self.weight_scale[:, start:stop]
+        return EightBit(self.in_features, self.weight_q[start:stop], scale,
+                        None if self.bias is None else self.bias[start:stop], self.format)
+
+    def input_block(self, start: int, stop: int) -> "EightBit | None":
+        """The GEMM of input features [start, stop) (x's columns, quantized per row on their own): the weight's
+        columns, a view whose leading dimension stays the whole row (torch._scaled_mm and torch._int_mm take it
+        as it is), every column scale, and the bias with the first block only; the blocks' products sum to the layer's.
+        None where the block does not start on a GEMM boundary (_BLOCK_ALIGNMENT)."""
+        if not (_on_boundary(start, stop - start) and 0 <= start < stop <= self.in_features):
+            return None
+        return EightBit(stop - start, self.weight_q[:, start:stop], self.weight_scale,
+                        self.bias if start == 0 else None, self.format)
+
+
+# The 8-bit GEMMs take operands starting on 16 bytes and inner dimensions of multiples of 16 (cuBLASLt's and
+# hipBLASLt's fp8 kernels; torch._int_mm asks for 8).
+_BLOCK_ALIGNMENT = 16
+
+
+def _on_boundary(start: int, width: int) -> bool:
+    return start % _BLOCK_ALIGNMENT == 0 and width % _BLOCK_ALIGNMENT == 0
+
 
 def eight_bit(layer: nn.Module, x: torch.Tensor | None = None) -> EightBit | None:
     """The operands of `layer`'s 8-bit GEMM where its call on x (or on a stand-in of x's rows: rows_stand_in) runs that
@@ -346,6 +374,24 @@ def forward_8bit(x: torch.Tensor, conv: bool, in_features: int, weight_q: torch.
     out = linear_8bit(*input_rows(x, _gemm_rows(x, in_features), format), weight_q, weight_scale, bias, format,
                       x.dtype)
     return out.view(*x.shape[:-1], weight_q.shape[0])
+
+
+def forward_8bit_blocks(x: torch.Tensor, blocks: list[EightBit]) -> list[torch.Tensor]:
+    """forward_8bit of x through each of `blocks` (EightBit.output_block of one layer), x quantized once for all: one
+    output tensor (..., its features) per block."""
+    q, scale = input_rows(x, _gemm_rows(x, blocks[0].in_features), blocks[0].format)
+    return [linear_8bit(q, scale, b.weight_q, b.weight_scale, b.bias, b.format, x.dtype).view(
+        *x.shape[:-1], b.weight_q.shape[0]) for b in blocks]
+
+
+def forward_8bit_parts(parts: list[torch.Tensor], blocks: list[EightBit]) -> torch.Tensor:
+    """The layer of cat(parts, -1) as the sum of each part's forward_8bit through its block (EightBit.input_block):
+    no concatenation written, each part quantized per row on its own (or as its producer wrote it)."""
+    out = None
+    for x, b in zip(parts, blocks):
+        y = forward_8bit(x, False, b.in_features, b.weight_q, b.weight_scale, b.bias, b.format)
+        out = y if out is None else out.add_(y)
+    return out
 
 
 def _gemm_rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -548,13 +594,18 @@ class QuantizedHostCopy:
         return EightBit(self.in_features, self.rocm_sd_weight_q, self.rocm_sd_weight_scale, self.bias,
                         self.rocm_sd_format)
 
+    def rocm_sd_decide(self, x: torch.Tensor) -> None:
+        """The first call's choice (rocm_sd_offer_fp16) for an input of x's shape, made as the copy's forward makes it,
+        for a caller that runs the copy's GEMM itself (eight_bit) from its first call on."""
+        offer = self.rocm_sd_fp16_offer
+        if offer is not None and x.numel() and not _scope(x)[1] and self._rocm_sd_takes(x):  # never inside a capture
+            object.__setattr__(self, "rocm_sd_fp16_offer", None)
+            self._rocm_sd_choose(x, *offer)
+
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or kwargs or not self._rocm_sd_takes(x):  # arguments of a host's own forward: its own path
             return super().forward(x, *args, **kwargs)
-        offer = self.rocm_sd_fp16_offer
-        if offer is not None and x.numel() and not _scope(x)[1]:  # never inside a capture
-            object.__setattr__(self, "rocm_sd_fp16_offer", None)
-            self._rocm_sd_choose(x, *offer)
+        self.rocm_sd_decide(x)
         if self.rocm_sd_fp16:
             return super().forward(x)
         self._rocm_sd_quantize_if_stale()
