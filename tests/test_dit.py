@@ -153,6 +153,38 @@ def test_linear_gelu_tanh_is_gelu_of_the_projection():
     assert torch.allclose(linear_gelu_tanh(linear, x), nn.functional.gelu(linear(x), approximate="tanh"), atol=1e-6)
 
 
+@pytest.mark.parametrize("gpu_platform, arch, epilogue", [
+    ("cuda", "sm_90", True), ("cuda", "sm_86", True), ("hip", "gfx942", True), ("hip", "gfx90a", True),
+    ("hip", "gfx950", True), ("hip", "gfx1100", False), ("hip", "gfx1151", False), ("hip", "gfx1201", False),
+    ("hip", "gfx1030", False)])
+def test_the_gelu_epilogue_is_the_vendors_only_where_pytorch_runs_it_in_the_gemm(monkeypatch, gpu_platform, arch,
+                                                                                 epilogue):
+    from rocm_sd import platform
+    from rocm_sd.modules import mmdit
+
+    monkeypatch.setattr(platform, "torch_gpu_platform", lambda: gpu_platform)
+    monkeypatch.setattr(platform, "device_arch", lambda device=None: arch)
+    assert mmdit.vendor_gelu_epilogue(torch.device("cuda", 0)) is epilogue
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("epilogue", [True, False])
+def test_addmm_gelu_tanh_on_the_gpu_takes_the_epilogue_or_the_kernel(monkeypatch, epilogue):
+    """Either way (the vendor's epilogue, or the GEMM then rocm_sd::gelu_tanh adding the bias, as on RDNA) the
+    projection's GELU(tanh) within bf16 of F.gelu(F.linear(...))."""
+    from rocm_sd.modules import mmdit
+
+    monkeypatch.setattr(mmdit, "vendor_gelu_epilogue", lambda device: epilogue)
+    linear = nn.Linear(256, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+    rocm_sd.reset_stats()
+    with config.override(strict=True), torch.no_grad():
+        got = mmdit.addmm_gelu_tanh(x, linear.weight, linear.bias)
+        want = nn.functional.gelu(linear(x).float(), approximate="tanh")
+    assert ("gelu_tanh" in rocm_sd.stats()) is not epilogue
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

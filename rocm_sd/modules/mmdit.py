@@ -16,9 +16,12 @@ original forward.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
+from .. import platform
 from ..ops.ada_layer_norm import ada_layer_norm
 from ..ops.gelu_tanh import gelu_tanh
 from .layer_norm import RocmLayerNorm
@@ -213,10 +216,10 @@ def split_proj_out(proj_out: nn.Module, attn_output: torch.Tensor, mlp_hidden_st
 # ---- the feed-forward's projection + GELU(tanh) ----------------------------------------------------------------
 
 def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor, plain: bool | None = None) -> torch.Tensor:
-    """gelu(linear(x), approximate="tanh") as one GEMM with the bias and GELU in the vendor's epilogue (cuBLASLt /
-    hipBLASLt through torch._addmm_activation, whose GELU is the tanh approximation); on other devices, without a
-    bias, or for any layer but a plain Linear (an 8-bit layer, a LoRA layer: its own forward), as two steps: the layer,
-    then rocm_sd::gelu_tanh.
+    """gelu(linear(x), approximate="tanh") as addmm_gelu_tanh runs it (the bias and GELU in the vendor GEMM's
+    epilogue where PyTorch has it there, else in rocm_sd::gelu_tanh after the GEMM); off a GPU, without a bias, or for
+    any layer but a plain Linear (an 8-bit layer, a LoRA layer: its own forward), as two steps: the layer, then
+    rocm_sd::gelu_tanh.
     `plain`: whether `linear` computes x @ weight.T + bias with the weight and bias it holds (default: it is an
     nn.Linear itself; a host's Linear subclass is plain where the host does not cast or patch its weights per call)."""
     if plain is None:
@@ -226,13 +229,36 @@ def linear_gelu_tanh(linear: nn.Linear, x: torch.Tensor, plain: bool | None = No
 
 
 def addmm_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """gelu(x @ weight.T + bias, approximate="tanh") as one GEMM with the bias and GELU in the vendor's epilogue
-    (torch._addmm_activation: cuBLASLt / hipBLASLt), (..., N); None without a bias, off a GPU or where gradients
-    flow."""
+    """gelu(x @ weight.T + bias, approximate="tanh"), (..., N), with no pass over the GEMM's output but one: the bias
+    and GELU in the vendor GEMM's epilogue (torch._addmm_activation) where PyTorch runs it there
+    (vendor_gelu_epilogue), else the GEMM without the bias, then rocm_sd::gelu_tanh adding it. None without a bias,
+    off a GPU or where gradients flow."""
     if bias is None or x.device.type != "cuda" or torch.is_grad_enabled() and x.requires_grad:
         return None
     rows = x.reshape(-1, x.shape[-1])
-    return torch._addmm_activation(bias, rows, weight.t(), use_gelu=True).view(*x.shape[:-1], weight.shape[0])
+    if vendor_gelu_epilogue(x.device):
+        out = torch._addmm_activation(bias, rows, weight.t(), use_gelu=True)
+    else:
+        out = gelu_tanh.call(rows @ weight.t(), bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+# Where PyTorch sends addmm to hipBLASLt (aten/src/ATen/native/cuda/Blas.cpp): on the CDNA GPUs. On RDNA it runs the
+# GEMM without the epilogue (pytorch#174350: its unfused path is faster there; older versions do not list the RDNA
+# architectures at all), writing the bias into the output before the GEMM and the GELU as a pass of its own after.
+_HIPBLASLT_ADDMM = ("gfx90a", "gfx942", "gfx950")
+
+
+@functools.lru_cache(maxsize=None)
+def _vendor_gelu_epilogue(platform: str, arch: str) -> bool:
+    return platform == "cuda" or arch in _HIPBLASLT_ADDMM
+
+
+def vendor_gelu_epilogue(device: torch.device) -> bool:
+    """Whether torch._addmm_activation applies the bias and GELU inside the vendor GEMM on `device`: cuBLASLt on
+    NVIDIA; hipBLASLt on AMD's CDNA GPUs only (_HIPBLASLT_ADDMM). A rule read from PyTorch's source, not measured on
+    an AMD GPU."""
+    return _vendor_gelu_epilogue(platform.torch_gpu_platform(), platform.device_arch(device))
 
 
 class RocmGELU(nn.Module):

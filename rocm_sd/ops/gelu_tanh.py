@@ -5,8 +5,9 @@ projection that follows (optimize(precision="fp8" / "int8")):
     y = gelu(x + bias, approximate="tanh")       x: (..., D) contiguous, the GEMM's output; bias: (D,) or None
     (q, row_scale) = quantize_rows_ref(y, format)    y itself not written
 
-Where the vendor GEMM has the epilogue (cuBLASLt / hipBLASLt through torch._addmm_activation: modules/mmdit.py's
-linear_gelu_tanh) it runs the bias and GELU itself; bench/bench_gelu_tanh.py measures the two per shape. The
+Where PyTorch runs the vendor GEMM's epilogue (torch._addmm_activation: cuBLASLt, hipBLASLt on CDNA; modules/mmdit.py's
+addmm_gelu_tanh) it runs the bias and GELU itself, and this op after a bias-free GEMM elsewhere (RDNA);
+bench/bench_gelu_tanh.py measures the two per shape. The
 quantized rows take fp16 / bf16 rows of a multiple of 8 features that fit one block (modules/mmdit_8bit.py).
 """
 from __future__ import annotations
