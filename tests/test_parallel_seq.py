@@ -1,5 +1,5 @@
 """Sequence parallelism (parallel/seq.py) on CPUs with gloo: the tiny SD3 and Flux transformers split over two
-processes compute what one process does, heads that do not divide are refused by name, cfg-seq images equal one
+processes compute what one process does, with head counts the ranks do not divide too (uneven groups), fewer heads than ranks are refused by name, cfg-seq images equal one
 process's, and in seq and cfg-seq mode a rank that raises, is killed or hangs (in setup, a step, an attention)
 ends the job on every rank within seconds (a hang: at --timeout-s), named by rank 0 and by torchrun.
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rocm_sd.parallel.seq import PLANS, heads_problem
+from rocm_sd.parallel.seq import PLANS, head_groups, heads_problem
 
 from tests.test_parallel import (PROMPTS, _assert_hung_rank_named, _failed_job_and_root_cause, _generate, _images,
                                  _two_process_results)
@@ -82,8 +82,18 @@ def _seq_job(rank: int, world: int, store: str, results) -> None:
             again = model(**inputs, return_dict=False)[0]
             out[arch, optimized] = ((split - one).abs().max().item(), one.abs().max().item(), dict(shard.stats),
                                     torch.equal(again, one))
+        for heads in (3, 5):  # uneven head groups (2 + 1, 3 + 2) in both models' orders of image and text rows
+            for arch in ("tiny-flux", "tiny-sd3"):
+                head_dim = _transformer(arch).config.attention_head_dim
+                width = {"caption_projection_dim": heads * head_dim} if arch == "tiny-sd3" else {}
+                model = _transformer(arch, num_attention_heads=heads, **width)
+                inputs = _inputs(model)
+                one = model(**inputs, return_dict=False)[0]
+                enable_sequence_parallel(model, dist.group.WORLD)
+                split = model(**inputs, return_dict=False)[0]
+                out[arch, heads] = ((split - one).abs().max().item(), one.abs().max().item())
         try:
-            enable_sequence_parallel(_transformer("tiny-flux", num_attention_heads=3), dist.group.WORLD)
+            enable_sequence_parallel(_transformer("tiny-flux", num_attention_heads=1), dist.group.WORLD)
             out["heads"] = "enabled"
         except ValueError as error:
             out["heads"] = str(error)
@@ -106,26 +116,38 @@ def test_sequence_parallel_transformer_matches_one_process(seq_results, arch, op
         assert reverted, "disable_sequence_parallel left the model changed"
 
 
-def test_sequence_parallel_refuses_heads_that_do_not_divide(seq_results):
+@pytest.mark.parametrize("arch", ["tiny-flux", "tiny-sd3"])
+@pytest.mark.parametrize("heads", [3, 5])
+def test_heads_that_do_not_divide_split_unevenly_and_match_one_process(seq_results, arch, heads):
+    for rank in (0, 1):
+        error, scale = seq_results[rank][arch, heads]
+        assert scale > 0.1
+        assert error <= 1e-5 * max(1.0, scale), f"rank {rank}: max difference {error} (outputs up to {scale})"
+
+
+def test_sequence_parallel_refuses_fewer_heads_than_ranks(seq_results):
     for rank in (0, 1):
         message = seq_results[rank]["heads"]
-        assert message.startswith("sequence parallelism splits the 3 attention heads of FluxTransformer2DModel"), \
+        assert message.startswith("sequence parallelism splits the 1 attention heads of FluxTransformer2DModel"), \
             message
-        assert "3 heads do not divide over 2 ranks" in message
+        assert "1 heads cannot give each of 2 ranks one; run at most 1 processes" in message
 
 
-def test_heads_problem_names_the_process_counts_that_work():
+def test_head_groups_are_consecutive_and_as_even_as_the_count_allows():
     class Config:
         num_attention_heads = 38
 
     class SD3Transformer2DModel:
         config = Config()
 
+    assert head_groups(38, 4) == [(0, 10), (10, 10), (20, 9), (29, 9)]
+    assert head_groups(24, 3) == [(0, 8), (8, 8), (16, 8)]
+    assert head_groups(5, 5) == [(i, 1) for i in range(5)]
     assert "SD3Transformer2DModel" in PLANS
-    assert heads_problem(SD3Transformer2DModel(), 2) == ""
-    assert heads_problem(SD3Transformer2DModel(), 4).endswith(
-        "38 heads do not divide over 4 ranks; run 2 / 19 / 38 processes (ring attention, which would take any "
-        "number, is not built)")
+    assert heads_problem(SD3Transformer2DModel(), 4) == heads_problem(SD3Transformer2DModel(), 38) == ""
+    assert heads_problem(SD3Transformer2DModel(), 39).endswith(
+        "38 heads cannot give each of 39 ranks one; run at most 38 processes (ring attention, which would take more, "
+        "is not built)")
 
 
 def test_cfg_parallel_splits_the_transformer_step(monkeypatch):

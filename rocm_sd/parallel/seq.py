@@ -20,11 +20,14 @@ which rocm_sd's processors replace. It splits the text tokens as well, which nee
 (SD3's 333 does not; its uneven mode adds a collective of the sizes to every attention). So the split here is
 rocm_sd's own, at its processors' `attend` step (modules/joint_attention.py).
 
-The heads must divide by N (Flux 24, SD3.5 Large 38, SD3 / SD3.5 Medium 24), and so must the image tokens (4096
-at 1024x1024). Ring attention, for the rest, is not built.
+Each rank takes a consecutive group of heads, as even as the count allows (Flux 24, SD3 / SD3.5 Medium 24: 12 / 8 / 6
+a rank on 2 / 3 / 4 ranks; SD3.5 Large's 38 over 4: 10, 10, 9, 9, so the ranks with 9 wait about a tenth of an
+attention for the others); there must be at least N heads. The image tokens must divide by N (4096 at 1024x1024).
+Ring attention, for more ranks than heads, is not built.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import torch
@@ -87,25 +90,32 @@ class SequenceShard:
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """attend() (modules/joint_attention.py) over the whole image: Q, K, V (B, S, H, D) hold the text rows and
         this rank's image rows, in the model's order; (B, S, H * D) out, the same rows."""
-        rows, heads, dim = query.shape[1:]
+        batch, rows, heads, dim = query.shape
         n, local = self.world, self.local
-        text, part = rows - local, heads // n
+        text = rows - local
+        groups = head_groups(heads, n)
+        start, part = groups[self.rank]
         image_rows, text_rows = ((slice(0, local), slice(local, rows)) if self.image_first
                                  else (slice(text, rows), slice(0, text)))
-        # rank r is sent this rank's image rows of head group r: [n, 3, B, l, H/N, D]
-        send = torch.stack([t[:, image_rows] for t in (query, key, value)]).unflatten(3, (n, part))
-        received = self._all_to_all(send.permute(3, 0, 1, 2, 4, 5))  # [n source ranks, 3, B, l, H/N, D]
-        image = received.permute(1, 2, 0, 3, 4, 5).flatten(2, 3)  # every image row in order, this head group
-        mine = slice(self.rank * part, (self.rank + 1) * part)
+        # rank r is sent this rank's image rows of its head group: [3, B, l, H_r, D], one after another
+        qkv = torch.stack([t[:, image_rows] for t in (query, key, value)])
+        sent = [3 * batch * local * count * dim for _, count in groups]
+        received = self._all_to_all(torch.cat([qkv[..., first:first + count, :].reshape(-1)
+                                               for first, count in groups]), sent, [sent[self.rank]] * n)
+        # [n source ranks, 3, B, l, H_me, D] -> every image row in order, this rank's heads
+        image = received.view(n, 3, batch, local, part, dim).permute(1, 2, 0, 3, 4, 5).flatten(2, 3)
+        mine = slice(start, start + part)
         q, k, v = (self._joined(image[i], t[:, text_rows, mine]) for i, t in enumerate((query, key, value)))
-        out = attend_here(q, k, v).unflatten(-1, (part, dim))  # (B, joined rows, H/N, D)
+        out = attend_here(q, k, v).unflatten(-1, (part, dim))  # (B, joined rows, H_me, D)
         image_out, text_out = (out[:, :n * local], out[:, n * local:]) if self.image_first else \
             (out[:, text:], out[:, :text])
-        # rank r is sent its image rows and the text, both of this head group: [n, B, l + text, H/N, D]
+        # rank r is sent its image rows and the text, both of this head group: [n, B, l + text, H_me, D]
         back = torch.cat([image_out.unflatten(1, (n, local)).transpose(0, 1),
                           text_out.unsqueeze(0).expand(n, *text_out.shape)], dim=2)
-        received = self._all_to_all(back)  # [n head groups, B, l + text, H/N, D]
-        joined = received.permute(1, 2, 0, 3, 4).flatten(2)  # (B, l + text, H * D), heads in order
+        returned = [batch * rows * count * dim for _, count in groups]
+        received = self._all_to_all(back.reshape(-1), [back[0].numel()] * n, returned)
+        joined = torch.cat([piece.view(batch, rows, count, dim)  # heads in order
+                            for piece, (_, count) in zip(received.split(returned), groups)], dim=2).flatten(2)
         self.stats["attention"] += 1
         return self._joined(joined[:, :local], joined[:, local:])
 
@@ -113,12 +123,13 @@ class SequenceShard:
         """The image and text rows in the model's order."""
         return torch.cat([image, text] if self.image_first else [text, image], dim=1)
 
-    def _all_to_all(self, send: torch.Tensor) -> torch.Tensor:
-        """Chunk r of `send` (its first dimension, one per rank) to rank r; chunk r of the result from rank r."""
-        send = send.contiguous()
-        received = torch.empty_like(send)
-        self._collective("all-to-all", dist.all_to_all_single, received, send)
-        return received
+    def _all_to_all(self, send: torch.Tensor, sent: list[int], received: list[int]) -> torch.Tensor:
+        """A flat `send` whose consecutive parts of `sent` elements go to ranks 0, 1, ...; a flat result whose parts
+        of `received` elements came from them."""
+        out = send.new_empty(sum(received))
+        self._collective("all-to-all", functools.partial(dist.all_to_all_single, output_split_sizes=received,
+                                                         input_split_sizes=sent), out, send.contiguous())
+        return out
 
     def _collective(self, what: str, fn, out: torch.Tensor, inp: torch.Tensor) -> None:
         """Kept bare, like the CFG pair's all-gather (cfg.py): a rank that fails never joins, and its lookout ends
@@ -161,14 +172,20 @@ def _transformer(pipe):
     return pipe if type(pipe).__name__ in PLANS else getattr(pipe, "transformer", None)
 
 
+def head_groups(heads: int, world: int) -> list[tuple[int, int]]:
+    """(first head, heads) of each rank: consecutive groups, as even as `heads` allow (38 over 4: 10, 10, 9, 9)."""
+    base, extra = divmod(heads, world)
+    counts = [base + (r < extra) for r in range(world)]
+    return [(sum(counts[:r]), count) for r, count in enumerate(counts)]
+
+
 def heads_problem(model, world: int) -> str:
     """Why `model`'s attention heads cannot be split over `world` ranks, or ''."""
     heads = model.config.num_attention_heads
-    if heads % world:
-        divisors = [d for d in range(2, heads + 1) if heads % d == 0]
+    if heads < world:
         return (f"sequence parallelism splits the {heads} attention heads of {type(model).__name__} over the ranks "
-                f"(Ulysses): {heads} heads do not divide over {world} ranks; run {' / '.join(map(str, divisors[:6]))} "
-                "processes (ring attention, which would take any number, is not built)")
+                f"(Ulysses): {heads} heads cannot give each of {world} ranks one; run at most {heads} processes "
+                "(ring attention, which would take more, is not built)")
     return ""
 
 
