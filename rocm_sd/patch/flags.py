@@ -100,9 +100,10 @@ FLAGS = (
          "instances (ROCm), projection and epilogue go through rocm_sd::linear_geglu, where the tuner may pick CK "
          "GEMMs with the epilogue fused."),
     Flag("linear_gelu", "diffusers.patch_gelus",
-         "The diffusion transformers' feed-forward projection and GELU(tanh) as one GEMM with the bias and GELU in the "
-         "vendor's epilogue (cuBLASLt / hipBLASLt, through torch._addmm_activation; modules/mmdit.py). "
-         "Rounding-level differences."),
+         "The diffusion transformers' feed-forward projection and GELU(tanh) with one pass over its output: the bias "
+         "and GELU in the vendor GEMM's epilogue where PyTorch runs them there (cuBLASLt on NVIDIA, hipBLASLt on CDNA: "
+         "torch._addmm_activation), else the GEMM without the bias and rocm_sd::gelu_tanh adding it (RDNA, where "
+         "PyTorch's addmm has no such epilogue; modules/mmdit.py). Rounding-level differences."),
     Flag("pointwise_gemm", "diffusers.patch_pointwise_convs",
          "1x1 convolutions (SD1.x's proj_in/proj_out, resnet shortcuts) on channels_last activations as one GEMM with "
          "the bias fused (modules/pointwise.py). Different summation order: rounding-level differences."),
