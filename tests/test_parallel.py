@@ -266,10 +266,10 @@ def _inject_fault(rank: str, phase: str, how: str) -> None:
         shard = getattr(denoiser, "_rocm_sd_seq_parallel")[0]  # parallel/seq.py's SequenceShard
         all_to_all, count = shard._all_to_all, itertools.count(1)
 
-        def failing_all_to_all(send):
+        def failing_all_to_all(send, *split_sizes):
             if next(count) == 2:
                 fault()
-            return all_to_all(send)
+            return all_to_all(send, *split_sizes)
 
         shard._all_to_all = failing_all_to_all
 
