@@ -164,7 +164,11 @@ def test_the_gelu_epilogue_is_the_vendors_only_where_pytorch_runs_it_in_the_gemm
 
     monkeypatch.setattr(platform, "torch_gpu_platform", lambda: gpu_platform)
     monkeypatch.setattr(platform, "device_arch", lambda device=None: arch)
-    assert mmdit.vendor_gelu_epilogue(torch.device("cuda", 0)) is epilogue
+    mmdit.vendor_gelu_epilogue.cache_clear()  # the answer is kept per device
+    try:
+        assert mmdit.vendor_gelu_epilogue(torch.device("cuda", 0)) is epilogue
+    finally:
+        mmdit.vendor_gelu_epilogue.cache_clear()
 
 
 @pytest.mark.gpu

@@ -250,15 +250,11 @@ _HIPBLASLT_ADDMM = ("gfx90a", "gfx942", "gfx950")
 
 
 @functools.lru_cache(maxsize=None)
-def _vendor_gelu_epilogue(platform: str, arch: str) -> bool:
-    return platform == "cuda" or arch in _HIPBLASLT_ADDMM
-
-
 def vendor_gelu_epilogue(device: torch.device) -> bool:
     """Whether torch._addmm_activation applies the bias and GELU inside the vendor GEMM on `device`: cuBLASLt on
     NVIDIA; hipBLASLt on AMD's CDNA GPUs only (_HIPBLASLT_ADDMM). A rule read from PyTorch's source, not measured on
-    an AMD GPU."""
-    return _vendor_gelu_epilogue(platform.torch_gpu_platform(), platform.device_arch(device))
+    an AMD GPU. Asked once per device: every feed-forward of every step asks it."""
+    return platform.torch_gpu_platform() == "cuda" or platform.device_arch(device) in _HIPBLASLT_ADDMM
 
 
 class RocmGELU(nn.Module):

@@ -97,13 +97,13 @@ class SequenceShard:
         start, part = groups[self.rank]
         image_rows, text_rows = ((slice(0, local), slice(local, rows)) if self.image_first
                                  else (slice(text, rows), slice(0, text)))
-        # rank r is sent this rank's image rows of its head group: [3, B, l, H_r, D], one after another
-        qkv = torch.stack([t[:, image_rows] for t in (query, key, value)])
+        # heads first, [H, 3, B, l, D] in one copy: rank r is sent this rank's image rows of its head group, the
+        # consecutive [H_r, 3, B, l, D] block
+        send = torch.stack([t[:, image_rows].permute(2, 0, 1, 3) for t in (query, key, value)], dim=1)
         sent = [3 * batch * local * count * dim for _, count in groups]
-        received = self._all_to_all(torch.cat([qkv[..., first:first + count, :].reshape(-1)
-                                               for first, count in groups]), sent, [sent[self.rank]] * n)
-        # [n source ranks, 3, B, l, H_me, D] -> every image row in order, this rank's heads
-        image = received.view(n, 3, batch, local, part, dim).permute(1, 2, 0, 3, 4, 5).flatten(2, 3)
+        received = self._all_to_all(send.view(-1), sent, [sent[self.rank]] * n)
+        # [n source ranks, H_me, 3, B, l, D] -> every image row in order, this rank's heads: [3, B, L, H_me, D]
+        image = received.view(n, part, 3, batch, local, dim).permute(2, 3, 0, 4, 1, 5).flatten(2, 3)
         mine = slice(start, start + part)
         q, k, v = (self._joined(image[i], t[:, text_rows, mine]) for i, t in enumerate((query, key, value)))
         out = attend_here(q, k, v).unflatten(-1, (part, dim))  # (B, joined rows, H_me, D)
